@@ -1,0 +1,1 @@
+"""The llmkit command line."""

@@ -1,0 +1,1 @@
+"""llmkit core: interfaces and the engine. Never imports a plugin module."""

@@ -1,0 +1,54 @@
+"""Hook specifications: one per extension point.
+
+Every hook takes a ``register`` callback (``app`` for commands). ``register(name, factory)`` takes a
+name and either a ``"package.module:Attribute"`` string or a callable; strings are imported only
+when that name is chosen, so a missing optional dependency fails only then.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("llmkit")
+hookimpl = pluggy.HookimplMarker("llmkit")
+
+
+@hookspec
+def llmkit_register_attention_backends(register):
+    """Register attention backends: ``register("torch", "pkg.mod:Backend")``.
+
+    The factory is a subclass of :class:`llmkit.core.attention.AttentionBackend`.
+    """
+
+
+@hookspec
+def llmkit_register_models(register):
+    """Register model architectures by ``config.architectures[0]``.
+
+    The factory is a subclass of :class:`llmkit.core.model.CausalLM`.
+    """
+
+
+@hookspec
+def llmkit_register_reasoning_parsers(register):
+    """Register reasoning parsers (``--reasoning-parser NAME``)."""
+
+
+@hookspec
+def llmkit_register_tool_parsers(register):
+    """Register tool-call parsers (``--tool-call-parser NAME``)."""
+
+
+@hookspec
+def llmkit_register_storage_backends(register):
+    """Register batch/file storage backends (``--batch-storage NAME``)."""
+
+
+@hookspec
+def llmkit_register_grammar_backends(register):
+    """Register structured-output grammar backends (``--grammar-backend NAME``)."""
+
+
+@hookspec
+def llmkit_register_commands(app):
+    """Add commands to the Typer ``app`` of the ``llmkit`` CLI."""

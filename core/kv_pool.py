@@ -1,0 +1,87 @@
+"""Paged KV storage: K/V tensors per layer, a page allocator, and the request-to-token table."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCachePool:
+    """K/V buffers of ``num_pages`` pages of ``page_size`` token slots, for every layer.
+
+    Page 0 is reserved as padding, so ``num_pages`` includes it and at most ``num_pages - 1`` pages
+    are ever allocated.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if num_pages < 2:
+            raise ValueError("the KV pool needs at least 2 pages")
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_slots = num_pages * page_size
+        shape = (self.num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # A stack: the most recently freed page is reused first (warm in cache).
+        self._free: list[int] = list(range(num_pages - 1, 0, -1))
+
+    @property
+    def capacity_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, num_pages: int) -> bool:
+        return num_pages <= len(self._free)
+
+    def allocate(self, num_pages: int) -> list[int] | None:
+        """Take ``num_pages`` pages, or None (and take nothing) if there are not enough."""
+        if num_pages > len(self._free):
+            return None
+        if num_pages == 0:
+            return []
+        pages = self._free[-num_pages:]
+        del self._free[-num_pages:]
+        return pages
+
+    def free(self, pages) -> None:
+        self._free.extend(int(p) for p in pages)
+
+    def page_slots(self, pages: list[int]) -> torch.Tensor:
+        """The token slots of ``pages``, in order."""
+        base = torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.page_size
+        return (base + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
+
+    def bytes_per_token(self) -> int:
+        k = self.k_buffers[0]
+        return 2 * self.num_layers * k.shape[1] * k.shape[2] * k.element_size()
+
+
+class ReqToTokenPool:
+    """Rows mapping each running request's token positions to KV slots."""
+
+    def __init__(self, max_requests: int, max_context: int, device: torch.device) -> None:
+        self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+        self._free = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, row: int) -> None:
+        self._free.append(row)

@@ -1,0 +1,155 @@
+"""The plugin manager and a typed facade over it.
+
+Plugins come from the ``llmkit`` entry-point group; llmkit's own plugins are registered there exactly
+like third-party ones. Loading is lazy and happens once per process. ``LLMKIT_DISABLE_PLUGIN_AUTOLOAD=1``
+loads only the plugins shipped with llmkit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pluggy
+
+from llmkit.core import hookspecs
+
+ENTRY_POINT_GROUP = "llmkit"
+KINDS = {
+    "attention": "llmkit_register_attention_backends",
+    "model": "llmkit_register_models",
+    "reasoning": "llmkit_register_reasoning_parsers",
+    "tool_parser": "llmkit_register_tool_parsers",
+    "storage": "llmkit_register_storage_backends",
+    "grammar": "llmkit_register_grammar_backends",
+}
+
+
+class PluginError(Exception):
+    """A plugin could not be found, loaded or registered."""
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    kind: str
+    name: str
+    factory: str | Callable[..., Any]
+    plugin: str
+    package: str
+    version: str
+
+    def load(self) -> Any:
+        """Resolve the factory; a ``"module:attr"`` string is imported now."""
+        if not isinstance(self.factory, str):
+            return self.factory
+        module, _, attr = self.factory.partition(":")
+        try:
+            obj = importlib.import_module(module)
+        except ImportError as exc:
+            raise PluginError(
+                f"{self.kind} '{self.name}' (from {self.package}) needs a missing dependency: {exc}"
+            ) from exc
+        for part in attr.split(".") if attr else []:
+            obj = getattr(obj, part)
+        return obj
+
+
+class Registry:
+    """Everything the plugins registered, by kind and name."""
+
+    def __init__(self, pm: pluggy.PluginManager, origins: dict[str, tuple[str, str]]):
+        self._entries: dict[str, dict[str, PluginEntry]] = {k: {} for k in KINDS}
+        for kind, hook_name in KINDS.items():
+            caller = getattr(pm.hook, hook_name)
+            for impl in reversed(caller.get_hookimpls()):
+                package, version = origins.get(impl.plugin_name, (impl.plugin_name, ""))
+                impl.function(register=self._registrar(kind, impl.plugin_name, package, version))
+
+    def _registrar(self, kind: str, plugin: str, package: str, version: str):
+        def register(name: str, factory: str | Callable[..., Any]) -> None:
+            existing = self._entries[kind].get(name)
+            if existing is not None:
+                raise PluginError(
+                    f"{kind} '{name}' is registered twice: by {existing.plugin} "
+                    f"({existing.package}) and by {plugin} ({package})"
+                )
+            self._entries[kind][name] = PluginEntry(kind, name, factory, plugin, package, version)
+
+        return register
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._entries[kind])
+
+    def entries(self) -> list[PluginEntry]:
+        return [e for kind in KINDS for e in sorted(self._entries[kind].values(), key=lambda e: e.name)]
+
+    def entry(self, kind: str, name: str) -> PluginEntry:
+        try:
+            return self._entries[kind][name]
+        except KeyError:
+            valid = ", ".join(self.names(kind)) or "(none registered)"
+            raise PluginError(f"unknown {kind.replace('_', ' ')} '{name}'; valid names: {valid}") from None
+
+    def load(self, kind: str, name: str) -> Any:
+        return self.entry(kind, name).load()
+
+
+_lock = threading.Lock()
+_pm: pluggy.PluginManager | None = None
+_origins: dict[str, tuple[str, str]] = {}
+_registry: Registry | None = None
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager, with entry points loaded (once)."""
+    global _pm
+    with _lock:
+        if _pm is None:
+            pm = pluggy.PluginManager("llmkit")
+            pm.add_hookspecs(hookspecs)
+            _load_entry_points(pm)
+            pm.check_pending()
+            _pm = pm
+        return _pm
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
+    builtin_only = os.environ.get("LLMKIT_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0")
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        package = dist.metadata["Name"] if dist is not None else "?"
+        if builtin_only and package != "llmkit":
+            continue
+        name = f"{package}:{ep.name}"
+        if pm.has_plugin(name):
+            continue  # the same distribution seen twice on sys.path
+        try:
+            module = ep.load()
+        except Exception as exc:  # a broken third-party plugin must say who it is
+            raise PluginError(f"plugin {name} failed to load: {exc}") from exc
+        pm.register(module, name=name)
+        _origins[name] = (package, dist.version if dist is not None else "")
+
+
+def register_plugin(module: Any, name: str, package: str = "local", version: str = "") -> None:
+    """Register a plugin object by hand (tests, embedding applications)."""
+    global _registry
+    pm = get_plugin_manager()
+    pm.register(module, name=name)
+    pm.check_pending()
+    _origins[name] = (package, version)
+    _registry = None
+
+
+def registry() -> Registry:
+    """The registry of every plugin's registrations, built once per process."""
+    global _registry
+    pm = get_plugin_manager()
+    with _lock:
+        if _registry is None:
+            _registry = Registry(pm, dict(_origins))
+        return _registry

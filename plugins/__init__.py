@@ -1,0 +1,1 @@
+"""llmkit's built-in plugins, registered through the ``llmkit`` entry-point group."""

@@ -1,0 +1,1 @@
+"""Placeholder while this plugin is written; registers nothing yet."""

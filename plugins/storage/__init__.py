@@ -1,0 +1,1 @@
+"""Batch and file storage backends."""
