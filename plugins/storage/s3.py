@@ -1,1 +1,227 @@
-"""Placeholder while this plugin is written; registers nothing yet."""
+"""The ``s3`` storage backend: everything as objects in one bucket under a prefix.
+
+Options (``--storage-option KEY=VALUE``): ``bucket`` (required), ``prefix`` (default
+``llmkit/``), ``endpoint_url`` (MinIO, moto, R2, ...), ``region``. Credentials come from boto3's
+usual chain (environment, profile, instance role). Needs ``pip install 'llmkit[s3]'``.
+
+Keys under the prefix::
+
+    blobs/<file id>                      file contents
+    files/<file id>.json                 file records
+    batches/<batch id>.json              batch records
+    results/<batch id>/<index:08d>.<kind>  one finished line each (kind: output | error)
+
+A PUT is atomic in S3, so records and blobs are never torn. Blob uploads are spooled to a local
+temporary file first (bounded memory), so an oversize upload is refused before anything reaches
+the bucket. Listing reads every record, which suits the modest numbers of files and batches a
+serving node keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Any, Iterable, Iterator
+
+from llmkit.core.hookspecs import hookimpl
+from llmkit.core.storage import (
+    BLOB_CHUNK,
+    BatchRecord,
+    BatchResult,
+    FileRecord,
+    NotFoundError,
+    StorageBackend,
+    StorageError,
+    capped,
+    check_batch_id,
+    check_file_id,
+)
+
+_SPOOL_IN_MEMORY = 8 << 20
+
+
+class S3Storage(StorageBackend):
+    """Blobs, records and results as S3 objects (see the module docstring)."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "llmkit/",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+    ) -> None:
+        try:
+            import boto3
+            from botocore.exceptions import ClientError
+        except ImportError as exc:
+            raise StorageError(
+                "the s3 storage backend needs boto3: pip install 'llmkit[s3]'"
+            ) from exc
+        if not bucket:
+            raise StorageError("the s3 storage backend needs --storage-option bucket=NAME")
+        self.bucket = bucket
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self._client_error = ClientError
+        self._s3 = boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region or None)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _key(self, *parts: str) -> str:
+        return self.prefix + "/".join(parts)
+
+    def _missing(self, exc: Exception) -> bool:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("NoSuchKey", "404", "NotFound")
+
+    def _get_json(self, key: str, what: str) -> dict[str, Any]:
+        try:
+            body = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except self._client_error as exc:
+            if self._missing(exc):
+                raise NotFoundError(f"{what} not found") from None
+            raise
+        return json.loads(body)
+
+    def _put_json(self, key: str, data: dict[str, Any]) -> None:
+        body = json.dumps(data).encode()
+        self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+
+    def _keys(self, prefix: str) -> Iterator[str]:
+        """Every key under ``prefix``, in lexicographic order (S3's listing order)."""
+        pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                yield obj["Key"]
+
+    def _delete(self, key: str) -> bool:
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=key)
+        except self._client_error as exc:
+            if self._missing(exc):
+                return False
+            raise
+        self._s3.delete_object(Bucket=self.bucket, Key=key)
+        return True
+
+    # -- blobs ---------------------------------------------------------------------------------
+    def write_blob(self, file_id: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> int:
+        key = self._key("blobs", check_file_id(file_id))
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY) as spool:
+            total = 0
+            for chunk in capped(chunks, max_bytes):
+                spool.write(chunk)
+                total += len(chunk)
+            spool.seek(0)
+            self._s3.upload_fileobj(spool, self.bucket, key)  # multipart above 8 MB, atomic
+        return total
+
+    def read_blob(self, file_id: str) -> Iterator[bytes]:
+        key = self._key("blobs", check_file_id(file_id))
+        try:
+            body = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"]
+        except self._client_error as exc:
+            if self._missing(exc):
+                raise NotFoundError("file not found") from None
+            raise
+        return _stream(body)
+
+    def delete_blob(self, file_id: str) -> bool:
+        return self._delete(self._key("blobs", check_file_id(file_id)))
+
+    # -- file records --------------------------------------------------------------------------
+    def put_file(self, record: FileRecord) -> None:
+        self._put_json(self._key("files", check_file_id(record.id) + ".json"), record.to_dict())
+
+    def get_file(self, file_id: str) -> FileRecord:
+        key = self._key("files", check_file_id(file_id) + ".json")
+        return FileRecord.from_dict(self._get_json(key, "file"))
+
+    def list_files(self, *, purpose: str | None = None) -> list[FileRecord]:
+        records = []
+        for key in self._keys(self._key("files", "")):
+            try:
+                rec = FileRecord.from_dict(self._get_json(key, "file"))
+            except NotFoundError:
+                continue  # deleted since the listing
+            if purpose is None or rec.purpose == purpose:
+                records.append(rec)
+        return sorted(records, key=lambda r: (r.created_at, r.id), reverse=True)
+
+    def delete_file(self, file_id: str) -> bool:
+        return self._delete(self._key("files", check_file_id(file_id) + ".json"))
+
+    # -- batch records -------------------------------------------------------------------------
+    def put_batch(self, record: BatchRecord) -> None:
+        self._put_json(self._key("batches", check_batch_id(record.id) + ".json"), record.to_dict())
+
+    def get_batch(self, batch_id: str) -> BatchRecord:
+        key = self._key("batches", check_batch_id(batch_id) + ".json")
+        return BatchRecord.from_dict(self._get_json(key, "batch"))
+
+    def list_batches(self, *, statuses: Iterable[str] | None = None) -> list[BatchRecord]:
+        wanted = set(statuses) if statuses is not None else None
+        records = []
+        for key in self._keys(self._key("batches", "")):
+            try:
+                rec = BatchRecord.from_dict(self._get_json(key, "batch"))
+            except NotFoundError:
+                continue
+            if wanted is None or rec.status in wanted:
+                records.append(rec)
+        return sorted(records, key=lambda r: (r.created_at, r.id), reverse=True)
+
+    # -- batch results -------------------------------------------------------------------------
+    def _result_prefix(self, batch_id: str) -> str:
+        return self._key("results", check_batch_id(batch_id), "")
+
+    def put_result(self, batch_id: str, result: BatchResult) -> bool:
+        base = self._result_prefix(batch_id) + f"{result.index:08d}"
+        for kind in ("output", "error"):  # one writer per batch, so check-then-put is enough
+            try:
+                self._s3.head_object(Bucket=self.bucket, Key=f"{base}.{kind}")
+                return False
+            except self._client_error as exc:
+                if not self._missing(exc):
+                    raise
+        self._s3.put_object(Bucket=self.bucket, Key=f"{base}.{result.kind}", Body=result.line.encode())
+        return True
+
+    def result_indices(self, batch_id: str) -> dict[int, str]:
+        prefix = self._result_prefix(batch_id)
+        out: dict[int, str] = {}
+        for key in self._keys(prefix):
+            idx, _, kind = key[len(prefix):].partition(".")
+            out.setdefault(int(idx), kind)
+        return out
+
+    def iter_results(self, batch_id: str, kind: str | None = None) -> Iterator[BatchResult]:
+        prefix = self._result_prefix(batch_id)
+        seen: set[int] = set()
+        for key in self._keys(prefix):  # zero-padded names list in index order
+            idx_s, _, k = key[len(prefix):].partition(".")
+            idx = int(idx_s)
+            if idx in seen or (kind is not None and k != kind):
+                continue
+            seen.add(idx)
+            body = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            yield BatchResult(idx, k, body.decode())
+
+    def delete_results(self, batch_id: str) -> None:
+        keys = list(self._keys(self._result_prefix(batch_id)))
+        for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            objs = [{"Key": k} for k in keys[i : i + 1000]]
+            self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True})
+
+    def close(self) -> None:
+        self._s3.close()
+
+
+def _stream(body) -> Iterator[bytes]:
+    try:
+        yield from body.iter_chunks(BLOB_CHUNK)
+    finally:
+        body.close()
+
+
+@hookimpl
+def llmkit_register_storage_backends(register):
+    register("s3", "llmkit.plugins.storage.s3:S3Storage")

@@ -1,0 +1,26 @@
+"""Engine configuration (frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str | None = None  # None: the embedded SmolLM2-135M-Instruct
+    served_model_name: str | None = None
+    dtype: str = "auto"  # auto -> float32 on CPU (bf16 math is slow there), bfloat16 on CUDA
+    device: str = "auto"
+    attention: str = "auto"
+    page_size: int = 1
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: sized from memory
+    max_running_requests: int = 64
+    max_queued_requests: int = 1024
+    chunked_prefill_size: int = 2048
+    schedule_policy: str = "fcfs"  # fcfs | lpm
+    disable_radix_cache: bool = False
+    context_length: int | None = None
+    enable_deterministic_inference: bool = False
+    num_threads: int | None = None
+    decode_log_interval: int = 40
+    random_seed: int | None = None

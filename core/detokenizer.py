@@ -1,0 +1,102 @@
+"""Incremental detokenization with stop strings.
+
+Text is released only when it is final: a token sequence that ends in the middle of a UTF-8
+character (decoded as U+FFFD) is held until the character completes, and a suffix that could be
+the start of a stop string is held until it is known not to be one, so stop strings never leak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StopMatch:
+    text: str  # the stop string that matched
+
+
+class IncrementalDetokenizer:
+    """Decodes one request's output tokens into text, step by step."""
+
+    # Tokens kept before the undecoded tail: byte-level BPE and SentencePiece both need a little
+    # left context to decode a token's leading space and merge bytes correctly.
+    CONTEXT = 6
+
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool,
+                 stop: tuple[str, ...] = (), keep_stop: bool = False) -> None:
+        self.tok = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids[-self.CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""  # all decoded output text (stop-trimmed once matched)
+        self.emitted = 0  # chars of self.text already handed out
+        self.stop = tuple(s for s in stop if s)
+        self.keep_stop = keep_stop
+        self.max_stop = max((len(s) for s in self.stop), default=0)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
+
+    def add_token(self, token_id: int) -> StopMatch | None:
+        """Append a token; return a match if a stop string now appears in the text."""
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None  # incomplete character: wait for more bytes
+        new = full[len(prefix) :]
+        self.prefix_offset = max(self.read_offset, len(self.ids) - self.CONTEXT)
+        self.read_offset = len(self.ids)
+        # Keep the working window bounded for very long outputs.
+        if self.prefix_offset > 64:
+            cut = self.prefix_offset
+            self.ids = self.ids[cut:]
+            self.prefix_offset -= cut
+            self.read_offset -= cut
+        start = max(0, len(self.text) - self.max_stop + 1)
+        self.text += new
+        return self._find_stop(start)
+
+    def _find_stop(self, start: int) -> StopMatch | None:
+        if not self.stop:
+            return None
+        best = None
+        for s in self.stop:
+            pos = self.text.find(s, start)
+            if pos != -1 and (best is None or pos < best[0]):
+                best = (pos, s)
+        if best is None:
+            return None
+        pos, s = best
+        self.text = self.text[: pos + len(s)] if self.keep_stop else self.text[:pos]
+        self.emitted = min(self.emitted, len(self.text))
+        return StopMatch(s)
+
+    def flush(self) -> None:
+        """At the end: decode whatever is left, even an incomplete character."""
+        if self.read_offset < len(self.ids):
+            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            full = self._decode(self.ids[self.prefix_offset :])
+            self.text += full[len(prefix) :]
+            self.read_offset = len(self.ids)
+
+    def take_delta(self, final: bool) -> str:
+        """Text that is safe to send now (all of it when ``final``)."""
+        end = len(self.text)
+        if not final and self.stop:
+            end -= self._held_suffix()
+        if end <= self.emitted:
+            return ""
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out
+
+    def _held_suffix(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of some stop string."""
+        t = self.text
+        for n in range(min(self.max_stop - 1, len(t)), 0, -1):
+            tail = t[-n:]
+            if any(s.startswith(tail) for s in self.stop):
+                return n
+        return 0

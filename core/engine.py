@@ -1,0 +1,267 @@
+"""The engine loop: schedule -> prepare -> forward -> sample -> post-process, on its own thread.
+
+Requests arrive through a thread-safe inbox; outputs leave through a per-request sink callback
+(called on the engine thread; the client turns them into asyncio events).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from llmkit.core.config import EngineConfig
+from llmkit.core.detokenizer import IncrementalDetokenizer
+from llmkit.core.request import Request, Status, TokenLogprob
+from llmkit.core.sampler import Sampler, make_generator, token_logprob
+
+log = logging.getLogger("llmkit")
+
+
+@dataclass
+class RequestOutput:
+    rid: str
+    text: str = ""  # new text since the previous output
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None
+
+
+Sink = Callable[[RequestOutput], None]
+
+
+class _Live:
+    """Engine-thread state of one request."""
+
+    __slots__ = ("req", "sink", "detok", "sent_tokens")
+
+    def __init__(self, req: Request, sink: Sink, detok: IncrementalDetokenizer):
+        self.req, self.sink, self.detok, self.sent_tokens = req, sink, detok, 0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, parts) -> None:
+        """``parts`` is a :class:`llmkit.core.engine_builder.EngineParts`."""
+        self.config = config
+        self.tokenizer = parts.tokenizer
+        self.scheduler = parts.scheduler
+        self.runner = parts.runner
+        self.sampler = Sampler(parts.vocab_size)
+        self.eos_token_ids = parts.eos_token_ids
+        self.max_context = parts.max_context
+        self.vocab_size = parts.vocab_size
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_step = time.monotonic()
+        self.steps = 0
+        self.error: BaseException | None = None
+        # stats for the logs
+        self._decode_tokens = 0
+        self._decode_since = time.monotonic()
+        self._decode_steps = 0
+        self._prompt_tokens_total = 0
+        self._cached_tokens_total = 0
+
+    # -- API (any thread) ----------------------------------------------------------------------
+    def submit(self, req: Request, sink: Sink) -> None:
+        self._inbox.put(("add", req, sink))
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid, None))
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._live)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="llmkit-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None, None))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- the loop (engine thread) ----------------------------------------------------------------
+    def _run(self) -> None:
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        while not self._stop.is_set():
+            try:
+                self._drain(block=not self.scheduler.has_work)
+                if self.scheduler.has_work:
+                    self.step()
+            except Exception as exc:  # a bug must not leave clients hanging forever
+                log.exception("engine step failed")
+                self._fail_all(f"internal engine error: {exc}")
+            self.last_step = time.monotonic()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item) -> None:
+        kind, a, b = item
+        if kind == "add":
+            req: Request = a
+            if req.generator is None and not req.params.greedy:
+                req.generator = make_generator(req.params.seed)
+            req.eos_token_ids = self.eos_token_ids
+            detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, req.params.skip_special_tokens,
+                                           req.params.stop, req.params.no_stop_trim)
+            self._live[req.rid] = _Live(req, b, detok)
+            self.scheduler.add(req)
+        elif kind == "abort":
+            live = self._live.get(a)
+            if live is not None:
+                self.scheduler.abort(a)
+                self._emit(live, final=True)
+
+    def _fail_all(self, message: str) -> None:
+        for rid, live in list(self._live.items()):
+            self.scheduler.abort(rid)
+            live.req.finish_reason = "abort"
+            self._emit(live, final=True, error=message)
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return
+        out = self.runner.run(batch)
+        self.scheduler.on_step_done(batch)
+        self.steps += 1
+        if out.prompt_logits:
+            self._record_prompt_logprobs(out.prompt_logits)
+        if out.sample_segments:
+            reqs = [s.req for s in out.sample_segments]
+            tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
+            for req, tok, lp in zip(reqs, tokens, logprobs):
+                self._append_token(req, tok, lp)
+        self._log(batch)
+
+    def _record_prompt_logprobs(self, prompt_logits) -> None:
+        for rid, (start, logits) in prompt_logits.items():
+            live = self._live.get(rid)
+            if live is None:
+                continue
+            req = live.req
+            if req.prompt_logprobs is None:
+                req.prompt_logprobs = [None]  # the first prompt token has no logprob
+            lp = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
+            ids = req.prompt_ids
+            for j in range(lp.shape[0]):
+                nxt = start + j + 1
+                if nxt < len(ids):
+                    req.prompt_logprobs.append(token_logprob(lp[j], ids[nxt], req.params.top_logprobs))
+
+    def _append_token(self, req: Request, tok: int, lp: TokenLogprob | None) -> None:
+        live = self._live[req.rid]
+        p = req.params
+        req.output_ids.append(tok)
+        if lp is not None:
+            req.output_logprobs.append(lp)
+        if req.grammar is not None:
+            req.grammar.accept_token(tok)
+        n_out = len(req.output_ids)
+        reason, matched = None, None
+        if tok in p.stop_token_ids and n_out >= p.min_new_tokens:
+            reason, matched = "stop", tok
+        elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_new_tokens:
+            reason, matched = "stop", tok
+        else:
+            hit = live.detok.add_token(tok)
+            if hit is not None and n_out >= p.min_new_tokens:
+                reason, matched = "stop", hit.text
+            elif n_out >= p.max_new_tokens or req.seq_len >= self.max_context:
+                reason = "length"
+            elif req.grammar is not None and req.grammar.is_terminated():
+                reason = "stop"
+        if reason is not None:
+            self.scheduler.finish(req, reason, matched)
+            self._emit(live, final=True)
+        else:
+            self._emit(live, final=False)
+
+    def _emit(self, live: _Live, final: bool, error: str | None = None) -> None:
+        req = live.req
+        if final:
+            live.detok.flush()
+            self._live.pop(req.rid, None)
+        new_tokens = req.output_ids[live.sent_tokens :]
+        new_lps = req.output_logprobs[live.sent_tokens :] if req.params.logprobs else []
+        first = live.sent_tokens == 0
+        live.sent_tokens = len(req.output_ids)
+        out = RequestOutput(
+            rid=req.rid,
+            text=live.detok.take_delta(final),
+            token_ids=new_tokens,
+            logprobs=new_lps,
+            finished=final,
+            finish_reason=req.finish_reason if final else None,
+            matched_stop=req.matched_stop if final else None,
+            prompt_tokens=len(req.prompt_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            prompt_logprobs=req.prompt_logprobs if first else None,
+            error=error,
+        )
+        try:
+            live.sink(out)
+        except Exception:
+            log.exception("output sink failed for %s", req.rid)
+
+    # -- logs ----------------------------------------------------------------------------------
+    def _log(self, batch) -> None:
+        sched = self.scheduler
+        if batch.num_new_prefill_seqs:
+            self._prompt_tokens_total += batch.num_prefill_tokens + batch.num_cached_tokens
+            self._cached_tokens_total += batch.num_cached_tokens
+            rate = 100.0 * self._cached_tokens_total / max(1, self._prompt_tokens_total)
+            log.info(
+                "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, cache hit rate: %.2f%%, "
+                "token usage: %.2f, #running-req: %d, #queue-req: %d",
+                batch.num_new_prefill_seqs, batch.num_prefill_tokens, batch.num_cached_tokens, rate,
+                sched.token_usage(), len(sched.running) - batch.num_new_prefill_seqs, len(sched.waiting),
+            )
+        n_decode = sum(1 for s in batch.segments if s.length == 1 and s.samples)
+        self._decode_tokens += n_decode
+        if n_decode:
+            self._decode_steps += 1
+        if self._decode_steps >= self.config.decode_log_interval:
+            now = time.monotonic()
+            tps = self._decode_tokens / max(1e-9, now - self._decode_since)
+            n_tok = sum(r.seq_len for r in sched.running)
+            log.info(
+                "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, "
+                "#queue-req: %d", len(sched.running), n_tok, sched.token_usage(), tps, len(sched.waiting),
+            )
+            self._decode_tokens, self._decode_steps, self._decode_since = 0, 0, now
+
+    # -- introspection -----------------------------------------------------------------------
+    def kv_pages_free(self) -> tuple[int, int]:
+        """(free or evictable pages, capacity): equal when nothing is running."""
+        pool = self.scheduler.pool
+        return pool.num_free_pages + self.scheduler.cache.evictable_pages, pool.capacity_pages

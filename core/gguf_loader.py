@@ -1,0 +1,103 @@
+"""Read a GGUF file into a Hugging Face layout: ``config.json`` fields and HF-named fp32 tensors.
+
+llama.cpp's converter permutes the Q and K projection rows of Llama-family models to match its
+rotary layout; we undo that here so the weights fit HF-style (rotate-half) rotary embeddings.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+
+
+def _field(reader, key, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader) -> dict:
+    """The HF ``config.json`` equivalent of a GGUF's metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(f"GGUF architecture '{arch}' is not supported; supported: {sorted(_ARCHS)}")
+    p = f"{arch}."
+    names = {t.name for t in reader.tensors}
+    heads = int(_field(reader, p + "attention.head_count"))
+    hidden = int(_field(reader, p + "embedding_length"))
+    vocab = _field(reader, p + "vocab_size")
+    if vocab is None:
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    cfg = {
+        "architectures": [_ARCHS[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": int(_field(reader, p + "feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, p + "block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, p + "attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, p + "attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(_field(reader, p + "context_length", 2048)),
+        "rms_norm_eps": float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(_field(reader, p + "rope.freq_base", 10000.0)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    if arch == "qwen2":
+        cfg["attention_bias"] = True
+    return cfg
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Invert llama.cpp's Q/K row permutation (interleaved pairs -> rotate-half halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, fp32 tensor)`` for every weight, dequantized."""
+    from gguf.quants import dequantize
+
+    permute = config["model_type"] == "llama"
+    for t in reader.tensors:
+        w = dequantize(t.data, t.tensor_type)
+        w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        name = t.name
+        if name == "token_embd.weight":
+            hf = "model.embed_tokens.weight"
+        elif name == "output_norm.weight":
+            hf = "model.norm.weight"
+        elif name == "output.weight":
+            hf = "lm_head.weight"
+        elif name.startswith("blk."):
+            _, idx, kind, suffix = name.split(".", 3)
+            if kind not in _LAYER_NAMES:
+                continue
+            hf = f"model.layers.{idx}.{_LAYER_NAMES[kind]}.{suffix}"
+            if permute and kind == "attn_q" and suffix == "weight":
+                w = _unpermute(w, config["num_attention_heads"])
+            elif permute and kind == "attn_k" and suffix == "weight":
+                w = _unpermute(w, config["num_key_value_heads"])
+        else:
+            continue
+        yield hf, torch.from_numpy(np.ascontiguousarray(w))

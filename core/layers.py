@@ -1,0 +1,97 @@
+"""Building blocks shared by model plugins: linear, RMSNorm, rotary embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Rows per GEMM call in deterministic mode. MKL picks different kernels (and summation orders)
+# for different row counts, so a row's result depends on its batch-mates; multiplying fixed,
+# zero-padded tiles of rows makes every row's result independent of the batch.
+DETERMINISTIC_TILE = 16
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, deterministic: bool = False):
+    if not deterministic:
+        return F.linear(x, weight, bias)
+    m = x.shape[0]
+    pad = (-m) % DETERMINISTIC_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    out = torch.cat([F.linear(t, weight, bias) for t in x.split(DETERMINISTIC_TILE)])
+    return out[:m]
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, deterministic)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Normalise ``x`` (after adding ``residual``); with a residual, also return the sum."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return out if residual is None else (out, residual)
+
+
+def _inv_freq(head_dim: int, config: dict) -> torch.Tensor:
+    params = dict(config.get("rope_parameters") or {})
+    scaling = config.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if rope_type in (None, "default"):
+        return inv
+    if rope_type == "linear":
+        return inv / float(params["factor"])
+    if rope_type == "llama3":
+        factor = float(params["factor"])
+        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old_ctx = float(params["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+        return torch.where(is_mid, mid, scaled)
+    raise ValueError(f"rope type '{rope_type}' is not supported")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half rotary embeddings with a precomputed cos/sin table."""
+
+    def __init__(self, head_dim: int, max_positions: int, config: dict):
+        super().__init__()
+        inv = _inv_freq(head_dim, config)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
+        self.register_buffer("cos", freqs.cos().float(), persistent=False)
+        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """Apply to ``q`` [T, H, D] and ``k`` [T, Hkv, D] at ``positions`` [T]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,88 @@
+"""Executes a scheduled batch: builds the flat input tensors and metadata, runs the model, and
+returns logits for the rows that need them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmkit.core.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.model import CausalLM, ForwardContext
+from llmkit.core.scheduler import ScheduledBatch
+
+
+@dataclass
+class StepOutput:
+    sample_logits: torch.Tensor  # [num sampling segments, V], in segment order
+    sample_segments: list  # the segments whose next token is sampled
+    prompt_logits: dict  # rid -> (start position, logits [L, V]) for prompt-logprob requests
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, attn: AttentionBackend, pool: KVCachePool,
+                 req_pool: ReqToTokenPool, device: torch.device, deterministic: bool) -> None:
+        self.model = model
+        self.attn = attn
+        self.pool = pool
+        self.req_pool = req_pool
+        self.device = device
+        self.deterministic = deterministic
+
+    def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        segs = batch.segments
+        ids, pos, q_lens, kv_lens, rows = [], [], [], [], []
+        for s in segs:
+            all_ids = s.req.all_ids
+            ids.extend(all_ids[s.start : s.start + s.length])
+            pos.extend(range(s.start, s.start + s.length))
+            q_lens.append(s.length)
+            kv_lens.append(s.start + s.length)
+            rows.append(s.req.req_pool_idx)
+        dev = self.device
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+        q_start = [0]
+        for n in q_lens:
+            q_start.append(q_start[-1] + n)
+        table = self.req_pool.table
+        out_slots = table[rows_t.repeat_interleave(torch.tensor(q_lens, device=dev)), positions]
+        md = AttentionMetadata(
+            num_seqs=len(segs),
+            q_lens=q_lens,
+            kv_lens=kv_lens,
+            q_start_loc=torch.tensor(q_start, dtype=torch.int64, device=dev),
+            q_lens_t=torch.tensor(q_lens, dtype=torch.int64, device=dev),
+            kv_lens_t=torch.tensor(kv_lens, dtype=torch.int64, device=dev),
+            req_pool_indices=rows_t,
+            req_to_token=table,
+            out_slots=out_slots,
+            page_size=self.pool.page_size,
+            is_decode=all(n == 1 for n in q_lens),
+            deterministic=self.deterministic,
+        )
+        return input_ids, positions, md
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        input_ids, positions, md = self.build_metadata(batch)
+        md = self.attn.prepare_metadata(md)
+        hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
+        offsets = md.q_start_loc.tolist()
+        sample_rows, sample_segs, prompt_logits = [], [], {}
+        for i, s in enumerate(batch.segments):
+            end = offsets[i + 1]
+            if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
+                prompt_logits[s.req.rid] = (
+                    s.start, self.model.compute_logits(hidden[offsets[i] : end], self.deterministic))
+            if s.samples:
+                sample_rows.append(end - 1)
+                sample_segs.append(s)
+        if sample_rows:
+            idx = torch.tensor(sample_rows, dtype=torch.int64, device=hidden.device)
+            logits = self.model.compute_logits(hidden.index_select(0, idx), self.deterministic)
+        else:
+            logits = hidden.new_empty((0, 0))
+        return StepOutput(logits, sample_segs, prompt_logits)

@@ -1,0 +1,277 @@
+"""Storage for the Files and Batches API: the interface every backend implements.
+
+A backend stores four things:
+
+* **blobs** -- the bytes of a file, keyed by its file id (``file-`` + 32 hex digits);
+* **file records** -- the OpenAI file object (:class:`FileRecord`);
+* **batch records** -- the OpenAI batch object plus a few private fields (:class:`BatchRecord`);
+* **batch results** -- one finished output or error line per input line of a running batch,
+  keyed by ``(batch_id, line index)``, so a restarted server skips lines already done and every
+  ``custom_id`` reaches the output exactly once.
+
+Writing a third-party backend
+-----------------------------
+Subclass :class:`StorageBackend`, implement every abstract method, and register it from your
+package's ``llmkit`` entry point::
+
+    # pyproject.toml:  [project.entry-points.llmkit]  my_storage = "my_pkg.storage"
+    from llmkit.core.hookspecs import hookimpl
+
+    @hookimpl
+    def llmkit_register_storage_backends(register):
+        register("mystore", "my_pkg.storage:MyStorage")
+
+``llmkit serve --batch-storage mystore`` then builds it with ``MyStorage.from_options(options)``
+(by default ``MyStorage(**options)``; options are strings from the command line).
+
+Contract, checked by ``tests/storage_contract.py`` (reuse it for your backend):
+
+* Methods are synchronous and may block; llmkit calls them from worker threads, possibly several
+  at once, so a backend must be thread-safe.
+* Every method taking an id calls :func:`check_file_id` / :func:`check_batch_id` before any I/O;
+  a malformed id raises :class:`NotFoundError`, exactly as an unknown one does.
+* Writes are atomic: a reader sees the old value or the new one, never a torn one; a failed or
+  oversize blob write leaves nothing behind.
+* Records round-trip through ``to_dict``/``from_dict`` (JSON only; never pickle).
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+import secrets
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Iterator, Mapping
+
+FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
+BATCH_ID_RE = re.compile(r"batch_[0-9a-f]{32}")
+BLOB_CHUNK = 1 << 20  # read and write blobs in 1 MiB chunks
+
+
+class StorageError(Exception):
+    """A storage operation failed."""
+
+
+class NotFoundError(StorageError, KeyError):
+    """No such object; also raised for a malformed id, so the two are indistinguishable."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class FileTooLargeError(StorageError):
+    """A blob write went over its ``max_bytes``; nothing was stored."""
+
+
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(16)
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(16)
+
+
+def check_file_id(file_id: object) -> str:
+    """Return ``file_id`` if it matches ``file-[0-9a-f]{32}``, else raise :class:`NotFoundError`."""
+    if not isinstance(file_id, str) or not FILE_ID_RE.fullmatch(file_id):
+        raise NotFoundError("file not found")
+    return file_id
+
+
+def check_batch_id(batch_id: object) -> str:
+    """Return ``batch_id`` if it matches ``batch_[0-9a-f]{32}``, else raise :class:`NotFoundError`."""
+    if not isinstance(batch_id, str) or not BATCH_ID_RE.fullmatch(batch_id):
+        raise NotFoundError("batch not found")
+    return batch_id
+
+
+class _Record:
+    """JSON round-trip shared by the record dataclasses; unknown keys are ignored on load."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class FileRecord(_Record):
+    """An OpenAI file object. ``purpose`` is ``batch`` (uploads) or ``batch_output`` (results)."""
+
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
+            "filename": self.filename, "purpose": self.purpose, "status": "processed",
+            "status_details": None, "expires_at": None,
+        }
+
+
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired"})
+ACTIVE_STATUSES = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+
+
+@dataclass
+class BatchRecord(_Record):
+    """An OpenAI batch object; fields starting with ``pinned_``/``pending_`` are private."""
+
+    id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    created_at: int
+    expires_at: int
+    status: str = "validating"
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    errors: list[dict[str, Any]] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: dict[str, int] = field(
+        default_factory=lambda: {"total": 0, "completed": 0, "failed": 0}
+    )
+    usage: dict[str, int] = field(
+        default_factory=lambda: {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    )
+    # The batch's own copy of its input, taken while validating, so deleting the input file
+    # mid-batch cannot change or break the batch.
+    pinned_input_id: str | None = None
+    # Output/error file ids chosen on entering ``finalizing``, so a finalize redone after a
+    # restart overwrites the same files instead of leaving orphans.
+    pending_output_file_id: str | None = None
+    pending_error_file_id: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.to_dict().items() if not k.startswith(("pinned_", "pending_"))}
+        d["object"] = "batch"
+        d["errors"] = {"object": "list", "data": self.errors} if self.errors is not None else None
+        u = self.usage
+        d["usage"] = {
+            "input_tokens": u["input_tokens"], "output_tokens": u["output_tokens"],
+            "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        return d
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One finished line: ``kind`` is ``"output"`` or ``"error"``; ``line`` is its JSON text."""
+
+    index: int
+    kind: str
+    line: str
+
+
+class StorageBackend(abc.ABC):
+    """Where files, batch records and batch results live. See the module docstring."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "StorageBackend":
+        """Build the backend from ``--storage-option KEY=VALUE`` strings (default: ``cls(**options)``)."""
+        return cls(**options)
+
+    # -- blobs ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def write_blob(self, file_id: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> int:
+        """Store the concatenated ``chunks`` as the blob of ``file_id`` and return its size.
+
+        Consume ``chunks`` lazily (bounded memory). Replace an existing blob atomically. If the
+        total exceeds ``max_bytes`` raise :class:`FileTooLargeError`; if ``chunks`` raises, let it
+        propagate. In both cases nothing is stored and no temporary data is left behind.
+        """
+
+    @abc.abstractmethod
+    def read_blob(self, file_id: str) -> Iterator[bytes]:
+        """Yield the blob of ``file_id`` in chunks; raise :class:`NotFoundError` (before yielding)
+        if there is none. The iterator must see one consistent version of the blob."""
+
+    @abc.abstractmethod
+    def delete_blob(self, file_id: str) -> bool:
+        """Delete the blob of ``file_id``; return whether it existed."""
+
+    # -- file records --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_file(self, record: FileRecord) -> None:
+        """Insert or replace a file record (atomically)."""
+
+    @abc.abstractmethod
+    def get_file(self, file_id: str) -> FileRecord:
+        """Return the file record; raise :class:`NotFoundError` if absent or malformed."""
+
+    @abc.abstractmethod
+    def list_files(self, *, purpose: str | None = None) -> list[FileRecord]:
+        """All file records (with ``purpose`` if given), newest first (ties: id descending)."""
+
+    @abc.abstractmethod
+    def delete_file(self, file_id: str) -> bool:
+        """Delete the file record (not the blob); return whether it existed."""
+
+    # -- batch records -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_batch(self, record: BatchRecord) -> None:
+        """Insert or replace a batch record (atomically)."""
+
+    @abc.abstractmethod
+    def get_batch(self, batch_id: str) -> BatchRecord:
+        """Return the batch record; raise :class:`NotFoundError` if absent or malformed."""
+
+    @abc.abstractmethod
+    def list_batches(self, *, statuses: Iterable[str] | None = None) -> list[BatchRecord]:
+        """All batch records (with a status in ``statuses`` if given), newest first
+        (ties: id descending)."""
+
+    # -- batch results -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_result(self, batch_id: str, result: BatchResult) -> bool:
+        """Durably record a finished line. The first write for ``(batch_id, result.index)`` wins;
+        return False (storing nothing) if that index already has a result."""
+
+    @abc.abstractmethod
+    def result_indices(self, batch_id: str) -> dict[int, str]:
+        """Map every line index of ``batch_id`` that has a result to its kind."""
+
+    @abc.abstractmethod
+    def iter_results(self, batch_id: str, kind: str | None = None) -> Iterator[BatchResult]:
+        """Yield the results of ``batch_id`` (only ``kind`` if given) in ascending index order."""
+
+    @abc.abstractmethod
+    def delete_results(self, batch_id: str) -> None:
+        """Delete every result of ``batch_id`` (called once the output files are written)."""
+
+    def close(self) -> None:
+        """Release connections and handles; the default does nothing."""
+
+
+def capped(chunks: Iterable[bytes], max_bytes: int | None) -> Iterator[bytes]:
+    """Pass ``chunks`` through, raising :class:`FileTooLargeError` once more than ``max_bytes``
+    have gone by (a helper for backends)."""
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:
+            raise FileTooLargeError(f"file is larger than {max_bytes} bytes")
+        yield chunk
+
+
+def open_storage(name: str, options: Mapping[str, str] | None = None) -> StorageBackend:
+    """Build the storage backend registered as ``name`` (``--batch-storage NAME``)."""
+    from llmkit.core.plugins import registry
+
+    cls = registry().load("storage", name)
+    return cls.from_options(dict(options or {}))

@@ -1,0 +1,163 @@
+"""Triton kernels for writing new K/V into the paged pool and for "extend" attention.
+
+Extend = the new tokens of each sequence (a prompt, or its uncached tail) attend to the sequence's
+whole context: a cached prefix already in the pool plus the new tokens themselves, causally and
+bottom-right aligned (new token i sits at position ``prefix_len + i``). The new K/V are written to
+the pool first, so one loop over the sequence's slots (``req_to_token``) covers prefix and new
+tokens alike; working on token slots rather than pages makes every page size work unchanged.
+
+Import this module only after the interpreter choice is made: ``@triton.jit`` decides between the
+compiled and the interpreted kernel when it runs (i.e. at import), from ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _store_kv_kernel(
+    K, V, K_buf, V_buf, slots,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_bs, stride_bh,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program per new token: copy its [heads, dim] K and V rows into the pool slot.
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots + t).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
+    k = tl.load(K + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    tl.store(K_buf + dst, k.to(K_buf.dtype.element_ty), mask=mask)
+    v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    tl.store(V_buf + dst, v.to(V_buf.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _extend_kernel(
+    Q, O, K_buf, V_buf, req_to_token, req_pool_indices, q_start_loc, q_lens, kv_lens,
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2 is the fast path)
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bs, stride_bh, stride_r2t,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # Grid: (sequence, query head, block of BLOCK_M new tokens).
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m_blk = tl.program_id(2)
+    q_len = tl.load(q_lens + b)
+    if m_blk * BLOCK_M >= q_len:
+        return
+    q_start = tl.load(q_start_loc + b)
+    kv_len = tl.load(kv_lens + b)
+    row = tl.load(req_pool_indices + b).to(tl.int64)
+    prefix_len = kv_len - q_len
+    kv_head = h // GROUP
+
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if UPCAST:  # bf16 under the interpreter: its tl.dot on bf16 is wrong (triton #11584)
+        q = q.to(tl.float32)
+    q_pos = prefix_len + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Causality bounds the keys this block can see: nothing past its last query's position.
+    end = tl.minimum(kv_len, prefix_len + (m_blk + 1) * BLOCK_M)
+    for start in range(0, end, BLOCK_N):
+        offs = start + offs_n
+        n_mask = offs < end
+        slot = tl.load(req_to_token + row * stride_r2t + offs, mask=n_mask, other=0).to(tl.int64)
+        k_off = slot[None, :] * stride_bs + kv_head * stride_bh + offs_d[:, None]  # [D, N]
+        k_t = tl.load(K_buf + k_off, mask=n_mask[None, :] & d_mask[:, None], other=0.0)
+        k_t = k_t.to(q.dtype)
+        s = tl.dot(q, k_t, input_precision=DOT_PREC, out_dtype=tl.float32) * qk_scale
+        allowed = (offs[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(allowed, s, float("-inf"))
+        # Every row sees key 0 in the first block, so m_new is finite from the start.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_off = slot[:, None] * stride_bs + kv_head * stride_bh + offs_d[None, :]  # [N, D]
+        v = tl.load(V_buf + v_off, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v = v.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PREC,
+                                            out_dtype=tl.float32)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    o_rows = (q_start + offs_m).to(tl.int64)
+    tl.store(O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def dot_options(dtype: torch.dtype) -> tuple[bool, str | None]:
+    """(upcast to fp32 before tl.dot, tl.dot input precision) for activations of ``dtype``."""
+    upcast = is_interpreted() and dtype == torch.bfloat16
+    # fp32 asks for fp32 accuracy: the GPU default (tf32) would lose ~3 decimal digits.
+    prec = "ieee" if (dtype == torch.float32 or upcast) else None
+    return upcast, prec
+
+
+def is_interpreted() -> bool:
+    """Whether these kernels were built for Triton's CPU interpreter (decided at import)."""
+    return isinstance(_store_kv_kernel, triton.runtime.interpreter.InterpretedFunction)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """Write ``k``/``v`` ``[T, Hkv, D]`` into the pool buffers at ``slots`` ``[T]``."""
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_buf.stride(-1) == 1
+    _store_kv_kernel[(t,)](
+        k, v, k_buf, v_buf, slots,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_buf.stride(0), k_buf.stride(1),
+        NUM_KV_HEADS=hkv, HEAD_DIM=d,
+        BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d),
+    )
+
+
+def extend_attention(
+    q: torch.Tensor, o: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, q_start_loc: torch.Tensor,
+    q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q_len: int, scale: float,
+) -> None:
+    """Causal attention of ragged new tokens ``q`` ``[T, H, D]`` over their paged context into ``o``."""
+    num_seqs = q_lens.shape[0]
+    _, num_heads, head_dim = q.shape
+    group = num_heads // k_buf.shape[1]
+    assert q.stride(-1) == 1 and o.stride(-1) == 1 and req_to_token.stride(-1) == 1
+    block_d = triton.next_power_of_2(head_dim)
+    if is_interpreted():  # small blocks: multi-block loops and tails even on tiny test shapes
+        block_m, block_n, warps = 16, 16, 4
+    elif block_d <= 128:
+        block_m, block_n, warps = 64, 64, 4
+    else:
+        block_m, block_n, warps = 32, 32, 4
+    upcast, prec = dot_options(q.dtype)
+    grid = (num_seqs, num_heads, triton.cdiv(max_q_len, block_m))
+    _extend_kernel[grid](
+        q, o, k_buf, v_buf, req_to_token, req_pool_indices, q_start_loc, q_lens, kv_lens,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1), k_buf.stride(0), k_buf.stride(1),
+        req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        UPCAST=upcast, DOT_PREC=prec, num_warps=warps, num_stages=2,
+    )

@@ -1,0 +1,8 @@
+"""``LlamaForCausalLM`` (Llama 2/3, SmolLM2, Mistral-style dense models)."""
+
+from llmkit.plugins.models.decoder import DecoderLM
+
+
+class LlamaForCausalLM(DecoderLM):
+    qkv_bias = False
+    qk_norm = False
