@@ -67,7 +67,7 @@ def write_output_files(storage: StorageBackend, batch: BatchRecord) -> None:
             continue
         storage.put_file(FileRecord(
             id=file_id, bytes=size, created_at=int(time.time()),
-            filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output",
+            filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output", created_ns=time.time_ns(),
         ))
         setattr(batch, f"{suffix}_file_id", file_id)
     batch.request_counts = {

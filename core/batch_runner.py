@@ -108,7 +108,7 @@ class BatchRunner:
             id=new_batch_id(), endpoint=endpoint, input_file_id=input_file_id,
             completion_window=completion_window, created_at=now,
             expires_at=now + COMPLETION_WINDOWS[completion_window], metadata=metadata,
-            pinned_input_id=new_file_id(),
+            pinned_input_id=new_file_id(), created_ns=time.time_ns(),
         )
         await asyncio.to_thread(self.storage.put_batch, rec)
         log.info("batch %s: created from %s for %s", rec.id, input_file_id, endpoint)

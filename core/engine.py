@@ -83,6 +83,9 @@ class Engine:
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid, None))
 
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     @property
     def num_pending(self) -> int:
         return len(self._live)
@@ -244,7 +247,7 @@ class Engine:
                 "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, cache hit rate: %.2f%%, "
                 "token usage: %.2f, #running-req: %d, #queue-req: %d",
                 batch.num_new_prefill_seqs, batch.num_prefill_tokens, batch.num_cached_tokens, rate,
-                sched.token_usage(), len(sched.running) - batch.num_new_prefill_seqs, len(sched.waiting),
+                sched.token_usage(), batch.num_running_before, len(sched.waiting),
             )
         n_decode = sum(1 for s in batch.segments if s.length == 1 and s.samples)
         self._decode_tokens += n_decode

@@ -38,6 +38,7 @@ class ScheduledBatch:
     num_new_prefill_seqs: int = 0
     num_prefill_tokens: int = 0
     num_cached_tokens: int = 0
+    num_running_before: int = 0
 
     @property
     def is_decode(self) -> bool:
@@ -126,7 +127,7 @@ class Scheduler:
             if length:
                 segments.append(Segment(req, req.num_computed, length))
                 budget -= length
-        batch = ScheduledBatch(segments)
+        batch = ScheduledBatch(segments, num_running_before=len(self.running))
         # 2. admit waiting requests while budget, slots and pages allow
         self._order_waiting()
         admitted = []

@@ -106,6 +106,11 @@ class FileRecord(_Record):
     created_at: int
     filename: str
     purpose: str
+    created_ns: int = 0  # private: orders records made within the same second
+
+    def sort_key(self) -> tuple[int, str]:
+        """Listing order key (lists are sorted by it, descending)."""
+        return (self.created_ns or self.created_at * 10**9, self.id)
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -155,9 +160,15 @@ class BatchRecord(_Record):
     # restart overwrites the same files instead of leaving orphans.
     pending_output_file_id: str | None = None
     pending_error_file_id: str | None = None
+    created_ns: int = 0  # private: orders records made within the same second
+
+    def sort_key(self) -> tuple[int, str]:
+        """Listing order key (lists are sorted by it, descending)."""
+        return (self.created_ns or self.created_at * 10**9, self.id)
 
     def to_openai(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.to_dict().items() if not k.startswith(("pinned_", "pending_"))}
+        private = ("pinned_", "pending_", "created_ns")
+        d = {k: v for k, v in self.to_dict().items() if not k.startswith(private)}
         d["object"] = "batch"
         d["errors"] = {"object": "list", "data": self.errors} if self.errors is not None else None
         u = self.usage
@@ -216,7 +227,7 @@ class StorageBackend(abc.ABC):
 
     @abc.abstractmethod
     def list_files(self, *, purpose: str | None = None) -> list[FileRecord]:
-        """All file records (with ``purpose`` if given), newest first (ties: id descending)."""
+        """All file records (with ``purpose`` if given), sorted by ``sort_key()`` descending."""
 
     @abc.abstractmethod
     def delete_file(self, file_id: str) -> bool:
@@ -233,8 +244,8 @@ class StorageBackend(abc.ABC):
 
     @abc.abstractmethod
     def list_batches(self, *, statuses: Iterable[str] | None = None) -> list[BatchRecord]:
-        """All batch records (with a status in ``statuses`` if given), newest first
-        (ties: id descending)."""
+        """All batch records (with a status in ``statuses`` if given), sorted by ``sort_key()``
+        descending (newest first)."""
 
     # -- batch results -------------------------------------------------------------------------
     @abc.abstractmethod

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from llmkit.core.attention import AttentionBackend, AttentionMetadata
-from llmkit.core.hookspecs import hookimpl
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -68,8 +67,3 @@ class TorchAttentionBackend(AttentionBackend):
         scores = torch.matmul(qg, ks).mul_(self.scale).add_(bias)  # [B, Hkv, G, L]
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, vs).view(b, self.num_heads, d)
-
-
-@hookimpl
-def llmkit_register_attention_backends(register):
-    register("torch", TorchAttentionBackend)

@@ -105,6 +105,13 @@ def _decode_merge_kernel(
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
 
+def decode_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of the split-K stage."""
+    if interpreted:
+        return 16, 4
+    return (64, 4) if block_d <= 128 and dtype.itemsize <= 2 else (32, 4)
+
+
 def alloc_split_buffers(batch: int, num_heads: int, head_dim: int, num_splits: int,
                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial outputs ``[B, H, S, D]`` and log-sum-exps ``[B, H, S]`` for stage 1."""
@@ -130,10 +137,7 @@ def decode_attention(
     assert q.stride(-1) == 1 and o.stride(-1) == 1 and req_to_token.stride(-1) == 1
     assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
     block_d = triton.next_power_of_2(head_dim)
-    if is_interpreted():
-        block_n, warps = 16, 4
-    else:
-        block_n, warps = (64, 4) if block_d <= 128 else (32, 4)
+    block_n, warps = decode_config(block_d, q.dtype, is_interpreted())
     upcast, prec = dot_options(q.dtype)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, kv_lens, mid_o, mid_lse,

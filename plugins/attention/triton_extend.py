@@ -106,6 +106,12 @@ def _extend_kernel(
              out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
+def is_interpreted() -> bool:
+    """Whether these kernels were built for Triton's CPU interpreter (decided at import)."""
+    # By name: triton.runtime.interpreter is not even imported when compiling.
+    return type(_store_kv_kernel).__name__ == "InterpretedFunction"
+
+
 def dot_options(dtype: torch.dtype) -> tuple[bool, str | None]:
     """(upcast to fp32 before tl.dot, tl.dot input precision) for activations of ``dtype``."""
     upcast = is_interpreted() and dtype == torch.bfloat16
@@ -114,9 +120,13 @@ def dot_options(dtype: torch.dtype) -> tuple[bool, str | None]:
     return upcast, prec
 
 
-def is_interpreted() -> bool:
-    """Whether these kernels were built for Triton's CPU interpreter (decided at import)."""
-    return isinstance(_store_kv_kernel, triton.runtime.interpreter.InterpretedFunction)
+def extend_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the extend kernel."""
+    if interpreted:  # small blocks: multi-block loops and tails even on tiny test shapes
+        return 16, 16, 4
+    if block_d <= 128 and dtype.itemsize <= 2:
+        return 64, 64, 4
+    return 32, 32, 4  # fp32 or wide heads: shared memory stays under ~100 KB (sm_86/89)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -145,12 +155,7 @@ def extend_attention(
     group = num_heads // k_buf.shape[1]
     assert q.stride(-1) == 1 and o.stride(-1) == 1 and req_to_token.stride(-1) == 1
     block_d = triton.next_power_of_2(head_dim)
-    if is_interpreted():  # small blocks: multi-block loops and tails even on tiny test shapes
-        block_m, block_n, warps = 16, 16, 4
-    elif block_d <= 128:
-        block_m, block_n, warps = 64, 64, 4
-    else:
-        block_m, block_n, warps = 32, 32, 4
+    block_m, block_n, warps = extend_config(block_d, q.dtype, is_interpreted())
     upcast, prec = dot_options(q.dtype)
     grid = (num_seqs, num_heads, triton.cdiv(max_q_len, block_m))
     _extend_kernel[grid](

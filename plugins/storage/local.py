@@ -35,8 +35,8 @@ from llmkit.core.storage import (
 )
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, created_at INTEGER, purpose TEXT, data TEXT);
-CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created_at INTEGER, status TEXT, data TEXT);
+CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, created INTEGER, purpose TEXT, data TEXT);
+CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created INTEGER, status TEXT, data TEXT);
 CREATE TABLE IF NOT EXISTS results (
     batch_id TEXT, idx INTEGER, kind TEXT, line TEXT, PRIMARY KEY (batch_id, idx));
 """
@@ -113,7 +113,7 @@ class LocalStorage(StorageBackend):
         check_file_id(record.id)
         self._exec(
             "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)",
-            (record.id, record.created_at, record.purpose, json.dumps(record.to_dict())),
+            (record.id, record.sort_key()[0], record.purpose, json.dumps(record.to_dict())),
         )
 
     def get_file(self, file_id: str) -> FileRecord:
@@ -126,7 +126,7 @@ class LocalStorage(StorageBackend):
         sql, args = "SELECT data FROM files", ()
         if purpose is not None:
             sql, args = sql + " WHERE purpose = ?", (purpose,)
-        rows = self._exec(sql + " ORDER BY created_at DESC, id DESC", args)
+        rows = self._exec(sql + " ORDER BY created DESC, id DESC", args)
         return [FileRecord.from_dict(json.loads(r[0])) for r in rows]
 
     def delete_file(self, file_id: str) -> bool:
@@ -139,7 +139,7 @@ class LocalStorage(StorageBackend):
         check_batch_id(record.id)
         self._exec(
             "INSERT OR REPLACE INTO batches VALUES (?, ?, ?, ?)",
-            (record.id, record.created_at, record.status, json.dumps(record.to_dict())),
+            (record.id, record.sort_key()[0], record.status, json.dumps(record.to_dict())),
         )
 
     def get_batch(self, batch_id: str) -> BatchRecord:
@@ -154,7 +154,7 @@ class LocalStorage(StorageBackend):
             wanted = tuple(statuses)
             sql += f" WHERE status IN ({', '.join('?' * len(wanted))})" if wanted else " WHERE 0"
             args = wanted
-        rows = self._exec(sql + " ORDER BY created_at DESC, id DESC", args)
+        rows = self._exec(sql + " ORDER BY created DESC, id DESC", args)
         return [BatchRecord.from_dict(json.loads(r[0])) for r in rows]
 
     # -- batch results -------------------------------------------------------------------------

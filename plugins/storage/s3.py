@@ -144,7 +144,7 @@ class S3Storage(StorageBackend):
                 continue  # deleted since the listing
             if purpose is None or rec.purpose == purpose:
                 records.append(rec)
-        return sorted(records, key=lambda r: (r.created_at, r.id), reverse=True)
+        return sorted(records, key=lambda r: r.sort_key(), reverse=True)
 
     def delete_file(self, file_id: str) -> bool:
         return self._delete(self._key("files", check_file_id(file_id) + ".json"))
@@ -167,7 +167,7 @@ class S3Storage(StorageBackend):
                 continue
             if wanted is None or rec.status in wanted:
                 records.append(rec)
-        return sorted(records, key=lambda r: (r.created_at, r.id), reverse=True)
+        return sorted(records, key=lambda r: r.sort_key(), reverse=True)
 
     # -- batch results -------------------------------------------------------------------------
     def _result_prefix(self, batch_id: str) -> str:

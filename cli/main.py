@@ -1,0 +1,31 @@
+"""The ``llmkit`` command. Subcommands live in their own modules; nothing here imports torch."""
+
+from __future__ import annotations
+
+import typer
+
+from llmkit.cli import plugins_cmd, serve
+
+app = typer.Typer(name="llmkit", help="llmkit: a plugin-architecture LLM server with an OpenAI API.",
+                  no_args_is_help=True, add_completion=False)
+serve.register(app)
+plugins_cmd.register(app)
+
+
+def _add_plugin_commands() -> None:
+    # Plugins may add commands; loading them must stay cheap (no torch at import time).
+    try:
+        from llmkit.core.plugins import get_plugin_manager
+
+        get_plugin_manager().hook.llmkit_register_commands(app=app)
+    except Exception as exc:  # a broken plugin should not break `llmkit --help`
+        typer.echo(f"warning: plugin commands unavailable: {exc}", err=True)
+
+
+def main() -> None:
+    _add_plugin_commands()
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Reusable option aliases (names follow SGLang's where one exists)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+ModelPath = Annotated[Optional[str], typer.Option("--model-path", "--model", envvar="LLMKIT_MODEL_PATH",
+                      help="HF model directory or .gguf file; default: the embedded SmolLM2-135M-Instruct.")]
+Attention = Annotated[str, typer.Option("--attention", "--attention-backend", envvar="LLMKIT_ATTENTION",
+                      help="Attention backend: auto, torch, triton, flashinfer, or a plugin's name.")]
+Dtype = Annotated[str, typer.Option("--dtype", envvar="LLMKIT_DTYPE",
+                  help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")]
+Device = Annotated[str, typer.Option("--device", envvar="LLMKIT_DEVICE", help="auto, cpu, cuda, cuda:N.")]
+ContextLength = Annotated[Optional[int], typer.Option("--context-length", envvar="LLMKIT_CONTEXT_LENGTH",
+                          help="Override the model's context length.")]
+MaxRunning = Annotated[int, typer.Option("--max-running-requests", envvar="LLMKIT_MAX_RUNNING_REQUESTS",
+                       help="Most requests decoding at once.")]
+MaxTotalTokens = Annotated[Optional[int], typer.Option("--max-total-tokens", envvar="LLMKIT_MAX_TOTAL_TOKENS",
+                           help="KV cache pool size in tokens (default: sized from memory).")]
+ChunkedPrefill = Annotated[int, typer.Option("--chunked-prefill-size", envvar="LLMKIT_CHUNKED_PREFILL_SIZE",
+                           help="Token budget per step (prefill chunks plus decode tokens).")]
+SchedulePolicy = Annotated[str, typer.Option("--schedule-policy", envvar="LLMKIT_SCHEDULE_POLICY",
+                           help="fcfs or lpm (longest prefix match first).")]
+DisableRadix = Annotated[bool, typer.Option("--disable-radix-cache", envvar="LLMKIT_DISABLE_RADIX_CACHE",
+                         help="Turn off prefix sharing.")]
+PageSize = Annotated[int, typer.Option("--page-size", envvar="LLMKIT_PAGE_SIZE", help="Tokens per KV page.")]
+Deterministic = Annotated[bool, typer.Option("--enable-deterministic-inference", envvar="LLMKIT_DETERMINISTIC",
+                          help="Batch-invariant numerics: a request's output never depends on its batch.")]
+Threads = Annotated[Optional[int], typer.Option("--num-threads", envvar="LLMKIT_NUM_THREADS",
+                    help="torch CPU threads (default: all cores).")]
+ReasoningParser = Annotated[Optional[str], typer.Option("--reasoning-parser", envvar="LLMKIT_REASONING_PARSER",
+                            help="Separate reasoning_content: qwen3, deepseek-r1, ...")]
+ToolCallParser = Annotated[Optional[str], typer.Option("--tool-call-parser", envvar="LLMKIT_TOOL_CALL_PARSER",
+                           help="Parse tool calls: hermes, llama3, mistral, ...")]
+ChatTemplate = Annotated[Optional[str], typer.Option("--chat-template", envvar="LLMKIT_CHAT_TEMPLATE",
+                         help="A Jinja chat template file overriding the tokenizer's.")]
+GrammarBackend = Annotated[str, typer.Option("--grammar-backend", envvar="LLMKIT_GRAMMAR_BACKEND",
+                           help="Structured outputs: xgrammar or none.")]

@@ -1,0 +1,67 @@
+"""The one interface the HTTP server uses to talk to the engine.
+
+``InProcessEngineClient`` runs the engine on a thread of this process; another implementation
+could run it in another process without the server changing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Protocol
+
+from llmkit.core.engine import Engine, RequestOutput
+from llmkit.core.request import Request
+
+
+class QueueFullError(Exception):
+    """The engine's queue is at ``--max-queued-requests``."""
+
+
+class EngineClient(Protocol):
+    tokenizer: object
+    max_context: int
+    vocab_size: int
+
+    def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
+        """Submit ``req`` and yield its outputs until one has ``finished``. Cancelling the
+        iteration (client gone) aborts the request and frees its KV pages."""
+
+    async def abort(self, rid: str) -> None:
+        """Stop a request; its last output has finish_reason "abort"."""
+
+
+class InProcessEngineClient:
+    def __init__(self, engine: Engine, max_queued: int) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_context = engine.max_context
+        self.vocab_size = engine.vocab_size
+        self.max_queued = max_queued
+        self.draining = False
+
+    def check_capacity(self, n: int = 1) -> None:
+        if self.engine.num_pending + n > self.max_queued:
+            raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
+
+    async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.engine.submit(req, lambda out: loop.call_soon_threadsafe(q.put_nowait, out))
+        finished = False
+        try:
+            while True:
+                out = await q.get()
+                if out.finished:
+                    finished = True
+                yield out
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.engine.abort(req.rid)
+
+    async def abort(self, rid: str) -> None:
+        self.engine.abort(rid)
+
+    def alive(self) -> bool:
+        return self.engine.is_alive()

@@ -1,0 +1,185 @@
+"""``create_app``: the FastAPI application over an engine client."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from llmkit.core.engine_client import QueueFullError
+from llmkit.core.request import Request, SamplingParams
+from llmkit.core.server.errors import APIError, error_response
+from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
+from llmkit.core.server.serving_chat import create_chat_completion
+from llmkit.core.server.serving_completions import create_completion
+from llmkit.core.server.state import ServerState, new_id
+
+log = logging.getLogger("llmkit")
+OPEN_PATHS = ("/health", "/metrics", "/ping")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(raw: HTTPRequest, limit: int) -> dict:
+    """Read and parse a JSON object body, enforcing the size cap before reading it all."""
+    ctype = raw.headers.get("content-type", "")
+    if ctype and "json" not in ctype:
+        raise APIError("Unsupported Media Type: Only 'application/json' is allowed", status=415)
+    length = raw.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError("Payload Too Large", status=413)
+    chunks, size = [], 0
+    async for chunk in raw.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError("Payload Too Large", status=413)
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    try:
+        text = data.decode("utf-8")
+        body = json.loads(text, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise APIError("the request body is not valid UTF-8") from None
+    except RecursionError:
+        raise APIError("the request body is nested too deeply") from None
+    except ValueError as exc:
+        raise APIError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    return body
+
+
+def parse_model(cls, body: dict):
+    try:
+        return cls.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err.get("loc", ())) or None
+        raise APIError(f"{param}: {err.get('msg')}" if param else str(exc), param=param) from None
+    except RecursionError:
+        raise APIError("the request body is nested too deeply") from None
+
+
+def _digest(s: str) -> bytes:
+    return hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()
+
+
+def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
+    """Build the app. ``on_shutdown`` runs after in-flight requests have drained."""
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        state.client.draining = True
+        if on_shutdown is not None:
+            await asyncio.to_thread(on_shutdown)
+
+    app = FastAPI(title="llmkit", lifespan=lifespan)
+    app.state.llmkit = state
+    key_digest = _digest(state.options.api_key) if state.options.api_key else None
+
+    @app.middleware("http")
+    async def guard(request: HTTPRequest, call_next):
+        if key_digest is not None and request.method != "OPTIONS" and not request.url.path.startswith(OPEN_PATHS):
+            auth = request.headers.get("authorization", "")
+            given = auth[7:] if auth[:7].lower() == "bearer " else ""
+            # Compare fixed-length digests in constant time, whatever the key's length.
+            if not hmac.compare_digest(_digest(given), key_digest):
+                return error_response("Unauthorized: a valid API key is required", 401,
+                                      code="invalid_api_key")
+        try:
+            return await call_next(request)
+        except APIError as exc:
+            return exc.response()
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(QueueFullError)
+    async def _queue_full(request, exc):
+        return error_response(str(exc), 429, code="rate_limit_exceeded")
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(f"Internal server error: {type(exc).__name__}", 500)
+
+    def _touch():
+        state.last_activity = time.monotonic()
+
+    @app.post("/v1/chat/completions")
+    async def chat(raw: HTTPRequest):
+        _touch()
+        body = parse_model(ChatCompletionRequest, await read_json(raw, state.options.max_payload_size))
+        return await create_chat_completion(state, body, raw)
+
+    @app.post("/v1/completions")
+    async def completions(raw: HTTPRequest):
+        _touch()
+        body = parse_model(CompletionRequest, await read_json(raw, state.options.max_payload_size))
+        return await create_completion(state, body, raw)
+
+    def model_card() -> dict:
+        name = state.options.served_model_name
+        return {"id": name, "object": "model", "created": int(state.started), "owned_by": "llmkit",
+                "root": name, "parent": None, "max_model_len": state.max_context}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != state.options.served_model_name:
+            return error_response(f"The model '{model_id}' does not exist", 404, param="model",
+                                  code="model_not_found")
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        if state.client.draining:
+            return error_response("the server is shutting down", 503)
+        if not state.client.alive():
+            return error_response("the engine is not running", 503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health_generate")
+    async def health_generate():
+        if state.client.draining or not state.client.alive():
+            return error_response("the engine is not running", 503)
+        req = Request(rid=new_id("health-"), prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0))
+        try:
+            async with asyncio.timeout(20):
+                async for _ in state.client.generate(req):
+                    pass
+        except TimeoutError:
+            return error_response("the engine did not answer within 20 s", 503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/get_model_info")
+    async def model_info():
+        return {"model_path": state.options.served_model_name, "tokenizer_path": state.options.served_model_name,
+                "is_generation": True, "max_model_len": state.max_context}
+
+    _mount_optional_routers(app, state)
+    return app
+
+
+def _mount_optional_routers(app: FastAPI, state: ServerState) -> None:
+    """Routers that other parts of llmkit contribute (parsers, files and batches)."""
+    try:
+        from llmkit.core.server.parser_routes import parser_router
+    except ImportError:
+        return
+    app.include_router(parser_router())

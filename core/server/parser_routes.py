@@ -1,0 +1,97 @@
+"""``POST /separate_reasoning`` and ``POST /parse_function_call``: llmkit's parsers over HTTP.
+
+SGLang offers these so that clients generating elsewhere can reuse the server's parsers. The text
+is parsed as a complete, finished output (the same machines as streaming, fed in one piece).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from llmkit.core.plugins import PluginError
+from llmkit.core.reasoning import create_reasoning_parser
+from llmkit.core.tool_parser import create_tool_parser
+
+
+class SeparateReasoningRequest(BaseModel):
+    text: str
+    reasoning_parser: str
+    # Optional context, as the server would pass it: the rendered prompt and template kwargs.
+    prompt: str = ""
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class SeparateReasoningResponse(BaseModel):
+    reasoning_text: str
+    text: str
+
+
+class ParseFunctionCallRequest(BaseModel):
+    text: str
+    tool_call_parser: str
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class FunctionCallItem(BaseModel):
+    tool_index: int
+    name: str
+    parameters: str  # the arguments as JSON text
+
+
+class ParseFunctionCallResponse(BaseModel):
+    normal_text: str
+    calls: list[FunctionCallItem]
+
+
+def invalid_request(message: str, param: str | None = None) -> JSONResponse:
+    """A 400 with OpenAI's error body."""
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    return JSONResponse(status_code=400, content={"error": error})
+
+
+def parser_router() -> APIRouter:
+    """The router serving both endpoints; the server includes it in its app."""
+    router = APIRouter()
+
+    @router.post("/separate_reasoning", response_model=SeparateReasoningResponse)
+    def separate_reasoning(req: SeparateReasoningRequest):
+        try:
+            state = create_reasoning_parser(
+                req.reasoning_parser,
+                prompt_text=req.prompt,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+        except PluginError as exc:
+            return invalid_request(str(exc), "reasoning_parser")
+        reasoning, text = state.parse(req.text)
+        return SeparateReasoningResponse(reasoning_text=reasoning, text=text)
+
+    @router.post("/parse_function_call", response_model=ParseFunctionCallResponse)
+    def parse_function_call(req: ParseFunctionCallRequest):
+        try:
+            parser = create_tool_parser(req.tool_call_parser, tools=req.tools)
+        except PluginError as exc:
+            return invalid_request(str(exc), "tool_call_parser")
+        text, calls = parser.parse(req.text)
+        items = [
+            FunctionCallItem(
+                tool_index=_tool_index(req.tools, c.name), name=c.name, parameters=c.arguments
+            )
+            for c in calls
+        ]
+        return ParseFunctionCallResponse(normal_text=text, calls=items)
+
+    return router
+
+
+def _tool_index(tools: list[dict[str, Any]], name: str) -> int:
+    """Position of the called function in ``tools`` (-1 when the request gave none), as SGLang."""
+    for i, tool in enumerate(tools):
+        if (tool.get("function") or tool).get("name") == name:
+            return i
+    return -1
+

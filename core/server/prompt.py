@@ -1,0 +1,86 @@
+"""From request to token ids: chat-template rendering and tokenization (off the event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from llmkit.core.server.errors import APIError
+
+MAX_PROMPT_CHARS = 16 << 20
+
+
+def message_dicts(body) -> list[dict]:
+    """Messages as the chat template expects them (text-only; tool-call arguments as dicts)."""
+    out = []
+    for i, m in enumerate(body.messages):
+        d: dict = {"role": m.role}
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(f"content part type '{part.type}' is not supported by this text-only "
+                                   "model", param=f"messages[{i}].content")
+                texts.append(part.text)
+            content = "".join(texts)
+        d["content"] = content if content is not None else ""
+        if m.role == "tool" and not m.tool_call_id:
+            raise APIError("tool messages need a tool_call_id", param=f"messages[{i}].tool_call_id")
+        if m.name is not None:
+            d["name"] = m.name
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            d["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
+            calls = []
+            for c in m.tool_calls:
+                args = c.function.arguments
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args else {}
+                    except json.JSONDecodeError:
+                        pass
+                calls.append({"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": args}})
+            d["tool_calls"] = calls
+        out.append(d)
+    return out
+
+
+def render_chat(state, body, kwargs: dict) -> str:
+    if state.chat_template is None:
+        raise APIError("this model has no chat template; start the server with --chat-template FILE "
+                       "or use /v1/completions", param="messages")
+    messages = message_dicts(body)
+    tools = None
+    if body.tools and body.tool_choice != "none":
+        tools = [t.model_dump(exclude_none=True) for t in body.tools]
+        if isinstance(body.tool_choice, dict):  # a named choice shows only that tool
+            name = body.tool_choice.get("function", {}).get("name")
+            tools = [t for t in tools if t["function"]["name"] == name]
+    cont = body.continue_final_message and messages and messages[-1]["role"] == "assistant"
+    text = state.chat_template.render(messages, add_generation_prompt=not cont, tools=tools, extra=kwargs)
+    if cont:
+        # Continue the final assistant message: cut the rendering right after its content.
+        final = messages[-1]["content"]
+        pos = text.rfind(final) if final else -1
+        if pos == -1:
+            raise APIError("continue_final_message: the final message's content was not found in the "
+                           "rendered template", param="messages")
+        text = text[: pos + len(final)]
+    return text
+
+
+async def tokenize_text(state, text: str, param: str) -> list[int]:
+    if len(text) > MAX_PROMPT_CHARS:
+        raise APIError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters", param=param,
+                       code="context_length_exceeded")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError("the text contains invalid Unicode (a lone surrogate)", param=param) from None
+    if len(text) < 2048:
+        return state.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,201 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from llmkit.core.chat_template import TemplateRenderError, check_template_kwargs
+from llmkit.core.request import Request
+from llmkit.core.server.choice_text import ChoiceProcessor
+from llmkit.core.server.errors import APIError
+from llmkit.core.server.logprobs import chat_logprobs
+from llmkit.core.server.prompt import render_chat, tokenize_text
+from llmkit.core.server.protocol import ChatCompletionRequest
+from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.state import ServerState, merge_outputs, new_id
+from llmkit.core.server.streaming import sse, sse_done, watch_disconnect
+
+
+def _validate_tools(body: ChatCompletionRequest) -> None:
+    tc = body.tool_choice
+    names = [t.function.name for t in body.tools or []]
+    if len(set(names)) != len(names):
+        raise APIError("tool names must be unique", param="tools")
+    if tc == "required" and not names:
+        raise APIError("Tools cannot be empty if tool choice is set to required.", param="tool_choice")
+    if isinstance(tc, dict):
+        name = (tc.get("function") or {}).get("name")
+        if not names:
+            raise APIError("Tools cannot be empty if tool choice is set to a specific tool.",
+                           param="tool_choice")
+        if name not in names:
+            raise APIError(f"Tool '{name}' not found in tools list.", param="tool_choice")
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest):
+    if not body.messages:
+        raise APIError("Messages cannot be empty.", param="messages")
+    _validate_tools(body)
+    try:
+        kwargs = check_template_kwargs(body.chat_template_kwargs)
+    except ValueError as exc:
+        raise APIError(str(exc), param="chat_template_kwargs") from None
+    if body.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    try:
+        prompt_text = await asyncio.to_thread(render_chat, state, body, kwargs)
+    except TemplateRenderError as exc:
+        raise APIError(str(exc), param="messages") from None
+    prompt_ids = await tokenize_text(state, prompt_text, param="messages")
+    top_lp = body.top_logprobs or 0
+    if top_lp and not body.logprobs:
+        raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = build_sampling_params(
+        body, prompt_len=len(prompt_ids), max_context=state.max_context, vocab_size=state.vocab_size,
+        max_tokens=max_tokens, logprobs=body.logprobs, top_logprobs=top_lp,
+        defaults=state.sampling_defaults)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if body.tool_choice != "none" else None
+    if params.skip_special_tokens and tools and state.options.tool_call_parser:
+        from dataclasses import replace
+
+        params = replace(params, skip_special_tokens=False)  # tool markers are special tokens
+
+    cid = new_id("chatcmpl-")
+    reqs = [Request(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i))
+            for i in range(body.n)]
+    from llmkit.core.server.structured import attach_grammar
+
+    await attach_grammar(state, body, reqs)
+    state.client.check_capacity(len(reqs))
+
+    def processor():
+        return ChoiceProcessor(
+            reasoning_parser=state.options.reasoning_parser if body.separate_reasoning else None,
+            tool_parser=state.options.tool_call_parser, tools=tools, prompt_text=prompt_text,
+            template_kwargs=kwargs, stream_reasoning=body.stream_reasoning)
+
+    procs = [processor() for _ in reqs]
+    created = int(time.time())
+    if body.stream:
+        include_usage = state.options.stream_include_usage_default or bool(
+            body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(state, body, reqs, procs, cid, created, include_usage),
+            media_type="text/event-stream")
+    return await watch_disconnect(raw, _complete(state, body, reqs, procs, cid, created))
+
+
+def _finish_reason(proc: ChoiceProcessor, reason: str | None) -> str | None:
+    return "tool_calls" if proc.made_tool_calls and reason == "stop" else reason
+
+
+def _usage(prompt_tokens: int, completion: int, cached: int, reasoning: int = 0) -> dict:
+    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+         "total_tokens": prompt_tokens + completion,
+         "prompt_tokens_details": {"cached_tokens": cached}}
+    if reasoning:
+        u["reasoning_tokens"] = reasoning
+    return u
+
+
+async def _complete(state, body, reqs, procs, cid, created) -> JSONResponse:
+    texts = [""] * len(reqs)
+    finals = [None] * len(reqs)
+    lps: list[list] = [[] for _ in reqs]
+    async for i, out in merge_outputs(state.client, reqs):
+        if out.error:
+            raise APIError(out.error, status=500)
+        texts[i] += out.text
+        lps[i].extend(out.logprobs)
+        if out.finished:
+            finals[i] = out
+    choices = []
+    for i, (proc, fin) in enumerate(zip(procs, finals)):
+        proc.feed(texts[i])
+        proc.finish(fin.finish_reason)
+        calls = proc.final_tool_calls()
+        reason = _finish_reason(proc, fin.finish_reason)
+        msg = {"role": "assistant",
+               "content": (proc.content_text or None) if calls else proc.content_text,
+               "reasoning_content": proc.reasoning_text or None,
+               "tool_calls": calls or None}
+        choices.append({
+            "index": i, "message": msg,
+            "logprobs": {"content": chat_logprobs(state.tokenizer, lps[i])} if body.logprobs else None,
+            "finish_reason": reason,
+            "matched_stop": None if reason in ("length", "tool_calls") else fin.matched_stop,
+        })
+    prompt_tokens = finals[0].prompt_tokens
+    usage = _usage(prompt_tokens, sum(f.completion_tokens for f in finals),
+                   max(f.cached_tokens for f in finals))
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
+                         "model": body.model, "choices": choices, "usage": usage})
+
+
+async def _stream(state, body, reqs, procs, cid, created, include_usage):
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model}
+
+    def chunk(i, delta, finish=None, matched=None, logprobs=None, usage=None):
+        c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            c["matched_stop"] = matched
+        return sse({**base, "choices": [c]})
+
+    try:
+        for i in range(len(reqs)):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        finals = {}
+        async for i, out in merge_outputs(state.client, reqs):
+            if out.error:
+                yield sse({"error": APIError(out.error, status=500).body()["error"]})
+                break
+            proc = procs[i]
+            d = proc.feed(out.text) if out.text else None
+            lp = {"content": chat_logprobs(state.tokenizer, out.logprobs)} if body.logprobs and out.logprobs else None
+            if out.finished:
+                tail = proc.finish(out.finish_reason)
+                d = _join(d, tail)
+            if d or lp:
+                yield chunk(i, _delta_dict(d), logprobs=lp)
+            if out.finished:
+                finals[i] = out
+                reason = _finish_reason(proc, out.finish_reason)
+                matched = None if reason in ("length", "tool_calls") else out.matched_stop
+                yield chunk(i, {}, finish=reason, matched=matched)
+        if include_usage and finals:
+            f = list(finals.values())
+            usage = _usage(f[0].prompt_tokens, sum(x.completion_tokens for x in f),
+                           max(x.cached_tokens for x in f))
+            yield sse({**base, "choices": [], "usage": usage})
+    except APIError as exc:
+        yield sse(exc.body())
+    yield sse_done()
+
+
+def _join(a, b):
+    if a is None:
+        return b
+    a.reasoning += b.reasoning
+    a.content += b.content
+    a.tool_calls += b.tool_calls
+    return a
+
+
+def _delta_dict(d) -> dict:
+    out: dict = {}
+    if d is None:
+        return out
+    if d.reasoning:
+        out["reasoning_content"] = d.reasoning
+    if d.content:
+        out["content"] = d.content
+    if d.tool_calls:
+        out["tool_calls"] = d.tool_calls
+    return out
+
+

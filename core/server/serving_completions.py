@@ -1,0 +1,161 @@
+"""POST /v1/completions: no chat template; list and token-id prompts; echo; int logprobs."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from llmkit.core.request import Request
+from llmkit.core.server.errors import APIError
+from llmkit.core.server.logprobs import CompletionLogprobs
+from llmkit.core.server.prompt import tokenize_text
+from llmkit.core.server.protocol import CompletionRequest
+from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.state import ServerState, merge_outputs, new_id
+from llmkit.core.server.streaming import sse, sse_done, watch_disconnect
+
+
+async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    """Each prompt as (text or None, token ids)."""
+    p = body.prompt
+    if isinstance(p, str):
+        items = [p]
+    elif p and all(isinstance(x, int) for x in p):
+        items = [p]
+    else:
+        items = list(p)
+    if not items:
+        raise APIError("Prompt cannot be empty", param="prompt")
+    if len(items) > state.options.max_prompt_list:
+        raise APIError(f"at most {state.options.max_prompt_list} prompts per request", param="prompt")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            if not item:
+                raise APIError("Prompt cannot be empty", param="prompt")
+            out.append((item, await tokenize_text(state, item, param="prompt")))
+        else:
+            if not item:
+                raise APIError("Prompt cannot be empty", param="prompt")
+            bad = [t for t in item if not 0 <= t < state.vocab_size]
+            if bad:
+                raise APIError(f"prompt token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})",
+                               param="prompt")
+            out.append((None, list(item)))
+    return out
+
+
+async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest):
+    if body.suffix:
+        raise APIError("suffix is not supported", param="suffix")
+    prompts = await _prompts(state, body)
+    n_lp = body.logprobs or 0
+    if body.max_tokens is not None and body.max_tokens <= 0:
+        raise APIError("max_tokens must be positive", param="max_tokens")
+    cid = new_id("cmpl-")
+    reqs, echoes = [], []
+    for pi, (text, ids) in enumerate(prompts):
+        params = build_sampling_params(
+            body, prompt_len=len(ids), max_context=state.max_context, vocab_size=state.vocab_size,
+            max_tokens=body.max_tokens, logprobs=body.logprobs is not None, top_logprobs=n_lp,
+            defaults=state.sampling_defaults)
+        if text is None:
+            text = state.tokenizer.decode(ids, skip_special_tokens=True)
+        for s in range(body.n):
+            r = Request(rid=f"{cid}-{pi}-{s}", prompt_ids=ids, params=seed_for_choice(params, s),
+                        return_prompt_logprobs=body.echo and body.logprobs is not None)
+            reqs.append(r)
+            echoes.append(text if body.echo else "")
+    from llmkit.core.server.structured import attach_grammar
+
+    await attach_grammar(state, body, reqs)
+    state.client.check_capacity(len(reqs))
+    created = int(time.time())
+    if body.stream:
+        include_usage = state.options.stream_include_usage_default or bool(
+            body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_stream(state, body, reqs, echoes, cid, created, include_usage, len(prompts)),
+                                 media_type="text/event-stream")
+    return await watch_disconnect(raw, _complete(state, body, reqs, echoes, cid, created, len(prompts)))
+
+
+def _new_lp(state, body, req, echo: str):
+    if body.logprobs is None:
+        return None
+    return CompletionLogprobs(state.tokenizer, offset=len(echo))
+
+
+def _add_prompt_lps(acc: CompletionLogprobs, req: Request, prompt_lps) -> None:
+    acc.offset = 0
+    for pos, tid in enumerate(req.prompt_ids):
+        lp = prompt_lps[pos] if prompt_lps and pos < len(prompt_lps) else None
+        acc.add(tid, lp)
+
+
+def _usage(reqs, finals, n_prompts) -> dict:
+    per_prompt = len(reqs) // n_prompts
+    prompt_tokens = sum(finals[i].prompt_tokens for i in range(0, len(reqs), per_prompt))
+    completion = sum(f.completion_tokens for f in finals)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": max(f.cached_tokens for f in finals)}}
+
+
+async def _complete(state, body, reqs, echoes, cid, created, n_prompts):
+    texts = list(echoes)
+    finals = [None] * len(reqs)
+    accs = [_new_lp(state, body, r, e) for r, e in zip(reqs, echoes)]
+    async for i, out in merge_outputs(state.client, reqs):
+        if out.error:
+            raise APIError(out.error, status=500)
+        acc = accs[i]
+        if acc is not None and out.prompt_logprobs is not None and body.echo:
+            _add_prompt_lps(acc, reqs[i], out.prompt_logprobs)
+        texts[i] += out.text
+        if acc is not None:
+            for tid, lp in zip(out.token_ids, out.logprobs):
+                acc.add(tid, lp)
+        if out.finished:
+            finals[i] = out
+    choices = [{
+        "index": i, "text": texts[i], "logprobs": accs[i].take() if accs[i] else None,
+        "finish_reason": f.finish_reason,
+        "matched_stop": None if f.finish_reason == "length" else f.matched_stop,
+    } for i, f in enumerate(finals)]
+    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": body.model,
+                         "choices": choices, "usage": _usage(reqs, finals, n_prompts)})
+
+
+async def _stream(state, body, reqs, echoes, cid, created, include_usage, n_prompts):
+    base = {"id": cid, "object": "text_completion", "created": created, "model": body.model}
+    accs = [_new_lp(state, body, r, e) for r, e in zip(reqs, echoes)]
+    pending_echo = list(echoes)
+    finals = [None] * len(reqs)
+    try:
+        async for i, out in merge_outputs(state.client, reqs):
+            if out.error:
+                yield sse({"error": APIError(out.error, status=500).body()["error"]})
+                break
+            acc = accs[i]
+            if acc is not None and out.prompt_logprobs is not None and body.echo:
+                _add_prompt_lps(acc, reqs[i], out.prompt_logprobs)
+            if acc is not None:
+                for tid, lp in zip(out.token_ids, out.logprobs):
+                    acc.add(tid, lp)
+            text = pending_echo[i] + out.text
+            pending_echo[i] = ""
+            if out.finished:
+                finals[i] = out
+            if text or out.finished or (acc is not None and acc.data["tokens"]):
+                choice = {"index": i, "text": text, "logprobs": acc.take() if acc else None,
+                          "finish_reason": out.finish_reason if out.finished else None}
+                if out.finished:
+                    choice["matched_stop"] = None if out.finish_reason == "length" else out.matched_stop
+                yield sse({**base, "choices": [choice]})
+        if include_usage and all(finals):
+            yield sse({**base, "choices": [], "usage": _usage(reqs, finals, n_prompts)})
+    except APIError as exc:
+        yield sse(exc.body())
+    yield sse_done()

@@ -1,0 +1,34 @@
+"""Server-sent events, and aborting non-streaming requests whose client went away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import Response
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def sse_done() -> str:
+    return "data: [DONE]\n\n"
+
+
+async def watch_disconnect(raw: HTTPRequest, coro) -> Response:
+    """Run ``coro``; if the client disconnects first, cancel it (which aborts the engine
+    requests and frees their KV pages) and return a 499-style empty response."""
+    task = asyncio.ensure_future(coro)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if done:
+            return task.result()
+        if await raw.is_disconnected():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+            return Response(status_code=499)

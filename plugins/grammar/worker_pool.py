@@ -1,0 +1,161 @@
+"""A small pool of killable compiler subprocesses (see compile_worker.py for the protocol).
+
+Each job gets a whole worker; a job past its deadline kills its worker and a fresh one is started
+in its place, so a hostile grammar costs one deadline of one core and the other workers keep
+compiling. Worker start-up (importing xgrammar, ~2-3 s) does not count against a job's deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import selectors
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+WORKER_SCRIPT = Path(__file__).with_name("compile_worker.py")
+
+
+class WorkerTimeout(Exception):
+    """The job ran past its deadline; the worker was killed."""
+
+
+class WorkerCrashed(Exception):
+    """The worker died (crash, OOM kill) while running a job."""
+
+
+class _Worker:
+    def __init__(self, init: bytes):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            bufsize=0,
+        )
+        self.ready = False
+        self._buffer = b""
+        # The init frame (~1.6 MB of vocabulary) fills the pipe; write it without blocking the caller.
+        self._init_writer = threading.Thread(target=self._write, args=(init,), daemon=True)
+        self._init_writer.start()
+
+    def _write(self, data: bytes) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(data)
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # noticed as end of output when reading
+
+    def _read_frame(self, deadline: float) -> dict:
+        while True:
+            if len(self._buffer) >= 4:
+                (size,) = struct.unpack(">I", self._buffer[:4])
+                if len(self._buffer) >= 4 + size:
+                    body, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
+                    return json.loads(body)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerTimeout
+            assert self.proc.stdout is not None
+            with selectors.DefaultSelector() as sel:
+                sel.register(self.proc.stdout, selectors.EVENT_READ)
+                if not sel.select(remaining):
+                    raise WorkerTimeout
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+            if not chunk:
+                raise WorkerCrashed
+            self._buffer += chunk
+
+    def wait_ready(self, timeout: float) -> None:
+        if self.ready:
+            return
+        self._init_writer.join(timeout)
+        reply = self._read_frame(time.monotonic() + timeout)
+        if not reply.get("ready"):
+            raise WorkerCrashed
+        self.ready = True
+
+    def request(self, job: dict, timeout: float) -> dict:
+        body = json.dumps(job).encode()
+        deadline = time.monotonic() + timeout
+        self._write(struct.pack(">I", len(body)) + body)
+        return self._read_frame(deadline)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - the kernel will reap it
+            pass
+
+
+class CompileWorkerPool:
+    """``size`` compiler subprocesses started eagerly; :meth:`run` borrows one per job."""
+
+    def __init__(self, init: dict, size: int = 2, startup_timeout: float = 120.0):
+        body = json.dumps(init).encode()
+        self._init = struct.pack(">I", len(body)) + body
+        self._startup_timeout = startup_timeout
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._closed = False
+        self._restarts = 0
+        for _ in range(max(1, size)):
+            self._idle.put(_Worker(self._init))
+
+    @property
+    def restarts(self) -> int:
+        """How many workers were killed and replaced (deadlines and crashes)."""
+        return self._restarts
+
+    def run(self, job: dict, timeout: float) -> dict:
+        """Run ``job`` on an idle worker within ``timeout`` seconds of compile time.
+
+        Raises WorkerTimeout or WorkerCrashed (the worker is replaced), or RuntimeError when a
+        worker cannot start at all (a server problem, not the client's).
+        """
+        if self._closed:
+            raise RuntimeError("the grammar compiler pool is closed")
+        worker = self._idle.get()
+        try:
+            try:
+                worker.wait_ready(self._startup_timeout)
+            except (WorkerTimeout, WorkerCrashed):
+                worker = self._replace(worker)
+                raise RuntimeError("the grammar compiler worker failed to start (see its stderr)") from None
+            try:
+                return worker.request(job, timeout)
+            except (WorkerTimeout, WorkerCrashed):
+                worker = self._replace(worker)
+                raise
+        finally:
+            if self._closed:
+                worker.kill()
+            else:
+                self._idle.put(worker)
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        worker.kill()
+        self._restarts += 1
+        return _Worker(self._init)
+
+    def close(self) -> None:
+        """Kill every idle worker; busy ones are killed when their job returns."""
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().kill()
+            except queue.Empty:
+                break

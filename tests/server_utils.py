@@ -1,0 +1,75 @@
+"""Start and stop ``llmkit serve`` subprocesses for end-to-end tests (restarts, kill -9)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+STARTUP_TIMEOUT = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: list[str], *, env: dict[str, str] | None = None,
+                 timeout: float = STARTUP_TIMEOUT) -> tuple[subprocess.Popen, str]:
+    """Run ``llmkit serve --port PORT *args``; return once ``GET /health`` answers 200.
+
+    The server's output goes to a temporary log file (``proc.log_path``), printed if it dies or
+    never becomes healthy. ``env`` is added to this process's environment.
+    """
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="llmkit-serve-", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            start_new_session=True)
+    proc.log_path = log.name  # type: ignore[attr-defined]
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llmkit serve exited with {proc.returncode}:\n{server_log(proc)}")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc, base_url
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"llmkit serve was not healthy after {timeout} s:\n{server_log(proc)}")
+
+
+def server_log(proc: subprocess.Popen, tail: int = 4000) -> str:
+    try:
+        with open(proc.log_path) as f:  # type: ignore[attr-defined]
+            return f.read()[-tail:]
+    except OSError:
+        return ""
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM (graceful), then SIGKILL if it has not exited within ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_server(proc)
+
+
+def kill_server(proc: subprocess.Popen) -> None:
+    """``kill -9``: no shutdown handlers run, as in a crash."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)

@@ -1,0 +1,144 @@
+"""The behaviour every storage backend must have. Reuse it for a third-party backend::
+
+    from storage_contract import StorageContract
+
+    class TestMyStorage(StorageContract):
+        @pytest.fixture
+        def storage(self, tmp_path):
+            return MyStorage(...)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from llmkit.core.storage import (
+    BatchRecord,
+    BatchResult,
+    FileRecord,
+    FileTooLargeError,
+    NotFoundError,
+    new_batch_id,
+    new_file_id,
+)
+
+BAD_IDS = ["", "file-", "file-../../etc/passwd", "../x", "file-" + "A" * 32, "file-" + "0" * 31,
+           "file-" + "0" * 32 + "\x00", "/abs/file-" + "0" * 32, "file-" + "0" * 32 + "/..", 7, None]
+
+
+def _batch(i: int = 0, status: str = "validating") -> BatchRecord:
+    return BatchRecord(id=new_batch_id(), endpoint="/v1/chat/completions", input_file_id=new_file_id(),
+                       completion_window="24h", created_at=1000 + i, expires_at=90000, status=status)
+
+
+class StorageContract:
+    def test_blob_roundtrip_streams(self, storage):
+        fid = new_file_id()
+        chunks = [b"a" * 100_000, b"b" * 3, b"", b"c\n"]
+        assert storage.write_blob(fid, iter(chunks)) == 100_005
+        assert b"".join(storage.read_blob(fid)) == b"".join(chunks)
+        assert storage.write_blob(fid, [b"new"]) == 3  # replace
+        assert b"".join(storage.read_blob(fid)) == b"new"
+        assert storage.delete_blob(fid) is True
+        assert storage.delete_blob(fid) is False
+        with pytest.raises(NotFoundError):
+            b"".join(storage.read_blob(fid))
+
+    def test_blob_size_cap_leaves_nothing(self, storage):
+        fid = new_file_id()
+        with pytest.raises(FileTooLargeError):
+            storage.write_blob(fid, (b"x" * 1000 for _ in range(20)), max_bytes=5000)
+        with pytest.raises(NotFoundError):
+            b"".join(storage.read_blob(fid))
+
+    def test_failing_source_leaves_old_blob(self, storage):
+        fid = new_file_id()
+        storage.write_blob(fid, [b"old"])
+
+        def broken():
+            yield b"partial"
+            raise RuntimeError("source failed")
+
+        with pytest.raises(RuntimeError):
+            storage.write_blob(fid, broken())
+        assert b"".join(storage.read_blob(fid)) == b"old"
+
+    @pytest.mark.parametrize("bad", BAD_IDS)
+    def test_malformed_ids_are_not_found(self, storage, bad):
+        for call in (lambda: storage.get_file(bad), lambda: storage.read_blob(bad),
+                     lambda: storage.delete_blob(bad), lambda: storage.write_blob(bad, [b"x"]),
+                     lambda: storage.get_batch(bad), lambda: storage.delete_file(bad),
+                     lambda: storage.result_indices(bad)):
+            with pytest.raises(NotFoundError):
+                call()
+
+    def test_file_records(self, storage):
+        a = FileRecord(new_file_id(), 10, 100, "a.jsonl", "batch")
+        b = FileRecord(new_file_id(), 20, 200, "b.jsonl", "batch_output")
+        storage.put_file(a)
+        storage.put_file(b)
+        assert storage.get_file(a.id) == a
+        assert [r.id for r in storage.list_files()] == [b.id, a.id]
+        assert [r.id for r in storage.list_files(purpose="batch")] == [a.id]
+        assert storage.delete_file(a.id) is True
+        assert storage.delete_file(a.id) is False
+        with pytest.raises(NotFoundError):
+            storage.get_file(a.id)
+        with pytest.raises(NotFoundError):
+            storage.get_file(new_file_id())
+
+    def test_batch_records(self, storage):
+        old, new = _batch(0), _batch(1, status="completed")
+        old.metadata = {"k": "v"}
+        old.errors = [{"code": "x", "message": "m", "param": None, "line": 3}]
+        storage.put_batch(old)
+        storage.put_batch(new)
+        assert storage.get_batch(old.id) == old
+        assert [r.id for r in storage.list_batches()] == [new.id, old.id]
+        assert [r.id for r in storage.list_batches(statuses={"validating", "in_progress"})] == [old.id]
+        assert storage.list_batches(statuses=[]) == []
+        old.status = "in_progress"
+        old.request_counts["completed"] = 5
+        storage.put_batch(old)
+        assert storage.get_batch(old.id).request_counts["completed"] == 5
+        json.dumps(storage.get_batch(old.id).to_openai())  # JSON-clean
+
+    def test_results_first_write_wins_and_order(self, storage):
+        bid = new_batch_id()
+        for i in (5, 0, 12, 3):
+            kind = "error" if i == 3 else "output"
+            assert storage.put_result(bid, BatchResult(i, kind, f'{{"i": {i}}}')) is True
+        assert storage.put_result(bid, BatchResult(5, "error", "dup")) is False
+        assert storage.result_indices(bid) == {0: "output", 3: "error", 5: "output", 12: "output"}
+        assert [r.index for r in storage.iter_results(bid)] == [0, 3, 5, 12]
+        assert [r.line for r in storage.iter_results(bid, "output")] == ['{"i": 0}', '{"i": 5}', '{"i": 12}']
+        assert [r.index for r in storage.iter_results(bid, "error")] == [3]
+        storage.delete_results(bid)
+        assert storage.result_indices(bid) == {}
+        assert list(storage.iter_results(bid)) == []
+
+    def test_concurrent_writes_are_consistent(self, storage):
+        bid = new_batch_id()
+        rec = _batch()
+        errors: list[Exception] = []
+
+        def work(n: int) -> None:
+            try:
+                for i in range(10):
+                    storage.put_result(bid, BatchResult(n * 10 + i, "output", "{}"))
+                    rec.request_counts["completed"] = i
+                    storage.put_batch(rec)
+                    storage.get_batch(rec.id)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert len(storage.result_indices(bid)) == 40

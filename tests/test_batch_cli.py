@@ -1,0 +1,79 @@
+"""``llmkit batch run`` with a fake app standing in for the engine (the real one is e2e)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from contextlib import contextmanager
+
+import typer
+from fastapi import FastAPI
+from test_batch_runner import fake_execute, jsonl
+from typer.testing import CliRunner
+
+from llmkit.cli.batch import register
+
+
+def fake_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        status, out = await fake_execute("/v1/chat/completions", body)
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse(out, status_code=status)
+
+    return app
+
+
+def test_batch_run_writes_merged_output_in_input_order(tmp_path, monkeypatch):
+    seen_args = []
+
+    @contextmanager
+    def build_app_for_batch(args):
+        seen_args.append(args)
+        yield fake_app()
+
+    monkeypatch.setitem(sys.modules, "llmkit.cli.serve", types.SimpleNamespace(build_app_for_batch=build_app_for_batch))
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(7, lambda i: "fail" if i in (2, 5) else f"q{i}", url="/chat/completions"))
+    out = tmp_path / "out.jsonl"
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a group needs two commands to keep the "batch" level
+    res = CliRunner().invoke(app, ["batch", "run", str(src), "-o", str(out), "--no-progress",
+                                   "--model-path", "x", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert seen_args == [["--model-path", "x", "--device", "cpu"]]
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["custom_id"] for x in lines] == [f"r-{i}" for i in range(7)]
+    assert [x["error"] is not None for x in lines] == [i in (2, 5) for i in range(7)]
+    assert "5 succeeded, 2 failed" in res.output
+
+
+def test_batch_run_reports_validation_errors(tmp_path, monkeypatch):
+    @contextmanager
+    def build_app_for_batch(args):
+        yield fake_app()
+
+    monkeypatch.setitem(sys.modules, "llmkit.cli.serve", types.SimpleNamespace(build_app_for_batch=build_app_for_batch))
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl(2) + b"{oops\n")
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    res = CliRunner().invoke(app, ["batch", "run", str(src), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert res.exit_code == 1 and "line 3" in res.output
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys, typer; from llmkit.cli.batch import register; app = typer.Typer(); register(app);"
+            "app.command('noop')(lambda: None)\n"
+            "try: app(['batch', 'run', '--help'])\nexcept SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "INPUT.jsonl" in res.stdout

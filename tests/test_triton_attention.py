@@ -1,0 +1,273 @@
+"""The triton attention backend against the torch reference backend.
+
+On CPU every case runs under Triton's interpreter. Triton picks interpreter vs compiler from
+``TRITON_INTERPRET`` when ``@triton.jit`` runs, i.e. when the kernel modules are first imported;
+any other test in this pytest process may already have imported triton or our kernels without it.
+So the interpreter checks run in fresh subprocesses (two, to use both cores) with the variables
+set before anything is imported; each case reports back by name and becomes its own test here.
+On a CUDA device the same cases run compiled, in this process, in fp16 and bf16 (marked ``gpu``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_utils import backend_kwargs, build_batch
+
+HERE = Path(__file__).resolve().parent
+
+# name: batch spec. seqs = [(cached prefix, new tokens)]; heads = (H, Hkv); share as in build_batch.
+CASES: dict[str, dict] = {
+    # extend: ragged prefill, some with cached prefixes, one decode-like row in a mixed batch
+    "extend_ps1_gqa4": dict(seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 2), page_size=1,
+                            head_dim=32),
+    "extend_ps4_mha_shared": dict(seqs=[(12, 6), (14, 17), (9, 3)], heads=(2, 2), page_size=4,
+                                  head_dim=32, share={1: (0, 12), 2: (0, 8)}),
+    "extend_ps16_gqa8_layer1": dict(seqs=[(13, 7), (0, 33)], heads=(8, 1), page_size=16,
+                                    head_dim=16, layers=2),
+    # decode: ragged contexts across page boundaries, shared prefixes, several split-K chunks
+    "decode_ps1_gqa8_shared": dict(seqs=[(40, 1), (3, 1), (70, 1), (0, 1)], heads=(8, 1),
+                                   page_size=1, head_dim=32, share={2: (0, 37)},
+                                   deterministic=True),
+    "decode_ps4_mha_d24": dict(seqs=[(15, 1), (32, 1), (4, 1)], heads=(2, 2), page_size=4,
+                               head_dim=24),
+    "decode_ps16_gqa4_shared": dict(seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16,
+                                    head_dim=32, share={1: (0, 32)}, deterministic=True),
+    # wider heads, several query blocks per sequence, prefix shared across a page boundary
+    "extend_ps16_gqa4_d64_shared": dict(seqs=[(40, 37), (35, 20), (0, 1)], heads=(8, 2),
+                                        page_size=16, head_dim=64, share={1: (0, 32)}),
+}
+# The interpreter runs every case in fp32, and a few in fp16 and in bf16 (bf16 also covers the
+# kernels' upcast-before-tl.dot path that works around triton #11584).
+INTERP_RUNS = [f"{name}:float32" for name in CASES] + [
+    f"{name}:{dt}" for name in ("extend_ps4_mha_shared", "decode_ps1_gqa8_shared")
+    for dt in ("float16", "bfloat16")
+]
+GRAPH_CASE = "decode_ps4_gqa4_graph"  # the CUDA-graph hooks' static-buffer path vs eager
+GRAPH_SPEC = dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32)
+TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def _build(spec: dict, device: str, dtype: torch.dtype, seed: int = 0):
+    h, hkv = spec["heads"]
+    return build_batch(
+        spec["seqs"], num_heads=h, num_kv_heads=hkv, head_dim=spec["head_dim"],
+        page_size=spec["page_size"], dtype=dtype, device=device,
+        num_layers=spec.get("layers", 1), share=spec.get("share"),
+        deterministic=spec.get("deterministic", False), seed=seed,
+    )
+
+
+def _backends(batch, num_heads: int, splits: int = 4):
+    from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
+    from llmkit.plugins.attention.triton_backend import TritonAttentionBackend
+
+    kwargs = backend_kwargs(batch, num_heads)
+    tri = TritonAttentionBackend(**kwargs)
+    tri.max_kv_splits = splits
+    return tri, TorchAttentionBackend(**kwargs)
+
+
+def _strided_views(q, k, v):
+    """q/k/v as the models pass them: views into one fused qkv projection output."""
+    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    parts = qkv.split([q[0].numel(), k[0].numel(), v[0].numel()], dim=1)
+    return tuple(p.view(-1, *t.shape[1:]) for p, t in zip(parts, (q, k, v)))
+
+
+def check_case(name: str, device: str, dtype: torch.dtype) -> None:
+    """Run case ``name`` through both backends; raise AssertionError on a mismatch."""
+    spec = CASES[name]
+    b = _build(spec, device, dtype)
+    tri, ref = _backends(b, spec["heads"][0])
+    layer = spec.get("layers", 1) - 1
+    q, k, v = _strided_views(b.q, b.k, b.v)
+    out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md))
+    # The store kernel wrote the new K/V (checked before the reference writes them too).
+    slots = b.md.out_slots
+    assert torch.equal(b.pool.k_buffers[layer][slots], b.k), "K not stored"
+    assert torch.equal(b.pool.v_buffers[layer][slots], b.v), "V not stored"
+    b.md.extra.clear()
+    want = ref.forward(b.q, b.k, b.v, layer, ref.prepare_metadata(b.md))
+    err = (out.float() - want.float()).abs().max().item()
+    assert err <= TOL[dtype], f"{name}: max abs error {err:.3g} > {TOL[dtype]}"
+
+
+def check_graph_hooks(device: str, dtype: torch.dtype, capture: bool) -> None:
+    """Decode through the capture/replay static buffers equals eager decode.
+
+    With ``capture`` (CUDA) a real graph is captured at a padded batch size and replayed; without
+    it, forward simply runs on the capture metadata after prepare_for_replay (same buffers).
+    """
+    spec = GRAPH_SPEC
+    b = _build(spec, device, dtype)
+    h = spec["heads"][0]
+    tri, _ = _backends(b, h)
+    eager = tri.forward(b.q, b.k, b.v, 0, tri.prepare_metadata(b.md))
+    n, bs = b.md.num_seqs, b.md.num_seqs + 2  # replay pads the batch, as bucketed graphs do
+    tri.init_capture_graph(max_bs=8, max_context=b.req_pool.table.shape[1])
+    cap_md = tri.prepare_for_capture(bs)
+    sq = torch.zeros((bs, h, spec["head_dim"]), dtype=dtype, device=device)
+    sk = torch.zeros((bs, spec["heads"][1], spec["head_dim"]), dtype=dtype, device=device)
+    sv = torch.zeros_like(sk)
+    if capture:
+        tri.forward(sq, sk, sv, 0, cap_md)  # warm-up compiles outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            sout = tri.forward(sq, sk, sv, 0, cap_md)
+    tri.prepare_for_replay(bs, b.md)
+    sq[:n], sk[:n], sv[:n] = b.q, b.k, b.v
+    if capture:
+        graph.replay()
+        torch.cuda.synchronize()
+    else:
+        sout = tri.forward(sq, sk, sv, 0, cap_md)
+    err = (sout[:n].float() - eager.float()).abs().max().item()
+    assert err <= TOL[dtype] / 10, f"graph replay differs from eager by {err:.3g}"
+
+
+def _main(runs: list[str]) -> None:
+    """Subprocess entry: run ``name:dtype`` checks under the interpreter, print JSON results."""
+    results = {}
+    for run in runs:
+        name, dtype = run.split(":")
+        try:
+            if name == GRAPH_CASE:
+                check_graph_hooks("cpu", getattr(torch, dtype), capture=False)
+            else:
+                check_case(name, "cpu", getattr(torch, dtype))
+            results[run] = "ok"
+        except Exception as exc:  # reported to the parent test, which fails with this text
+            results[run] = f"{type(exc).__name__}: {exc}"
+    print("RESULTS " + json.dumps(results))
+
+
+def _run_in_subprocesses(entry: str, jobs: list[list[str]], env: dict[str, str]) -> dict:
+    """Run ``test_triton_attention.<entry>(job)`` in one fresh interpreter per job, in parallel."""
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
+            f"import test_triton_attention as t; t.{entry}(sys.argv[1:])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, *job], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for job in jobs]
+    results: dict[str, str] = {}
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        line = next((s for s in out.splitlines() if s.startswith("RESULTS ")), None)
+        if line is None:
+            pytest.fail(f"subprocess failed (rc={p.returncode}):\n{err[-3000:]}")
+        results.update(json.loads(line[len("RESULTS "):]))
+    return results
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, str]:
+    runs = [*INTERP_RUNS, f"{GRAPH_CASE}:float32"]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
+    return _run_in_subprocesses("_main", [runs[0::2], runs[1::2]], env)  # two cores
+
+
+@pytest.mark.parametrize("run", [*INTERP_RUNS, f"{GRAPH_CASE}:float32"])
+def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
+    assert interpreter_results[run] == "ok", interpreter_results[run]
+
+
+# GPU code generation is checked even without a GPU: Triton compiles the kernels to cubin for an
+# sm_80/sm_90 target with its bundled ptxas, using the launchers' block configurations.
+COMPILE_RUNS = ["float16:128:90", "bfloat16:128:90", "bfloat16:64:80", "float16:256:90"]
+
+
+def _compile_main(runs: list[str]) -> None:
+    """Subprocess entry (no TRITON_INTERPRET): compile every kernel for ``dtype:head_dim:arch``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from llmkit.plugins.attention import triton_decode as td
+    from llmkit.plugins.attention import triton_extend as te
+
+    def build(fn, ptrs: dict, consts: dict, arch: int, warps: int) -> None:
+        sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "qk_scale" else "i32")
+               for a in fn.arg_names}
+        src = ASTSource(fn=fn, signature=sig,
+                        constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=warps, num_stages=2))
+
+    results = {}
+    for run in runs:
+        dtype_name, head_dim, arch = run.split(":")
+        dtype, d, arch = getattr(torch, dtype_name), int(head_dim), int(arch)
+        t = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
+        idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc",
+                             "q_lens", "kv_lens"], "*i64")
+        ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t),
+                "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
+        upcast, prec = te.dot_options(dtype)
+        dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=d)
+        try:
+            build(te._store_kv_kernel, ptrs, dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8,
+                                                  BLOCK_D=d), arch, 4)
+            bm, bn, warps = te.extend_config(d, dtype, False)
+            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots), arch,
+                  warps)
+            bn, warps = td.decode_config(d, dtype, False)
+            build(td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16,
+                                                      BLOCK_N=bn, **dots), arch, warps)
+            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8,
+                                                      BLOCK_D=d), arch, 4)
+            results[run] = "ok"
+        except Exception as exc:
+            results[run] = f"{type(exc).__name__}: {exc}"[:3000]
+    print("RESULTS " + json.dumps(results))
+
+
+def _can_compile_for_cuda() -> str | None:
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError as exc:
+        return f"this triton cannot compile offline: {exc}"
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        return "triton's bundled ptxas is missing"
+    return None
+
+
+@pytest.fixture(scope="module")
+def compile_results() -> dict[str, str]:
+    reason = _can_compile_for_cuda()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
+                                                            "LLMKIT_TRITON_INTERPRET")}
+    return _run_in_subprocesses("_compile_main", [COMPILE_RUNS[0::2], COMPILE_RUNS[1::2]], env)
+
+
+@pytest.mark.parametrize("run", COMPILE_RUNS)
+def test_kernels_compile_for_cuda(run: str, compile_results: dict[str, str]) -> None:
+    assert compile_results[run] == "ok", compile_results[run]
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_matches_torch(name: str, dtype: torch.dtype) -> None:
+    check_case(name, "cuda", dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_graph_replay_equals_eager(dtype: torch.dtype) -> None:
+    check_graph_hooks("cuda", dtype, capture=True)
