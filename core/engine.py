@@ -264,7 +264,15 @@ class Engine:
             self._decode_tokens, self._decode_steps, self._decode_since = 0, 0, now
 
     # -- introspection -----------------------------------------------------------------------
-    def kv_pages_free(self) -> tuple[int, int]:
-        """(free or evictable pages, capacity): equal when nothing is running."""
-        pool = self.scheduler.pool
-        return pool.num_free_pages + self.scheduler.cache.evictable_pages, pool.capacity_pages
+    def stats(self) -> dict:
+        """Counters for /get_server_info; ``kv_pages_in_use`` is 0 whenever nothing runs."""
+        sched = self.scheduler
+        pool, cache = sched.pool, sched.cache
+        free, cached = pool.num_free_pages, cache.evictable_pages
+        return {
+            "num_running_reqs": len(sched.running), "num_waiting_reqs": len(sched.waiting),
+            "kv_pages_total": pool.capacity_pages, "kv_pages_free": free, "kv_pages_cached": cached,
+            "kv_pages_in_use": pool.capacity_pages - free - cached, "page_size": pool.page_size,
+            "steps": self.steps, "last_step_age_s": time.monotonic() - self.last_step,
+            "preemptions": sched.num_preemptions,
+        }

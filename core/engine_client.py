@@ -63,5 +63,8 @@ class InProcessEngineClient:
     async def abort(self, rid: str) -> None:
         self.engine.abort(rid)
 
+    def stats(self) -> dict:
+        return self.engine.stats()
+
     def alive(self) -> bool:
         return self.engine.is_alive()

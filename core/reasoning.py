@@ -24,6 +24,8 @@ subclass it with their tags and defaults. Decisions that apply to every tag-base
   that skipped thinking is not lost. With ``stream_reasoning=True`` it was already streamed as
   reasoning and cannot be taken back, so it stays reasoning. Servers should therefore pass
   ``stream_reasoning=False`` for non-streaming requests (nothing is lost by buffering there).
+* A parser may name a ``tool_start`` marker (qwen3: ``<tool_call>``) that also ends reasoning;
+  the marker stays in content for the tool-call parser.
 * An empty reasoning block yields ``""`` reasoning; servers report that as null.
 """
 
@@ -33,7 +35,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from llmkit.core.text_scan import partial_marker_len
+from llmkit.core.text_scan import first_marker, partial_marker_len
 
 FINISH_REASONS = ("stop", "length", "abort", "tool_calls")
 
@@ -121,17 +123,21 @@ class ThinkTagReasoningParser(ReasoningParser):
     Subclasses set ``start_tag``/``end_tag`` and the defaults: ``forces_reasoning`` (output starts
     inside reasoning unless the prompt closed the block) and ``thinking_kwarg`` (how the request's
     thinking switch is read: ``None`` ignores it, ``"force"`` makes true force reasoning,
-    ``"allow"`` only lets false turn parsing off).
+    ``"allow"`` only lets false turn parsing off) and optionally ``tool_start``.
     """
 
     start_tag: ClassVar[str] = "<think>"
     end_tag: ClassVar[str] = "</think>"
     forces_reasoning: ClassVar[bool] = False
     thinking_kwarg: ClassVar[str | None] = None
+    #: A marker that also ends reasoning (and stays in content): a tool call the model made
+    #: without closing its think block, or straight after a template-opened one.
+    tool_start: ClassVar[str | None] = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._mode = self._initial_mode()
+        self._markers = (self.end_tag,) + ((self.tool_start,) if self.tool_start else ())
         # The block was opened by the template (or forced), not by a tag the model wrote.
         self._template_opened = self._mode == _R_HEAD
         self._tail = ""  # text that may begin a tag
@@ -234,16 +240,19 @@ class ThinkTagReasoningParser(ReasoningParser):
         return self._reason(s)
 
     def _reason(self, s: str) -> str:
-        i = s.find(self.end_tag)
-        if i >= 0:
+        i, m = first_marker(s, self._markers)
+        if m is not None:
             self._add_reasoning((self._ws + s[:i]).rstrip())
             self._ws = ""
             if self._held:
                 self._r.append("".join(self._held))
                 self._held.clear()
-            self._mode = _C_HEAD
-            return s[i + len(self.end_tag) :]
-        k = partial_marker_len(s, (self.end_tag,))
+            if m == self.end_tag:
+                self._mode = _C_HEAD
+                return s[i + len(m) :]
+            self._mode = _CONTENT  # a tool call ends reasoning; the call itself is content
+            return s[i:]
+        k = partial_marker_len(s, self._markers)
         body = s[: len(s) - k]
         self._tail = s[len(s) - k :]
         stripped = body.rstrip()

@@ -56,6 +56,7 @@ class Scheduler:
         self.max_context = max_context
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     # -- queue -------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -230,6 +231,7 @@ class Scheduler:
         self._release(req, cache_kv=True)
         req.status = Status.WAITING
         req.preemptions += 1
+        self.num_preemptions += 1
         self.waiting.insert(0, req)
 
     def on_step_done(self, batch: ScheduledBatch) -> None:

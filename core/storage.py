@@ -280,9 +280,29 @@ def capped(chunks: Iterable[bytes], max_bytes: int | None) -> Iterator[bytes]:
         yield chunk
 
 
-def open_storage(name: str, options: Mapping[str, str] | None = None) -> StorageBackend:
-    """Build the storage backend registered as ``name`` (``--batch-storage NAME``)."""
+def parse_storage_options(pairs: Iterable[str]) -> dict[str, str]:
+    """``["bucket=b", "prefix=p/"]`` (repeated ``--storage-option``) -> ``{"bucket": "b", ...}``."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--storage-option takes KEY=VALUE, got {pair!r}")
+        options[key.strip()] = value
+    return options
+
+
+def open_storage(
+    name: str, options: Mapping[str, str] | None = None, *, file_storage_path: str | None = None
+) -> StorageBackend:
+    """Build the storage backend registered as ``name`` (``--batch-storage NAME``).
+
+    ``file_storage_path`` (``--file-storage-path``) is the ``local`` backend's ``path`` unless
+    ``options`` names one.
+    """
     from llmkit.core.plugins import registry
 
+    opts = dict(options or {})
+    if name == "local" and file_storage_path and "path" not in opts:
+        opts["path"] = file_storage_path
     cls = registry().load("storage", name)
-    return cls.from_options(dict(options or {}))
+    return cls.from_options(opts)

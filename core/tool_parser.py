@@ -20,9 +20,9 @@ import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
-from llmkit.core.text_scan import JsonScanner, partial_marker_len
+from llmkit.core.text_scan import partial_marker_len
 
 
 def new_call_id() -> str:

@@ -172,6 +172,11 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
         return {"model_path": state.options.served_model_name, "tokenizer_path": state.options.served_model_name,
                 "is_generation": True, "max_model_len": state.max_context}
 
+    @app.get("/get_server_info")
+    async def server_info():
+        return {"served_model_name": state.options.served_model_name, "max_model_len": state.max_context,
+                **state.client.stats()}
+
     _mount_optional_routers(app, state)
     return app
 

@@ -29,6 +29,24 @@ def _check_metadata(metadata: Any) -> str | None:
     return None
 
 
+def protocol_body_validator(endpoint: str, body: dict) -> str | None:
+    """Check a batch line's body with the server's request models (pass as ``body_validator``)."""
+    from pydantic import ValidationError
+
+    from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    cls = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
+    try:
+        cls.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return f"body.{where}: {err.get('msg')}" if where else "body is not valid for the endpoint"
+    except (RecursionError, ValueError):
+        return "body is not valid for the endpoint"
+    return None
+
+
 def batches_router(runner: BatchRunner, *, endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS) -> APIRouter:
     """The ``/v1/batches`` endpoints; ``endpoints`` lists the batch endpoints the server serves."""
     router = APIRouter()

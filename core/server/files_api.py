@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from llmkit.core.batch_validation import MAX_FILE_BYTES
+from llmkit.core.server.errors import error_response
 from llmkit.core.storage import (
     BLOB_CHUNK,
     FileRecord,
@@ -31,13 +32,10 @@ MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
 MAX_FILENAME_BYTES = 255
 
 
-def openai_error(
-    status: int, message: str, *, param: str | None = None, code: str | None = None,
-    type: str = "invalid_request_error",
-) -> JSONResponse:
-    """An error response in OpenAI's shape."""
-    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-    return JSONResponse(status_code=status, content=body)
+def openai_error(status: int, message: str, *, param: str | None = None,
+                 code: str | None = None) -> JSONResponse:
+    """An error response in OpenAI's shape (the server's own helper)."""
+    return error_response(message, status, param=param, code=code)
 
 
 def not_found(what: str = "File", param: str | None = None) -> JSONResponse:

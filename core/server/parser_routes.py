@@ -10,11 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
-
 from llmkit.core.plugins import PluginError
 from llmkit.core.reasoning import create_reasoning_parser
 from llmkit.core.tool_parser import create_tool_parser
+from pydantic import BaseModel, Field
 
 
 class SeparateReasoningRequest(BaseModel):
@@ -94,4 +93,3 @@ def _tool_index(tools: list[dict[str, Any]], name: str) -> int:
         if (tool.get("function") or tool).get("name") == name:
             return i
     return -1
-

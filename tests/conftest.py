@@ -1,0 +1,57 @@
+"""Shared fixtures: real ``llmkit serve`` subprocesses with the embedded model, talked to with the
+official ``openai`` client."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import httpx
+import openai
+import pytest
+
+from server_utils import server_log, start_server, stop_server
+
+
+@dataclasses.dataclass
+class Server:
+    proc: object
+    base_url: str
+    api_key: str = "None"
+
+    @property
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0, timeout=300)
+
+    @property
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0,
+                                  timeout=300)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=300)
+
+    def info(self) -> dict:
+        return httpx.get(self.base_url + "/get_server_info", timeout=30).json()
+
+    def log(self) -> str:
+        return server_log(self.proc, tail=200_000)
+
+
+def _server(args: list[str]):
+    proc, url = start_server(args)
+    try:
+        yield Server(proc, url)
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The default configuration: embedded model, radix cache, torch attention."""
+    yield from _server([])
+
+
+@pytest.fixture(scope="session")
+def det_server():
+    """Batch-invariant numerics, for 'alone equals batched' checks."""
+    yield from _server(["--enable-deterministic-inference"])

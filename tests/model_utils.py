@@ -1,0 +1,46 @@
+"""Build llmkit models outside a server (for comparisons against transformers)."""
+
+from __future__ import annotations
+
+import torch
+
+from llmkit.core.config import EngineConfig
+from llmkit.core.engine import Engine
+from llmkit.core.engine_builder import build_engine_parts
+
+
+def tiny_config(arch: str) -> "transformers.PretrainedConfig":  # noqa: F821
+    import transformers
+
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False)
+    if arch == "llama":
+        return transformers.LlamaConfig(**common, rope_theta=10000.0)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common, rope_theta=1000000.0)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)
+    raise ValueError(arch)
+
+
+def save_tiny_model(arch: str, path) -> "torch.nn.Module":
+    """A random-weight HF model saved as safetensors, with the embedded model's tokenizer files."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = tiny_config(arch)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # random init is tiny; widen it so logits differ meaningfully
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model.eval()
+
+
+def start_engine(**kwargs) -> Engine:
+    cfg = EngineConfig(**kwargs)
+    engine = Engine(cfg, build_engine_parts(cfg))
+    engine.start()
+    return engine
