@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 from typing import Annotated, Optional
 
@@ -14,63 +14,105 @@ from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, Context
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("serve")
-    def serve(
-        model_path: ModelPath = None,
-        host: Annotated[str, typer.Option("--host", envvar="LLMKIT_HOST")] = "127.0.0.1",
-        port: Annotated[int, typer.Option("--port", envvar="LLMKIT_PORT")] = 30000,
-        served_model_name: Annotated[Optional[str], typer.Option("--served-model-name")] = None,
-        chat_template: ChatTemplate = None,
-        attention: Attention = "auto",
-        reasoning_parser: ReasoningParser = None,
-        tool_call_parser: ToolCallParser = None,
-        grammar_backend: GrammarBackend = "xgrammar",
-        dtype: Dtype = "auto",
-        device: Device = "auto",
-        api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMKIT_API_KEY",
-                           help="Require 'Authorization: Bearer KEY' (except /health*).")] = None,
-        context_length: ContextLength = None,
-        max_running_requests: MaxRunning = 64,
-        max_queued_requests: Annotated[int, typer.Option("--max-queued-requests",
-                                       help="Requests held at once; beyond this new ones get 429.")] = 1024,
-        max_total_tokens: MaxTotalTokens = None,
-        chunked_prefill_size: ChunkedPrefill = 2048,
-        schedule_policy: SchedulePolicy = "fcfs",
-        disable_radix_cache: DisableRadix = False,
-        page_size: PageSize = 1,
-        enable_deterministic_inference: Deterministic = False,
-        num_threads: Threads = None,
-        max_payload_size: Annotated[int, typer.Option("--max-payload-size", help="Request body cap in bytes.")] = 32 << 20,
-        shutdown_timeout: Annotated[int, typer.Option("--shutdown-timeout",
-                                    help="Seconds to drain in-flight requests after SIGTERM.")] = 30,
-        log_level: Annotated[str, typer.Option("--log-level")] = "info",
-    ):
-        """Serve a model behind the OpenAI API (chat, completions, models)."""
-        logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
-                            datefmt="%Y-%m-%d %H:%M:%S")
-        from llmkit.core.config import EngineConfig
-        from llmkit.core.plugins import PluginError
-        from llmkit.core.server.launch import build_server
+    app.command("serve")(serve)
 
-        config = EngineConfig(
-            model_path=model_path, served_model_name=served_model_name, dtype=dtype, device=device,
-            attention=attention, page_size=page_size, max_total_tokens=max_total_tokens,
-            max_running_requests=max_running_requests, max_queued_requests=max_queued_requests,
-            chunked_prefill_size=chunked_prefill_size, schedule_policy=schedule_policy,
-            disable_radix_cache=disable_radix_cache, context_length=context_length,
-            enable_deterministic_inference=enable_deterministic_inference, num_threads=num_threads,
-        )
-        try:
-            app = build_server(config, api_key=api_key, chat_template=chat_template,
-                               reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
-                               grammar_backend=grammar_backend, max_payload_size=max_payload_size)
-        except (PluginError, FileNotFoundError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        import uvicorn
 
-        logging.getLogger("llmkit").info("Serving on http://%s:%d (config: %s)", host, port,
-                                         json.dumps({"attention": attention, "model": model_path or "embedded"}))
-        uvicorn.run(app, host=host, port=port, log_level=log_level.lower(),
-                    timeout_graceful_shutdown=shutdown_timeout,
-                    h11_max_incomplete_event_size=64 * 1024)
+def serve(
+    model_path: ModelPath = None,
+    host: Annotated[str, typer.Option("--host", envvar="LLMKIT_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", envvar="LLMKIT_PORT")] = 30000,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name")] = None,
+    chat_template: ChatTemplate = None,
+    attention: Attention = "auto",
+    reasoning_parser: ReasoningParser = None,
+    tool_call_parser: ToolCallParser = None,
+    grammar_backend: GrammarBackend = "xgrammar",
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMKIT_API_KEY",
+                       help="Require 'Authorization: Bearer KEY' (except /health*).")] = None,
+    context_length: ContextLength = None,
+    max_running_requests: MaxRunning = 64,
+    max_queued_requests: Annotated[int, typer.Option("--max-queued-requests",
+                                   help="Requests held at once; beyond this new ones get 429.")] = 1024,
+    max_total_tokens: MaxTotalTokens = None,
+    chunked_prefill_size: ChunkedPrefill = 2048,
+    schedule_policy: SchedulePolicy = "fcfs",
+    disable_radix_cache: DisableRadix = False,
+    page_size: PageSize = 1,
+    enable_deterministic_inference: Deterministic = False,
+    num_threads: Threads = None,
+    max_payload_size: Annotated[int, typer.Option("--max-payload-size", help="Request body cap in bytes.")] = 32 << 20,
+    shutdown_timeout: Annotated[int, typer.Option("--shutdown-timeout",
+                                help="Seconds to drain in-flight requests after SIGTERM.")] = 30,
+    batch_storage: Annotated[str, typer.Option("--batch-storage", envvar="LLMKIT_BATCH_STORAGE",
+                             help="Storage backend for /v1/files and /v1/batches: local, s3, or a plugin's; "
+                                  "'none' disables the endpoints.")] = "local",
+    file_storage_path: Annotated[str, typer.Option("--file-storage-path", envvar="LLMKIT_FILE_STORAGE_PATH",
+                                 help="Root directory of the local storage backend.")] = "./llmkit_storage",
+    storage_option: Annotated[Optional[list[str]], typer.Option(
+        "--storage-option", help="KEY=VALUE for the storage backend (repeatable), e.g. bucket=..., "
+                                 "prefix=..., endpoint_url=...")] = None,
+    batch_max_in_flight: Annotated[int, typer.Option("--batch-max-in-flight",
+                                   help="Batch lines handed to the engine at once.")] = 8,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+):
+    """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
+    params = dict(locals())
+    logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S")
+    from llmkit.core.plugins import PluginError
+
+    try:
+        app = _build_app(params)
+    except (PluginError, FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    import uvicorn
+
+    logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(),
+                timeout_graceful_shutdown=shutdown_timeout, h11_max_incomplete_event_size=64 * 1024)
+
+
+def _build_app(p: dict, batch_storage: str | None = "from-params"):
+    from llmkit.core.config import EngineConfig
+    from llmkit.core.server.launch import build_server
+
+    config = EngineConfig(
+        model_path=p["model_path"], served_model_name=p["served_model_name"], dtype=p["dtype"],
+        device=p["device"], attention=p["attention"], page_size=p["page_size"],
+        max_total_tokens=p["max_total_tokens"], max_running_requests=p["max_running_requests"],
+        max_queued_requests=p["max_queued_requests"], chunked_prefill_size=p["chunked_prefill_size"],
+        schedule_policy=p["schedule_policy"], disable_radix_cache=p["disable_radix_cache"],
+        context_length=p["context_length"],
+        enable_deterministic_inference=p["enable_deterministic_inference"], num_threads=p["num_threads"],
+    )
+    storage = p["batch_storage"] if batch_storage == "from-params" else batch_storage
+    return build_server(
+        config, api_key=p["api_key"], chat_template=p["chat_template"], reasoning_parser=p["reasoning_parser"],
+        tool_call_parser=p["tool_call_parser"], grammar_backend=p["grammar_backend"],
+        max_payload_size=p["max_payload_size"], batch_storage=None if storage == "none" else storage,
+        file_storage_path=p["file_storage_path"], storage_options=tuple(p["storage_option"] or ()),
+        batch_max_in_flight=p["batch_max_in_flight"])
+
+
+@contextlib.contextmanager
+def build_app_for_batch(args: list[str]):
+    """An app built from ``llmkit serve`` options (no storage, no HTTP listener), for the offline
+    batch runner; the engine stops on exit."""
+    command = typer.main.get_command(_serve_only_app())
+    ctx = command.make_context("serve", list(args))
+    params = dict(ctx.params)
+    logging.basicConfig(level=params["log_level"].upper(), format="[%(asctime)s] %(message)s")
+    app = _build_app(params, batch_storage=None)
+    try:
+        yield app
+    finally:
+        app.state.shutdown()
+
+
+def _serve_only_app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("serve")(serve)
+    return app

@@ -108,6 +108,7 @@ class GrammarBackend(ABC):
         self.cache = GrammarCache(max_bytes=cache_max_bytes, max_entries=cache_max_entries)
         # Failures are cached too, so resending a hostile spec costs a dict lookup, not a deadline.
         self.failures = GrammarCache(max_bytes=1 << 20, max_entries=1024)
+        self._inflight: dict[str, asyncio.Future] = {}
 
     @abstractmethod
     def build(self, kind: str, source: str, param: str, timeout: float) -> CompiledGrammar:
@@ -121,6 +122,10 @@ class GrammarBackend(ABC):
     @abstractmethod
     def apply_bitmask(self, logits: Any, bitmask: Any, rows: Sequence[int]) -> None:
         """Set disallowed logits to -inf in place, only for ``rows`` (the constrained ones)."""
+
+    def warmup(self, timeout: float | None = None) -> None:
+        """Block until the backend can compile (e.g. its worker processes have started); servers
+        may call this at start-up so the first constrained request does not wait for it."""
 
     def close(self) -> None:
         """Release compiler workers or other resources; the backend is unusable afterwards."""
@@ -149,7 +154,14 @@ class GrammarBackend(ABC):
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        return await asyncio.to_thread(self.compile, spec, timeout)
+        # Concurrent requests with the same new schema share one compile.
+        task = self._inflight.get(key)
+        if task is None or task.get_loop() is not asyncio.get_running_loop():
+            task = asyncio.ensure_future(asyncio.to_thread(self.compile, spec, timeout))
+            self._inflight[key] = task
+            task.add_done_callback(lambda t: (self._inflight.pop(key, None), t.cancelled() or t.exception()))
+        # shield: a client that disconnects must not cancel the compile others wait for.
+        return await asyncio.shield(task)
 
     def _checked(self, spec: GrammarSpec) -> tuple[str, str]:
         try:

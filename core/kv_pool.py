@@ -30,8 +30,12 @@ class KVCachePool:
         self.page_size = page_size
         self.num_slots = num_pages * page_size
         shape = (self.num_slots, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # torch.empty leaves untouched pages uncommitted on CPU, so an idle pool costs no RAM.
+        # Page 0 pads gathers (weight 0 in attention) and must hold finite values: zero it.
+        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in self.k_buffers + self.v_buffers:
+            buf[:page_size].zero_()
         # A stack: the most recently freed page is reused first (warm in cache).
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
 

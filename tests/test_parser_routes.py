@@ -7,7 +7,6 @@ import json
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-
 from llmkit.core.server.parser_routes import parser_router
 
 
@@ -30,20 +29,28 @@ def test_separate_reasoning(client):
 def test_separate_reasoning_forced_and_prompt(client):
     body = {"text": "thinking…</think>answer", "reasoning_parser": "deepseek-r1"}
     assert client.post("/separate_reasoning", json=body).json() == {
-        "reasoning_text": "thinking…", "text": "answer"
+        "reasoning_text": "thinking…",
+        "text": "answer",
     }
     body = {"text": "r</think>a", "reasoning_parser": "qwen3", "prompt": "<think>\n\n</think>\n\n"}
-    assert client.post("/separate_reasoning", json=body).json() == {"reasoning_text": "", "text": "r</think>a"}
+    assert client.post("/separate_reasoning", json=body).json() == {
+        "reasoning_text": "",
+        "text": "r</think>a",
+    }
 
 
 def test_parse_function_call(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    r = client.post("/parse_function_call", json={"text": text, "tool_call_parser": "hermes", "tools": tools})
+    r = client.post(
+        "/parse_function_call", json={"text": text, "tool_call_parser": "hermes", "tools": tools}
+    )
     assert r.status_code == 200
     out = r.json()
     assert out["normal_text"] == "Checking."
-    assert [(c["name"], json.loads(c["parameters"])) for c in out["calls"]] == [("get_weather", {"city": "Paris"})]
+    assert [(c["name"], json.loads(c["parameters"])) for c in out["calls"]] == [
+        ("get_weather", {"city": "Paris"})
+    ]
     assert out["calls"][0]["tool_index"] == 0
 
 
@@ -51,7 +58,11 @@ def test_parse_function_call(client):
     "path,body,param",
     [
         ("/separate_reasoning", {"text": "x", "reasoning_parser": "nope"}, "reasoning_parser"),
-        ("/parse_function_call", {"text": "x", "tool_call_parser": "nope", "tools": []}, "tool_call_parser"),
+        (
+            "/parse_function_call",
+            {"text": "x", "tool_call_parser": "nope", "tools": []},
+            "tool_call_parser",
+        ),
     ],
 )
 def test_unknown_parser_is_400_with_openai_error(client, path, body, param):

@@ -7,7 +7,6 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from llmkit.core.plugins import PluginError, registry
 from llmkit.core.reasoning import create_reasoning_parser, reasoning_parser_class
 
@@ -38,7 +37,12 @@ def chars(text):
 
 def test_all_parsers_registered():
     assert set(registry().names("reasoning")) >= {
-        "qwen3", "qwen3-thinking", "deepseek-r1", "deepseek-v3", "kimi", "gpt-oss"
+        "qwen3",
+        "qwen3-thinking",
+        "deepseek-r1",
+        "deepseek-v3",
+        "kimi",
+        "gpt-oss",
     }
     assert reasoning_parser_class("gpt-oss").keep_special_tokens is True
     assert reasoning_parser_class("qwen3").keep_special_tokens is False
@@ -54,16 +58,23 @@ def test_qwen3_model_opened(split):
     text = "<think>\nLet me think: 9.11 < 9.8.\n</think>\n\n9.8 is greater."
     chunks = [text] if split is None else [text[i : i + split] for i in range(0, len(text), split)]
     assert run("qwen3", chunks, prompt_text=QWEN_PLAIN) == (
-        "Let me think: 9.11 < 9.8.", "9.8 is greater."
+        "Let me think: 9.11 < 9.8.",
+        "9.8 is greater.",
     )
 
 
 def test_qwen3_template_prefilled_and_disabled():
     assert whole("qwen3", "r</think>\n\nans", prompt_text=QWEN_ON) == ("r", "ans")
     # enable_thinking false renders an empty block: everything is content, even tags.
-    assert whole("qwen3", "Hello <think>x</think>", prompt_text=QWEN_OFF) == ("", "Hello <think>x</think>")
+    assert whole("qwen3", "Hello <think>x</think>", prompt_text=QWEN_OFF) == (
+        "",
+        "Hello <think>x</think>",
+    )
     off = {"enable_thinking": False}
-    assert whole("qwen3", "<think>a</think>b", chat_template_kwargs=off) == ("", "<think>a</think>b")
+    assert whole("qwen3", "<think>a</think>b", chat_template_kwargs=off) == (
+        "",
+        "<think>a</think>b",
+    )
     # Without any tags the answer is content (QwQ-style "no tags → all reasoning" is not repeated).
     assert whole("qwen3", "Just an answer.", prompt_text=QWEN_PLAIN) == ("", "Just an answer.")
 
@@ -90,12 +101,18 @@ def test_partial_tags_are_held_not_leaked():
 
 def test_truncated_by_length_stays_reasoning():
     for sr in (True, False):
-        assert whole("deepseek-r1", "still thinking", "length", stream_reasoning=sr) == ("still thinking", "")
+        assert whole("deepseek-r1", "still thinking", "length", stream_reasoning=sr) == (
+            "still thinking",
+            "",
+        )
 
 
 def test_stop_in_template_opened_block_keeps_answer():
     # Buffered (non-stream) mode: a model that skipped thinking keeps its answer as content.
-    assert whole("qwen3", "The answer.", prompt_text=QWEN_ON, stream_reasoning=False) == ("", "The answer.")
+    assert whole("qwen3", "The answer.", prompt_text=QWEN_ON, stream_reasoning=False) == (
+        "",
+        "The answer.",
+    )
     # A block the model opened itself is reasoning even when it stops.
     assert whole("qwen3", "<think>hmm", stream_reasoning=False) == ("hmm", "")
     # Already streamed reasoning cannot be taken back.
@@ -116,9 +133,15 @@ def test_deepseek_r1_strips_repeated_open_tag():
 def test_deepseek_v3_thinking_kwarg():
     on = {"thinking": True}
     assert whole("deepseek-v3", "r</think>a", chat_template_kwargs=on) == ("r", "a")
-    assert whole("deepseek-v3", "r</think>a", chat_template_kwargs={"enable_thinking": True}) == ("r", "a")
+    assert whole("deepseek-v3", "r</think>a", chat_template_kwargs={"enable_thinking": True}) == (
+        "r",
+        "a",
+    )
     assert whole("deepseek-v3", "plain answer") == ("", "plain answer")
-    assert whole("deepseek-v3", "a</think>", chat_template_kwargs={"thinking": False}) == ("", "a</think>")
+    assert whole("deepseek-v3", "a</think>", chat_template_kwargs={"thinking": False}) == (
+        "",
+        "a</think>",
+    )
 
 
 def test_qwen3_thinking_forced():
@@ -142,7 +165,10 @@ HARMONY_CALL = (
 
 
 def test_gpt_oss_channels():
-    assert whole("gpt-oss", HARMONY, prompt_text=HARMONY_PROMPT) == ("User says hi. Respond.", "Hello! 👋")
+    assert whole("gpt-oss", HARMONY, prompt_text=HARMONY_PROMPT) == (
+        "User says hi. Respond.",
+        "Hello! 👋",
+    )
     assert run("gpt-oss", chars(HARMONY)) == ("User says hi. Respond.", "Hello! 👋")
     r, c = run("gpt-oss", chars(HARMONY_CALL), stream_reasoning=False)
     assert r == "Need the weather."
@@ -201,14 +227,37 @@ def test_linear_time_on_adversarial_text(name):
     assert elapsed < 1.0, elapsed
 
 
-FRAGMENTS = ["<think>", "</think>", "<thi", "</", "◁think▷", "◁/think▷", "<|channel|>", "analysis",
-             "final", "<|message|>", "<|end|>", "<|start|>", "assistant", "<|return|>", "<|call|>",
-             " to=functions.f", "\n", " ", "答", "🙂", "a"]
+FRAGMENTS = [
+    "<tool_call>",
+    "<think>",
+    "</think>",
+    "<thi",
+    "</",
+    "◁think▷",
+    "◁/think▷",
+    "<|channel|>",
+    "analysis",
+    "final",
+    "<|message|>",
+    "<|end|>",
+    "<|start|>",
+    "assistant",
+    "<|return|>",
+    "<|call|>",
+    " to=functions.f",
+    "\n",
+    " ",
+    "答",
+    "🙂",
+    "a",
+]
 
 
 @settings(max_examples=150, deadline=None)
 @given(
-    name=st.sampled_from(["qwen3", "qwen3-thinking", "deepseek-r1", "deepseek-v3", "kimi", "gpt-oss"]),
+    name=st.sampled_from(
+        ["qwen3", "qwen3-thinking", "deepseek-r1", "deepseek-v3", "kimi", "gpt-oss"]
+    ),
     parts=st.lists(st.sampled_from(FRAGMENTS), max_size=25),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
     prompt=st.sampled_from(["", QWEN_ON, QWEN_OFF, HARMONY_PROMPT]),

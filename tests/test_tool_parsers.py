@@ -9,7 +9,6 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from llmkit.core.plugins import PluginError, registry
 from llmkit.core.reasoning import create_reasoning_parser
 from llmkit.core.tool_parser import ToolCallDelta, create_tool_parser, new_call_id
@@ -51,7 +50,7 @@ def check_deltas(deltas, calls):
     assert [seen[i] for i in sorted(seen)] == [a for _, a in calls]
 
 
-WEATHER = {"city": "Paris", "note": "a } and \" in a string"}
+WEATHER = {"city": "Paris", "note": 'a } and " in a string'}
 CASES = {
     "hermes": (
         "Let me check 天气 🌦.\n<tool_call>\n"
@@ -60,11 +59,15 @@ CASES = {
         "Let me check 天气 🌦.",
     ),
     "llama3": (
-        '{"name": "get_weather", "parameters": ' + json.dumps(WEATHER) + '}; {"name": "add", "parameters": {"a": 1, "b": [2, 3]}}',
+        '{"name": "get_weather", "parameters": '
+        + json.dumps(WEATHER)
+        + '}; {"name": "add", "parameters": {"a": 1, "b": [2, 3]}}',
         "",
     ),
     "mistral": (
-        '[TOOL_CALLS] [{"name": "get_weather", "arguments": ' + json.dumps(WEATHER) + '}, {"name": "add", "arguments": {"a": 1, "b": [2, 3]}}]',
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": '
+        + json.dumps(WEATHER)
+        + '}, {"name": "add", "arguments": {"a": 1, "b": [2, 3]}}]',
         "",
     ),
     "deepseekv3": (
@@ -81,7 +84,10 @@ CASES = {
         "<|tool_call_end|><|tool_calls_section_end|>",
         "",
     ),
-    "pythonic": ('[get_weather(city="Paris", note=\'a } and " in a string\'), add(a=1, b=[2, 3])]', ""),
+    "pythonic": (
+        '[get_weather(city="Paris", note=\'a } and " in a string\'), add(a=1, b=[2, 3])]',
+        "",
+    ),
     "gpt-oss": (
         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
         + json.dumps(WEATHER)
@@ -94,7 +100,13 @@ CASES = {
 
 def test_all_parsers_registered():
     assert set(registry().names("tool_parser")) >= {
-        "hermes", "llama3", "mistral", "deepseekv3", "kimi_k2", "pythonic", "gpt-oss"
+        "hermes",
+        "llama3",
+        "mistral",
+        "deepseekv3",
+        "kimi_k2",
+        "pythonic",
+        "gpt-oss",
     }
     with pytest.raises(PluginError, match="hermes"):
         create_tool_parser("nope")
@@ -103,7 +115,12 @@ def test_all_parsers_registered():
 def test_call_ids_and_delta_shape():
     assert re.fullmatch(r"call_[0-9a-f]{24}", new_call_id())
     d = ToolCallDelta(0, "call_x", "f", "")
-    assert d.to_openai() == {"index": 0, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}
+    assert d.to_openai() == {
+        "index": 0,
+        "id": "call_x",
+        "type": "function",
+        "function": {"name": "f", "arguments": ""},
+    }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -134,7 +151,10 @@ def test_real_formats(name, split):
         ("llama3", '{"answer": 42}'),
         ("llama3", "<|python_tag|>import os"),
         ("mistral", "[TOOL_CALLS] oops not json"),
-        ("deepseekv3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\nnot json"),
+        (
+            "deepseekv3",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\nnot json",
+        ),
         ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0 junk"),
         ("pythonic", "[1, 2, 3]"),
         ("pythonic", "[get_weather(x)]"),
@@ -159,19 +179,31 @@ def test_truncated_call_keeps_partial_arguments():
 
 
 def test_arguments_before_name_and_no_arguments():
-    assert whole("hermes", '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>') == ("", [("add", '{"a": 1}')])
+    assert whole("hermes", '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>') == (
+        "",
+        [("add", '{"a": 1}')],
+    )
     assert whole("hermes", '<tool_call>{"name": "add"}</tool_call>') == ("", [("add", "{}")])
 
 
 def test_no_tools_means_any_name():
-    assert whole("hermes", '<tool_call>{"name": "x", "arguments": {}}</tool_call>', tools=[]) == ("", [("x", "{}")])
+    assert whole("hermes", '<tool_call>{"name": "x", "arguments": {}}</tool_call>', tools=[]) == (
+        "",
+        [("x", "{}")],
+    )
 
 
 def test_deepseek_v31_and_mistral_v11_forms():
     v31 = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
     assert whole("deepseekv3", v31) == ("", [("add", '{"a": 2}')])
-    assert whole("mistral", 'Sure.[TOOL_CALLS]add[ARGS]{"a": 2}') == ("Sure.", [("add", '{"a": 2}')])
-    assert whole("json_array", '[{"name": "add", "parameters": {"a": 2}}]') == ("", [("add", '{"a": 2}')])
+    assert whole("mistral", 'Sure.[TOOL_CALLS]add[ARGS]{"a": 2}') == (
+        "Sure.",
+        [("add", '{"a": 2}')],
+    )
+    assert whole("json_array", '[{"name": "add", "parameters": {"a": 2}}]') == (
+        "",
+        [("add", '{"a": 2}')],
+    )
 
 
 def test_gpt_oss_after_reasoning_parser():
@@ -186,7 +218,9 @@ def test_gpt_oss_after_reasoning_parser():
         _, c = rp.feed(ch)
         content += tp.feed(c).content
     content += tp.feed(rp.finish("stop")[1]).content + tp.finish().content
-    assert content == "" and [(c.name, c.arguments) for c in tp.calls] == [("get_weather", '{"city":"SF"}')]
+    assert content == "" and [(c.name, c.arguments) for c in tp.calls] == [
+        ("get_weather", '{"city":"SF"}')
+    ]
 
 
 @settings(max_examples=80, deadline=None)
@@ -218,12 +252,13 @@ def test_linear_time_on_adversarial_text(name):
 
 @pytest.mark.parametrize("name", ["hermes", "gpt-oss", "kimi_k2"])
 def test_linear_time_on_huge_arguments(name):
-    args = json.dumps({"data": "x\\\"{" * 100_000, "list": list(range(20_000))})
+    args = json.dumps({"data": 'x\\"{' * 100_000, "list": list(range(20_000))})
     text = {
         "hermes": '<tool_call>{"name": "add", "arguments": ' + args + "}</tool_call>",
         "gpt-oss": "<|channel|>commentary to=functions.add<|message|>" + args + "<|call|>",
         "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>"
-        + args + "<|tool_call_end|><|tool_calls_section_end|>",
+        + args
+        + "<|tool_call_end|><|tool_calls_section_end|>",
     }[name]
     start = time.perf_counter()
     streamed = stream(name, [text[i : i + 101] for i in range(0, len(text), 101)])
@@ -231,12 +266,46 @@ def test_linear_time_on_huge_arguments(name):
     assert streamed[1] == [("add", args)]
 
 
-FRAGMENTS = ["<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", '{"name": "add"',
-             ', "arguments": ', '{"a": 1}', "}", "{", "[", "]", ";", ",", '"', "\\", "add(", "a=1", ")",
-             "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "```json\n",
-             "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.add:0",
-             "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|channel|>", "commentary to=functions.add",
-             "<|message|>", "<|call|>", " ", "\n", "答", "🙂", "x"]
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    '{"name": "add"',
+    ', "arguments": ',
+    '{"a": 1}',
+    "}",
+    "{",
+    "[",
+    "]",
+    ";",
+    ",",
+    '"',
+    "\\",
+    "add(",
+    "a=1",
+    ")",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "```json\n",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "functions.add:0",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|channel|>",
+    "commentary to=functions.add",
+    "<|message|>",
+    "<|call|>",
+    " ",
+    "\n",
+    "答",
+    "🙂",
+    "x",
+]
 
 
 @settings(max_examples=200, deadline=None)
@@ -252,3 +321,36 @@ def test_fuzz_streaming_equals_non_streaming(name, parts, cuts):
     content, calls, deltas, _ = stream(name, chunks)
     assert (content, calls) == whole(name, text)
     check_deltas(deltas, calls)
+
+
+def pipeline(reasoning, tools, chunks, prompt=""):
+    """Reasoning parser then tool parser, as the server chains them."""
+    rp = create_reasoning_parser(reasoning, prompt_text=prompt)
+    tp = create_tool_parser(tools, tools=TOOLS)
+    r = content = ""
+    for ch in [*chunks, None]:
+        dr, dc = rp.feed(ch) if ch is not None else rp.finish("stop")
+        r += dr
+        content += tp.feed(dc).content
+    content += tp.finish().content
+    return r, content, [(c.name, c.arguments) for c in tp.calls]
+
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("split", [None, 1])
+def test_end_tag_and_tool_call_in_one_delta(split):
+    text = "<think>Use the tool.</think>" + CALL
+    chunks = [text] if split is None else list(text)
+    assert pipeline("qwen3", "hermes", chunks) == ("Use the tool.", "", [("add", '{"a": 1}')])
+
+
+def test_tool_call_ends_unclosed_reasoning():
+    prompt = "<|im_start|>assistant\n<think>\n"
+    assert pipeline("qwen3", "hermes", [CALL], prompt) == ("", "", [("add", '{"a": 1}')])
+    assert pipeline("qwen3-thinking", "hermes", ["Hmm.\n" + CALL]) == (
+        "Hmm.",
+        "",
+        [("add", '{"a": 1}')],
+    )

@@ -43,6 +43,18 @@ CASES: dict[str, dict] = {
     # wider heads, several query blocks per sequence, prefix shared across a page boundary
     "extend_ps16_gqa4_d64_shared": dict(seqs=[(40, 37), (35, 20), (0, 1)], heads=(8, 2),
                                         page_size=16, head_dim=64, share={1: (0, 32)}),
+    # Qwen2.5-0.5B's head layout: 14 query heads over 2 KV heads (a group of 7, not a power of 2)
+    "extend_ps4_gqa7": dict(seqs=[(6, 11), (0, 3)], heads=(14, 2), page_size=4, head_dim=16),
+    "decode_ps4_gqa7": dict(seqs=[(26, 1), (5, 1)], heads=(14, 2), page_size=4, head_dim=16),
+}
+# Real model shapes, compiled on a GPU only (too slow for the interpreter).
+GPU_CASES: dict[str, dict] = {
+    "gpu_extend_llama8b": dict(seqs=[(1000, 300), (0, 513), (64, 64), (1100, 1)],
+                               heads=(32, 8), page_size=16, head_dim=128, share={3: (0, 992)}),
+    "gpu_decode_llama8b": dict(seqs=[(2047, 1), (100, 1), (4000, 1), (0, 1)], heads=(32, 8),
+                               page_size=16, head_dim=128, share={2: (0, 2032)}),
+    "gpu_decode_qwen05b": dict(seqs=[(3000, 1), (17, 1)], heads=(14, 2), page_size=1,
+                               head_dim=64, deterministic=True),
 }
 # The interpreter runs every case in fp32, and a few in fp16 and in bf16 (bf16 also covers the
 # kernels' upcast-before-tl.dot path that works around triton #11584).
@@ -84,9 +96,9 @@ def _strided_views(q, k, v):
 
 def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     """Run case ``name`` through both backends; raise AssertionError on a mismatch."""
-    spec = CASES[name]
+    spec = CASES.get(name) or GPU_CASES[name]
     b = _build(spec, device, dtype)
-    tri, ref = _backends(b, spec["heads"][0])
+    tri, ref = _backends(b, spec["heads"][0], splits=4 if name in CASES else 16)
     layer = spec.get("layers", 1) - 1
     q, k, v = _strided_views(b.q, b.k, b.v)
     out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md))
@@ -261,7 +273,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, *GPU_CASES])
 def test_compiled_matches_torch(name: str, dtype: torch.dtype) -> None:
     check_case(name, "cuda", dtype)
 

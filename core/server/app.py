@@ -74,18 +74,37 @@ def _digest(s: str) -> bytes:
     return hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()
 
 
-def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
-    """Build the app. ``on_shutdown`` runs after in-flight requests have drained."""
+def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_in_flight: int = 8) -> FastAPI:
+    """Build the app. ``on_shutdown`` runs after in-flight requests have drained. With a
+    ``storage`` backend, /v1/files and /v1/batches are served from it."""
+    runner = None
+    if storage is not None:
+        from llmkit.core.batch_runner import BatchRunner
+        from llmkit.core.server.batch_executor import make_batch_executor
+        from llmkit.core.server.batches_api import protocol_body_validator
+
+        runner = BatchRunner(storage, make_batch_executor(state), max_in_flight=batch_max_in_flight,
+                             body_validator=protocol_body_validator)
+
+    def shutdown():
+        if on_shutdown is not None:
+            on_shutdown()
+        if storage is not None:
+            storage.close()
 
     @asynccontextmanager
     async def lifespan(app):
+        if runner is not None:
+            await runner.start()  # resumes batches a previous process left unfinished
         yield
+        if runner is not None:
+            await runner.stop()
         state.client.draining = True
-        if on_shutdown is not None:
-            await asyncio.to_thread(on_shutdown)
+        await asyncio.to_thread(shutdown)
 
     app = FastAPI(title="llmkit", lifespan=lifespan)
     app.state.llmkit = state
+    app.state.shutdown = shutdown
     key_digest = _digest(state.options.api_key) if state.options.api_key else None
 
     @app.middleware("http")
@@ -178,6 +197,12 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
                 **state.client.stats()}
 
     _mount_optional_routers(app, state)
+    if runner is not None:
+        from llmkit.core.server.batches_api import batches_router
+        from llmkit.core.server.files_api import files_router
+
+        app.include_router(files_router(storage))
+        app.include_router(batches_router(runner))
     return app
 
 

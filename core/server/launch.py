@@ -29,7 +29,11 @@ def _sampling_defaults(model_dir: Path) -> dict:
 
 
 def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reasoning_parser=None,
-                 tool_call_parser=None, grammar_backend="xgrammar", max_payload_size=32 << 20):
+                 tool_call_parser=None, grammar_backend="xgrammar", max_payload_size=32 << 20,
+                 batch_storage: str | None = None, file_storage_path="./llmkit_storage", storage_options=(),
+                 batch_max_in_flight: int = 8):
+    """Load the model, start the engine thread and return the app. With ``batch_storage`` (a
+    storage plugin name) the files and batches endpoints are mounted on that backend."""
     from llmkit.core.engine import Engine
     from llmkit.core.engine_builder import build_engine_parts
     from llmkit.core.engine_client import InProcessEngineClient
@@ -38,6 +42,12 @@ def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reas
     from llmkit.core.server.state import ServerOptions, ServerState
 
     reg = registry()
+    storage = None
+    if batch_storage is not None:
+        from llmkit.core.storage import open_storage, parse_storage_options
+
+        storage = open_storage(batch_storage, parse_storage_options(list(storage_options)),
+                               file_storage_path=file_storage_path)
     if reasoning_parser:
         reg.entry("reasoning", reasoning_parser)  # fail at start-up with the valid names
     if tool_call_parser:
@@ -57,7 +67,8 @@ def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reas
                         max_context=parts.max_context, vocab_size=parts.vocab_size,
                         sampling_defaults=_sampling_defaults(parts.model_dir))
     state.grammar = _grammar_backend(grammar_backend, tok, parts.vocab_size)
-    return create_app(state, on_shutdown=engine.shutdown)
+    return create_app(state, on_shutdown=engine.shutdown, storage=storage,
+                      batch_max_in_flight=batch_max_in_flight)
 
 
 def _grammar_backend(name: str, tokenizer, vocab_size: int):

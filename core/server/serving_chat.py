@@ -36,7 +36,8 @@ def _validate_tools(body: ChatCompletionRequest) -> None:
             raise APIError(f"Tool '{name}' not found in tools list.", param="tool_choice")
 
 
-async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest):
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest | None,
+                                priority: int = 0):
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
     _validate_tools(body)
@@ -60,14 +61,14 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         max_tokens=max_tokens, logprobs=body.logprobs, top_logprobs=top_lp,
         defaults=state.sampling_defaults)
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if body.tool_choice != "none" else None
-    if params.skip_special_tokens and tools and state.options.tool_call_parser:
+    if params.skip_special_tokens and _needs_special_tokens(state, body, tools):
         from dataclasses import replace
 
-        params = replace(params, skip_special_tokens=False)  # tool markers are special tokens
+        params = replace(params, skip_special_tokens=False)  # parser markers are special tokens
 
     cid = new_id("chatcmpl-")
-    reqs = [Request(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i))
-            for i in range(body.n)]
+    reqs = [Request(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i),
+                    priority=priority) for i in range(body.n)]
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)
@@ -77,7 +78,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         return ChoiceProcessor(
             reasoning_parser=state.options.reasoning_parser if body.separate_reasoning else None,
             tool_parser=state.options.tool_call_parser, tools=tools, prompt_text=prompt_text,
-            template_kwargs=kwargs, stream_reasoning=body.stream_reasoning)
+            # Non-streaming buffers reasoning: a block the template opened that ends with "stop"
+            # and no end tag is then returned as the answer instead of being lost as reasoning.
+            template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)
 
     procs = [processor() for _ in reqs]
     created = int(time.time())
@@ -90,8 +93,25 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     return await watch_disconnect(raw, _complete(state, body, reqs, procs, cid, created))
 
 
+def _needs_special_tokens(state, body, tools) -> bool:
+    if tools and state.options.tool_call_parser:
+        return True
+    name = state.options.reasoning_parser
+    if name and body.separate_reasoning:
+        from llmkit.core.reasoning import reasoning_parser_class
+
+        return bool(getattr(reasoning_parser_class(name), "keep_special_tokens", False))
+    return False
+
+
 def _finish_reason(proc: ChoiceProcessor, reason: str | None) -> str | None:
     return "tool_calls" if proc.made_tool_calls and reason == "stop" else reason
+
+
+def _reasoning_tokens(state, procs) -> int:
+    """Tokens of separated reasoning (re-tokenized text: exact up to merges at the tag edges)."""
+    return sum(len(state.tokenizer(p.reasoning_text, add_special_tokens=False)["input_ids"])
+               for p in procs if p.reasoning_text)
 
 
 def _usage(prompt_tokens: int, completion: int, cached: int, reasoning: int = 0) -> dict:
@@ -132,7 +152,7 @@ async def _complete(state, body, reqs, procs, cid, created) -> JSONResponse:
         })
     prompt_tokens = finals[0].prompt_tokens
     usage = _usage(prompt_tokens, sum(f.completion_tokens for f in finals),
-                   max(f.cached_tokens for f in finals))
+                   max(f.cached_tokens for f in finals), _reasoning_tokens(state, procs))
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
                          "model": body.model, "choices": choices, "usage": usage})
 
@@ -170,7 +190,7 @@ async def _stream(state, body, reqs, procs, cid, created, include_usage):
         if include_usage and finals:
             f = list(finals.values())
             usage = _usage(f[0].prompt_tokens, sum(x.completion_tokens for x in f),
-                           max(x.cached_tokens for x in f))
+                           max(x.cached_tokens for x in f), _reasoning_tokens(state, procs))
             yield sse({**base, "choices": [], "usage": usage})
     except APIError as exc:
         yield sse(exc.body())

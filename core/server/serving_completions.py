@@ -47,7 +47,8 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
     return out
 
 
-async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest):
+async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None,
+                           priority: int = 0):
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
     prompts = await _prompts(state, body)
@@ -65,7 +66,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             text = state.tokenizer.decode(ids, skip_special_tokens=True)
         for s in range(body.n):
             r = Request(rid=f"{cid}-{pi}-{s}", prompt_ids=ids, params=seed_for_choice(params, s),
-                        return_prompt_logprobs=body.echo and body.logprobs is not None)
+                        return_prompt_logprobs=body.echo and body.logprobs is not None, priority=priority)
             reqs.append(r)
             echoes.append(text if body.echo else "")
     from llmkit.core.server.structured import attach_grammar

@@ -17,9 +17,12 @@ def sse_done() -> str:
     return "data: [DONE]\n\n"
 
 
-async def watch_disconnect(raw: HTTPRequest, coro) -> Response:
+async def watch_disconnect(raw: HTTPRequest | None, coro) -> Response:
     """Run ``coro``; if the client disconnects first, cancel it (which aborts the engine
-    requests and frees their KV pages) and return a 499-style empty response."""
+    requests and frees their KV pages) and return a 499-style empty response. Without an HTTP
+    request (batch lines) there is nothing to watch."""
+    if raw is None:
+        return await coro
     task = asyncio.ensure_future(coro)
     while True:
         done, _ = await asyncio.wait({task}, timeout=0.25)

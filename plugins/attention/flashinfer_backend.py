@@ -30,6 +30,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     """Paged attention through FlashInfer's prefill/decode wrappers (CUDA only)."""
 
     def __init__(self, **kwargs) -> None:
+        """Takes the keyword arguments of AttentionBackend; fails when availability() does."""
         super().__init__(**kwargs)
         reason = self.availability(self.device)
         if reason is not None:
@@ -74,7 +75,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         md.extra["flashinfer_decode"] = md.is_decode
         return md
 
-    def forward(self, q, k, v, layer_id, md):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                md: AttentionMetadata) -> torch.Tensor:
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         k_buf.index_copy_(0, md.out_slots, k.to(k_buf.dtype))
         v_buf.index_copy_(0, md.out_slots, v.to(v_buf.dtype))

@@ -25,7 +25,10 @@ import torch
 from llmkit.core.attention import AttentionBackend, AttentionMetadata
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
-_KERNEL_MODULES = ("llmkit.plugins.attention.triton_extend", "llmkit.plugins.attention.triton_decode")
+_KERNEL_MODULES = (
+    "llmkit.plugins.attention.triton_extend",
+    "llmkit.plugins.attention.triton_decode",
+)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class TritonAttentionBackend(AttentionBackend):
     max_kv_splits: int = 16
 
     def __init__(self, **kwargs) -> None:
+        """Takes the keyword arguments of AttentionBackend; fails when availability() does."""
         super().__init__(**kwargs)
         reason = self.availability(self.device)
         if reason is not None:
@@ -65,6 +69,7 @@ class TritonAttentionBackend(AttentionBackend):
         else:
             self._num_sms = 4  # the interpreter: enough splits to exercise the merge
         self._graph: dict[str, torch.Tensor] | None = None
+        self._graph_deterministic = False
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -115,7 +120,8 @@ class TritonAttentionBackend(AttentionBackend):
             md.extra["triton"] = _Plan(False, max(md.q_lens, default=0))
         return md
 
-    def forward(self, q, k, v, layer_id, md):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                md: AttentionMetadata) -> torch.Tensor:
         plan: _Plan = md.extra["triton"]
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
@@ -136,9 +142,13 @@ class TritonAttentionBackend(AttentionBackend):
     # It also gets its own compact slot table (row i = the i-th sequence of the batch): replay
     # copies the rows in use from the engine's table, so the graph never depends on which
     # req_to_token rows the scheduler picked, nor on the engine's table object.
-    def init_capture_graph(self, max_bs: int, max_context: int) -> None:
+    def init_capture_graph(
+        self, max_bs: int, max_context: int, deterministic: bool = False
+    ) -> None:
+        """Allocate static buffers; ``deterministic`` fixes the split count for every batch size."""
         dev, i64 = self.device, torch.int64
-        splits = self._num_splits(1, False)  # the largest split count any batch size uses
+        self._graph_deterministic = deterministic
+        splits = self._num_splits(1, deterministic)  # the largest count any batch size uses
         mid_o, mid_lse = self._decode.alloc_split_buffers(
             max_bs, self.num_heads, self.head_dim, splits, dev
         )
@@ -155,7 +165,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare_for_capture(self, bs: int) -> AttentionMetadata:
         g = self._require_graph(bs)
-        splits = self._num_splits(bs, False)
+        splits = self._num_splits(bs, self._graph_deterministic)
         plan = _Plan(True, 1, splits, g["mid_o"][:bs, :, :splits], g["mid_lse"][:bs, :, :splits])
         return AttentionMetadata(
             num_seqs=bs, q_lens=[1] * bs, kv_lens=[1] * bs, q_start_loc=g["q_start_loc"][: bs + 1],

@@ -149,7 +149,10 @@ def extend_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, q_start_loc: torch.Tensor,
     q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q_len: int, scale: float,
 ) -> None:
-    """Causal attention of ragged new tokens ``q`` ``[T, H, D]`` over their paged context into ``o``."""
+    """Causal attention of ragged new tokens ``q`` ``[T, H, D]`` over their paged context.
+
+    Writes ``o`` ``[T, H, D]``; ``k_buf``/``v_buf`` must already hold the new tokens' K/V.
+    """
     num_seqs = q_lens.shape[0]
     _, num_heads, head_dim = q.shape
     group = num_heads // k_buf.shape[1]

@@ -59,9 +59,7 @@ class _Worker:
                 if len(self._buffer) >= 4 + size:
                     body, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
                     return json.loads(body)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WorkerTimeout
+            remaining = max(0.0, deadline - time.monotonic())
             assert self.proc.stdout is not None
             with selectors.DefaultSelector() as sel:
                 sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -80,6 +78,21 @@ class _Worker:
         if not reply.get("ready"):
             raise WorkerCrashed
         self.ready = True
+
+    def poll_ready(self) -> bool:
+        """Whether the worker has started, without waiting (a failed start counts as ready:
+        :meth:`wait_ready` reports it)."""
+        if self.ready or self.proc.poll() is not None:
+            return True
+        if self._init_writer.is_alive():
+            return False
+        try:
+            self.wait_ready(0.0)
+        except WorkerTimeout:
+            return False
+        except WorkerCrashed:
+            return True
+        return True
 
     def request(self, job: dict, timeout: float) -> dict:
         body = json.dumps(job).encode()
@@ -128,7 +141,7 @@ class CompileWorkerPool:
         """
         if self._closed:
             raise RuntimeError("the grammar compiler pool is closed")
-        worker = self._idle.get()
+        worker = self._take()
         try:
             try:
                 worker.wait_ready(self._startup_timeout)
@@ -144,6 +157,39 @@ class CompileWorkerPool:
             if self._closed:
                 worker.kill()
             else:
+                self._idle.put(worker)
+
+    def _take(self) -> _Worker:
+        worker = self._idle.get()
+        if worker.poll_ready():
+            return worker
+        # A freshly replaced worker is still importing xgrammar: prefer one that is ready.
+        try:
+            other = self._idle.get_nowait()
+        except queue.Empty:
+            return worker
+        if other.poll_ready():
+            self._idle.put(worker)
+            return other
+        self._idle.put(other)
+        return worker
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every idle worker has started (servers may call this before serving)."""
+        workers = []
+        while True:
+            try:
+                workers.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        try:
+            for worker in workers:
+                try:
+                    worker.wait_ready(self._startup_timeout if timeout is None else timeout)
+                except (WorkerTimeout, WorkerCrashed):
+                    pass  # reported (and replaced) by the next run() that gets it
+        finally:
+            for worker in workers:
                 self._idle.put(worker)
 
     def _replace(self, worker: _Worker) -> _Worker:

@@ -134,5 +134,8 @@ class XGrammarBackend(GrammarBackend):
         # indices= leaves unconstrained rows untouched (and skips their cost on CPU).
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=list(rows))
 
+    def warmup(self, timeout: float | None = None) -> None:
+        self.pool.wait_ready(timeout)
+
     def close(self) -> None:
         self._finalizer()

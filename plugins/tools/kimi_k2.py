@@ -16,7 +16,11 @@ from llmkit.core.tool_parser import StreamingToolParser
 from llmkit.plugins.tools._json_call import read_name, stream_args
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
-CALL_BEGIN, ARG_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+CALL_BEGIN, ARG_BEGIN, CALL_END = (
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
 _ID = re.compile(r"[\w.\-:]*")
 
 

@@ -51,7 +51,7 @@ class _PyValueScanner:
             c, i = m.group(), m.end()
             if c in "\"'":
                 self.quote = c
-                self.inside = re.compile(r"\\.|" + c, re.S)
+                self.inside = re.compile(r"\\.|" + c, re.DOTALL)
             elif c in "([{":
                 self.depth += 1
             elif self.depth == 0 and c in ",)":

@@ -1,0 +1,122 @@
+"""The plugin system: built-ins and a real third-party distribution installed through an entry
+point, selected by name in a running server; `llmkit plugins`; cheap `llmkit --help`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from llmkit.core.model_source import resolve_model_dir
+from model_utils import tiny_config
+from server_utils import server_log, start_server, stop_server
+
+TOY = Path(__file__).parent / "plugins" / "llmkit_toy"
+
+
+@pytest.fixture(scope="module")
+def toy_site(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                    "--target", str(target), str(TOY)], check=True)
+    return target
+
+
+def _env(site: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_llmkit_plugins_lists_builtins_and_third_party(toy_site):
+    out = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "plugins", "--json"], env=_env(toy_site),
+                         capture_output=True, text=True, check=True)
+    rows = {(r["kind"], r["name"]): r for r in json.loads(out.stdout)}
+    assert rows[("attention", "toy")]["package"] == "llmkit-toy-plugin"
+    assert rows[("attention", "toy")]["version"] == "0.3.1"
+    assert rows[("model", "ToyLlamaForCausalLM")]["package"] == "llmkit-toy-plugin"
+    for kind, name in [("attention", "torch"), ("model", "LlamaForCausalLM"), ("model", "Qwen2ForCausalLM"),
+                       ("model", "Qwen3ForCausalLM"), ("reasoning", "qwen3"), ("tool_parser", "hermes"),
+                       ("storage", "local")]:
+        assert rows[(kind, name)]["package"] == "llmkit"
+    table = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "plugins"], env=_env(toy_site),
+                           capture_output=True, text=True, check=True).stdout
+    assert "llmkit-toy-plugin" in table and "KIND" in table
+
+
+def test_disable_autoload_hides_third_party(toy_site):
+    env = {**_env(toy_site), "LLMKIT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "plugins", "--json"], env=env,
+                         capture_output=True, text=True, check=True)
+    names = {r["name"] for r in json.loads(out.stdout)}
+    assert "toy" not in names and "torch" in names
+
+
+def test_third_party_backend_and_model_serve(toy_site, tmp_path):
+    import transformers
+
+    torch = pytest.importorskip("torch")
+    cfg = tiny_config("llama")
+    cfg.vocab_size = 49152
+    cfg.architectures = ["ToyLlamaForCausalLM"]
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(str(tmp_path))
+    cfg_json = json.loads((tmp_path / "config.json").read_text())
+    cfg_json["architectures"] = ["ToyLlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg_json))
+    src = resolve_model_dir(None)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tmp_path / f.name)
+    proc, url = start_server(["--model-path", str(tmp_path), "--attention", "toy", "--batch-storage", "none"],
+                             env={"PYTHONPATH": _env(toy_site)["PYTHONPATH"]})
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model="m", prompt="Hello", max_tokens=5, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5
+        log = server_log(proc, tail=100_000)
+        assert "ToyLlamaForCausalLM" in log and "attention toy" in log
+        assert "toy attention backend in use" in log
+    finally:
+        stop_server(proc)
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys, runpy; sys.argv=['llmkit','--help']\n"
+            "try:\n runpy.run_module('llmkit.cli.main', run_name='__main__')\n"
+            "except SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "assert 'transformers' not in sys.modules, 'transformers imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_unknown_names_list_valid_ones():
+    from llmkit.core.plugins import PluginError, registry
+
+    with pytest.raises(PluginError, match="valid names: .*torch"):
+        registry().load("attention", "nope")
+    with pytest.raises(PluginError, match="qwen3"):
+        registry().load("reasoning", "nope")
+
+
+def test_duplicate_registration_names_both_plugins():
+    from llmkit.core import plugins
+    from llmkit.core.hookspecs import hookimpl
+
+    class Dup:
+        @hookimpl
+        def llmkit_register_attention_backends(self, register):
+            register("torch", "x:y")
+
+    pm = plugins.get_plugin_manager()
+    pm.register(Dup(), name="dup-test")
+    try:
+        with pytest.raises(plugins.PluginError, match="registered twice.*dup-test"):
+            plugins.Registry(pm, {})
+    finally:
+        pm.unregister(name="dup-test")

@@ -1,0 +1,91 @@
+"""Reasoning separation end to end: the embedded model behind a Qwen3-style test template
+(tests/data/think_template.jinja) with ``--reasoning-parser qwen3``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import Server
+from server_utils import start_server, stop_server
+
+TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
+MSG = [{"role": "user", "content": "9.11 and 9.8, which is greater?"}]
+
+
+@pytest.fixture(scope="module")
+def rserver():
+    proc, url = start_server(["--chat-template", str(TEMPLATE), "--reasoning-parser", "qwen3",
+                              "--tool-call-parser", "hermes", "--batch-storage", "none"])
+    try:
+        yield Server(proc, url)
+    finally:
+        stop_server(proc)
+
+
+def _create(server, thinking, stream=False, **extra):
+    body = {"chat_template_kwargs": {"enable_thinking": thinking}, **extra}
+    return server.client.chat.completions.create(model="m", messages=MSG, temperature=0, max_tokens=24,
+                                                 stream=stream, extra_body=body)
+
+
+def _collect(stream):
+    reasoning, content, finishes = "", "", []
+    for chunk in stream:
+        for ch in chunk.choices:
+            reasoning += getattr(ch.delta, "reasoning_content", None) or ch.delta.model_extra.get(
+                "reasoning_content") or ""
+            content += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes.append(ch.finish_reason)
+    return reasoning, content, finishes
+
+
+def test_thinking_enabled_gives_reasoning(rserver):
+    r = _create(rserver, True)
+    msg = r.choices[0].message
+    # cut by max_tokens inside the template-opened <think>: it stays reasoning
+    assert r.choices[0].finish_reason == "length"
+    assert msg.reasoning_content
+    assert r.usage.model_extra.get("reasoning_tokens", 0) > 0
+
+
+def test_thinking_disabled_gives_content_only(rserver):
+    r = _create(rserver, False)
+    msg = r.choices[0].message
+    assert msg.reasoning_content is None
+    assert msg.content
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_streaming_equals_non_streaming(rserver, thinking):
+    r = _create(rserver, thinking)
+    reasoning, content, finishes = _collect(_create(rserver, thinking, stream=True))
+    assert reasoning == (r.choices[0].message.reasoning_content or "")
+    assert content == (r.choices[0].message.content or "")
+    assert finishes == [r.choices[0].finish_reason]
+
+
+def test_separate_reasoning_false_puts_everything_in_content(rserver):
+    plain = _create(rserver, True)
+    r = _create(rserver, True, separate_reasoning=False)
+    assert r.choices[0].message.reasoning_content is None
+    # the same generated text, unsplit (the parser trims whitespace at tag edges)
+    assert r.choices[0].message.content.strip() == plain.choices[0].message.reasoning_content.strip()
+
+
+def test_stream_reasoning_false_sends_no_reasoning_deltas_early(rserver):
+    chunks = list(_create(rserver, True, stream=True, stream_reasoning=False))
+    reasoning_chunks = [c for c in chunks for ch in c.choices if ch.delta.model_extra.get("reasoning_content")]
+    assert len(reasoning_chunks) <= 1
+
+
+def test_separate_reasoning_endpoint(rserver):
+    import httpx
+
+    r = httpx.post(rserver.base_url + "/separate_reasoning",
+                   json={"text": "<think>hmm</think>The answer", "reasoning_parser": "qwen3"})
+    assert r.status_code == 200 and r.json() == {"reasoning_text": "hmm", "text": "The answer"}
+    r = httpx.post(rserver.base_url + "/separate_reasoning", json={"text": "x", "reasoning_parser": "nope"})
+    assert r.status_code == 400 and "error" in r.json()
