@@ -143,6 +143,12 @@ class Engine:
                 self.scheduler.abort(a)
                 self._emit(live, final=True)
 
+    def _fail(self, req: Request, message: str) -> None:
+        live = self._live.get(req.rid)
+        self.scheduler.finish(req, "abort")
+        if live is not None:
+            self._emit(live, final=True, error=message)
+
     def _fail_all(self, message: str) -> None:
         for rid, live in list(self._live.items()):
             self.scheduler.abort(rid)
@@ -161,8 +167,11 @@ class Engine:
         if out.sample_segments:
             reqs = [s.req for s in out.sample_segments]
             tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
-            for req, tok, lp in zip(reqs, tokens, logprobs):
-                self._append_token(req, tok, lp)
+            for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
+                if i in self.sampler.failed:
+                    self._fail(req, f"structured output failed: {self.sampler.failed[i]}")
+                else:
+                    self._append_token(req, tok, lp)
         self._log(batch)
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
@@ -186,7 +195,7 @@ class Engine:
         req.output_ids.append(tok)
         if lp is not None:
             req.output_logprobs.append(lp)
-        if req.grammar is not None:
+        if req.grammar_active:
             req.grammar.accept_token(tok)
         n_out = len(req.output_ids)
         reason, matched = None, None
@@ -200,8 +209,10 @@ class Engine:
                 reason, matched = "stop", hit.text
             elif n_out >= p.max_new_tokens or req.seq_len >= self.max_context:
                 reason = "length"
-            elif req.grammar is not None and req.grammar.is_terminated():
+            elif req.grammar_active and req.grammar.is_terminated():
                 reason = "stop"
+            elif req.grammar_wait_for is not None and req.grammar_wait_for in live.detok.text:
+                req.grammar_wait_for = None  # reasoning ended: constrain the answer from here on
         if reason is not None:
             self.scheduler.finish(req, reason, matched)
             self._emit(live, final=True)

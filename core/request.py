@@ -66,6 +66,7 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
     grammar: Any = None  # a grammar matcher, when the output is constrained
+    grammar_wait_for: str | None = None  # apply the grammar only once this text (a reasoning end tag) is out
     return_prompt_logprobs: bool = False
 
     # engine state
@@ -85,6 +86,10 @@ class Request:
     own_pages: list[int] = field(default_factory=list)
     preemptions: int = 0
     first_prefill_done: bool = False
+
+    @property
+    def grammar_active(self) -> bool:
+        return self.grammar is not None and self.grammar_wait_for is None
 
     @property
     def all_ids(self) -> list[int]:

@@ -23,16 +23,23 @@ def make_generator(seed: int | None) -> torch.Generator:
 class Sampler:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
+        self.grammar_backend = None  # set when structured output is enabled
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Sample one token per row of ``logits`` [B, V] (fp32) for ``reqs``."""
+        """Sample one token per row of ``logits`` [B, V] (fp32) for ``reqs``.
+
+        A request whose grammar cannot be evaluated raises nothing here: its row is recorded in
+        ``self.failed`` (row -> message) and the engine fails only that request.
+        """
         logits = logits[:, : self.vocab_size]
         raw = logits
+        self.failed: dict[int, str] = {}
         rows_to_process = [i for i, r in enumerate(reqs) if self._needs_processing(r)]
         if rows_to_process:
             logits = logits.clone()
             for i in rows_to_process:
                 self._process_row(logits[i], reqs[i])
+            self._apply_grammars(logits, reqs)
         tokens = logits.argmax(dim=-1)
         tokens_list = tokens.tolist()
         for i, r in enumerate(reqs):
@@ -50,7 +57,7 @@ class Sampler:
     def _needs_processing(r: Request) -> bool:
         p = r.params
         return bool(
-            p.logit_bias or p.needs_penalties or r.grammar is not None
+            p.logit_bias or p.needs_penalties or r.grammar_active
             or (p.min_new_tokens and len(r.output_ids) < p.min_new_tokens)
         )
 
@@ -71,8 +78,23 @@ class Sampler:
             banned = [t for t in (*r.eos_token_ids, *p.stop_token_ids) if t < row.shape[0]]
             if banned:
                 row[banned] = float("-inf")
-        if r.grammar is not None:
-            r.grammar.mask_logits(row)
+
+    def _apply_grammars(self, logits: torch.Tensor, reqs: list[Request]) -> None:
+        rows = [i for i, r in enumerate(reqs) if r.grammar_active]
+        if not rows or self.grammar_backend is None:
+            return
+        from llmkit.core.grammar import GrammarError
+
+        bitmask = self.grammar_backend.allocate_bitmask(len(reqs))
+        ok = []
+        for i in rows:
+            try:
+                reqs[i].grammar.fill_next_token_bitmask(bitmask, i)
+                ok.append(i)
+            except GrammarError as exc:
+                self.failed[i] = exc.message
+        if ok:
+            self.grammar_backend.apply_bitmask(logits, bitmask, ok)
 
     def _sample_row(self, row: torch.Tensor, r: Request) -> int:
         p = r.params

@@ -49,8 +49,8 @@ def test_seeded_sampling_reproducible_whatever_the_batch(det_server):
 
 def test_seed_reproducible_default_mode(server):
     client = server.client
-    a = _chat(client, PROMPTS[1], temperature=1.0, seed=99, top_p=0.9, top_k=50)
-    b = _chat(client, PROMPTS[1], temperature=1.0, seed=99, top_p=0.9, top_k=50)
+    a = _chat(client, PROMPTS[1], temperature=1.0, seed=99, top_p=0.9, extra_body={"top_k": 50})
+    b = _chat(client, PROMPTS[1], temperature=1.0, seed=99, top_p=0.9, extra_body={"top_k": 50})
     assert a == b
 
 

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from llmkit.plugins.attention import gpu_backends
+import llmkit.plugins.attention as gpu_backends
 
 
 def test_registration_module_imports_no_heavy_dependency():
     code = (
-        "import sys, llmkit.plugins.attention.gpu_backends; "
+        "import sys, llmkit.plugins.attention; "
         "print([m for m in ('torch', 'triton', 'flashinfer') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -25,6 +25,7 @@ def test_registers_triton_and_flashinfer_lazily():
     seen: dict[str, object] = {}
     gpu_backends.llmkit_register_attention_backends(register=seen.__setitem__)
     assert seen == {
+        "torch": "llmkit.plugins.attention.torch_backend:TorchAttentionBackend",
         "triton": "llmkit.plugins.attention.triton_backend:TritonAttentionBackend",
         "flashinfer": "llmkit.plugins.attention.flashinfer_backend:FlashInferAttentionBackend",
     }

@@ -66,20 +66,24 @@ def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reas
     state = ServerState(client=client, tokenizer=tok, chat_template=template, options=options,
                         max_context=parts.max_context, vocab_size=parts.vocab_size,
                         sampling_defaults=_sampling_defaults(parts.model_dir))
-    state.grammar = _grammar_backend(grammar_backend, tok, parts.vocab_size)
-    return create_app(state, on_shutdown=engine.shutdown, storage=storage,
-                      batch_max_in_flight=batch_max_in_flight)
+    state.grammar = _grammar_backend(grammar_backend, tok, parts.vocab_size, parts.eos_token_ids)
+    engine.sampler.grammar_backend = state.grammar
+
+    def shutdown():
+        engine.shutdown()
+        if state.grammar is not None:
+            state.grammar.close()
+
+    return create_app(state, on_shutdown=shutdown, storage=storage, batch_max_in_flight=batch_max_in_flight)
 
 
-def _grammar_backend(name: str, tokenizer, vocab_size: int):
+def _grammar_backend(name: str, tokenizer, vocab_size: int, eos_ids):
+    """The structured-output backend (``none``: constraint requests get a 400)."""
     if name == "none":
         return None
-    from llmkit.core.plugins import PluginError
+    from llmkit.core.grammar import create_grammar_backend
 
-    try:
-        from llmkit.core.grammar import create_grammar_backend
-
-        return create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size)
-    except (ImportError, PluginError) as exc:
-        log.warning("structured output unavailable: %s", exc)
-        return None
+    backend = create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size,
+                                     stop_token_ids=sorted(eos_ids))
+    backend.warmup()  # start the compile workers now, not on the first constrained request
+    return backend

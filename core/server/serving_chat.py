@@ -69,15 +69,20 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     cid = new_id("chatcmpl-")
     reqs = [Request(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i),
                     priority=priority) for i in range(body.n)]
-    from llmkit.core.server.structured import attach_grammar
+    from llmkit.core.server.structured import attach_grammar, tool_choice_schema
 
-    await attach_grammar(state, body, reqs)
+    await attach_grammar(state, body, reqs, prompt_text)
+    # "required" or a named tool_choice decodes a JSON array of calls under a grammar (unless the
+    # request brought its own constraint), so those calls are read with the json_array parser.
+    forced_tools = tool_choice_schema(body) is not None and reqs[0].grammar is not None and not (
+        body.response_format or body.regex or body.ebnf)
+    tool_parser = "json_array" if forced_tools else state.options.tool_call_parser
     state.client.check_capacity(len(reqs))
 
     def processor():
         return ChoiceProcessor(
             reasoning_parser=state.options.reasoning_parser if body.separate_reasoning else None,
-            tool_parser=state.options.tool_call_parser, tools=tools, prompt_text=prompt_text,
+            tool_parser=tool_parser, tools=tools, prompt_text=prompt_text,
             # Non-streaming buffers reasoning: a block the template opened that ends with "stop"
             # and no end tag is then returned as the answer instead of being lost as reasoning.
             template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)

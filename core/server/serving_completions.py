@@ -71,7 +71,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             echoes.append(text if body.echo else "")
     from llmkit.core.server.structured import attach_grammar
 
-    await attach_grammar(state, body, reqs)
+    await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
     state.client.check_capacity(len(reqs))
     created = int(time.time())
     if body.stream:

@@ -1,21 +1,86 @@
-"""Structured-output constraints on requests (response_format, regex, ebnf)."""
+"""Structured-output constraints on requests: response_format, regex, ebnf, and the constrained
+decoding behind ``tool_choice`` "required" or a named function."""
 
 from __future__ import annotations
 
+
 from llmkit.core.server.errors import APIError
 
-
-def requested_constraint(body) -> bool:
-    rf = body.response_format
-    has_rf = bool(rf) and rf.get("type") not in (None, "text")
-    return has_rf or bool(body.regex) or bool(body.ebnf) or bool(getattr(body, "json_schema", None))
+COMPILE_TIMEOUT_S = 5.0
 
 
-async def attach_grammar(state, body, reqs) -> None:
-    """Compile the request's constraint (if any) and give each request its own matcher."""
-    if not requested_constraint(body):
-        return
+def tool_choice_schema(body) -> dict | None:
+    """A JSON schema forcing ``[{"name", "parameters"}, ...]`` for required or named tool_choice."""
+    tc = getattr(body, "tool_choice", None)
+    tools = getattr(body, "tools", None) or []
+    if not tools or tc in (None, "none", "auto"):
+        return None
+    if isinstance(tc, dict):
+        name = (tc.get("function") or {}).get("name")
+        tools = [t for t in tools if t.function.name == name]
+    variants = []
+    for t in tools:
+        params = t.function.parameters or {"type": "object"}
+        variants.append({"type": "object",
+                         "properties": {"name": {"const": t.function.name}, "parameters": params},
+                         "required": ["name", "parameters"], "additionalProperties": False})
+    item = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema = {"type": "array", "items": item, "minItems": 1}
+    if isinstance(tc, dict) or not body.parallel_tool_calls:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _spec(state, body):
+    from llmkit.core.grammar import GrammarError, GrammarSpec, spec_from_request
+
+    raw = body.model_dump(include={"response_format", "regex", "ebnf", "json_schema"}, exclude_none=True)
+    try:
+        spec = spec_from_request(raw)
+    except GrammarError as exc:
+        raise APIError(exc.message, param=exc.param) from None
+    schema = tool_choice_schema(body)
+    if schema is not None and spec is None:
+        spec = GrammarSpec("json_schema", schema, param="tool_choice")
+    return spec
+
+
+async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> bool:
+    """Compile the request's constraint (if any) and give each request its own matcher.
+
+    With a reasoning parser that starts inside a reasoning block, the grammar waits for the
+    parser's end tag, so the reasoning stays free text and only the answer is constrained.
+    Returns whether a constraint was attached.
+    """
+    spec = _spec(state, body)
+    if spec is None:
+        return False
     if state.grammar is None:
         raise APIError("structured output is disabled on this server (--grammar-backend none)",
-                       param="response_format")
-    raise APIError("structured output is not available yet", param="response_format")
+                       param=spec.param)
+    from llmkit.core.grammar import GrammarError
+
+    try:
+        compiled = await state.grammar.compile_async(spec, timeout=COMPILE_TIMEOUT_S)
+    except GrammarError as exc:
+        raise APIError(exc.message, param=exc.param) from None
+    wait_for = _reasoning_end_tag(state, body, prompt_text)
+    for r in reqs:
+        r.grammar = compiled.new_matcher()
+        r.grammar_wait_for = wait_for
+    return True
+
+
+def _reasoning_end_tag(state, body, prompt_text) -> str | None:
+    name = state.options.reasoning_parser
+    if not name or prompt_text is None or not getattr(body, "separate_reasoning", True):
+        return None
+    from llmkit.core.reasoning import create_reasoning_parser
+
+    kwargs = body.chat_template_kwargs or {}
+    probe = create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs)
+    if not getattr(probe, "in_reasoning", False):
+        return None
+    return getattr(probe, "end_tag", None)
+
+

@@ -39,7 +39,11 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        # Large or odd GQA groups (e.g. 7) run on the tensor-core decode path, as SGLang does.
+        group = self.num_heads // self.num_kv_heads
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=group >= 4
+        )
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:

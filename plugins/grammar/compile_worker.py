@@ -37,18 +37,6 @@ def write_frame(stream: BinaryIO, message: dict) -> None:
     stream.flush()
 
 
-def _die_with_parent() -> None:
-    # A SIGKILLed server must not leave a worker compiling for minutes.
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            import signal
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except Exception:
-            pass
-
-
 def _check_meta_schema(source: str) -> str | None:
     """The schema's own validity per its draft (jsonschema is optional)."""
     try:
@@ -100,7 +88,8 @@ def compile_one(xgr: Any, compiler: Any, job: dict, max_grammar_bytes: int) -> d
 
 
 def main() -> None:
-    _die_with_parent()
+    # No PR_SET_PDEATHSIG: it fires when the *thread* that spawned us exits. A dead parent closes
+    # our stdin instead, and we exit after the current job.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol
     inp = sys.stdin.buffer

@@ -142,6 +142,8 @@ class CompileWorkerPool:
         if self._closed:
             raise RuntimeError("the grammar compiler pool is closed")
         worker = self._take()
+        if worker.ready and worker.proc.poll() is not None:
+            worker = self._replace(worker)  # died while idle (killed from outside): not this job's fault
         try:
             try:
                 worker.wait_ready(self._startup_timeout)

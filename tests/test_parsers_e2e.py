@@ -89,3 +89,81 @@ def test_separate_reasoning_endpoint(rserver):
     assert r.status_code == 200 and r.json() == {"reasoning_text": "hmm", "text": "The answer"}
     r = httpx.post(rserver.base_url + "/separate_reasoning", json={"text": "x", "reasoning_parser": "nope"})
     assert r.status_code == 400 and "error" in r.json()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
+                   "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}},
+                                       "required": ["tz"]}}}
+ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+def _valid_weather_args(args: str) -> None:
+    import json
+
+    import jsonschema
+
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+def test_named_tool_choice_returns_valid_call(rserver):
+    r = rserver.client.chat.completions.create(
+        model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=64, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.content is None
+    calls = ch.message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert calls[0].id.startswith("call_") and len(calls[0].id) == 29
+    _valid_weather_args(calls[0].function.arguments)
+
+
+def test_named_tool_choice_streaming(rserver):
+    stream = rserver.client.chat.completions.create(
+        model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=64, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    name, args, finishes = None, "", []
+    for chunk in stream:
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                if tc.function.name:
+                    assert name is None, "the name is sent once, first"
+                    name = tc.function.name
+                args += tc.function.arguments or ""
+            if ch.finish_reason:
+                finishes.append(ch.finish_reason)
+    assert name == "get_weather" and finishes == ["tool_calls"]
+    _valid_weather_args(args)
+
+
+def test_required_tool_choice(rserver):
+    r = rserver.client.chat.completions.create(
+        model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=64, temperature=0, tool_choice="required",
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
+
+
+def test_parse_function_call_endpoint(rserver):
+    import httpx
+
+    text = 'Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}</tool_call>'
+    r = httpx.post(rserver.base_url + "/parse_function_call",
+                   json={"text": text, "tool_call_parser": "hermes", "tools": [WEATHER]})
+    body = r.json()
+    assert r.status_code == 200 and body["normal_text"] == "Sure."
+    assert body["calls"][0]["name"] == "get_weather"
+    assert json_loads(body["calls"][0]["parameters"]) == {"city": "Paris", "unit": "c"}
+
+
+def json_loads(s):
+    import json
+
+    return json.loads(s)
