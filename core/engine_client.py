@@ -38,10 +38,16 @@ class InProcessEngineClient:
         self.vocab_size = engine.vocab_size
         self.max_queued = max_queued
         self.draining = False
+        self.active = 0  # requests reserved or running (event-loop thread only)
 
     def check_capacity(self, n: int = 1) -> None:
-        if self.engine.num_pending + n > self.max_queued:
+        """Reserve ``n`` request slots, or raise :class:`QueueFullError`; see :meth:`release`."""
+        if self.active + n > self.max_queued:
             raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
+        self.active += n
+
+    def release(self, n: int = 1) -> None:
+        self.active -= n
 
     async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()

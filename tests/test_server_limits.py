@@ -21,7 +21,7 @@ KEY = "sk-test-123456"
 @pytest.fixture(scope="module")
 def limited():
     proc, url = start_server(["--api-key", KEY, "--max-queued-requests", "2", "--max-running-requests", "1",
-                              "--context-length", "1000", "--max-payload-size", "4096"])
+                              "--context-length", "1000", "--max-payload-size", "8192"])
     try:
         yield url
     finally:
@@ -38,7 +38,7 @@ def test_every_route_needs_the_key(limited):
             continue
         concrete = path.replace("{model_id}", "x").replace("{file_id}", "file-x").replace("{batch_id}", "batch_x")
         for method in methods:
-            for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer "},
+            for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer"},
                            {"Authorization": "Bearer " + "k" * 10_000}):
                 r = httpx.request(method.upper(), limited + concrete, headers=header, timeout=30)
                 assert r.status_code == 401, (method, path, header.keys(), r.status_code)
@@ -82,7 +82,7 @@ def test_context_length_flag(limited):
 
 def test_payload_too_large(limited):
     r = httpx.post(limited + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                   json={"model": "m", "prompt": "x" * 10_000, "max_tokens": 1})
+                   json={"model": "m", "prompt": "x" * 20_000, "max_tokens": 1})
     assert r.status_code == 413 and r.json()["error"]["message"] == "Payload Too Large"
 
 
@@ -120,6 +120,7 @@ def test_sigterm_drains_in_flight_requests():
         proc.send_signal(signal.SIGTERM)
         t.join(120)
         assert result == {"tokens": 60, "finish": "length"}, server_log(proc)
-        assert proc.wait(60) == 0
+        # uvicorn re-raises the signal after its graceful shutdown, so -SIGTERM is a clean exit too
+        assert proc.wait(60) in (0, -signal.SIGTERM)
     finally:
         stop_server(proc)

@@ -74,6 +74,29 @@ def _digest(s: str) -> bytes:
     return hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()
 
 
+class _APIKeyMiddleware:
+    """Bearer-key check as plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client
+    disconnects from the endpoints, which need them to abort generation)."""
+
+    def __init__(self, app, key_digest: bytes) -> None:
+        self.app = app
+        self.key_digest = key_digest
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
+            return await self.app(scope, receive, send)
+        auth = ""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                auth = value.decode("latin-1")
+        given = auth[7:] if auth[:7].lower() == "bearer " else ""
+        # Compare fixed-length digests in constant time, whatever the key's length.
+        if hmac.compare_digest(_digest(given), self.key_digest):
+            return await self.app(scope, receive, send)
+        resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
+        await resp(scope, receive, send)
+
+
 def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_in_flight: int = 8) -> FastAPI:
     """Build the app. ``on_shutdown`` runs after in-flight requests have drained. With a
     ``storage`` backend, /v1/files and /v1/batches are served from it."""
@@ -107,19 +130,8 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
     app.state.shutdown = shutdown
     key_digest = _digest(state.options.api_key) if state.options.api_key else None
 
-    @app.middleware("http")
-    async def guard(request: HTTPRequest, call_next):
-        if key_digest is not None and request.method != "OPTIONS" and not request.url.path.startswith(OPEN_PATHS):
-            auth = request.headers.get("authorization", "")
-            given = auth[7:] if auth[:7].lower() == "bearer " else ""
-            # Compare fixed-length digests in constant time, whatever the key's length.
-            if not hmac.compare_digest(_digest(given), key_digest):
-                return error_response("Unauthorized: a valid API key is required", 401,
-                                      code="invalid_api_key")
-        try:
-            return await call_next(request)
-        except APIError as exc:
-            return exc.response()
+    if key_digest is not None:
+        app.add_middleware(_APIKeyMiddleware, key_digest=key_digest)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):

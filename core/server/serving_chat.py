@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from llmkit.core.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.request import Request
@@ -16,8 +16,8 @@ from llmkit.core.server.logprobs import chat_logprobs
 from llmkit.core.server.prompt import render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import ServerState, merge_outputs, new_id
-from llmkit.core.server.streaming import sse, sse_done, watch_disconnect
+from llmkit.core.server.state import Generation, ServerState, new_id
+from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
 
 
 def _validate_tools(body: ChatCompletionRequest) -> None:
@@ -77,7 +77,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     forced_tools = tool_choice_schema(body) is not None and reqs[0].grammar is not None and not (
         body.response_format or body.regex or body.ebnf)
     tool_parser = "json_array" if forced_tools else state.options.tool_call_parser
-    state.client.check_capacity(len(reqs))
+    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
 
     def processor():
         return ChoiceProcessor(
@@ -92,10 +92,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     if body.stream:
         include_usage = state.options.stream_include_usage_default or bool(
             body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _stream(state, body, reqs, procs, cid, created, include_usage),
-            media_type="text/event-stream")
-    return await watch_disconnect(raw, _complete(state, body, reqs, procs, cid, created))
+        return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created, include_usage))
+    return await watch_disconnect(raw, _complete(state, gen, body, reqs, procs, cid, created))
 
 
 def _needs_special_tokens(state, body, tools) -> bool:
@@ -128,11 +126,11 @@ def _usage(prompt_tokens: int, completion: int, cached: int, reasoning: int = 0)
     return u
 
 
-async def _complete(state, body, reqs, procs, cid, created) -> JSONResponse:
+async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse:
     texts = [""] * len(reqs)
     finals = [None] * len(reqs)
     lps: list[list] = [[] for _ in reqs]
-    async for i, out in merge_outputs(state.client, reqs):
+    async for i, out in gen.outputs():
         if out.error:
             raise APIError(out.error, status=500)
         texts[i] += out.text
@@ -162,7 +160,7 @@ async def _complete(state, body, reqs, procs, cid, created) -> JSONResponse:
                          "model": body.model, "choices": choices, "usage": usage})
 
 
-async def _stream(state, body, reqs, procs, cid, created, include_usage):
+async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model}
 
     def chunk(i, delta, finish=None, matched=None, logprobs=None, usage=None):
@@ -175,7 +173,7 @@ async def _stream(state, body, reqs, procs, cid, created, include_usage):
         for i in range(len(reqs)):
             yield chunk(i, {"role": "assistant", "content": ""})
         finals = {}
-        async for i, out in merge_outputs(state.client, reqs):
+        async for i, out in gen.outputs():
             if out.error:
                 yield sse({"error": APIError(out.error, status=500).body()["error"]})
                 break
@@ -199,6 +197,8 @@ async def _stream(state, body, reqs, procs, cid, created, include_usage):
             yield sse({**base, "choices": [], "usage": usage})
     except APIError as exc:
         yield sse(exc.body())
+    finally:
+        gen.cancel()
     yield sse_done()
 
 

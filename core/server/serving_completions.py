@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from llmkit.core.request import Request
 from llmkit.core.server.errors import APIError
@@ -13,8 +13,8 @@ from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import ServerState, merge_outputs, new_id
-from llmkit.core.server.streaming import sse, sse_done, watch_disconnect
+from llmkit.core.server.state import Generation, ServerState, new_id
+from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
 
 
 async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
@@ -72,14 +72,14 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
-    state.client.check_capacity(len(reqs))
+    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         include_usage = state.options.stream_include_usage_default or bool(
             body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream(state, body, reqs, echoes, cid, created, include_usage, len(prompts)),
-                                 media_type="text/event-stream")
-    return await watch_disconnect(raw, _complete(state, body, reqs, echoes, cid, created, len(prompts)))
+        return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created, include_usage,
+                                         len(prompts)))
+    return await watch_disconnect(raw, _complete(state, gen, body, reqs, echoes, cid, created, len(prompts)))
 
 
 def _new_lp(state, body, req, echo: str):
@@ -104,11 +104,11 @@ def _usage(reqs, finals, n_prompts) -> dict:
             "prompt_tokens_details": {"cached_tokens": max(f.cached_tokens for f in finals)}}
 
 
-async def _complete(state, body, reqs, echoes, cid, created, n_prompts):
+async def _complete(state, gen, body, reqs, echoes, cid, created, n_prompts):
     texts = list(echoes)
     finals = [None] * len(reqs)
     accs = [_new_lp(state, body, r, e) for r, e in zip(reqs, echoes)]
-    async for i, out in merge_outputs(state.client, reqs):
+    async for i, out in gen.outputs():
         if out.error:
             raise APIError(out.error, status=500)
         acc = accs[i]
@@ -129,13 +129,13 @@ async def _complete(state, body, reqs, echoes, cid, created, n_prompts):
                          "choices": choices, "usage": _usage(reqs, finals, n_prompts)})
 
 
-async def _stream(state, body, reqs, echoes, cid, created, include_usage, n_prompts):
+async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n_prompts):
     base = {"id": cid, "object": "text_completion", "created": created, "model": body.model}
     accs = [_new_lp(state, body, r, e) for r, e in zip(reqs, echoes)]
     pending_echo = list(echoes)
     finals = [None] * len(reqs)
     try:
-        async for i, out in merge_outputs(state.client, reqs):
+        async for i, out in gen.outputs():
             if out.error:
                 yield sse({"error": APIError(out.error, status=500).body()["error"]})
                 break
@@ -159,4 +159,6 @@ async def _stream(state, body, reqs, echoes, cid, created, include_usage, n_prom
             yield sse({**base, "choices": [], "usage": _usage(reqs, finals, n_prompts)})
     except APIError as exc:
         yield sse(exc.body())
+    finally:
+        gen.cancel()
     yield sse_done()

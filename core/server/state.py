@@ -43,32 +43,45 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
 
-async def merge_outputs(client, reqs: list[Request]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Run several requests (n > 1, list prompts) and yield ``(index, output)`` as they come."""
-    if len(reqs) == 1:
-        async for out in client.generate(reqs[0]):
-            yield 0, out
-        return
-    q: asyncio.Queue = asyncio.Queue()
-    done = object()
+class Generation:
+    """The engine requests of one API call (n > 1 and list prompts give several), started at once.
 
-    async def pump(i: int, req: Request):
+    Starting happens in the handler, before any response is sent, so a queue slot is taken and
+    given back exactly once per request: each request's task releases its slot when it ends,
+    however it ends (finished, aborted, or cancelled before it ever ran).
+    """
+
+    _DONE = object()
+
+    def __init__(self, client, reqs: list[Request]) -> None:
+        client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks = []
+        for i, req in enumerate(reqs):
+            task = asyncio.ensure_future(self._pump(client, i, req))
+            task.add_done_callback(lambda _t, c=client: c.release(1))
+            self.tasks.append(task)
+
+    async def _pump(self, client, i: int, req: Request) -> None:
         try:
             async for out in client.generate(req):
-                await q.put((i, out))
+                await self.queue.put((i, out))
         finally:
-            await q.put((i, done))
+            await self.queue.put((i, self._DONE))
 
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            i, out = await q.get()
-            if out is done:
-                remaining -= 1
-                continue
-            yield i, out
-    finally:
-        for t in tasks:
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Yield ``(index, output)`` as they come; stopping early aborts the rest."""
+        remaining = len(self.tasks)
+        try:
+            while remaining:
+                i, out = await self.queue.get()
+                if out is self._DONE:
+                    remaining -= 1
+                    continue
+                yield i, out
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        for t in self.tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+import weakref
+
 from fastapi import Request as HTTPRequest
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 
 def sse(obj: dict) -> str:
@@ -35,3 +37,11 @@ async def watch_disconnect(raw: HTTPRequest | None, coro) -> Response:
             except (asyncio.CancelledError, Exception):
                 pass
             return Response(status_code=499)
+
+
+def sse_response(gen, body) -> StreamingResponse:
+    """Stream ``body`` (an async generator of SSE strings) for the already started ``gen``. If the
+    client is gone before the body ever runs, its finally never runs either: the finalizer then
+    cancels the generation, which aborts the engine requests."""
+    weakref.finalize(body, gen.cancel)
+    return StreamingResponse(body, media_type="text/event-stream")

@@ -1,0 +1,175 @@
+"""llmkit against transformers on the embedded model, measured interleaved in one run.
+
+    python benchmarks/bench_cpu.py [--rounds 3] [--update-readme] [-- extra llmkit serve flags]
+
+(a) single-stream greedy decode: 128 tokens, tokens/s end to end (HTTP streaming for llmkit);
+(b) 16 concurrent chat requests of 128 tokens through HTTP against transformers' batched
+    ``generate`` of the same 16 prompts (left-padded), total generated tokens / wall time;
+(c) time to first token for a 512-token prompt.
+transformers runs in fp32 with sdpa attention on the same weights; both use every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+TOPICS = ["the ocean", "volcanoes", "bread", "chess", "the moon", "bicycles", "coffee", "rainforests",
+          "jazz", "glaciers", "honeybees", "lighthouses", "origami", "deserts", "comets", "libraries"]
+PROMPTS = [f"Write a short essay about {t}." for t in TOPICS]
+NEW_TOKENS = 128
+
+
+def llmkit_single(client) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for chunk in client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=NEW_TOKENS, temperature=0,
+            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+        if chunk.usage:
+            n = chunk.usage.completion_tokens
+    return n / (time.perf_counter() - t0)
+
+
+def llmkit_concurrent(base_url: str) -> float:
+    import openai
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=600)
+
+        async def one(p):
+            r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
+                                                     max_tokens=NEW_TOKENS, temperature=0,
+                                                     extra_body={"ignore_eos": True})
+            return r.usage.completion_tokens
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(p) for p in PROMPTS))
+        return sum(counts) / (time.perf_counter() - t0)
+
+    return asyncio.run(run())
+
+
+def long_prompt(tok) -> list[int]:
+    words = " ".join(f"{TOPICS[i % 16]} number {i}" for i in range(400))
+    ids = tok(words, add_special_tokens=False)["input_ids"][:512]
+    assert len(ids) == 512
+    return ids
+
+
+def llmkit_ttft(client, ids: list[int], salt: int) -> float:
+    ids = [ids[0] + salt % 7] + ids[1:]  # a different first token each time: no prefix-cache hit
+    t0 = time.perf_counter()
+    for chunk in client.completions.create(model="m", prompt=ids, max_tokens=1, stream=True, temperature=0):
+        if chunk.choices:
+            return time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+class HF:
+    def __init__(self, model_dir: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                          attn_implementation="sdpa").eval()
+
+    def _chat_ids(self, texts):
+        rendered = [self.tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                 tokenize=False) for t in texts]
+        return self.tok(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def generate(self, enc, n):
+        with self.torch.inference_mode():
+            return self.model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                       pad_token_id=self.tok.pad_token_id or 2)
+
+    def single(self) -> float:
+        enc = self._chat_ids(PROMPTS[:1])
+        t0 = time.perf_counter()
+        out = self.generate(enc, NEW_TOKENS)
+        return (out.shape[1] - enc["input_ids"].shape[1]) / (time.perf_counter() - t0)
+
+    def batched(self) -> float:
+        enc = self._chat_ids(PROMPTS)
+        t0 = time.perf_counter()
+        out = self.generate(enc, NEW_TOKENS)
+        return len(PROMPTS) * (out.shape[1] - enc["input_ids"].shape[1]) / (time.perf_counter() - t0)
+
+    def ttft(self, ids) -> float:
+        enc = {"input_ids": self.torch.tensor([ids]), "attention_mask": self.torch.ones(1, len(ids), dtype=self.torch.long)}
+        t0 = time.perf_counter()
+        self.generate(enc, 1)
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--update-readme", action="store_true")
+    ap.add_argument("serve_args", nargs="*")
+    args = ap.parse_args()
+
+    import openai
+
+    from llmkit.core.model_source import resolve_model_dir
+    from server_utils import start_server, stop_server
+
+    model_dir = str(resolve_model_dir(None))
+    proc, url = start_server(["--batch-storage", "none", *args.serve_args])
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
+        hf = HF(model_dir)
+        ids = long_prompt(hf.tok)
+        llmkit_single(client)  # warm-up both
+        hf.generate(hf._chat_ids(PROMPTS[:1]), 4)
+        res = {k: [] for k in ("ls", "hs", "lb", "hb", "lt", "ht")}
+        for r in range(args.rounds):
+            res["ls"].append(llmkit_single(client))
+            res["hs"].append(hf.single())
+            res["lb"].append(llmkit_concurrent(url))
+            res["hb"].append(hf.batched())
+            res["lt"].append(llmkit_ttft(client, ids, r))
+            res["ht"].append(hf.ttft(ids))
+            print(f"round {r + 1}: " + ", ".join(f"{k}={v[-1]:.3f}" for k, v in res.items()), flush=True)
+    finally:
+        stop_server(proc)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    table = "\n".join([
+        "| metric | llmkit | transformers | ratio | target |",
+        "|---|---:|---:|---:|---|",
+        f"| (a) single-stream greedy, 128 tokens (tok/s) | {med['ls']:.1f} | {med['hs']:.1f} | "
+        f"{med['ls'] / med['hs']:.2f}x | ≥ 1.5x |",
+        f"| (b) 16 concurrent chat requests x 128 tokens (total tok/s) | {med['lb']:.1f} | {med['hb']:.1f} | "
+        f"{med['lb'] / med['hb']:.2f}x | ≥ 1.5x |",
+        f"| (c) time to first token, 512-token prompt (s) | {med['lt']:.3f} | {med['ht']:.3f} | "
+        f"{med['lt'] / med['ht']:.2f}x | ≤ 1.1x |",
+    ])
+    cmd = "python benchmarks/bench_cpu.py " + " ".join(sys.argv[1:])
+    report = (f"{table}\n\nCommand: `{cmd.strip()}`; {args.rounds} rounds, "
+              f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. (b) is llmkit over HTTP against "
+              "transformers' static batch in-process.")
+    print(report)
+    if args.update_readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        start, end = "<!-- bench_cpu:start -->", "<!-- bench_cpu:end -->"
+        block = f"{start}\n{report}\n{end}"
+        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S) \
+            if start in text else text.replace("BENCHMARK-TABLE", block)
+        readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
