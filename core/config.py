@@ -24,3 +24,5 @@ class EngineConfig:
     num_threads: int | None = None
     decode_log_interval: int = 40
     random_seed: int | None = None
+    cuda_graph_max_bs: int = 32
+    disable_cuda_graph: bool = False

@@ -164,6 +164,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     attn = attn_cls(num_heads=hf_config["num_attention_heads"], num_kv_heads=n_kv, head_dim=head_dim,
                     pool=pool, device=device)
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
+    if device.type == "cuda" and attn.supports_cuda_graph and not config.disable_cuda_graph:
+        from llmkit.core.cuda_graph import CudaGraphRunner
+
+        runner.graphs = CudaGraphRunner(
+            model, attn, max_bs=min(config.cuda_graph_max_bs, config.max_running_requests),
+            max_context=max_context + page, device=device,
+            deterministic=config.enable_deterministic_inference)
+        runner.graphs.capture()
     log.info(
         "Loaded %s (%s) on %s in %.1f s: dtype %s, attention %s, KV pool %d tokens (%.2f GB), context %d",
         arch, model_dir, device, time.monotonic() - t0, str(dtype).removeprefix("torch."), attn_name,

@@ -85,10 +85,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """Apply to ``q`` [T, H, D] and ``k`` [T, Hkv, D] at ``positions`` [T]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for ``positions``, shaped to broadcast over heads; computed once per
+        forward and shared by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def apply(q: torch.Tensor, k: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]):
+        """Rotate ``q`` [T, H, D] and ``k`` [T, Hkv, D] with a :meth:`table`."""
+        cos, sin = table
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

@@ -29,6 +29,7 @@ class ModelRunner:
         self.req_pool = req_pool
         self.device = device
         self.deterministic = deterministic
+        self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
 
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         segs = batch.segments
@@ -68,8 +69,11 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         input_ids, positions, md = self.build_metadata(batch)
-        md = self.attn.prepare_metadata(md)
-        hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
+        if self.graphs is not None and self.graphs.can_run(md):
+            hidden = self.graphs.replay(input_ids, positions, md)
+        else:
+            md = self.attn.prepare_metadata(md)
+            hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
         offsets = md.q_start_loc.tolist()
         sample_rows, sample_segs, prompt_logits = [], [], {}
         for i, s in enumerate(batch.segments):

@@ -71,9 +71,13 @@ def _converted(gguf_path: Path) -> Path:
     try:
         _convert_gguf(gguf_path, tmp)
         (tmp / "llmkit-complete").write_text("ok\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-converted cache
+        if out.exists() and not (out / "llmkit-complete").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a stale partial conversion
+        try:
+            os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-converted cache
+        except OSError:
+            if not (out / "llmkit-complete").exists():  # another process converted it meanwhile
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

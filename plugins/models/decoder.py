@@ -32,7 +32,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
 
-    def forward(self, x, positions, rotary: RotaryEmbedding, ctx: ForwardContext):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext):
         det = ctx.deterministic
         qkv = self.qkv_proj(x, det)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -41,7 +41,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = RotaryEmbedding.apply(q, k, rope)
         o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata)
         return self.o_proj(o.reshape(-1, self.q_size), det)
 
@@ -67,13 +67,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
         self.mlp = MLP(config["hidden_size"], config["intermediate_size"])
 
-    def forward(self, x, residual, positions, rotary, ctx):
+    def forward(self, x, residual, rope, ctx):
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, rotary, ctx)
+        h = self.self_attn(h, rope, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, ctx.deterministic), residual
 
@@ -101,8 +101,9 @@ class DecoderLM(CausalLM):
 
     def forward(self, input_ids, positions, ctx):
         x, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary.table(positions, x.dtype)
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary, ctx)
+            x, residual = layer(x, residual, rope, ctx)
         x, _ = self.norm(x, residual)
         return x
 
