@@ -35,13 +35,16 @@ class Attention(nn.Module):
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext):
         det = ctx.deterministic
         qkv = self.qkv_proj(x, det)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = RotaryEmbedding.apply(q, k, rope)
+        heads = self.num_heads + self.num_kv_heads
+        v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # Q and K are adjacent in the fused projection: rotate them in one pass.
+            qk = RotaryEmbedding.rotate(qkv[:, : self.q_size + self.kv_size].view(-1, heads, self.head_dim), rope)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].reshape(-1, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].reshape(-1, self.num_kv_heads, self.head_dim))
+            q, k = RotaryEmbedding.rotate(q, rope), RotaryEmbedding.rotate(k, rope)
         o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata)
         return self.o_proj(o.reshape(-1, self.q_size), det)
 
