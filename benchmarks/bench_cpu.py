@@ -1,6 +1,7 @@
 """llmkit against transformers on the embedded model, measured interleaved in one run.
 
     python benchmarks/bench_cpu.py [--rounds 3] [--update-readme] [-- extra llmkit serve flags]
+    python benchmarks/bench_cpu.py --update-readme -- --quantization int8
 
 (a) single-stream greedy decode: 128 tokens, tokens/s end to end (HTTP streaming for llmkit);
 (b) 16 concurrent chat requests of 128 tokens through HTTP against transformers' batched
@@ -156,7 +157,7 @@ def main() -> None:
         f"| (c) time to first token, 512-token prompt (s) | {med['lt']:.3f} | {med['ht']:.3f} | "
         f"{med['lt'] / med['ht']:.2f}x | ≤ 1.1x |",
     ])
-    cmd = "python benchmarks/bench_cpu.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/bench_cpu.py " + " ".join(a for a in sys.argv[1:] if a != "--update-readme")
     report = (f"{table}\n\nCommand: `{cmd.strip()}`; {args.rounds} rounds, "
               f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. (b) is llmkit over HTTP against "
               "transformers' static batch in-process.")
@@ -164,10 +165,16 @@ def main() -> None:
     if args.update_readme:
         readme = ROOT / "README.md"
         text = readme.read_text()
-        start, end = "<!-- bench_cpu:start -->", "<!-- bench_cpu:end -->"
-        block = f"{start}\n{report}\n{end}"
-        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S) \
-            if start in text else text.replace("BENCHMARK-TABLE", block)
+        label = " ".join(args.serve_args) or "default"
+        start, end = f"<!-- bench_cpu[{label}]:start -->", f"<!-- bench_cpu[{label}]:end -->"
+        title = "Default configuration (fp32 weights):" if label == "default" else f"With `{label}`:"
+        block = f"{start}\n{title}\n\n{report}\n{end}"
+        if start in text:
+            text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+        elif "BENCHMARK-TABLE" in text:
+            text = text.replace("BENCHMARK-TABLE", block + "\n\nBENCHMARK-TABLE")
+        else:
+            text = text.rstrip() + "\n\n" + block + "\n"
         readme.write_text(text)
 
 

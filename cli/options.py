@@ -42,3 +42,5 @@ CudaGraphMaxBs = Annotated[int, typer.Option("--cuda-graph-max-bs", envvar="LLMK
                            help="Largest decode batch replayed from a captured CUDA graph.")]
 DisableCudaGraph = Annotated[bool, typer.Option("--disable-cuda-graph", envvar="LLMKIT_DISABLE_CUDA_GRAPH",
                              help="Run decode steps eagerly on CUDA.")]
+Quantization = Annotated[Optional[str], typer.Option("--quantization", envvar="LLMKIT_QUANTIZATION",
+                         help="int8: weight-only int8 for decode steps (CPU; about 2x single-stream).")]

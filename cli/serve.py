@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmkit.cli.options import (Attention, ChatTemplate, CudaGraphMaxBs, DisableCudaGraph, ChunkedPrefill, ContextLength, Deterministic, Device,
+from llmkit.cli.options import (Attention, ChatTemplate, CudaGraphMaxBs, DisableCudaGraph, Quantization, ChunkedPrefill, ContextLength, Deterministic, Device,
                                 DisableRadix, Dtype, GrammarBackend, MaxRunning, MaxTotalTokens, ModelPath,
                                 PageSize, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
 
@@ -42,6 +42,7 @@ def serve(
     page_size: PageSize = 1,
     enable_deterministic_inference: Deterministic = False,
     num_threads: Threads = None,
+    quantization: Quantization = None,
     cuda_graph_max_bs: CudaGraphMaxBs = 32,
     disable_cuda_graph: DisableCudaGraph = False,
     max_payload_size: Annotated[int, typer.Option("--max-payload-size", help="Request body cap in bytes.")] = 32 << 20,
@@ -90,6 +91,7 @@ def _build_app(p: dict, batch_storage: str | None = "from-params"):
         context_length=p["context_length"],
         enable_deterministic_inference=p["enable_deterministic_inference"], num_threads=p["num_threads"],
         cuda_graph_max_bs=p["cuda_graph_max_bs"], disable_cuda_graph=p["disable_cuda_graph"],
+        quantization=p["quantization"],
     )
     storage = p["batch_storage"] if batch_storage == "from-params" else batch_storage
     return build_server(

@@ -149,6 +149,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype)
     model.load_weights(iter_safetensors(model_dir))
+    if config.quantization:
+        if device.type != "cpu":
+            raise ValueError("--quantization int8 is a CPU decode path; on CUDA use the model's dtype")
+        model.quantize(config.quantization)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
     head_dim, n_kv, n_layers = model.head_dim, model.num_kv_heads, model.num_layers
@@ -173,8 +177,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             deterministic=config.enable_deterministic_inference)
         runner.graphs.capture()
     log.info(
-        "Loaded %s (%s) on %s in %.1f s: dtype %s, attention %s, KV pool %d tokens (%.2f GB), context %d",
-        arch, model_dir, device, time.monotonic() - t0, str(dtype).removeprefix("torch."), attn_name,
+        "Loaded %s (%s) on %s in %.1f s: dtype %s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
+        arch, model_dir, device, time.monotonic() - t0, str(dtype).removeprefix("torch."),
+        f" + {config.quantization} weights" if config.quantization else "", attn_name,
         tokens, tokens * bytes_per_token / 1e9, max_context,
     )
     return EngineParts(

@@ -48,6 +48,15 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the module's parameters."""
 
+    def quantize(self, method: str) -> None:
+        """Add quantized weight copies (``"int8"``: weight-only, per channel) to every layer that
+        supports it; plugins with other layers override this."""
+        if method != "int8":
+            raise ValueError(f"quantization '{method}' is not supported; supported: int8")
+        for module in self.modules():
+            if module is not self and hasattr(module, "quantize_int8"):
+                module.quantize_int8()
+
     @property
     def num_layers(self) -> int:
         return int(self.config["num_hidden_layers"])

@@ -111,8 +111,19 @@ class DecoderLM(CausalLM):
         return x
 
     def compute_logits(self, hidden, deterministic=False):
-        w = self.embed_tokens.weight if self.tie else self.lm_head.weight
-        return linear(hidden.to(w.dtype), w, None, deterministic).float()
+        if not self.tie:
+            return self.lm_head(hidden, deterministic).float()
+        w = self.embed_tokens.weight
+        return linear(hidden.to(w.dtype), w, None, deterministic, self._tied_q).float()
+
+    _tied_q = None
+
+    def quantize(self, method: str) -> None:
+        super().quantize(method)
+        if self.tie:  # the tied head is the embedding matrix: give it its own int8 copy
+            from llmkit.core.layers import quantize_int8
+
+            self._tied_q = quantize_int8(self.embed_tokens.weight)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
