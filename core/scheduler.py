@@ -110,9 +110,16 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         budget = self.config.chunked_prefill_size
         segments: list[Segment] = []
+        self._order_waiting()
+        # A more urgent request (online traffic) waiting to start: lower-priority requests (batch
+        # lines) sit this step out, so its prefill runs without them and its first token comes
+        # as fast as on an idle server. They resume next step with their KV intact.
+        urgent = self._urgent_priority()
         # 1. requests already running: their next token (or next prompt chunk)
         for req in sorted(self.running, key=lambda r: (r.priority, r.arrival)):
             if req.status is not Status.RUNNING:
+                continue
+            if urgent is not None and req.priority > urgent:
                 continue
             remaining = req.seq_len - req.num_computed
             length = remaining if remaining == 1 else min(remaining, max(budget, 0))
@@ -130,7 +137,6 @@ class Scheduler:
                 budget -= length
         batch = ScheduledBatch(segments, num_running_before=len(self.running))
         # 2. admit waiting requests while budget, slots and pages allow
-        self._order_waiting()
         admitted = []
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
@@ -149,6 +155,19 @@ class Scheduler:
         for req in admitted:
             self.waiting.remove(req)
         return batch if segments else None
+
+    def _urgent_priority(self) -> int | None:
+        """The priority of the first waiting request if it outranks some running request and can be
+        admitted now (so pausing the others cannot stall anything)."""
+        if not self.waiting or not self.running:
+            return None
+        head = self.waiting[0]
+        if head.priority >= max(r.priority for r in self.running):
+            return None
+        if len(self.running) >= self.config.max_running_requests or self.req_pool.num_free == 0:
+            return None
+        need = -(-min(len(head.all_ids), self.config.chunked_prefill_size) // self.page)
+        return head.priority if need <= self.available_pages() else None
 
     def _order_waiting(self) -> None:
         if self.config.schedule_policy == "lpm" and not isinstance(self.cache, type(None)):

@@ -135,6 +135,20 @@ class StreamingToolParser(ToolParser):
         self._in_call = False
         self._ws = ""
         self._drop_lead = False
+        self._state = "text"  # the subclass's parsing state
+
+    #: where :meth:`_fail` returns to: the state that reads plain content
+    _fail_state = "text"
+
+    def _to(self, state: str) -> bool:
+        """Switch state; True so a ``_step`` can ``return self._to(...)`` and keep going."""
+        self._state = state
+        return True
+
+    def _fail(self) -> bool:
+        """The held block is not a valid call: give it back as content and read on."""
+        self._release()
+        return self._to(self._fail_state)
 
     @property
     def calls(self) -> list[ToolCall]:

@@ -1,4 +1,4 @@
-"""``llmkit batch run`` with a fake app standing in for the engine (the real one is e2e)."""
+"""``llmkit batch run``: CLI plumbing with a fake app, and the real embedded model end to end."""
 
 from __future__ import annotations
 
@@ -77,3 +77,28 @@ def test_help_does_not_import_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "INPUT.jsonl" in res.stdout
+
+
+def test_batch_run_with_the_embedded_model(tmp_path):
+    """The real thing: `llmkit batch run` loads the embedded model and answers every line."""
+    import json
+    import subprocess
+
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "m", "max_tokens": 6, "temperature": 0,
+                       "messages": [{"role": "user", "content": f"Say the number {i}."}]}} for i in range(3)]
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": "m", "max_tokens": -5, "messages": [{"role": "user", "content": "x"}]}})
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "batch", "run", str(src), "-o", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["c0", "c1", "c2", "bad"]
+    for r in results[:3]:
+        body = r["response"]["body"]
+        assert r["error"] is None and r["response"]["status_code"] == 200
+        assert body["object"] == "chat.completion" and isinstance(body["choices"], list)
+        assert body["usage"]["completion_tokens"] <= 6
+    assert results[3]["response"] is None or results[3]["response"]["status_code"] == 400

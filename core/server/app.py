@@ -97,7 +97,7 @@ class _APIKeyMiddleware:
         await resp(scope, receive, send)
 
 
-def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_in_flight: int = 8) -> FastAPI:
+def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_in_flight: int = 4) -> FastAPI:
     """Build the app. ``on_shutdown`` runs after in-flight requests have drained. With a
     ``storage`` backend, /v1/files and /v1/batches are served from it."""
     runner = None

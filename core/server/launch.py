@@ -31,7 +31,7 @@ def _sampling_defaults(model_dir: Path) -> dict:
 def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reasoning_parser=None,
                  tool_call_parser=None, grammar_backend="xgrammar", max_payload_size=32 << 20,
                  batch_storage: str | None = None, file_storage_path="./llmkit_storage", storage_options=(),
-                 batch_max_in_flight: int = 8):
+                 batch_max_in_flight: int = 4):
     """Load the model, start the engine thread and return the app. With ``batch_storage`` (a
     storage plugin name) the files and batches endpoints are mounted on that backend."""
     from llmkit.core.engine import Engine

@@ -29,14 +29,6 @@ class DeepSeekV3ToolParser(StreamingToolParser):
         self._fenced = False
         self._scanner = JsonScanner()
 
-    def _to(self, state: str) -> bool:
-        self._state = state
-        return True
-
-    def _fail(self) -> bool:
-        self._release()
-        return self._to("text")
-
     def _step(self) -> bool:
         st = self._state
         if st == "text":

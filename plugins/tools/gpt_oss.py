@@ -38,10 +38,6 @@ class GptOssToolParser(StreamingToolParser):
         self._name = ""
         self._scanner = JsonScanner()
 
-    def _to(self, state: str) -> bool:
-        self._state = state
-        return True
-
     def _step(self) -> bool:
         st = self._state
         if st == "text":

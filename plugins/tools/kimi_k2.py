@@ -39,14 +39,6 @@ class KimiK2ToolParser(StreamingToolParser):
         self._id = ""
         self._scanner = JsonScanner()
 
-    def _to(self, state: str) -> bool:
-        self._state = state
-        return True
-
-    def _fail(self) -> bool:
-        self._release()
-        return self._to("text")
-
     def _step(self) -> bool:
         st = self._state
         if st == "text":

@@ -68,6 +68,3 @@ class Llama3ToolParser(StreamingToolParser):
             return False
         return self._to("calls" if hint == "done" else "text")
 
-    def _to(self, state: str) -> bool:
-        self._state = state
-        return True

@@ -32,10 +32,6 @@ class MistralToolParser(StreamingToolParser):
         self._scanner = JsonScanner()
         self._pending = ""
 
-    def _to(self, state: str) -> bool:
-        self._state = state
-        return True
-
     def _step(self) -> bool:
         st = self._state
         if st == "start":  # json_array: the reply must open with "["

@@ -65,6 +65,8 @@ class _PyValueScanner:
 class PythonicToolParser(StreamingToolParser):
     """``[f(a=1), g(b="x")]`` at the start of the reply."""
 
+    _fail_state = "plain"
+
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
         self._state = "start"
@@ -74,14 +76,6 @@ class PythonicToolParser(StreamingToolParser):
         self._kwargs: dict[str, Any] = {}
         self._scanner = _PyValueScanner()
         self._vstart = 0
-
-    def _to(self, state: str) -> bool:
-        self._state = state
-        return True
-
-    def _fail(self) -> bool:
-        self._release()
-        return self._to("plain")
 
     def _step(self) -> bool:
         st = self._state
