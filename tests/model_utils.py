@@ -35,7 +35,8 @@ def save_tiny_model(arch: str, path) -> "torch.nn.Module":
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
-    model.save_pretrained(str(path), safe_serialization=True)
+    # small shards: loading must walk a sharded checkpoint
+    model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
     return model.eval()
 
 

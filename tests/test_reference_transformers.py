@@ -45,6 +45,7 @@ def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_model_logits_match_transformers(arch, tmp_path):
     ref = save_tiny_model(arch, tmp_path)
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1  # sharded
     config = load_config(tmp_path)
     cls = registry().load("model", config["architectures"][0])
     model = build_model(cls, config, torch.device("cpu"), torch.float32)
@@ -112,3 +113,13 @@ def test_greedy_matches_transformers_generate(embedded_reference):
                 f"diverged at step {k} for {text!r} without a tie: {tok.decode(ours)!r} vs {tok.decode(theirs)!r}")
     finally:
         engine.shutdown()
+
+
+def test_gguf_path_and_embedded_default_resolve_to_the_same_conversion():
+    from llmkit.core.model_source import embedded_gguf_path
+
+    converted = resolve_model_dir(None)
+    assert resolve_model_dir(str(embedded_gguf_path())) == converted
+    assert (converted / "config.json").exists() and (converted / "tokenizer.json").exists()
+    with pytest.raises(FileNotFoundError, match="cannot be downloaded"):
+        resolve_model_dir("meta-llama/Meta-Llama-3.1-8B-Instruct")
