@@ -93,7 +93,8 @@ class Scheduler:
     def available_pages(self) -> int:
         return self.pool.num_free_pages + self.cache.evictable_pages
 
-    def _assign_slots(self, req: Request, start: int, end: int) -> bool:
+    def _assign_slots(self, req: Request, end: int) -> bool:
+        """Make sure ``req`` owns slots for tokens [0, end); False if pages ran out."""
         need = self._pages_needed(req, end)
         if need:
             pages = self._allocate(need)
@@ -125,7 +126,7 @@ class Scheduler:
             length = remaining if remaining == 1 else min(remaining, max(budget, 0))
             if length <= 0:
                 continue
-            while not self._assign_slots(req, req.num_computed, req.num_computed + length):
+            while not self._assign_slots(req, req.num_computed + length):
                 victim = self._pick_victim(exclude=req)
                 if victim is None:
                     length = 0
@@ -170,7 +171,7 @@ class Scheduler:
         return head.priority if need <= self.available_pages() else None
 
     def _order_waiting(self) -> None:
-        if self.config.schedule_policy == "lpm" and not isinstance(self.cache, type(None)):
+        if self.config.schedule_policy == "lpm":
             # Longest prefix match first; priority still dominates.
             lengths = {id(r): len(self.cache.match_prefix(r.all_ids[:-1])[0]) for r in self.waiting}
             self.waiting.sort(key=lambda r: (r.priority, -lengths[id(r)], r.arrival))
@@ -185,7 +186,7 @@ class Scheduler:
             slots, handle = self.cache.match_prefix(ids[:-1])  # leave >= 1 token to compute
         prefix = len(slots)
         length = min(len(ids) - prefix, budget)
-        need = -(-(prefix + length - prefix) // self.page)
+        need = -(-length // self.page)
         # Keep a page per running request in reserve for its next decode step.
         if need + reserve > self.available_pages():
             return None
@@ -200,7 +201,7 @@ class Scheduler:
             self.req_pool.table[row, :prefix] = slots.to(self.req_pool.table.device)
         if not req.first_prefill_done:
             req.cached_tokens = prefix
-        if not self._assign_slots(req, prefix, prefix + length):
+        if not self._assign_slots(req, prefix + length):
             self._release(req, cache_kv=False)
             return None
         req.status = Status.RUNNING

@@ -88,7 +88,6 @@ def test_online_requests_are_admitted_before_batch_lines(prompts):
         return sink
 
     try:
-        engine.scheduler  # noqa: B018
         reqs = [Request(f"batch{i}", list(prompts[0]), SamplingParams(max_new_tokens=3, temperature=0), priority=1)
                 for i in range(3)]
         reqs.append(Request("online", list(prompts[1]), SamplingParams(max_new_tokens=3, temperature=0)))

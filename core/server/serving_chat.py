@@ -69,15 +69,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     cid = new_id("chatcmpl-")
     reqs = [Request(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i),
                     priority=priority) for i in range(body.n)]
-    from llmkit.core.server.structured import attach_grammar, tool_choice_schema
+    from llmkit.core.server.structured import attach_grammar
 
-    await attach_grammar(state, body, reqs, prompt_text)
+    constraint = await attach_grammar(state, body, reqs, prompt_text)
     # "required" or a named tool_choice decodes a JSON array of calls under a grammar (unless the
     # request brought its own constraint), so those calls are read with the json_array parser.
-    forced_tools = tool_choice_schema(body) is not None and reqs[0].grammar is not None and not (
-        body.response_format or body.regex or body.ebnf)
-    tool_parser = "json_array" if forced_tools else state.options.tool_call_parser
-    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
+    tool_parser = "json_array" if constraint == "tool_choice" else state.options.tool_call_parser
 
     def processor():
         return ChoiceProcessor(
@@ -88,6 +85,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)
 
     procs = [processor() for _ in reqs]
+    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         include_usage = state.options.stream_include_usage_default or bool(

@@ -45,16 +45,17 @@ def _spec(state, body):
     return spec
 
 
-async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> bool:
+async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> str | None:
     """Compile the request's constraint (if any) and give each request its own matcher.
 
     With a reasoning parser that starts inside a reasoning block, the grammar waits for the
     parser's end tag, so the reasoning stays free text and only the answer is constrained.
-    Returns whether a constraint was attached.
+    Returns the request field the constraint came from (``"tool_choice"`` for a forced tool
+    call), or None when the request is unconstrained.
     """
     spec = _spec(state, body)
     if spec is None:
-        return False
+        return None
     if state.grammar is None:
         raise APIError("structured output is disabled on this server (--grammar-backend none)",
                        param=spec.param)
@@ -68,7 +69,7 @@ async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> b
     for r in reqs:
         r.grammar = compiled.new_matcher()
         r.grammar_wait_for = wait_for
-    return True
+    return spec.param
 
 
 def _reasoning_end_tag(state, body, prompt_text) -> str | None:
