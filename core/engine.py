@@ -145,7 +145,8 @@ class Engine:
 
     def _fail(self, req: Request, message: str) -> None:
         live = self._live.get(req.rid)
-        self.scheduler.finish(req, "abort")
+        if not req.finished:
+            self.scheduler.finish(req, "abort")
         if live is not None:
             self._emit(live, final=True, error=message)
 
@@ -169,9 +170,13 @@ class Engine:
             tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
             for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
                 if i in self.sampler.failed:
-                    self._fail(req, f"structured output failed: {self.sampler.failed[i]}")
-                else:
+                    self._fail(req, self.sampler.failed[i])
+                    continue
+                try:
                     self._append_token(req, tok, lp)
+                except Exception as exc:  # post-processing of one request fails only that request
+                    log.exception("post-processing failed for %s", req.rid)
+                    self._fail(req, f"internal error: {exc}")
         self._log(batch)
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:

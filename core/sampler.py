@@ -38,13 +38,19 @@ class Sampler:
         if rows_to_process:
             logits = logits.clone()
             for i in rows_to_process:
-                self._process_row(logits[i], reqs[i])
+                try:
+                    self._process_row(logits[i], reqs[i])
+                except Exception as exc:  # one request's bad state must not fail its batch-mates
+                    self.failed[i] = f"sampling failed: {exc}"
             self._apply_grammars(logits, reqs)
         tokens = logits.argmax(dim=-1)
         tokens_list = tokens.tolist()
         for i, r in enumerate(reqs):
-            if not r.params.greedy:
-                tokens_list[i] = self._sample_row(logits[i], r)
+            if not r.params.greedy and i not in self.failed:
+                try:
+                    tokens_list[i] = self._sample_row(logits[i], r)
+                except Exception as exc:
+                    self.failed[i] = f"sampling failed: {exc}"
         logprobs: list[TokenLogprob | None] = [None] * len(reqs)
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
@@ -92,7 +98,7 @@ class Sampler:
                 reqs[i].grammar.fill_next_token_bitmask(bitmask, i)
                 ok.append(i)
             except GrammarError as exc:
-                self.failed[i] = exc.message
+                self.failed[i] = f"structured output failed: {exc.message}"
         if ok:
             self.grammar_backend.apply_bitmask(logits, bitmask, ok)
 

@@ -99,3 +99,31 @@ def test_online_requests_are_admitted_before_batch_lines(prompts):
         assert order.index("online") <= 1  # at most the line already running finishes first
     finally:
         engine.shutdown()
+
+
+def test_a_failing_request_fails_alone(prompts):
+    """A fault in one request's sampling (here: a corrupt logit_bias that slipped past validation)
+    fails only that request; its batch-mate finishes normally and the engine keeps serving."""
+    engine = start_engine()
+    results, done = {}, threading.Semaphore(0)
+
+    def sink_for(name):
+        def sink(out):
+            if out.finished:
+                results[name] = (out.finish_reason, out.error, out.completion_tokens)
+                done.release()
+        return sink
+
+    try:
+        bad = Request("bad", list(prompts[0]), SamplingParams(max_new_tokens=8, min_new_tokens=8,
+                                                             logit_bias={10**9: 1.0}))
+        good = Request("good", list(prompts[1]), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0))
+        engine._inbox.put(("add", bad, sink_for("bad")))
+        engine._inbox.put(("add", good, sink_for("good")))
+        for _ in range(2):
+            assert done.acquire(timeout=120)
+        assert results["bad"][0] == "abort" and "sampling failed" in results["bad"][1]
+        assert results["good"] == ("length", None, 8)
+        assert engine.is_alive() and engine.stats()["kv_pages_in_use"] == 0
+    finally:
+        engine.shutdown()
