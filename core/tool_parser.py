@@ -150,6 +150,22 @@ class StreamingToolParser(ToolParser):
         self._release()
         return self._to(self._fail_state)
 
+    def _between_calls(self, call_begin: str, section_end: str) -> bool:
+        """Inside a section of calls, after one: the next call's begin marker (state "head") or
+        the section's end (back to "text"); anything else is not a valid section."""
+        if not self._skip_ws() and not self._final:
+            return False
+        for lit, nxt in ((call_begin, "head"), (section_end, "text")):
+            at = self._at(lit)
+            if at is None:
+                return False
+            if at:
+                if nxt == "head":
+                    self._hold(self._pos)
+                self._pos += len(lit)
+                return self._to(nxt)
+        return self._fail()
+
     @property
     def calls(self) -> list[ToolCall]:
         return [ToolCall(i, n, "".join(a)) for i, n, a in self._calls]

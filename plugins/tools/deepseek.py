@@ -38,18 +38,7 @@ class DeepSeekV3ToolParser(StreamingToolParser):
             self._hold(i)
             return self._to("section" if m == CALLS_BEGIN else "head")
         if st == "section":  # between calls
-            if not self._skip_ws() and not self._final:
-                return False
-            for lit, nxt in ((CALL_BEGIN, "head"), (CALLS_END, "text")):
-                at = self._at(lit)
-                if at is None:
-                    return False
-                if at:
-                    if nxt == "head":
-                        self._hold(self._pos)
-                    self._pos += len(lit)
-                    return self._to(nxt)
-            return self._fail()
+            return self._between_calls(CALL_BEGIN, CALLS_END)
         if st == "head":  # "function" (V3) or the name (V3.1), then the separator
             word = read_name(self, _WORD)
             if word is None:

@@ -20,7 +20,6 @@ class HermesToolParser(StreamingToolParser):
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
-        self._state = "text"
         self._reader: JsonCallReader | None = None
 
     def _step(self) -> bool:

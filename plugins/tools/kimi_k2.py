@@ -48,18 +48,7 @@ class KimiK2ToolParser(StreamingToolParser):
             self._hold(i)
             return self._to("section" if m == SECTION_BEGIN else "head")
         if st == "section":
-            if not self._skip_ws() and not self._final:
-                return False
-            for lit, nxt in ((CALL_BEGIN, "head"), (SECTION_END, "text")):
-                at = self._at(lit)
-                if at is None:
-                    return False
-                if at:
-                    if nxt == "head":
-                        self._hold(self._pos)
-                    self._pos += len(lit)
-                    return self._to(nxt)
-            return self._fail()
+            return self._between_calls(CALL_BEGIN, SECTION_END)
         if st == "head":
             if not self._skip_ws() and not self._final:
                 return False
