@@ -23,7 +23,6 @@ class EngineConfig:
     enable_deterministic_inference: bool = False
     num_threads: int | None = None
     decode_log_interval: int = 40
-    random_seed: int | None = None
     quantization: str | None = None  # "int8": weight-only int8 for decode GEMMs (CPU)
     cuda_graph_max_bs: int = 32
     disable_cuda_graph: bool = False

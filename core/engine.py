@@ -17,7 +17,7 @@ import torch
 
 from llmkit.core.config import EngineConfig
 from llmkit.core.detokenizer import IncrementalDetokenizer
-from llmkit.core.request import Request, Status, TokenLogprob
+from llmkit.core.request import Request, TokenLogprob
 from llmkit.core.sampler import Sampler, make_generator, token_logprob
 
 log = logging.getLogger("llmkit")
@@ -68,7 +68,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.last_step = time.monotonic()
         self.steps = 0
-        self.error: BaseException | None = None
         # stats for the logs
         self._decode_tokens = 0
         self._decode_since = time.monotonic()
@@ -85,10 +84,6 @@ class Engine:
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def num_pending(self) -> int:
-        return len(self._live)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llmkit-engine", daemon=True)
@@ -144,17 +139,15 @@ class Engine:
                 self._emit(live, final=True)
 
     def _fail(self, req: Request, message: str) -> None:
+        """End ``req`` with finish_reason "abort" and ``message`` as its error, wherever it is."""
+        self.scheduler.abort(req.rid)
         live = self._live.get(req.rid)
-        if not req.finished:
-            self.scheduler.finish(req, "abort")
         if live is not None:
             self._emit(live, final=True, error=message)
 
     def _fail_all(self, message: str) -> None:
-        for rid, live in list(self._live.items()):
-            self.scheduler.abort(rid)
-            live.req.finish_reason = "abort"
-            self._emit(live, final=True, error=message)
+        for live in list(self._live.values()):
+            self._fail(live.req, message)
 
     def step(self) -> None:
         batch = self.scheduler.schedule()

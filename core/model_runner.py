@@ -35,8 +35,7 @@ class ModelRunner:
         segs = batch.segments
         ids, pos, q_lens, kv_lens, rows = [], [], [], [], []
         for s in segs:
-            all_ids = s.req.all_ids
-            ids.extend(all_ids[s.start : s.start + s.length])
+            ids.extend(s.req.token_slice(s.start, s.start + s.length))
             pos.extend(range(s.start, s.start + s.length))
             q_lens.append(s.length)
             kv_lens.append(s.start + s.length)

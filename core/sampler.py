@@ -24,6 +24,7 @@ class Sampler:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.grammar_backend = None  # set when structured output is enabled
+        self.failed: dict[int, str] = {}  # rows of the last sample() that failed: row -> message
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:
         """Sample one token per row of ``logits`` [B, V] (fp32) for ``reqs``.
@@ -33,7 +34,7 @@ class Sampler:
         """
         logits = logits[:, : self.vocab_size]
         raw = logits
-        self.failed: dict[int, str] = {}
+        self.failed = {}
         rows_to_process = [i for i, r in enumerate(reqs) if self._needs_processing(r)]
         if rows_to_process:
             logits = logits.clone()

@@ -9,7 +9,7 @@ from llmkit.core.engine import Engine
 from llmkit.core.engine_builder import build_engine_parts
 
 
-def tiny_config(arch: str) -> "transformers.PretrainedConfig":  # noqa: F821
+def tiny_config(arch: str):
     import transformers
 
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import json
 import logging
-import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request as HTTPRequest
@@ -146,18 +145,13 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
         log.exception("unhandled error on %s", request.url.path)
         return error_response(f"Internal server error: {type(exc).__name__}", 500)
 
-    def _touch():
-        state.last_activity = time.monotonic()
-
     @app.post("/v1/chat/completions")
     async def chat(raw: HTTPRequest):
-        _touch()
         body = parse_model(ChatCompletionRequest, await read_json(raw, state.options.max_payload_size))
         return await create_chat_completion(state, body, raw)
 
     @app.post("/v1/completions")
     async def completions(raw: HTTPRequest):
-        _touch()
         body = parse_model(CompletionRequest, await read_json(raw, state.options.max_payload_size))
         return await create_completion(state, body, raw)
 

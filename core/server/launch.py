@@ -61,8 +61,7 @@ def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reas
     client = InProcessEngineClient(engine, config.max_queued_requests)
     name = config.served_model_name or config.model_path or EMBEDDED_NAME
     options = ServerOptions(served_model_name=name, api_key=api_key, reasoning_parser=reasoning_parser,
-                            tool_call_parser=tool_call_parser, grammar_backend=grammar_backend,
-                            max_payload_size=max_payload_size)
+                            tool_call_parser=tool_call_parser, max_payload_size=max_payload_size)
     state = ServerState(client=client, tokenizer=tok, chat_template=template, options=options,
                         max_context=parts.max_context, vocab_size=parts.vocab_size,
                         sampling_defaults=_sampling_defaults(parts.model_dir))

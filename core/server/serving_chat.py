@@ -16,7 +16,7 @@ from llmkit.core.server.logprobs import chat_logprobs
 from llmkit.core.server.prompt import render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, ServerState, new_id
+from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
 
 
@@ -88,9 +88,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
-        include_usage = state.options.stream_include_usage_default or bool(
-            body.stream_options and body.stream_options.include_usage)
-        return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created, include_usage))
+        return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created,
+                                         wants_stream_usage(state, body)))
     return await watch_disconnect(raw, _complete(state, gen, body, reqs, procs, cid, created))
 
 
@@ -109,19 +108,13 @@ def _finish_reason(proc: ChoiceProcessor, reason: str | None) -> str | None:
     return "tool_calls" if proc.made_tool_calls and reason == "stop" else reason
 
 
-def _reasoning_tokens(state, procs) -> int:
-    """Tokens of separated reasoning (re-tokenized text: exact up to merges at the tag edges)."""
-    return sum(len(state.tokenizer(p.reasoning_text, add_special_tokens=False)["input_ids"])
-               for p in procs if p.reasoning_text)
-
-
-def _usage(prompt_tokens: int, completion: int, cached: int, reasoning: int = 0) -> dict:
-    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-         "total_tokens": prompt_tokens + completion,
-         "prompt_tokens_details": {"cached_tokens": cached}}
-    if reasoning:
-        u["reasoning_tokens"] = reasoning
-    return u
+def _chat_usage(state, finals, procs) -> dict:
+    """One prompt shared by every choice; completions add up. Reasoning tokens are the separated
+    reasoning re-tokenized (exact up to merges at the tag edges)."""
+    reasoning = sum(len(state.tokenizer(p.reasoning_text, add_special_tokens=False)["input_ids"])
+                    for p in procs if p.reasoning_text)
+    return usage(finals[0].prompt_tokens, sum(f.completion_tokens for f in finals),
+                 max(f.cached_tokens for f in finals), reasoning)
 
 
 async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse:
@@ -151,17 +144,14 @@ async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse
             "finish_reason": reason,
             "matched_stop": None if reason in ("length", "tool_calls") else fin.matched_stop,
         })
-    prompt_tokens = finals[0].prompt_tokens
-    usage = _usage(prompt_tokens, sum(f.completion_tokens for f in finals),
-                   max(f.cached_tokens for f in finals), _reasoning_tokens(state, procs))
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
-                         "model": body.model, "choices": choices, "usage": usage})
+                         "model": body.model, "choices": choices, "usage": _chat_usage(state, finals, procs)})
 
 
 async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model}
 
-    def chunk(i, delta, finish=None, matched=None, logprobs=None, usage=None):
+    def chunk(i, delta, finish=None, matched=None, logprobs=None):
         c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None:
             c["matched_stop"] = matched
@@ -189,10 +179,7 @@ async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
                 matched = None if reason in ("length", "tool_calls") else out.matched_stop
                 yield chunk(i, {}, finish=reason, matched=matched)
         if include_usage and finals:
-            f = list(finals.values())
-            usage = _usage(f[0].prompt_tokens, sum(x.completion_tokens for x in f),
-                           max(x.cached_tokens for x in f), _reasoning_tokens(state, procs))
-            yield sse({**base, "choices": [], "usage": usage})
+            yield sse({**base, "choices": [], "usage": _chat_usage(state, list(finals.values()), procs)})
     except APIError as exc:
         yield sse(exc.body())
     finally:

@@ -13,7 +13,7 @@ from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, ServerState, new_id
+from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
 
 
@@ -75,10 +75,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
-        include_usage = state.options.stream_include_usage_default or bool(
-            body.stream_options and body.stream_options.include_usage)
-        return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created, include_usage,
-                                         len(prompts)))
+        return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created,
+                                         wants_stream_usage(state, body), len(prompts)))
     return await watch_disconnect(raw, _complete(state, gen, body, reqs, echoes, cid, created, len(prompts)))
 
 
@@ -96,12 +94,10 @@ def _add_prompt_lps(acc: CompletionLogprobs, req: Request, prompt_lps) -> None:
 
 
 def _usage(reqs, finals, n_prompts) -> dict:
+    """Prompt tokens count once per prompt (not per choice); completions add up."""
     per_prompt = len(reqs) // n_prompts
     prompt_tokens = sum(finals[i].prompt_tokens for i in range(0, len(reqs), per_prompt))
-    completion = sum(f.completion_tokens for f in finals)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": max(f.cached_tokens for f in finals)}}
+    return usage(prompt_tokens, sum(f.completion_tokens for f in finals), max(f.cached_tokens for f in finals))
 
 
 async def _complete(state, gen, body, reqs, echoes, cid, created, n_prompts):

@@ -19,7 +19,6 @@ class ServerOptions:
     api_key: str | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
-    grammar_backend: str = "xgrammar"
     max_payload_size: int = 32 << 20
     max_prompt_list: int = 256
     stream_include_usage_default: bool = False
@@ -36,7 +35,22 @@ class ServerState:
     sampling_defaults: dict = field(default_factory=dict)
     grammar: Any = None  # a grammar backend, or None when disabled
     started: float = field(default_factory=time.time)
-    last_activity: float = field(default_factory=time.monotonic)
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
+    """The ``usage`` object of chat and completions responses."""
+    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+         "total_tokens": prompt_tokens + completion_tokens,
+         "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if reasoning_tokens:
+        u["reasoning_tokens"] = reasoning_tokens
+    return u
+
+
+def wants_stream_usage(state: "ServerState", body) -> bool:
+    """Whether a stream ends with a usage chunk (request option or server default)."""
+    return state.options.stream_include_usage_default or bool(
+        body.stream_options and body.stream_options.include_usage)
 
 
 def new_id(prefix: str) -> str:
