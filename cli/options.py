@@ -44,3 +44,9 @@ DisableCudaGraph = Annotated[bool, typer.Option("--disable-cuda-graph", envvar="
                              help="Run decode steps eagerly on CUDA.")]
 Quantization = Annotated[Optional[str], typer.Option("--quantization", envvar="LLMKIT_QUANTIZATION",
                          help="int8: weight-only int8 for decode steps (CPU; about 2x single-stream).")]
+DisableOverlap = Annotated[bool, typer.Option("--disable-overlap-schedule", envvar="LLMKIT_DISABLE_OVERLAP_SCHEDULE",
+                           help="Post-process each step before launching the next (overlap is on by default on CUDA).")]
+EnableOverlap = Annotated[bool, typer.Option("--enable-overlap-schedule", envvar="LLMKIT_ENABLE_OVERLAP_SCHEDULE",
+                          help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).")]
+LoadFormat = Annotated[str, typer.Option("--load-format", envvar="LLMKIT_LOAD_FORMAT",
+                       help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).")]

@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmkit.cli.options import (Attention, ChatTemplate, CudaGraphMaxBs, DisableCudaGraph, Quantization, ChunkedPrefill, ContextLength, Deterministic, Device,
-                                DisableRadix, Dtype, GrammarBackend, MaxRunning, MaxTotalTokens, ModelPath,
-                                PageSize, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
+from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, ContextLength, CudaGraphMaxBs,
+                                Deterministic, Device, DisableCudaGraph, DisableOverlap, DisableRadix, Dtype,
+                                EnableOverlap, GrammarBackend, LoadFormat, MaxRunning, MaxTotalTokens, ModelPath,
+                                PageSize, Quantization, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
 
 
 def register(app: typer.Typer) -> None:
@@ -45,6 +46,9 @@ def serve(
     quantization: Quantization = None,
     cuda_graph_max_bs: CudaGraphMaxBs = 32,
     disable_cuda_graph: DisableCudaGraph = False,
+    disable_overlap_schedule: DisableOverlap = False,
+    enable_overlap_schedule: EnableOverlap = False,
+    load_format: LoadFormat = "auto",
     max_payload_size: Annotated[int, typer.Option("--max-payload-size", help="Request body cap in bytes.")] = 32 << 20,
     shutdown_timeout: Annotated[int, typer.Option("--shutdown-timeout",
                                 help="Seconds to drain in-flight requests after SIGTERM.")] = 30,
@@ -91,7 +95,8 @@ def _build_app(p: dict, batch_storage: str | None = "from-params"):
         context_length=p["context_length"],
         enable_deterministic_inference=p["enable_deterministic_inference"], num_threads=p["num_threads"],
         cuda_graph_max_bs=p["cuda_graph_max_bs"], disable_cuda_graph=p["disable_cuda_graph"],
-        quantization=p["quantization"],
+        quantization=p["quantization"], load_format=p["load_format"],
+        overlap_schedule=_overlap(p),
     )
     storage = p["batch_storage"] if batch_storage == "from-params" else batch_storage
     return build_server(
@@ -100,6 +105,12 @@ def _build_app(p: dict, batch_storage: str | None = "from-params"):
         max_payload_size=p["max_payload_size"], batch_storage=None if storage == "none" else storage,
         file_storage_path=p["file_storage_path"], storage_options=tuple(p["storage_option"] or ()),
         batch_max_in_flight=p["batch_max_in_flight"])
+
+
+def _overlap(p: dict) -> bool | None:
+    if p["disable_overlap_schedule"] and p["enable_overlap_schedule"]:
+        raise ValueError("--disable-overlap-schedule and --enable-overlap-schedule contradict each other")
+    return False if p["disable_overlap_schedule"] else True if p["enable_overlap_schedule"] else None
 
 
 @contextlib.contextmanager

@@ -41,6 +41,10 @@ class AttentionMetadata:
     page_size: int
     is_decode: bool  # every sequence has exactly one new token
     deterministic: bool = False  # batch-invariant numerics requested
+    # Host copies of q_start_loc and req_pool_indices: reading the device tensors back would make
+    # the CPU wait for the GPU mid-step. Empty when the builder did not provide them.
+    q_starts: list[int] = field(default_factory=list)
+    req_rows: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # backend-private precomputed tensors
 
 

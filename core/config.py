@@ -26,3 +26,7 @@ class EngineConfig:
     quantization: str | None = None  # "int8": weight-only int8 for decode GEMMs (CPU)
     cuda_graph_max_bs: int = 32
     disable_cuda_graph: bool = False
+    # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
+    # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).
+    overlap_schedule: bool | None = None
+    load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)

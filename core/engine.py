@@ -2,6 +2,13 @@
 
 Requests arrive through a thread-safe inbox; outputs leave through a per-request sink callback
 (called on the engine thread; the client turns them into asyncio events).
+
+Overlap schedule (default on CUDA): a step's tokens are appended and checked against the cheap
+finish conditions (stop ids, EOS, length) at once, since the next step needs them; the rest of
+their post-processing (detokenization, stop strings, streaming out) is deferred until the next
+step's forward has been launched, so it runs while the device computes. A stop string is thus
+seen one step late: the request joins one more forward, whose token is dropped. Outputs are the
+same as without overlap.
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ Sink = Callable[[RequestOutput], None]
 class _Live:
     """Engine-thread state of one request."""
 
-    __slots__ = ("req", "sink", "detok", "sent_tokens")
+    __slots__ = ("req", "sink", "detok", "sent_tokens", "deferred")
 
     def __init__(self, req: Request, sink: Sink, detok: IncrementalDetokenizer):
         self.req, self.sink, self.detok, self.sent_tokens = req, sink, detok, 0
+        self.deferred: int | None = None  # the newest token, not yet detokenized (overlap mode)
 
 
 class Engine:
@@ -64,6 +72,9 @@ class Engine:
         self.vocab_size = parts.vocab_size
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
+        overlap = config.overlap_schedule
+        self.overlap = parts.runner.device.type == "cuda" if overlap is None else overlap
+        self._deferred: list[_Live] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_step = time.monotonic()
@@ -126,7 +137,7 @@ class Engine:
         if kind == "add":
             req: Request = a
             if req.generator is None and not req.params.greedy:
-                req.generator = make_generator(req.params.seed)
+                req.generator = make_generator(req.params.seed, self.runner.device)
             req.eos_token_ids = self.eos_token_ids
             detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, req.params.skip_special_tokens,
                                            req.params.stop, req.params.no_stop_trim)
@@ -135,6 +146,8 @@ class Engine:
         elif kind == "abort":
             live = self._live.get(a)
             if live is not None:
+                self._finish_deferred(live)  # may itself finish it (a stop string)
+            if a in self._live:
                 self.scheduler.abort(a)
                 self._emit(live, final=True)
 
@@ -152,16 +165,20 @@ class Engine:
     def step(self) -> None:
         batch = self.scheduler.schedule()
         if batch is None:
+            self._flush_deferred()
             return
-        out = self.runner.run(batch)
+        out = self.runner.run(batch)  # on CUDA this returns once the kernels are queued
         self.scheduler.on_step_done(batch)
         self.steps += 1
+        self._flush_deferred()  # the previous step's post-processing, while the device works
         if out.prompt_logits:
             self._record_prompt_logprobs(out.prompt_logits)
         if out.sample_segments:
             reqs = [s.req for s in out.sample_segments]
             tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
             for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
+                if req.rid not in self._live:
+                    continue  # finished by a deferred stop string after this step was launched
                 if i in self.sampler.failed:
                     self._fail(req, self.sampler.failed[i])
                     continue
@@ -196,30 +213,61 @@ class Engine:
         if req.grammar_active:
             req.grammar.accept_token(tok)
         n_out = len(req.output_ids)
-        reason, matched = None, None
         if tok in p.stop_token_ids and n_out >= p.min_new_tokens:
-            reason, matched = "stop", tok
+            self._finish(live, "stop", tok)
         elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_new_tokens:
-            reason, matched = "stop", tok
+            self._finish(live, "stop", tok)
+        elif (self.overlap and req.grammar_wait_for is None and n_out < p.max_new_tokens
+              and req.seq_len < self.max_context and not (req.grammar_active and req.grammar.is_terminated())):
+            live.deferred = tok  # nothing but the text can end it now: look at that next step
+            self._deferred.append(live)
         else:
-            hit = live.detok.add_token(tok)
-            if hit is not None and n_out >= p.min_new_tokens:
-                reason, matched = "stop", hit.text
-            elif n_out >= p.max_new_tokens or req.seq_len >= self.max_context:
-                reason = "length"
-            elif req.grammar_active and req.grammar.is_terminated():
-                reason = "stop"
-            elif req.grammar_wait_for is not None and req.grammar_wait_for in live.detok.text:
-                req.grammar_wait_for = None  # reasoning ended: constrain the answer from here on
+            self._detokenize(live, tok)
+
+    def _detokenize(self, live: _Live, tok: int) -> None:
+        """Feed ``tok`` (the request's newest token) to the detokenizer and finish the request
+        if its text, length or grammar says so; stream the new text otherwise."""
+        req, p = live.req, live.req.params
+        n_out = len(req.output_ids)
+        reason, matched = None, None
+        hit = live.detok.add_token(tok)
+        if hit is not None and n_out >= p.min_new_tokens:
+            reason, matched = "stop", hit.text
+        elif n_out >= p.max_new_tokens or req.seq_len >= self.max_context:
+            reason = "length"
+        elif req.grammar_active and req.grammar.is_terminated():
+            reason = "stop"
+        elif req.grammar_wait_for is not None and req.grammar_wait_for in live.detok.text:
+            req.grammar_wait_for = None  # reasoning ended: constrain the answer from here on
         if reason is not None:
-            self.scheduler.finish(req, reason, matched)
-            self._emit(live, final=True)
+            self._finish(live, reason, matched)
         else:
             self._emit(live, final=False)
+
+    def _finish(self, live: _Live, reason: str, matched=None) -> None:
+        self.scheduler.finish(live.req, reason, matched)
+        self._emit(live, final=True)
+
+    def _finish_deferred(self, live: _Live) -> None:
+        tok, live.deferred = live.deferred, None
+        if tok is not None and self._live.get(live.req.rid) is live:
+            try:
+                self._detokenize(live, tok)
+            except Exception as exc:
+                log.exception("post-processing failed for %s", live.req.rid)
+                self._fail(live.req, f"internal error: {exc}")
+
+    def _flush_deferred(self) -> None:
+        pending, self._deferred = self._deferred, []
+        for live in pending:
+            self._finish_deferred(live)
 
     def _emit(self, live: _Live, final: bool, error: str | None = None) -> None:
         req = live.req
         if final:
+            if live.deferred is not None:  # ended from outside (abort, failure): keep its text
+                tok, live.deferred = live.deferred, None
+                live.detok.add_token(tok)
             live.detok.flush()
             self._live.pop(req.rid, None)
         new_tokens = req.output_ids[live.sent_tokens :]
@@ -283,5 +331,5 @@ class Engine:
             "kv_pages_total": pool.capacity_pages, "kv_pages_free": free, "kv_pages_cached": cached,
             "kv_pages_in_use": pool.capacity_pages - free - cached, "page_size": pool.page_size,
             "steps": self.steps, "last_step_age_s": time.monotonic() - self.last_step,
-            "preemptions": sched.num_preemptions,
+            "preemptions": sched.num_preemptions, "overlap_schedule": self.overlap,
         }

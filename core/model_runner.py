@@ -62,6 +62,8 @@ class ModelRunner:
             page_size=self.pool.page_size,
             is_decode=all(n == 1 for n in q_lens),
             deterministic=self.deterministic,
+            q_starts=q_start,
+            req_rows=rows,
         )
         return input_ids, positions, md
 
@@ -73,7 +75,7 @@ class ModelRunner:
         else:
             md = self.attn.prepare_metadata(md)
             hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
-        offsets = md.q_start_loc.tolist()
+        offsets = md.q_starts  # host copy: no device sync before sampling
         sample_rows, sample_segs, prompt_logits = [], [], {}
         for i, s in enumerate(batch.segments):
             end = offsets[i + 1]

@@ -14,8 +14,10 @@ import torch
 from llmkit.core.request import Request, TokenLogprob
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A request's own generator, on the device its logits live on (a seed reproduces the same
+    draws on the same device type; CPU and CUDA streams differ)."""
+    g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
     return g
 
@@ -44,14 +46,18 @@ class Sampler:
                 except Exception as exc:  # one request's bad state must not fail its batch-mates
                     self.failed[i] = f"sampling failed: {exc}"
             self._apply_grammars(logits, reqs)
-        tokens = logits.argmax(dim=-1)
-        tokens_list = tokens.tolist()
-        for i, r in enumerate(reqs):
-            if not r.params.greedy and i not in self.failed:
+        # Greedy rows share one argmax; sampled rows draw on their own. Everything stays on the
+        # logits' device until the single read-back below (one sync per step on CUDA).
+        picks = logits.argmax(dim=-1)
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy and i not in self.failed]
+        if sampled:
+            picks = picks.clone()
+            for i in sampled:
                 try:
-                    tokens_list[i] = self._sample_row(logits[i], r)
+                    picks[i] = self._sample_row(logits[i], reqs[i])
                 except Exception as exc:
                     self.failed[i] = f"sampling failed: {exc}"
+        tokens_list = picks.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(reqs)
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
@@ -70,16 +76,17 @@ class Sampler:
 
     def _process_row(self, row: torch.Tensor, r: Request) -> None:
         p = r.params
+        dev = row.device
         if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias.keys()), dtype=torch.int64)
-            row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=row.dtype))
+            ids = torch.tensor(list(p.logit_bias.keys()), dtype=torch.int64, device=dev)
+            row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=row.dtype, device=dev))
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64)
+            seen = torch.tensor(sorted(set(r.all_ids)), dtype=torch.int64, device=dev)
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and r.output_ids:
-            ids = torch.tensor(r.output_ids, dtype=torch.int64)
-            counts = torch.zeros_like(row).index_add_(0, ids, torch.ones(len(ids), dtype=row.dtype))
+            ids = torch.tensor(r.output_ids, dtype=torch.int64, device=dev)
+            counts = torch.zeros_like(row).index_add_(0, ids, torch.ones(len(ids), dtype=row.dtype, device=dev))
             row -= counts * p.frequency_penalty + (counts > 0).to(row.dtype) * p.presence_penalty
         if p.min_new_tokens and len(r.output_ids) < p.min_new_tokens:
             banned = [t for t in (*r.eos_token_ids, *p.stop_token_ids) if t < row.shape[0]]
@@ -103,7 +110,7 @@ class Sampler:
         if ok:
             self.grammar_backend.apply_bitmask(logits, bitmask, ok)
 
-    def _sample_row(self, row: torch.Tensor, r: Request) -> int:
+    def _sample_row(self, row: torch.Tensor, r: Request) -> torch.Tensor:
         p = r.params
         x = row / p.temperature
         if p.top_k > 0 and p.top_k < x.shape[0]:
@@ -121,7 +128,7 @@ class Sampler:
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, using only this
         # request's generator, so the draw is reproducible whatever else is in the batch.
         noise = torch.empty_like(probs).exponential_(generator=r.generator)
-        return int((probs / noise).argmax())
+        return (probs / noise).argmax()
 
 
 def token_logprob(lp_row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:

@@ -244,6 +244,8 @@ class Scheduler:
         req.matched_stop = matched
         if req in self.running:
             self.running.remove(req)
+        elif req in self.waiting:  # preempted before a deferred stop string was seen
+            self.waiting.remove(req)
         self._release(req, cache_kv=True)
 
     def preempt(self, req: Request) -> None:

@@ -26,9 +26,10 @@ class TorchAttentionBackend(AttentionBackend):
             md.extra["torch_bias"] = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]
         else:
             seqs = []
-            starts = md.q_start_loc.tolist()
+            starts = md.q_starts or md.q_start_loc.tolist()
+            rows = md.req_rows or md.req_pool_indices.tolist()
             for i in range(md.num_seqs):
-                row = int(md.req_pool_indices[i])
+                row = rows[i]
                 kv_len, q_len = md.kv_lens[i], md.q_lens[i]
                 slots = md.req_to_token[row, :kv_len]
                 mask = None
