@@ -70,24 +70,24 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         input_ids, positions, md = self.build_metadata(batch)
+        offsets = md.q_starts
+        sample_segs = [s for s in batch.segments if s.samples]
+        # Copied to the device before the forward is queued: a blocking host-to-device copy after
+        # it would wait for the whole forward and leave nothing to overlap.
+        sample_idx = torch.tensor([offsets[i + 1] - 1 for i, s in enumerate(batch.segments) if s.samples],
+                                  dtype=torch.int64, device=self.device) if sample_segs else None
         if self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
             hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
-        offsets = md.q_starts  # host copy: no device sync before sampling
-        sample_rows, sample_segs, prompt_logits = [], [], {}
+        prompt_logits = {}
         for i, s in enumerate(batch.segments):
-            end = offsets[i + 1]
             if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
                 prompt_logits[s.req.rid] = (
-                    s.start, self.model.compute_logits(hidden[offsets[i] : end], self.deterministic))
-            if s.samples:
-                sample_rows.append(end - 1)
-                sample_segs.append(s)
-        if sample_rows:
-            idx = torch.tensor(sample_rows, dtype=torch.int64, device=hidden.device)
-            logits = self.model.compute_logits(hidden.index_select(0, idx), self.deterministic)
+                    s.start, self.model.compute_logits(hidden[offsets[i] : offsets[i + 1]], self.deterministic))
+        if sample_idx is not None:
+            logits = self.model.compute_logits(hidden.index_select(0, sample_idx), self.deterministic)
         else:
             logits = hidden.new_empty((0, 0))
         return StepOutput(logits, sample_segs, prompt_logits)
