@@ -38,8 +38,9 @@ ChatTemplate = Annotated[Optional[str], typer.Option("--chat-template", envvar="
                          help="A Jinja chat template file overriding the tokenizer's.")]
 GrammarBackend = Annotated[str, typer.Option("--grammar-backend", envvar="LLMKIT_GRAMMAR_BACKEND",
                            help="Structured outputs: xgrammar or none.")]
-CudaGraphMaxBs = Annotated[int, typer.Option("--cuda-graph-max-bs", envvar="LLMKIT_CUDA_GRAPH_MAX_BS",
-                           help="Largest decode batch replayed from a captured CUDA graph.")]
+CudaGraphMaxBs = Annotated[Optional[int], typer.Option("--cuda-graph-max-bs", envvar="LLMKIT_CUDA_GRAPH_MAX_BS",
+                           help="Largest decode batch replayed from a captured CUDA graph "
+                                "(default: --max-running-requests, at most 256).")]
 DisableCudaGraph = Annotated[bool, typer.Option("--disable-cuda-graph", envvar="LLMKIT_DISABLE_CUDA_GRAPH",
                              help="Run decode steps eagerly on CUDA.")]
 Quantization = Annotated[Optional[str], typer.Option("--quantization", envvar="LLMKIT_QUANTIZATION",

@@ -44,7 +44,7 @@ def serve(
     enable_deterministic_inference: Deterministic = False,
     num_threads: Threads = None,
     quantization: Quantization = None,
-    cuda_graph_max_bs: CudaGraphMaxBs = 32,
+    cuda_graph_max_bs: CudaGraphMaxBs = None,
     disable_cuda_graph: DisableCudaGraph = False,
     disable_overlap_schedule: DisableOverlap = False,
     enable_overlap_schedule: EnableOverlap = False,

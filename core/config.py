@@ -24,7 +24,7 @@ class EngineConfig:
     num_threads: int | None = None
     decode_log_interval: int = 40
     quantization: str | None = None  # "int8": weight-only int8 for decode GEMMs (CPU)
-    cuda_graph_max_bs: int = 32
+    cuda_graph_max_bs: int | None = None  # None: every batch size the scheduler can run (<= 256)
     disable_cuda_graph: bool = False
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
     # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).

@@ -23,8 +23,12 @@ from llmkit.core.scheduler import Scheduler
 
 log = logging.getLogger("llmkit")
 
-# Preference order for --attention auto, per device type.
-AUTO_ATTENTION = {"cuda": ["flashinfer", "triton", "torch"], "cpu": ["torch"]}
+# --load-format values: "auto" loads the checkpoint; "dummy" fills random weights (benchmarks).
+LOAD_FORMATS = ("auto", "dummy")
+
+# Preference order for --attention auto, per device type. triton leads on CUDA because its decode
+# steps replay CUDA graphs; the flashinfer plugin runs eagerly (no graph hooks yet).
+AUTO_ATTENTION = {"cuda": ["triton", "flashinfer", "torch"], "cpu": ["torch"]}
 
 
 @dataclass
@@ -92,6 +96,22 @@ def _usable(reg, name: str, device: torch.device) -> bool:
         return False
 
 
+# config.json files written by ``PretrainedConfig.save_pretrained`` on a bare config carry no
+# "architectures"; the model type still names the causal LM.
+_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _architecture(hf_config: dict) -> str:
+    archs = hf_config.get("architectures")
+    if archs:
+        return archs[0]
+    model_type = hf_config.get("model_type", "?")
+    if model_type in _ARCH_BY_MODEL_TYPE:
+        return _ARCH_BY_MODEL_TYPE[model_type]
+    raise ValueError(f"config.json names no 'architectures' and its model_type '{model_type}' is not one of "
+                     f"{', '.join(_ARCH_BY_MODEL_TYPE)}")
+
+
 def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
 
@@ -137,6 +157,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     from transformers import AutoTokenizer
 
     t0 = time.monotonic()
+    if config.load_format not in LOAD_FORMATS:  # fail before any (slow) model construction
+        raise ValueError(f"unknown load format '{config.load_format}'; valid: {', '.join(LOAD_FORMATS)}")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     attn_name, attn_cls = select_attention(config.attention, device)
@@ -144,11 +166,16 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         torch.set_num_threads(config.num_threads)
     model_dir = resolve_model_dir(config.model_path)
     hf_config = load_config(model_dir)
-    arch = (hf_config.get("architectures") or ["?"])[0]
+    arch = _architecture(hf_config)
     model_cls = registry().load("model", arch)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype)
-    model.load_weights(iter_safetensors(model_dir))
+    if config.load_format == "dummy":
+        from llmkit.core.dummy_weights import fill_dummy_weights
+
+        fill_dummy_weights(model)
+    else:
+        model.load_weights(iter_safetensors(model_dir))
     if config.quantization:
         if device.type != "cpu":
             raise ValueError("--quantization int8 is a CPU decode path; on CUDA use the model's dtype")
@@ -172,13 +199,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         from llmkit.core.cuda_graph import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner(
-            model, attn, max_bs=min(config.cuda_graph_max_bs, config.max_running_requests),
+            model, attn, max_bs=min(config.cuda_graph_max_bs or 256, config.max_running_requests),
             max_context=max_context + page, device=device,
             deterministic=config.enable_deterministic_inference)
         runner.graphs.capture()
     log.info(
-        "Loaded %s (%s) on %s in %.1f s: dtype %s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
+        "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
         arch, model_dir, device, time.monotonic() - t0, str(dtype).removeprefix("torch."),
+        ", dummy weights" if config.load_format == "dummy" else "",
         f" + {config.quantization} weights" if config.quantization else "", attn_name,
         tokens, tokens * bytes_per_token / 1e9, max_context,
     )

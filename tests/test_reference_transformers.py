@@ -17,6 +17,7 @@ from llmkit.core.plugins import registry
 from llmkit.core.request import Request, SamplingParams
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
+import model_utils
 from model_utils import save_tiny_model, start_engine
 
 
@@ -123,3 +124,52 @@ def test_gguf_path_and_embedded_default_resolve_to_the_same_conversion():
     assert (converted / "config.json").exists() and (converted / "tokenizer.json").exists()
     with pytest.raises(FileNotFoundError, match="cannot be downloaded"):
         resolve_model_dir("meta-llama/Meta-Llama-3.1-8B-Instruct")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_real_shape_config_features_match_transformers(arch, tmp_path):
+    """What benchmarks/bench_gpu.py's real-shape configs use: tied embeddings (Qwen2.5-0.5B) and
+    Llama-3.1's "llama3" rope scaling, with original_max_position_embeddings shrunk to 32 so the
+    scaled frequencies matter within a short prompt."""
+    import transformers
+
+    torch.manual_seed(0)
+    kw = model_utils.tiny_config(arch).to_dict()
+    kw.update(tie_word_embeddings=True)
+    if arch == "llama":
+        kw.pop("rope_parameters", None)
+        kw.update(rope_theta=10000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                        high_freq_factor=4.0, original_max_position_embeddings=32))
+    cfg = type(model_utils.tiny_config(arch))(**kw)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    ref.save_pretrained(str(tmp_path), safe_serialization=True)
+    config = load_config(tmp_path)
+    model = build_model(registry().load("model", config["architectures"][0]), config, torch.device("cpu"),
+                        torch.float32)
+    model.load_weights(iter_safetensors(tmp_path))
+    assert model.lm_head is None  # tied: logits come from the embedding matrix
+    ids = [(37 * i + 11) % 512 for i in range(48)]
+    ours = _prefill_logits(model, ids)
+    with torch.no_grad():
+        theirs = ref(torch.tensor([ids])).logits[0]
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+
+
+def test_llama31_rope_frequencies_match_transformers():
+    """Llama-3.1-8B's rope settings exactly as its config.json spells them."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from llmkit.core.layers import _inv_freq
+
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8192, rope_type="llama3")
+    raw = dict(hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072,
+               rope_theta=500000.0, rope_scaling=scaling)
+    theirs, scale = ROPE_INIT_FUNCTIONS["llama3"](transformers.LlamaConfig(**raw), "cpu")
+    assert scale == 1.0
+    assert torch.allclose(_inv_freq(128, raw).float(), theirs.float(), rtol=1e-6, atol=0)
