@@ -3,12 +3,13 @@
 Requests arrive through a thread-safe inbox; outputs leave through a per-request sink callback
 (called on the engine thread; the client turns them into asyncio events).
 
-Overlap schedule (default on CUDA): a step's tokens are appended and checked against the cheap
-finish conditions (stop ids, EOS, length) at once, since the next step needs them; the rest of
-their post-processing (detokenization, stop strings, streaming out) is deferred until the next
-step's forward has been launched, so it runs while the device computes. A stop string is thus
-seen one step late: the request joins one more forward, whose token is dropped. Outputs are the
-same as without overlap.
+Overlap schedule (default on CUDA): while step N runs on the device, the CPU plans step N+1 (the
+scheduler counts the token in flight; it never touches the device) and post-processes step N-1's
+tokens. Step N's tokens are then read back (the one sync per step), checked against the cheap
+finish conditions (stop ids, EOS, length) at once, and step N+1 is launched without the requests
+that just finished. Detokenization, stop strings and streaming for step N wait until step N+1 is
+running, so a stop string is seen one step late: that request joins one more forward, whose token
+is dropped. Outputs are the same as without overlap.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from llmkit.core.config import EngineConfig
 from llmkit.core.detokenizer import IncrementalDetokenizer
-from llmkit.core.request import Request, TokenLogprob
+from llmkit.core.request import Request, Status, TokenLogprob
 from llmkit.core.sampler import Sampler, make_generator, token_logprob
 
 log = logging.getLogger("llmkit")
@@ -75,6 +76,7 @@ class Engine:
         overlap = config.overlap_schedule
         self.overlap = parts.runner.device.type == "cuda" if overlap is None else overlap
         self._deferred: list[_Live] = []
+        self._inflight = None  # (batch, step output) launched and not yet sampled (overlap mode)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_step = time.monotonic()
@@ -112,11 +114,12 @@ class Engine:
             torch.set_num_threads(self.config.num_threads)
         while not self._stop.is_set():
             try:
-                self._drain(block=not self.scheduler.has_work)
-                if self.scheduler.has_work:
+                self._drain(block=not self.has_work)
+                if self.has_work:
                     self.step()
             except Exception as exc:  # a bug must not leave clients hanging forever
                 log.exception("engine step failed")
+                self._inflight = None
                 self._fail_all(f"internal engine error: {exc}")
             self.last_step = time.monotonic()
 
@@ -163,22 +166,51 @@ class Engine:
             self._fail(live.req, message)
 
     def step(self) -> None:
-        batch = self.scheduler.schedule()
-        if batch is None:
-            self._flush_deferred()
+        if not self.overlap:
+            batch = self.scheduler.schedule()
+            if batch is not None:
+                self._complete(batch, self._launch(batch))
             return
+        # Overlap: while step N computes, plan step N+1 and post-process step N-1; then read
+        # step N's tokens back and launch N+1 without N's finished requests.
+        if self._inflight is None:
+            batch = self.scheduler.schedule()
+            if batch is None:
+                self._flush_deferred()
+                return
+            self._inflight = (batch, self._launch(batch))
+        (batch, out), self._inflight = self._inflight, None
+        nxt = self.scheduler.schedule()
+        self._flush_deferred()
+        self._complete(batch, out)
+        if nxt is not None:
+            nxt.segments = [s for s in nxt.segments if s.req.status is Status.RUNNING]
+            if nxt.segments:
+                self._inflight = (nxt, self._launch(nxt))
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or self._inflight is not None
+
+    def _launch(self, batch):
         out = self.runner.run(batch)  # on CUDA this returns once the kernels are queued
         self.scheduler.on_step_done(batch)
         self.steps += 1
-        self._flush_deferred()  # the previous step's post-processing, while the device works
+        for seg in out.sample_segments:
+            seg.req.inflight = True
+        return out
+
+    def _complete(self, batch, out) -> None:
+        """Sample the launched step's tokens (the device sync) and post-process them."""
         if out.prompt_logits:
             self._record_prompt_logprobs(out.prompt_logits)
         if out.sample_segments:
             reqs = [s.req for s in out.sample_segments]
             tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
             for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
+                req.inflight = False
                 if req.rid not in self._live:
-                    continue  # finished by a deferred stop string after this step was launched
+                    continue  # ended (abort, deferred stop string) after this step was launched
                 if i in self.sampler.failed:
                     self._fail(req, self.sampler.failed[i])
                     continue

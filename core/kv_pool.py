@@ -74,11 +74,44 @@ class KVCachePool:
 
 
 class ReqToTokenPool:
-    """Rows mapping each running request's token positions to KV slots."""
+    """Rows mapping each running request's token positions to KV slots.
 
-    def __init__(self, max_requests: int, max_context: int, device: torch.device) -> None:
+    The scheduler writes and reads a host copy; on a GPU its writes reach the device table in one
+    copy per step (:meth:`flush`, called when the step's inputs are built). So scheduling never
+    waits on the device, and can run while the previous step is still computing.
+    """
+
+    def __init__(self, max_requests: int, max_context: int, device: torch.device,
+                 mirror: bool | None = None) -> None:
+        """``mirror``: keep a separate host copy (default: when ``device`` is not the CPU)."""
         self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+        on_host = not mirror if mirror is not None else self.table.device.type == "cpu"
+        self.host = self.table if on_host else torch.zeros_like(self.table, device="cpu")
+        self._pending: list[tuple[int, int, int]] | None = None if on_host else []  # (row, start, n)
         self._free = list(range(max_requests - 1, -1, -1))
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Positions ``start ...`` of ``row`` live in ``slots`` (a CPU tensor)."""
+        self.host[row, start : start + len(slots)] = slots
+        if self._pending is not None and len(slots):
+            self._pending.append((row, start, len(slots)))
+
+    def read(self, row: int, n: int) -> torch.Tensor:
+        """The slots of positions ``[0, n)`` of ``row`` (a CPU tensor; no device sync)."""
+        return self.host[row, :n].clone()
+
+    def flush(self) -> None:
+        """Apply the writes since the last flush to the device table (one host-to-device copy)."""
+        if not self._pending:
+            return
+        rows = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, _, n in self._pending])
+        cols = torch.cat([torch.arange(c, c + n, dtype=torch.int64) for _, c, n in self._pending])
+        self._pending.clear()
+        # Values from the host copy, not from the writes: a position written twice (a row freed
+        # and handed out again within one step) gets its final value whatever the copy order.
+        vals = self.host[rows, cols]
+        rows, cols, vals = torch.stack([rows, cols, vals]).to(self.table.device)
+        self.table.index_put_((rows, cols), vals)
 
     @property
     def num_free(self) -> int:

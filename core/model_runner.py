@@ -32,6 +32,7 @@ class ModelRunner:
         self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
 
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        self.req_pool.flush()  # the scheduler's slot writes, in one copy
         segs = batch.segments
         ids, pos, q_lens, kv_lens, rows = [], [], [], [], []
         for s in segs:

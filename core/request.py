@@ -86,6 +86,9 @@ class Request:
     own_pages: list[int] = field(default_factory=list)
     preemptions: int = 0
     first_prefill_done: bool = False
+    # A step that samples this request's next token is running and not yet read back (overlap
+    # schedule): the scheduler already plans the step after it, one token further.
+    inflight: bool = False
 
     @property
     def grammar_active(self) -> bool:

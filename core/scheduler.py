@@ -103,8 +103,7 @@ class Scheduler:
             first = req.prefix_len + len(req.own_pages) * self.page
             req.own_pages.extend(pages)
             slots = self.pool.page_slots(pages)
-            self.req_pool.table[req.req_pool_idx, first : first + len(slots)] = slots.to(
-                self.req_pool.table.device)
+            self.req_pool.write(req.req_pool_idx, first, slots)
         return True
 
     # -- the step ----------------------------------------------------------------------------
@@ -122,7 +121,7 @@ class Scheduler:
                 continue
             if urgent is not None and req.priority > urgent:
                 continue
-            remaining = req.seq_len - req.num_computed
+            remaining = req.seq_len + req.inflight - req.num_computed
             length = remaining if remaining == 1 else min(remaining, max(budget, 0))
             if length <= 0:
                 continue
@@ -142,6 +141,8 @@ class Scheduler:
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
+            if req.inflight:  # preempted with a token still on its way: admit it once it arrives
+                continue
             if self.req_pool.num_free == 0:
                 break
             seg = self._admit(req, budget, reserve=len(self.running))
@@ -198,7 +199,7 @@ class Scheduler:
         req.req_pool_idx, req.own_pages = row, []
         req.num_computed = prefix
         if prefix:
-            self.req_pool.table[row, :prefix] = slots.to(self.req_pool.table.device)
+            self.req_pool.write(row, 0, slots)
         if not req.first_prefill_done:
             req.cached_tokens = prefix
         if not self._assign_slots(req, prefix + length):
@@ -224,7 +225,7 @@ class Scheduler:
         own_start = req.prefix_len
         if cache_kv and n > 0:
             ids = req.all_ids[:n]
-            slots = self.req_pool.table[row, :n].cpu()
+            slots = self.req_pool.read(row, n)
             already = self.cache.insert(ids, slots)
             aligned = n - n % self.page
             # Pages the cache took over: [max(already, prefix), aligned). Free the rest of ours.

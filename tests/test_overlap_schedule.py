@@ -109,6 +109,47 @@ def test_overlap_with_preemption_and_small_pages(prompts, reference):
         engine.shutdown()
 
 
+def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
+    """The device-table path used on GPUs (scheduler writes a host copy; one copy per step),
+    forced on CPU, with preemption so rows are freed and handed out again."""
+    from llmkit.core.config import EngineConfig
+    from llmkit.core.engine import Engine
+    from llmkit.core.engine_builder import build_engine_parts
+    from llmkit.core.kv_pool import ReqToTokenPool
+
+    cfg = EngineConfig(enable_deterministic_inference=True, overlap_schedule=True, max_total_tokens=160,
+                       max_running_requests=6, page_size=4)
+    parts = build_engine_parts(cfg)
+    old = parts.scheduler.req_pool
+    pool = ReqToTokenPool(old.table.shape[0], old.table.shape[1], old.table.device, mirror=True)
+    assert pool.host is not pool.table
+    parts.scheduler.req_pool = parts.runner.req_pool = pool
+    engine = Engine(cfg, parts)
+    engine.start()
+    try:
+        assert _run(engine, prompts) == reference
+        assert engine.scheduler.num_preemptions > 0
+        assert _wait_free(engine)["kv_pages_in_use"] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_mirrored_slot_table_flush_keeps_the_last_write():
+    import torch
+
+    from llmkit.core.kv_pool import ReqToTokenPool
+
+    pool = ReqToTokenPool(3, 8, torch.device("cpu"), mirror=True)
+    pool.write(1, 0, torch.tensor([5, 6, 7]))
+    pool.write(2, 2, torch.tensor([9]))
+    pool.write(1, 1, torch.tensor([11, 12]))  # the same positions again before the flush
+    assert pool.table.count_nonzero() == 0  # nothing reaches the device table before a flush
+    pool.flush()
+    assert pool.table[1, :3].tolist() == [5, 11, 12] and pool.table[2, 2] == 9
+    assert torch.equal(pool.table, pool.host)
+    assert pool.read(1, 3).tolist() == [5, 11, 12]
+
+
 def test_abort_with_a_deferred_token_keeps_its_text(prompts):
     engine = start_engine(overlap_schedule=True)
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
