@@ -45,17 +45,19 @@ def llmkit_concurrent(base_url: str) -> float:
     import openai
 
     async def run():
-        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=600)
+        # closed inside the loop: a client left to the garbage collector closes after it
+        async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0,
+                                      timeout=600) as client:
 
-        async def one(p):
-            r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
-                                                     max_tokens=NEW_TOKENS, temperature=0,
-                                                     extra_body={"ignore_eos": True})
-            return r.usage.completion_tokens
+            async def one(p):
+                r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
+                                                         max_tokens=NEW_TOKENS, temperature=0,
+                                                         extra_body={"ignore_eos": True})
+                return r.usage.completion_tokens
 
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one(p) for p in PROMPTS))
-        return sum(counts) / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            counts = await asyncio.gather(*(one(p) for p in PROMPTS))
+            return sum(counts) / (time.perf_counter() - t0)
 
     return asyncio.run(run())
 
