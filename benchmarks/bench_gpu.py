@@ -126,7 +126,7 @@ def bench_llmkit(args, model_dir: Path, attention: str, device: torch.device) ->
         "engine": "llmkit", "attention": attention, "build_s": round(time.perf_counter() - t_build, 2),
         "cuda_graph": graphs is not None,
         "cuda_graph_max_bs": graphs.max_bs if graphs is not None else None,
-        "overlap_schedule": getattr(engine, "overlap", cfg.overlap_schedule),
+        "overlap_schedule": engine.overlap,
         "max_running_requests": max_running,
     }
     del parts, graphs

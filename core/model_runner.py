@@ -72,11 +72,14 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> StepOutput:
         input_ids, positions, md = self.build_metadata(batch)
         offsets = md.q_starts
-        sample_segs = [s for s in batch.segments if s.samples]
+        sample_segs, sample_rows = [], []
+        for i, s in enumerate(batch.segments):
+            if s.samples:
+                sample_segs.append(s)
+                sample_rows.append(offsets[i + 1] - 1)
         # Copied to the device before the forward is queued: a blocking host-to-device copy after
         # it would wait for the whole forward and leave nothing to overlap.
-        sample_idx = torch.tensor([offsets[i + 1] - 1 for i, s in enumerate(batch.segments) if s.samples],
-                                  dtype=torch.int64, device=self.device) if sample_segs else None
+        sample_idx = torch.tensor(sample_rows, dtype=torch.int64, device=self.device) if sample_rows else None
         if self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
