@@ -126,7 +126,7 @@ def main() -> None:
 
     import openai
 
-    from llmkit.core.model_source import resolve_model_dir
+    from llmkit.core.model.source import resolve_model_dir
     from server_utils import start_server, stop_server
 
     model_dir = str(resolve_model_dir(None))

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from gpu_presets import PRESETS, make_prompts, write_model_dir
-from llmkit.core.config import EngineConfig
+from llmkit.core.engine.config import EngineConfig
 
 ATTENTIONS = ("triton", "flashinfer", "torch")
 def log(msg: str) -> None:
@@ -56,7 +56,7 @@ def free_memory(device: torch.device) -> None:
 # -- llmkit -----------------------------------------------------------------------------------
 def llmkit_round(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
     """Submit every prompt at once; return per-request (time, tokens) arrivals and the start time."""
-    from llmkit.core.request import Request, SamplingParams
+    from llmkit.core.engine.request import Request, SamplingParams
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
     arrivals: list[list[tuple[float, int]]] = [[] for _ in prompts]
@@ -104,8 +104,8 @@ def llmkit_metrics(r: dict) -> dict:
 
 
 def bench_llmkit(args, model_dir: Path, attention: str, device: torch.device) -> dict:
-    from llmkit.core.engine import Engine
-    from llmkit.core.engine_builder import build_engine_parts
+    from llmkit.core.engine.loop import Engine
+    from llmkit.core.engine.builder import build_engine_parts
 
     n, p, m = args.num_requests, args.prompt_len, args.output_len
     max_running = args.max_running_requests or n
@@ -331,7 +331,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from llmkit.core.engine_builder import resolve_device, resolve_dtype, select_attention
+    from llmkit.core.engine.builder import resolve_device, resolve_dtype, select_attention
     from llmkit.core.plugins import PluginError
 
     device = resolve_device(args.device)

@@ -37,7 +37,7 @@ def run(
 
     from tqdm import tqdm
 
-    from llmkit.core.batch_offline import asgi_executor, run_batch_file
+    from llmkit.core.batches.offline import asgi_executor, run_batch_file
 
     try:
         from llmkit.cli.serve import build_app_for_batch  # imports torch: only when running

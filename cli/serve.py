@@ -83,8 +83,8 @@ def serve(
 
 
 def _build_app(p: dict, batch_storage: str | None = "from-params"):
-    from llmkit.core.config import EngineConfig
-    from llmkit.core.server.launch import build_server
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.launch import build_server
 
     config = EngineConfig(
         model_path=p["model_path"], served_model_name=p["served_model_name"], dtype=p["dtype"],

@@ -17,7 +17,7 @@ hookimpl = pluggy.HookimplMarker("llmkit")
 def llmkit_register_attention_backends(register):
     """Register attention backends: ``register("torch", "pkg.mod:Backend")``.
 
-    The factory is a subclass of :class:`llmkit.core.attention.AttentionBackend`.
+    The factory is a subclass of :class:`llmkit.core.model.attention.AttentionBackend`.
     """
 
 
@@ -25,7 +25,7 @@ def llmkit_register_attention_backends(register):
 def llmkit_register_models(register):
     """Register model architectures by ``config.architectures[0]``.
 
-    The factory is a subclass of :class:`llmkit.core.model.CausalLM`.
+    The factory is a subclass of :class:`llmkit.core.model.causal_lm.CausalLM`.
     """
 
 

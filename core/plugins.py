@@ -22,7 +22,7 @@ ENTRY_POINT_GROUP = "llmkit"
 KINDS = {
     "attention": "llmkit_register_attention_backends",
     "model": "llmkit_register_models",
-    "reasoning": "llmkit_register_reasoning_parsers",
+    "reasoning_parser": "llmkit_register_reasoning_parsers",
     "tool_parser": "llmkit_register_tool_parsers",
     "storage": "llmkit_register_storage_backends",
     "grammar": "llmkit_register_grammar_backends",

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.attention import AttentionMetadata
-from llmkit.core.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.model.attention import AttentionMetadata
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from llmkit.core.config import EngineConfig
-from llmkit.core.engine import Engine
-from llmkit.core.engine_builder import build_engine_parts
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.loop import Engine
+from llmkit.core.engine.builder import build_engine_parts
 
 
 def tiny_config(arch: str):

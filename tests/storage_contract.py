@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from llmkit.core.storage import (
+from llmkit.core.batches.storage import (
     BatchRecord,
     BatchResult,
     FileRecord,

@@ -1,6 +1,6 @@
 """A third-party storage backend, installed through an ``llmkit`` entry point into a temp dir.
 
-It uses only ``llmkit.core.storage`` (the documented interface), keeps everything in memory and
+It uses only ``llmkit.core.batches.storage`` (the documented interface), keeps everything in memory and
 registers as ``memstore``. ``install_memstore(tmp)`` returns the directory to put on PYTHONPATH.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 PLUGIN_SOURCE = '''
 import threading
 from llmkit.core.hookspecs import hookimpl
-from llmkit.core.storage import (BatchRecord, FileRecord, NotFoundError, StorageBackend, capped,
+from llmkit.core.batches.storage import (BatchRecord, FileRecord, NotFoundError, StorageBackend, capped,
                                  check_batch_id, check_file_id)
 
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from llmkit.core import batch_runner as br
-from llmkit.core.batch_runner import BatchRunner
-from llmkit.core.storage import FileRecord, new_file_id
+from llmkit.core.batches import runner as br
+from llmkit.core.batches.runner import BatchRunner
+from llmkit.core.batches.storage import FileRecord, new_file_id
 from llmkit.plugins.storage.local import LocalStorage
 
 

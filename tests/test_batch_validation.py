@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from llmkit.core import batch_validation as bv
-from llmkit.core.batch_validation import BatchValidator, iter_lines, normalize_url
+from llmkit.core.batches import validation as bv
+from llmkit.core.batches.validation import BatchValidator, iter_lines, normalize_url
 
 CHAT = "/v1/chat/completions"
 

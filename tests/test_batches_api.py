@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from test_batch_runner import fake_execute, jsonl
 
-from llmkit.core.batch_runner import BatchRunner
-from llmkit.core.server.batches_api import batches_router
-from llmkit.core.server.files_api import files_router
+from llmkit.core.batches.runner import BatchRunner
+from llmkit.core.batches.batches_routes import batches_router
+from llmkit.core.batches.files_routes import files_router
 from llmkit.plugins.storage.local import LocalStorage
 
 openai = pytest.importorskip("openai")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmkit.core.chat_template import ChatTemplate, TemplateRenderError, check_template_kwargs
+from llmkit.core.server.chat_template import ChatTemplate, TemplateRenderError, check_template_kwargs
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from llmkit.core.cuda_graph import batch_buckets
-from llmkit.core.request import Request, SamplingParams
+from llmkit.core.engine.cuda_graph import batch_buckets
+from llmkit.core.engine.request import Request, SamplingParams
 
 from model_utils import start_engine
 

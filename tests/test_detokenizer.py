@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from transformers import AutoTokenizer
 
-from llmkit.core.detokenizer import IncrementalDetokenizer
-from llmkit.core.model_source import resolve_model_dir
+from llmkit.core.engine.detokenizer import IncrementalDetokenizer
+from llmkit.core.model.source import resolve_model_dir
 
 TEXTS = ["Hello, world! 你好，世界。🙂👍🏽 naïve café — done.",
          "def f(x):\n    return x ** 2  # ✓\n\n\nEnd",

@@ -9,12 +9,12 @@ import threading
 import pytest
 import torch
 
-from llmkit.core.config import EngineConfig
-from llmkit.core.engine import Engine
-from llmkit.core.engine_builder import build_engine_parts
-from llmkit.core.layers import RMSNorm
-from llmkit.core.model_source import resolve_model_dir
-from llmkit.core.request import Request, SamplingParams
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.loop import Engine
+from llmkit.core.engine.builder import build_engine_parts
+from llmkit.core.model.layers import RMSNorm
+from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.engine.request import Request, SamplingParams
 
 from model_utils import tiny_config
 
@@ -80,7 +80,7 @@ def test_unknown_load_format_lists_valid_ones(tmp_path):
 
 
 def test_config_without_architectures_falls_back_to_model_type():
-    from llmkit.core.engine_builder import _architecture
+    from llmkit.core.engine.builder import _architecture
 
     assert _architecture({"model_type": "qwen2"}) == "Qwen2ForCausalLM"
     assert _architecture({"architectures": ["LlamaForCausalLM"], "model_type": "qwen2"}) == "LlamaForCausalLM"

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from test_batch_runner import fake_execute, jsonl
 from test_batches_api import make_app
 
-from llmkit.core.server.files_api import sanitize_filename
+from llmkit.core.batches.files_routes import sanitize_filename
 from llmkit.plugins.storage.local import LocalStorage
 
 HOSTILE_NAMES = ["../../x", "/abs/path.jsonl", "C:\\..\\x", "a\x00b", "é" * 300, "..", "", ".",

@@ -58,7 +58,7 @@ def test_triton_interpreter_opt_in_sets_triton_interpret(monkeypatch):
                     reason="flashinfer is installed")
 def test_flashinfer_missing_names_the_extra():
     from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend
-    from llmkit.core.kv_pool import KVCachePool
+    from llmkit.core.model.kv_pool import KVCachePool
 
     reason = FlashInferAttentionBackend.availability(torch.device("cuda"))
     assert reason is not None and "pip install 'llmkit[flashinfer]'" in reason

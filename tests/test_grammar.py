@@ -12,14 +12,14 @@ import jsonschema
 import pytest
 import torch
 
-from llmkit.core.grammar import (
+from llmkit.core.grammar.contract import (
     CONFLICT_MESSAGE,
     GrammarError,
     GrammarSpec,
     create_grammar_backend,
     spec_from_request,
 )
-from llmkit.core.grammar_limits import GrammarCache, GrammarLimits
+from llmkit.core.grammar.limits import GrammarCache, GrammarLimits
 from llmkit.core.plugins import registry
 
 from grammar_schemas import CASES

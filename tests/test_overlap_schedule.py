@@ -13,8 +13,8 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from llmkit.core.model_source import resolve_model_dir
-from llmkit.core.request import Request, SamplingParams
+from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.engine.request import Request, SamplingParams
 from model_utils import start_engine
 from server_utils import start_server, stop_server
 
@@ -112,10 +112,10 @@ def test_overlap_with_preemption_and_small_pages(prompts, reference):
 def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
     """The device-table path used on GPUs (scheduler writes a host copy; one copy per step),
     forced on CPU, with preemption so rows are freed and handed out again."""
-    from llmkit.core.config import EngineConfig
-    from llmkit.core.engine import Engine
-    from llmkit.core.engine_builder import build_engine_parts
-    from llmkit.core.kv_pool import ReqToTokenPool
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.engine.loop import Engine
+    from llmkit.core.engine.builder import build_engine_parts
+    from llmkit.core.model.kv_pool import ReqToTokenPool
 
     cfg = EngineConfig(enable_deterministic_inference=True, overlap_schedule=True, max_total_tokens=160,
                        max_running_requests=6, page_size=4)
@@ -137,7 +137,7 @@ def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
 def test_mirrored_slot_table_flush_keeps_the_last_write():
     import torch
 
-    from llmkit.core.kv_pool import ReqToTokenPool
+    from llmkit.core.model.kv_pool import ReqToTokenPool
 
     pool = ReqToTokenPool(3, 8, torch.device("cpu"), mirror=True)
     pool.write(1, 0, torch.tensor([5, 6, 7]))

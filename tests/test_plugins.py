@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmkit.core.model_source import resolve_model_dir
+from llmkit.core.model.source import resolve_model_dir
 from model_utils import tiny_config
 from server_utils import server_log, start_server, stop_server
 
@@ -40,7 +40,7 @@ def test_llmkit_plugins_lists_builtins_and_third_party(toy_site):
     assert rows[("attention", "toy")]["version"] == "0.3.1"
     assert rows[("model", "ToyLlamaForCausalLM")]["package"] == "llmkit-toy-plugin"
     for kind, name in [("attention", "torch"), ("model", "LlamaForCausalLM"), ("model", "Qwen2ForCausalLM"),
-                       ("model", "Qwen3ForCausalLM"), ("reasoning", "qwen3"), ("tool_parser", "hermes"),
+                       ("model", "Qwen3ForCausalLM"), ("reasoning_parser", "qwen3"), ("tool_parser", "hermes"),
                        ("storage", "local")]:
         assert rows[(kind, name)]["package"] == "llmkit"
     table = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "plugins"], env=_env(toy_site),
@@ -101,7 +101,7 @@ def test_unknown_names_list_valid_ones():
     with pytest.raises(PluginError, match="valid names: .*torch"):
         registry().load("attention", "nope")
     with pytest.raises(PluginError, match="qwen3"):
-        registry().load("reasoning", "nope")
+        registry().load("reasoning_parser", "nope")
 
 
 def test_duplicate_registration_names_both_plugins():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from llmkit.core.engine_builder import build_model
-from llmkit.core.layers import INT8_MAX_ROWS, linear, quantize_int8
-from llmkit.core.model_source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.engine.builder import build_model
+from llmkit.core.model.layers import INT8_MAX_ROWS, linear, quantize_int8
+from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmkit.core.plugins import PluginError, registry
-from llmkit.core.reasoning import create_reasoning_parser, reasoning_parser_class
+from llmkit.core.parsing.reasoning import create_reasoning_parser, reasoning_parser_class
 
 QWEN_ON = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
 QWEN_OFF = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -36,7 +36,7 @@ def chars(text):
 
 
 def test_all_parsers_registered():
-    assert set(registry().names("reasoning")) >= {
+    assert set(registry().names("reasoning_parser")) >= {
         "qwen3",
         "qwen3-thinking",
         "deepseek-r1",

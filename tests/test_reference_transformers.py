@@ -8,13 +8,13 @@ import threading
 import pytest
 import torch
 
-from llmkit.core.attention import AttentionMetadata
-from llmkit.core.engine_builder import build_model
-from llmkit.core.kv_pool import KVCachePool, ReqToTokenPool
-from llmkit.core.model import ForwardContext
-from llmkit.core.model_source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.model.attention import AttentionMetadata
+from llmkit.core.engine.builder import build_model
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
-from llmkit.core.request import Request, SamplingParams
+from llmkit.core.engine.request import Request, SamplingParams
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
 import model_utils
@@ -117,7 +117,7 @@ def test_greedy_matches_transformers_generate(embedded_reference):
 
 
 def test_gguf_path_and_embedded_default_resolve_to_the_same_conversion():
-    from llmkit.core.model_source import embedded_gguf_path
+    from llmkit.core.model.source import embedded_gguf_path
 
     converted = resolve_model_dir(None)
     assert resolve_model_dir(str(embedded_gguf_path())) == converted
@@ -164,7 +164,7 @@ def test_llama31_rope_frequencies_match_transformers():
     import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from llmkit.core.layers import _inv_freq
+    from llmkit.core.model.layers import _inv_freq
 
     scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=8192, rope_type="llama3")

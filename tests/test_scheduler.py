@@ -8,8 +8,8 @@ import threading
 import pytest
 from transformers import AutoTokenizer
 
-from llmkit.core.model_source import resolve_model_dir
-from llmkit.core.request import Request, SamplingParams
+from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.engine.request import Request, SamplingParams
 
 from model_utils import start_engine
 

@@ -8,7 +8,7 @@ import stat
 import pytest
 from storage_contract import StorageContract
 
-from llmkit.core.storage import FileTooLargeError, new_file_id, open_storage
+from llmkit.core.batches.storage import FileTooLargeError, new_file_id, open_storage
 from llmkit.plugins.storage.local import LocalStorage
 
 
@@ -45,7 +45,7 @@ def test_oversize_write_leaves_no_temp_file(tmp_path):
 
 
 def test_state_survives_reopen(tmp_path):
-    from llmkit.core.storage import BatchResult, FileRecord, new_batch_id
+    from llmkit.core.batches.storage import BatchResult, FileRecord, new_batch_id
 
     s = LocalStorage(str(tmp_path / "root"))
     rec = FileRecord(new_file_id(), 4, 1, "x.jsonl", "batch")

@@ -28,8 +28,8 @@ def test_entry_point_plugin_is_discovered_and_runs_a_batch(tmp_path):
     code = textwrap.dedent("""
         import asyncio, json, sys
         from llmkit.core.plugins import registry
-        from llmkit.core.storage import open_storage
-        from llmkit.core.batch_runner import BatchRunner
+        from llmkit.core.batches.storage import open_storage
+        from llmkit.core.batches.runner import BatchRunner
         from test_batch_runner import fake_execute, jsonl, upload, read_file
 
         entry = registry().entry("storage", "memstore")

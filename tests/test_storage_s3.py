@@ -12,7 +12,7 @@ from storage_contract import StorageContract
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
-from llmkit.core.storage import StorageError, open_storage  # noqa: E402
+from llmkit.core.batches.storage import StorageError, open_storage  # noqa: E402
 from llmkit.plugins.storage.s3 import S3Storage  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def test_bucket_is_required():
 
 
 def test_prefixes_isolate_servers(endpoint):
-    from llmkit.core.storage import FileRecord, new_file_id
+    from llmkit.core.batches.storage import FileRecord, new_file_id
 
     a = S3Storage("llmkit-test", prefix=f"a-{uuid.uuid4().hex}", endpoint_url=endpoint)
     b = S3Storage("llmkit-test", prefix=f"b-{uuid.uuid4().hex}", endpoint_url=endpoint)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmkit.core.plugins import PluginError, registry
-from llmkit.core.reasoning import create_reasoning_parser
-from llmkit.core.tool_parser import ToolCallDelta, create_tool_parser, new_call_id
+from llmkit.core.parsing.reasoning import create_reasoning_parser
+from llmkit.core.parsing.tool_parser import ToolCallDelta, create_tool_parser, new_call_id
 
 
 def tool(name):

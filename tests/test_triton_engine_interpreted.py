@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from llmkit.core.model_source import resolve_model_dir
+from llmkit.core.model.source import resolve_model_dir
 from model_utils import save_tiny_model
 from server_utils import server_log, start_server, stop_server
 

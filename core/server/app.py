@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from llmkit.core.engine_client import QueueFullError
-from llmkit.core.request import Request, SamplingParams
+from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.request import Request, SamplingParams
 from llmkit.core.server.errors import APIError, error_response
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmkit.core.server.serving_chat import create_chat_completion
@@ -101,9 +101,9 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
     ``storage`` backend, /v1/files and /v1/batches are served from it."""
     runner = None
     if storage is not None:
-        from llmkit.core.batch_runner import BatchRunner
-        from llmkit.core.server.batch_executor import make_batch_executor
-        from llmkit.core.server.batches_api import protocol_body_validator
+        from llmkit.core.batches.runner import BatchRunner
+        from llmkit.core.batches.executor import make_batch_executor
+        from llmkit.core.batches.batches_routes import protocol_body_validator
 
         runner = BatchRunner(storage, make_batch_executor(state), max_in_flight=batch_max_in_flight,
                              body_validator=protocol_body_validator)
@@ -204,8 +204,8 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
 
     _mount_optional_routers(app, state)
     if runner is not None:
-        from llmkit.core.server.batches_api import batches_router
-        from llmkit.core.server.files_api import files_router
+        from llmkit.core.batches.batches_routes import batches_router
+        from llmkit.core.batches.files_routes import files_router
 
         app.include_router(files_router(storage))
         app.include_router(batches_router(runner))

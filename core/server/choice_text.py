@@ -25,13 +25,13 @@ class ChoiceProcessor:
         self.reasoning = None
         self.tools = None
         if reasoning_parser:
-            from llmkit.core.reasoning import create_reasoning_parser
+            from llmkit.core.parsing.reasoning import create_reasoning_parser
 
             self.reasoning = create_reasoning_parser(
                 reasoning_parser, prompt_text=prompt_text, chat_template_kwargs=template_kwargs,
                 stream_reasoning=stream_reasoning)
         if tool_parser and tools:
-            from llmkit.core.tool_parser import create_tool_parser
+            from llmkit.core.parsing.tool_parser import create_tool_parser
 
             self.tools = create_tool_parser(tool_parser, tools=tools)
         self.reasoning_text = ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmkit.core.request import TokenLogprob
+from llmkit.core.engine.request import TokenLogprob
 
 
 def _text(tokenizer, tid: int) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from llmkit.core.plugins import PluginError
-from llmkit.core.reasoning import create_reasoning_parser
-from llmkit.core.tool_parser import create_tool_parser
+from llmkit.core.parsing.reasoning import create_reasoning_parser
+from llmkit.core.parsing.tool_parser import create_tool_parser
 from pydantic import BaseModel, Field
 
 

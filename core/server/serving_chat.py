@@ -8,8 +8,8 @@ import time
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from llmkit.core.chat_template import TemplateRenderError, check_template_kwargs
-from llmkit.core.request import Request
+from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
+from llmkit.core.engine.request import Request
 from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.logprobs import chat_logprobs
@@ -98,7 +98,7 @@ def _needs_special_tokens(state, body, tools) -> bool:
         return True
     name = state.options.reasoning_parser
     if name and body.separate_reasoning:
-        from llmkit.core.reasoning import reasoning_parser_class
+        from llmkit.core.parsing.reasoning import reasoning_parser_class
 
         return bool(getattr(reasoning_parser_class(name), "keep_special_tokens", False))
     return False

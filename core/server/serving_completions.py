@@ -7,7 +7,7 @@ import time
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from llmkit.core.request import Request
+from llmkit.core.engine.request import Request
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text

@@ -8,9 +8,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from llmkit.core.chat_template import ChatTemplate
-from llmkit.core.engine import RequestOutput
-from llmkit.core.request import Request
+from llmkit.core.server.chat_template import ChatTemplate
+from llmkit.core.engine.loop import RequestOutput
+from llmkit.core.engine.request import Request
 
 
 @dataclass

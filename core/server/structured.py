@@ -32,7 +32,7 @@ def tool_choice_schema(body) -> dict | None:
 
 
 def _spec(state, body):
-    from llmkit.core.grammar import GrammarError, GrammarSpec, spec_from_request
+    from llmkit.core.grammar.contract import GrammarError, GrammarSpec, spec_from_request
 
     raw = body.model_dump(include={"response_format", "regex", "ebnf", "json_schema"}, exclude_none=True)
     try:
@@ -59,7 +59,7 @@ async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> s
     if state.grammar is None:
         raise APIError("structured output is disabled on this server (--grammar-backend none)",
                        param=spec.param)
-    from llmkit.core.grammar import GrammarError
+    from llmkit.core.grammar.contract import GrammarError
 
     try:
         compiled = await state.grammar.compile_async(spec, timeout=COMPILE_TIMEOUT_S)
@@ -76,7 +76,7 @@ def _reasoning_end_tag(state, body, prompt_text) -> str | None:
     name = state.options.reasoning_parser
     if not name or prompt_text is None or not getattr(body, "separate_reasoning", True):
         return None
-    from llmkit.core.reasoning import create_reasoning_parser
+    from llmkit.core.parsing.reasoning import create_reasoning_parser
 
     kwargs = body.chat_template_kwargs or {}
     probe = create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs)

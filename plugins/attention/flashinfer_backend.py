@@ -17,7 +17,7 @@ import importlib.util
 
 import torch
 
-from llmkit.core.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 
 MISSING = (
     "the flashinfer attention backend needs the 'flashinfer' package: "

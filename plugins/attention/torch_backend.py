@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmkit.core.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 
 
 class TorchAttentionBackend(AttentionBackend):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
 _KERNEL_MODULES = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from llmkit.core.grammar import CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec
+from llmkit.core.grammar.contract import CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec
 
 
 class DisabledGrammarBackend(GrammarBackend):

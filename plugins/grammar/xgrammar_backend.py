@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import xgrammar as xgr
 
-from llmkit.core.grammar import CompiledGrammar, GrammarBackend, GrammarError, GrammarMatcher
-from llmkit.core.grammar_limits import clean_compiler_message
+from llmkit.core.grammar.contract import CompiledGrammar, GrammarBackend, GrammarError, GrammarMatcher
+from llmkit.core.grammar.limits import clean_compiler_message
 
 from .worker_pool import CompileWorkerPool, WorkerCrashed, WorkerTimeout
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.layers import Linear, RMSNorm, RotaryEmbedding, linear
-from llmkit.core.model import CausalLM, ForwardContext
+from llmkit.core.model.layers import Linear, RMSNorm, RotaryEmbedding, linear
+from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 
 
 class Attention(nn.Module):
@@ -121,7 +121,7 @@ class DecoderLM(CausalLM):
     def quantize(self, method: str) -> None:
         super().quantize(method)
         if self.tie:  # the tied head is the embedding matrix: give it its own int8 copy
-            from llmkit.core.layers import quantize_int8
+            from llmkit.core.model.layers import quantize_int8
 
             self._tied_q = quantize_int8(self.embed_tokens.weight)
 

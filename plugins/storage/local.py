@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from llmkit.core.hookspecs import hookimpl
-from llmkit.core.storage import (
+from llmkit.core.batches.storage import (
     BLOB_CHUNK,
     BatchRecord,
     BatchResult,

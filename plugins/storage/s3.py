@@ -24,7 +24,7 @@ import tempfile
 from typing import Any, Iterable, Iterator
 
 from llmkit.core.hookspecs import hookimpl
-from llmkit.core.storage import (
+from llmkit.core.batches.storage import (
     BLOB_CHUNK,
     BatchRecord,
     BatchResult,

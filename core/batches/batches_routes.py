@@ -1,0 +1,106 @@
+"""``/v1/batches``: create, list, retrieve and cancel batches (OpenAI semantics)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
+from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
+from llmkit.core.batches.files_routes import int_param, not_found, openai_error, paginate
+from llmkit.core.batches.storage import NotFoundError, check_file_id
+
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def _check_metadata(metadata: Any) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA_PAIRS:
+        return f"metadata must be an object with at most {MAX_METADATA_PAIRS} pairs."
+    for k, v in metadata.items():
+        if not isinstance(v, str) or len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
+            return (f"metadata keys are strings of at most {MAX_METADATA_KEY} characters and "
+                    f"values strings of at most {MAX_METADATA_VALUE}.")
+    return None
+
+
+def protocol_body_validator(endpoint: str, body: dict) -> str | None:
+    """Check a batch line's body with the server's request models (pass as ``body_validator``)."""
+    from pydantic import ValidationError
+
+    from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    cls = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
+    try:
+        cls.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return f"body.{where}: {err.get('msg')}" if where else "body is not valid for the endpoint"
+    except (RecursionError, ValueError):
+        return "body is not valid for the endpoint"
+    return None
+
+
+def batches_router(runner: BatchRunner, *, endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS) -> APIRouter:
+    """The ``/v1/batches`` endpoints; ``endpoints`` lists the batch endpoints the server serves."""
+    router = APIRouter()
+    storage = runner.storage
+
+    @router.post("/v1/batches")
+    async def create_batch(request: Request):
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError):
+            return openai_error(400, "The request body is not valid JSON.")
+        if not isinstance(body, dict):
+            return openai_error(400, "The request body must be a JSON object.")
+        input_file_id = body.get("input_file_id")
+        if not isinstance(input_file_id, str):
+            return openai_error(400, "input_file_id is required.", param="input_file_id")
+        endpoint, window = body.get("endpoint"), body.get("completion_window")
+        if endpoint not in endpoints:
+            return openai_error(400, f"endpoint must be one of {', '.join(endpoints)}.", param="endpoint")
+        if window not in COMPLETION_WINDOWS:
+            return openai_error(400, f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}.",
+                                param="completion_window")
+        if problem := _check_metadata(body.get("metadata")):
+            return openai_error(400, problem, param="metadata")
+        try:
+            record = await run_in_threadpool(storage.get_file, check_file_id(input_file_id))
+        except NotFoundError:
+            return not_found("File", param="input_file_id")
+        if record.purpose != "batch":
+            return openai_error(400, "The input file must have purpose 'batch'.", param="input_file_id")
+        batch = await runner.create(input_file_id, endpoint, window, body.get("metadata"))
+        return batch.to_openai()
+
+    @router.get("/v1/batches")
+    async def list_batches(request: Request):
+        limit = int_param(request, "limit", 20, 1, 100)
+        if isinstance(limit, JSONResponse):
+            return limit
+        records = await runner.list()
+        return paginate([r.to_openai() for r in records], [r.id for r in records],
+                        request.query_params.get("after"), limit)
+
+    @router.post("/v1/batches/{batch_id:path}/cancel")
+    async def cancel_batch(batch_id: str):
+        try:
+            return (await runner.cancel(batch_id)).to_openai()
+        except NotFoundError:
+            return not_found("Batch")
+
+    @router.get("/v1/batches/{batch_id:path}")
+    async def retrieve_batch(batch_id: str):
+        try:
+            return (await runner.get(batch_id)).to_openai()
+        except NotFoundError:
+            return not_found("Batch")
+
+    return router

@@ -1,0 +1,39 @@
+"""Runs one batch line through the same code as the HTTP endpoint, at batch priority."""
+
+from __future__ import annotations
+
+import json
+
+from llmkit.core.engine.client import QueueFullError
+from llmkit.core.server.errors import APIError
+
+BATCH_PRIORITY = 1  # online requests (priority 0) are always scheduled first
+
+
+def make_batch_executor(state):
+    from llmkit.core.server.app import parse_model
+    from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
+    from llmkit.core.server.serving_chat import create_chat_completion
+    from llmkit.core.server.serving_completions import create_completion
+
+    routes = {
+        "/v1/chat/completions": (ChatCompletionRequest, create_chat_completion),
+        "/v1/completions": (CompletionRequest, create_completion),
+    }
+
+    async def execute(endpoint: str, body: dict) -> tuple[int, dict]:
+        if endpoint not in routes:
+            return 400, APIError(f"unsupported endpoint {endpoint}", param="url").body()
+        model_cls, handler = routes[endpoint]
+        try:
+            req = parse_model(model_cls, body)
+            if req.stream:
+                raise APIError("Streaming requests are not supported in batch mode", param="stream")
+            resp = await handler(state, req, None, priority=BATCH_PRIORITY)
+        except APIError as exc:
+            return exc.status, exc.body()
+        except QueueFullError as exc:
+            return 429, APIError(str(exc), status=429).body()
+        return resp.status_code, json.loads(resp.body)
+
+    return execute

@@ -1,0 +1,336 @@
+"""Runs batches: validating -> in_progress -> finalizing -> completed, or failed / cancelled / expired.
+
+The runner knows nothing about the engine: it calls an :data:`Executor` for each line. Each
+finished line is stored as a result keyed by its index before it is counted, so after a crash
+or restart (:meth:`BatchRunner.start`) a batch resumes with the lines that have no result yet and
+every ``custom_id`` reaches the output exactly once. The runner is the only writer of batch
+records while the process runs: every change goes through the in-memory record of an active batch
+and is persisted by one serialised writer, so a cancel can never be overwritten by a late update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Iterable
+
+from llmkit.core.batches.lines import error_line, output_line, write_output_files
+from llmkit.core.batches.validation import BatchValidator, BodyValidator, iter_lines
+from llmkit.core.batches.storage import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    BatchRecord,
+    NotFoundError,
+    StorageBackend,
+    check_batch_id,
+    new_batch_id,
+    new_file_id,
+)
+
+Executor = Callable[[str, dict], Awaitable[tuple[int, dict]]]
+"""``await execute(endpoint, body) -> (status_code, json_body)``, the same body the HTTP endpoint
+returns. Cancelling the awaiting task must abort the request."""
+
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+log = logging.getLogger("llmkit.batch")
+
+
+class _Aborted(Exception):
+    """Raised inside a validation thread when the batch is cancelled or the runner stops."""
+
+
+@dataclass
+class _Active:
+    record: BatchRecord
+    task: asyncio.Task | None = None
+    exec_task: asyncio.Task | None = None
+    abort: threading.Event = field(default_factory=threading.Event)
+    persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_persist: float = 0.0
+    last_log: float = 0.0
+
+
+class BatchRunner:
+    """Owns every running batch. Create one per app; ``await start()`` on startup, ``stop()`` on
+    shutdown. ``max_in_flight`` bounds the lines of all batches handed to the engine at once."""
+
+    def __init__(
+        self,
+        storage: StorageBackend,
+        execute: Executor,
+        *,
+        max_in_flight: int = 8,
+        body_validator: BodyValidator | None = None,
+        persist_interval: float = 1.0,
+        log_interval: float = 10.0,
+        on_progress: Callable[[BatchRecord], None] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.execute = execute
+        self.body_validator = body_validator
+        self.persist_interval = persist_interval
+        self.log_interval = log_interval
+        self.on_progress = on_progress
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._active: dict[str, _Active] = {}
+
+    # -- lifecycle of the runner ---------------------------------------------------------------
+    async def start(self) -> None:
+        """Resume every batch that a previous process left unfinished."""
+        for rec in await asyncio.to_thread(self.storage.list_batches, statuses=ACTIVE_STATUSES):
+            log.info("batch %s: resuming (status %s)", rec.id, rec.status)
+            self._spawn(rec)
+
+    async def stop(self) -> None:
+        """Stop all work without changing any status; :meth:`start` resumes it later."""
+        for a in list(self._active.values()):
+            a.abort.set()
+            if a.task:
+                a.task.cancel()
+        tasks = [a.task for a in self._active.values() if a.task]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._active.clear()
+
+    # -- the API -------------------------------------------------------------------------------
+    async def create(
+        self, input_file_id: str, endpoint: str, completion_window: str,
+        metadata: dict[str, str] | None = None,
+    ) -> BatchRecord:
+        """Create a batch (arguments already checked by the caller) and start it."""
+        now = int(time.time())
+        rec = BatchRecord(
+            id=new_batch_id(), endpoint=endpoint, input_file_id=input_file_id,
+            completion_window=completion_window, created_at=now,
+            expires_at=now + COMPLETION_WINDOWS[completion_window], metadata=metadata,
+            pinned_input_id=new_file_id(), created_ns=time.time_ns(),
+        )
+        await asyncio.to_thread(self.storage.put_batch, rec)
+        log.info("batch %s: created from %s for %s", rec.id, input_file_id, endpoint)
+        return copy.deepcopy(self._spawn(rec).record)
+
+    async def get(self, batch_id: str) -> BatchRecord:
+        """The current batch object; :class:`NotFoundError` for unknown or malformed ids."""
+        check_batch_id(batch_id)
+        if (a := self._active.get(batch_id)) is not None:
+            return copy.deepcopy(a.record)
+        return await asyncio.to_thread(self.storage.get_batch, batch_id)
+
+    async def list(self) -> list[BatchRecord]:
+        """Every batch, newest first, with live state for the running ones."""
+        recs = await asyncio.to_thread(self.storage.list_batches)
+        return [copy.deepcopy(self._active[r.id].record) if r.id in self._active else r for r in recs]
+
+    async def cancel(self, batch_id: str) -> BatchRecord:
+        """Start cancelling; a batch that is finalizing or finished is returned unchanged."""
+        rec = await self.get(batch_id)
+        if rec.status not in ("validating", "in_progress"):
+            return rec
+        a = self._active.get(batch_id) or self._spawn(rec, start=False)
+        a.record.status, a.record.cancelling_at = "cancelling", int(time.time())
+        await self._persist(a, force=True)
+        log.info("batch %s: cancelling", batch_id)
+        a.abort.set()
+        if a.exec_task:
+            a.exec_task.cancel()  # cancels the lines in flight, which aborts their requests
+        if a.task is None:
+            a.task = asyncio.create_task(self._run(a))
+        return copy.deepcopy(a.record)
+
+    async def wait(self, batch_id: str, poll: float = 0.05) -> BatchRecord:
+        """Wait until the batch is finished (for the offline runner and tests)."""
+        while True:
+            a = self._active.get(batch_id)
+            if a is None:
+                return await self.get(batch_id)
+            await asyncio.wait({a.task}) if a.task else await asyncio.sleep(poll)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _spawn(self, rec: BatchRecord, start: bool = True) -> _Active:
+        a = _Active(rec)
+        self._active[rec.id] = a
+        if start:
+            a.task = asyncio.create_task(self._run(a))
+        return a
+
+    async def _persist(self, a: _Active, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - a.last_persist < self.persist_interval:
+            return
+        a.last_persist = now
+        snapshot = copy.deepcopy(a.record)
+
+        async def write() -> None:
+            async with a.persist_lock:  # serialised, and finished even if the caller is cancelled
+                await asyncio.to_thread(self.storage.put_batch, snapshot)
+
+        await asyncio.shield(asyncio.create_task(write()))
+
+    async def _transition(self, a: _Active, status: str, **fields) -> None:
+        rec = a.record
+        rec.status = status
+        stamp = {"in_progress": "in_progress_at", "finalizing": "finalizing_at"}.get(status)
+        stamp = stamp or {s: f"{s}_at" for s in TERMINAL_STATUSES}.get(status)
+        if stamp:
+            setattr(rec, stamp, int(time.time()))
+        for k, v in fields.items():
+            setattr(rec, k, v)
+        await self._persist(a, force=True)
+        log.info("batch %s: %s %s", rec.id, status, rec.request_counts)
+
+    async def _run(self, a: _Active) -> None:
+        rec = a.record
+        try:
+            if rec.status == "validating" and not await self._validate(a):
+                return
+            final = "cancelled" if rec.status == "cancelling" else "completed"
+            if rec.status == "in_progress":
+                final = await self._execute_until_done(a)
+            if final == "completed" and rec.status != "finalizing":
+                await self._transition(a, "finalizing")
+            await self._finalize(a, final)
+        except asyncio.CancelledError:
+            raise  # the runner is stopping; the stored state resumes on the next start
+        except Exception:
+            log.exception("batch %s: internal error", rec.id)
+            err = {"code": "internal_error", "message": "The batch failed inside the server.",
+                   "param": None, "line": None}
+            await self._transition(a, "failed", errors=[err])
+        finally:
+            if self._active.get(rec.id) is a:
+                del self._active[rec.id]
+
+    async def _validate(self, a: _Active) -> bool:
+        rec = a.record
+        validator = BatchValidator(rec.endpoint, self.body_validator)
+
+        def copy_and_validate() -> None:
+            def tee():
+                for chunk in self.storage.read_blob(rec.input_file_id):
+                    if a.abort.is_set():
+                        raise _Aborted
+                    validator.feed(chunk)
+                    if validator.full:
+                        raise _Aborted  # no need to copy the rest of a file that failed
+                    yield chunk
+
+            self.storage.write_blob(rec.pinned_input_id, tee())
+
+        try:
+            await asyncio.to_thread(copy_and_validate)
+            errors = validator.finish()
+        except NotFoundError:
+            errors = [{"code": "invalid_input_file", "param": "input_file_id", "line": None,
+                       "message": f"The input file {rec.input_file_id} no longer exists."}]
+        except _Aborted:
+            if a.abort.is_set() and rec.status != "cancelling":
+                raise asyncio.CancelledError from None  # stopping
+            errors = validator.errors
+        if rec.status == "cancelling":
+            return True  # _run finalizes as cancelled
+        if errors:
+            await asyncio.to_thread(self.storage.delete_blob, rec.pinned_input_id)
+            await self._transition(a, "failed", errors=errors, pinned_input_id=None)
+            return False
+        rec.request_counts = {"total": validator.total, "completed": 0, "failed": 0}
+        await self._transition(a, "in_progress", model=validator.model)
+        return True
+
+    async def _execute_until_done(self, a: _Active) -> str:
+        """Run the lines until all are done, the batch is cancelled, or its window passes."""
+        a.exec_task = asyncio.create_task(self._execute(a))
+        try:
+            remaining = max(0.0, a.record.expires_at - time.time())
+            done, _ = await asyncio.wait({a.exec_task}, timeout=remaining)
+        finally:
+            if not a.exec_task.done():
+                a.exec_task.cancel()
+            await asyncio.gather(a.exec_task, return_exceptions=True)
+        if a.record.status == "cancelling":
+            return "cancelled"
+        if not done:
+            log.info("batch %s: completion window passed", a.record.id)
+            return "expired"
+        a.exec_task.result()  # re-raise an internal error
+        return "completed"
+
+    async def _execute(self, a: _Active) -> None:
+        rec = a.record
+        finished = await asyncio.to_thread(self.storage.result_indices, rec.id)
+        kinds = list(finished.values())
+        rec.request_counts.update(completed=kinds.count("output"), failed=kinds.count("error"))
+        in_flight: set[asyncio.Task] = set()
+        try:
+            async for index, raw in _aiter(iter_lines(self.storage.read_blob(rec.pinned_input_id))):
+                if rec.status != "in_progress":
+                    break  # cancelled before this task could be
+                if index in finished:
+                    continue
+                await self._slots.acquire()
+                task = asyncio.create_task(self._run_line(a, index, raw))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                task.add_done_callback(lambda _t: self._slots.release())
+            await asyncio.gather(*in_flight)
+        finally:
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _run_line(self, a: _Active, index: int, raw: bytes) -> None:
+        rec = a.record
+        obj = json.loads(raw)
+        custom_id = obj["custom_id"]
+        try:
+            status, body = await self.execute(rec.endpoint, obj["body"])
+            result = output_line(rec.id, index, custom_id, status, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one bad line must not sink the batch
+            log.warning("batch %s: line %d raised %s", rec.id, index, type(exc).__name__)
+            result = error_line(rec.id, index, custom_id, "server_error", "The request failed inside the server.")
+        stored = asyncio.create_task(asyncio.to_thread(self.storage.put_result, rec.id, result))
+        if await asyncio.shield(stored):
+            key = "completed" if result.kind == "output" else "failed"
+            rec.request_counts[key] += 1
+        await self._persist(a)
+        self._log_progress(a)
+        if self.on_progress:
+            self.on_progress(copy.deepcopy(rec))
+
+    def _log_progress(self, a: _Active) -> None:
+        now = time.monotonic()
+        if now - a.last_log >= self.log_interval:
+            a.last_log = now
+            c = a.record.request_counts
+            log.info("batch %s: %d/%d done (%d failed)", a.record.id, c["completed"] + c["failed"],
+                     c["total"], c["failed"])
+
+    async def _finalize(self, a: _Active, final: str) -> None:
+        rec = a.record
+        if rec.pending_output_file_id is None:
+            rec.pending_output_file_id, rec.pending_error_file_id = new_file_id(), new_file_id()
+            await self._persist(a, force=True)
+        await asyncio.to_thread(write_output_files, self.storage, rec)
+        await self._transition(a, final)
+        await asyncio.to_thread(self._cleanup, rec)
+        rec.pinned_input_id = None
+        await self._persist(a, force=True)
+
+    def _cleanup(self, rec: BatchRecord) -> None:
+        self.storage.delete_results(rec.id)
+        if rec.pinned_input_id:
+            self.storage.delete_blob(rec.pinned_input_id)
+
+
+async def _aiter(items: Iterable, batch: int = 256):
+    """Iterate a blocking iterator from worker threads, ``batch`` items per hop."""
+    it = iter(items)
+    while chunk := await asyncio.to_thread(lambda: list(itertools.islice(it, batch))):
+        for item in chunk:
+            yield item

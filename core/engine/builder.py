@@ -1,0 +1,218 @@
+"""Assemble an engine from an :class:`EngineConfig`: model, KV pool, prefix cache, backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.engine.model_runner import ModelRunner
+from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.plugins import PluginError, registry
+from llmkit.core.model.prefix_cache import NoPrefixCache
+from llmkit.core.model.radix_cache import RadixCache
+from llmkit.core.engine.scheduler import Scheduler
+
+log = logging.getLogger("llmkit")
+
+# --load-format values: "auto" loads the checkpoint; "dummy" fills random weights (benchmarks).
+LOAD_FORMATS = ("auto", "dummy")
+
+# Preference order for --attention auto, per device type. triton leads on CUDA because its decode
+# steps replay CUDA graphs; the flashinfer plugin runs eagerly (no graph hooks yet).
+AUTO_ATTENTION = {"cuda": ["triton", "flashinfer", "torch"], "cpu": ["torch"]}
+
+
+@dataclass
+class EngineParts:
+    model_dir: Path
+    hf_config: dict
+    tokenizer: Any
+    model: Any
+    scheduler: Scheduler
+    runner: ModelRunner
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    max_context: int
+    attention_name: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # bf16 math is slow on CPUs without AVX512-BF16/AMX; fp32 is the fast path there.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"unknown dtype '{name}'; valid: auto, {', '.join(sorted(table))}")
+    return table[name]
+
+
+def select_attention(name: str, device: torch.device):
+    """Return (name, backend class); fail with the valid names if unknown or unavailable."""
+    reg = registry()
+    names = reg.names("attention")
+    candidates = AUTO_ATTENTION.get(device.type, ["torch"]) if name == "auto" else [name]
+    reasons = []
+    for cand in candidates:
+        if cand not in names:
+            if name != "auto":
+                raise PluginError(f"unknown attention backend '{cand}'; valid names: {', '.join(names)}")
+            continue
+        try:
+            cls = reg.load("attention", cand)
+        except PluginError as exc:
+            reasons.append(f"{cand}: {exc}")
+            continue
+        why = cls.availability(device)
+        if why is None:
+            return cand, cls
+        reasons.append(f"{cand}: {why}")
+    usable = [n for n in names if _usable(reg, n, device)]
+    raise PluginError(
+        f"attention backend '{name}' cannot run on {device.type} ({'; '.join(reasons)}); "
+        f"backends that work here: {', '.join(usable) or 'none'}"
+    )
+
+
+def _usable(reg, name: str, device: torch.device) -> bool:
+    try:
+        return reg.load("attention", name).availability(device) is None
+    except Exception:
+        return False
+
+
+# config.json files written by ``PretrainedConfig.save_pretrained`` on a bare config carry no
+# "architectures"; the model type still names the causal LM.
+_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _architecture(hf_config: dict) -> str:
+    archs = hf_config.get("architectures")
+    if archs:
+        return archs[0]
+    model_type = hf_config.get("model_type", "?")
+    if model_type in _ARCH_BY_MODEL_TYPE:
+        return _ARCH_BY_MODEL_TYPE[model_type]
+    raise ValueError(f"config.json names no 'architectures' and its model_type '{model_type}' is not one of "
+                     f"{', '.join(_ARCH_BY_MODEL_TYPE)}")
+
+
+def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+
+    def add(v):
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+
+    add(hf_config.get("eos_token_id"))
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    if tokenizer.eos_token_id is not None:
+        add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int) -> int:
+    if config.max_total_tokens:
+        return config.max_total_tokens
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 16 << 30
+    by_memory = int(total * 0.2) // bytes_per_token
+    return max(min(65536, by_memory), min(max_context, 4096))
+
+
+def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.dtype):
+    """Instantiate a model plugin with parameters of ``dtype`` on ``device`` (weights not loaded)."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(hf_config)
+    finally:
+        torch.set_default_dtype(prev)
+    return model.eval()
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    from transformers import AutoTokenizer
+
+    t0 = time.monotonic()
+    if config.load_format not in LOAD_FORMATS:  # fail before any (slow) model construction
+        raise ValueError(f"unknown load format '{config.load_format}'; valid: {', '.join(LOAD_FORMATS)}")
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    attn_name, attn_cls = select_attention(config.attention, device)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    model_dir = resolve_model_dir(config.model_path)
+    hf_config = load_config(model_dir)
+    arch = _architecture(hf_config)
+    model_cls = registry().load("model", arch)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = build_model(model_cls, hf_config, device, dtype)
+    if config.load_format == "dummy":
+        from llmkit.core.model.dummy_weights import fill_dummy_weights
+
+        fill_dummy_weights(model)
+    else:
+        model.load_weights(iter_safetensors(model_dir))
+    if config.quantization:
+        if device.type != "cpu":
+            raise ValueError("--quantization int8 is a CPU decode path; on CUDA use the model's dtype")
+        model.quantize(config.quantization)
+
+    max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
+    head_dim, n_kv, n_layers = model.head_dim, model.num_kv_heads, model.num_layers
+    kv_dtype = dtype
+    bytes_per_token = 2 * n_layers * n_kv * head_dim * torch.tensor([], dtype=kv_dtype).element_size()
+    tokens = _pool_tokens(config, bytes_per_token, max_context)
+    page = config.page_size
+    pool = KVCachePool(num_layers=n_layers, num_pages=tokens // page + 1, page_size=page,
+                       num_kv_heads=n_kv, head_dim=head_dim, dtype=kv_dtype, device=device)
+    req_pool = ReqToTokenPool(config.max_running_requests + 1, max_context + page, device)
+    cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
+    scheduler = Scheduler(config, pool, req_pool, cache, max_context)
+    attn = attn_cls(num_heads=hf_config["num_attention_heads"], num_kv_heads=n_kv, head_dim=head_dim,
+                    pool=pool, device=device)
+    runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
+    if device.type == "cuda" and attn.supports_cuda_graph and not config.disable_cuda_graph:
+        from llmkit.core.engine.cuda_graph import CudaGraphRunner
+
+        runner.graphs = CudaGraphRunner(
+            model, attn, max_bs=min(config.cuda_graph_max_bs or 256, config.max_running_requests),
+            max_context=max_context + page, device=device,
+            deterministic=config.enable_deterministic_inference)
+        runner.graphs.capture()
+    log.info(
+        "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
+        arch, model_dir, device, time.monotonic() - t0, str(dtype).removeprefix("torch."),
+        ", dummy weights" if config.load_format == "dummy" else "",
+        f" + {config.quantization} weights" if config.quantization else "", attn_name,
+        tokens, tokens * bytes_per_token / 1e9, max_context,
+    )
+    return EngineParts(
+        model_dir=model_dir, hf_config=hf_config, tokenizer=tokenizer, model=model,
+        scheduler=scheduler, runner=runner, vocab_size=int(hf_config["vocab_size"]),
+        eos_token_ids=_eos_ids(model_dir, hf_config, tokenizer), max_context=max_context,
+        attention_name=attn_name,
+    )

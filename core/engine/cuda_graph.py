@@ -1,0 +1,81 @@
+"""Decode steps replayed from captured CUDA graphs, one graph per batch-size bucket.
+
+Capture goes through the attention backend's hooks (``init_capture_graph``, ``prepare_for_capture``,
+``prepare_for_replay``), so any backend that implements them gets graphs; the runner only owns the
+static input buffers and the graphs. A batch of ``n`` sequences replays the smallest bucket
+``>= n``; padding rows write their K/V to the reserved slot 0.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+
+log = logging.getLogger("llmkit")
+
+
+def batch_buckets(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to ``max_bs`` (SGLang captures a similar ladder)."""
+    out = [b for b in (1, 2, 4) if b <= max_bs]
+    out += list(range(8, max_bs + 1, 8))
+    if max_bs not in out:
+        out.append(max_bs)
+    return sorted(set(out))
+
+
+class CudaGraphRunner:
+    def __init__(self, model: CausalLM, attn: AttentionBackend, *, max_bs: int, max_context: int,
+                 device: torch.device, deterministic: bool = False) -> None:
+        if not attn.supports_cuda_graph:
+            raise ValueError(f"{type(attn).__name__} does not support CUDA graphs")
+        self.model, self.attn, self.device = model, attn, device
+        self.buckets = batch_buckets(max_bs)
+        self.max_bs = self.buckets[-1]
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        attn.init_capture_graph(self.max_bs, max_context, deterministic=deterministic)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        from tqdm import tqdm
+
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        # Largest first, so smaller graphs reuse the memory pool of the largest.
+        bar = tqdm(reversed(self.buckets), total=len(self.buckets), desc="Capturing batches")
+        for bs in bar:
+            bar.set_description(f"Capturing batches (bs={bs})")
+            md = self.attn.prepare_for_capture(bs)
+            ctx = ForwardContext(self.attn, md)
+            ids, pos = self.input_ids[:bs], self.positions[:bs]
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up kernels (autotuning, lazy init) outside the graph
+                    self.model(ids, pos, ctx)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                out = self.model(ids, pos, ctx)
+            pool = graph.pool()
+            self.graphs[bs], self.outputs[bs] = graph, out
+        torch.cuda.synchronize(self.device)
+        log.info("Captured CUDA graphs for batch sizes %s", self.buckets)
+
+    def can_run(self, md: AttentionMetadata) -> bool:
+        return md.is_decode and md.num_seqs <= self.max_bs and not md.extra
+
+    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        n = md.num_seqs
+        bs = next(b for b in self.buckets if b >= n)
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.input_ids[n:bs].zero_()
+        self.positions[n:bs].zero_()
+        self.attn.prepare_for_replay(bs, md)
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]

@@ -1,0 +1,97 @@
+"""Executes a scheduled batch: builds the flat input tensors and metadata, runs the model, and
+returns logits for the rows that need them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class StepOutput:
+    sample_logits: torch.Tensor  # [num sampling segments, V], in segment order
+    sample_segments: list  # the segments whose next token is sampled
+    prompt_logits: dict  # rid -> (start position, logits [L, V]) for prompt-logprob requests
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, attn: AttentionBackend, pool: KVCachePool,
+                 req_pool: ReqToTokenPool, device: torch.device, deterministic: bool) -> None:
+        self.model = model
+        self.attn = attn
+        self.pool = pool
+        self.req_pool = req_pool
+        self.device = device
+        self.deterministic = deterministic
+        self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
+
+    def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        self.req_pool.flush()  # the scheduler's slot writes, in one copy
+        segs = batch.segments
+        ids, pos, q_lens, kv_lens, rows = [], [], [], [], []
+        for s in segs:
+            ids.extend(s.req.token_slice(s.start, s.start + s.length))
+            pos.extend(range(s.start, s.start + s.length))
+            q_lens.append(s.length)
+            kv_lens.append(s.start + s.length)
+            rows.append(s.req.req_pool_idx)
+        dev = self.device
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+        q_start = [0]
+        for n in q_lens:
+            q_start.append(q_start[-1] + n)
+        table = self.req_pool.table
+        out_slots = table[rows_t.repeat_interleave(torch.tensor(q_lens, device=dev)), positions]
+        md = AttentionMetadata(
+            num_seqs=len(segs),
+            q_lens=q_lens,
+            kv_lens=kv_lens,
+            q_start_loc=torch.tensor(q_start, dtype=torch.int64, device=dev),
+            q_lens_t=torch.tensor(q_lens, dtype=torch.int64, device=dev),
+            kv_lens_t=torch.tensor(kv_lens, dtype=torch.int64, device=dev),
+            req_pool_indices=rows_t,
+            req_to_token=table,
+            out_slots=out_slots,
+            page_size=self.pool.page_size,
+            is_decode=all(n == 1 for n in q_lens),
+            deterministic=self.deterministic,
+            q_starts=q_start,
+            req_rows=rows,
+        )
+        return input_ids, positions, md
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        input_ids, positions, md = self.build_metadata(batch)
+        offsets = md.q_starts
+        sample_segs, sample_rows = [], []
+        for i, s in enumerate(batch.segments):
+            if s.samples:
+                sample_segs.append(s)
+                sample_rows.append(offsets[i + 1] - 1)
+        # Copied to the device before the forward is queued: a blocking host-to-device copy after
+        # it would wait for the whole forward and leave nothing to overlap.
+        sample_idx = torch.tensor(sample_rows, dtype=torch.int64, device=self.device) if sample_rows else None
+        if self.graphs is not None and self.graphs.can_run(md):
+            hidden = self.graphs.replay(input_ids, positions, md)
+        else:
+            md = self.attn.prepare_metadata(md)
+            hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
+        prompt_logits = {}
+        for i, s in enumerate(batch.segments):
+            if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
+                prompt_logits[s.req.rid] = (
+                    s.start, self.model.compute_logits(hidden[offsets[i] : offsets[i + 1]], self.deterministic))
+        if sample_idx is not None:
+            logits = self.model.compute_logits(hidden.index_select(0, sample_idx), self.deterministic)
+        else:
+            logits = hidden.new_empty((0, 0))
+        return StepOutput(logits, sample_segs, prompt_logits)

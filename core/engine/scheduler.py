@@ -1,0 +1,269 @@
+"""Decides what runs each step: continuous batching under a token budget, with preemption.
+
+Every step is one forward over "segments": each running request contributes the tokens whose K/V
+are not yet in the pool — one token when decoding, a chunk of the prompt while prefilling — so
+prefill chunks and decode tokens share a batch. New requests are admitted between steps, online
+traffic before batch lines. When KV pages run out, cached prefixes are evicted first, then the
+most recently admitted request of the lowest priority is preempted: its K/V goes to the prefix
+cache and it is recomputed later (never failed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.model.prefix_cache import PrefixCache
+from llmkit.core.engine.request import Request, Status
+
+
+@dataclass
+class Segment:
+    req: Request
+    start: int  # first token position computed in this step
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this segment reaches the sequence's end, so the next token is sampled."""
+        return self.start + self.length == self.req.seq_len
+
+
+@dataclass
+class ScheduledBatch:
+    segments: list[Segment]
+    num_new_prefill_seqs: int = 0
+    num_prefill_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_running_before: int = 0
+
+    @property
+    def is_decode(self) -> bool:
+        return all(s.length == 1 for s in self.segments)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, pool: KVCachePool, req_pool: ReqToTokenPool,
+                 cache: PrefixCache, max_context: int) -> None:
+        self.config = config
+        self.pool = pool
+        self.req_pool = req_pool
+        self.cache = cache
+        self.page = pool.page_size
+        self.max_context = max_context
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queue -------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> Request | None:
+        for i, r in enumerate(self.waiting):
+            if r.rid == rid:
+                del self.waiting[i]
+                r.status = Status.FINISHED
+                r.finish_reason = r.finish_reason or "abort"
+                return r
+        for r in self.running:
+            if r.rid == rid:
+                self.finish(r, "abort")
+                return r
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- pages -------------------------------------------------------------------------------
+    def _pages_needed(self, req: Request, upto: int) -> int:
+        """Pages ``req`` must still allocate to hold tokens [0, upto)."""
+        covered = req.prefix_len + len(req.own_pages) * self.page
+        return max(0, -(-(upto - covered) // self.page))
+
+    def _allocate(self, n: int) -> list[int] | None:
+        if n > self.pool.num_free_pages:
+            self.cache.evict(n - self.pool.num_free_pages)
+        return self.pool.allocate(n)
+
+    def available_pages(self) -> int:
+        return self.pool.num_free_pages + self.cache.evictable_pages
+
+    def _assign_slots(self, req: Request, end: int) -> bool:
+        """Make sure ``req`` owns slots for tokens [0, end); False if pages ran out."""
+        need = self._pages_needed(req, end)
+        if need:
+            pages = self._allocate(need)
+            if pages is None:
+                return False
+            first = req.prefix_len + len(req.own_pages) * self.page
+            req.own_pages.extend(pages)
+            slots = self.pool.page_slots(pages)
+            self.req_pool.write(req.req_pool_idx, first, slots)
+        return True
+
+    # -- the step ----------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        budget = self.config.chunked_prefill_size
+        segments: list[Segment] = []
+        self._order_waiting()
+        # A more urgent request (online traffic) waiting to start: lower-priority requests (batch
+        # lines) sit this step out, so its prefill runs without them and its first token comes
+        # as fast as on an idle server. They resume next step with their KV intact.
+        urgent = self._urgent_priority()
+        # 1. requests already running: their next token (or next prompt chunk)
+        for req in sorted(self.running, key=lambda r: (r.priority, r.arrival)):
+            if req.status is not Status.RUNNING:
+                continue
+            if urgent is not None and req.priority > urgent:
+                continue
+            remaining = req.seq_len + req.inflight - req.num_computed
+            length = remaining if remaining == 1 else min(remaining, max(budget, 0))
+            if length <= 0:
+                continue
+            while not self._assign_slots(req, req.num_computed + length):
+                victim = self._pick_victim(exclude=req)
+                if victim is None:
+                    length = 0
+                    break
+                self.preempt(victim)
+                segments = [s for s in segments if s.req is not victim]
+            if length:
+                segments.append(Segment(req, req.num_computed, length))
+                budget -= length
+        batch = ScheduledBatch(segments, num_running_before=len(self.running))
+        # 2. admit waiting requests while budget, slots and pages allow
+        admitted = []
+        for req in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                break
+            if req.inflight:  # preempted with a token still on its way: admit it once it arrives
+                continue
+            if self.req_pool.num_free == 0:
+                break
+            seg = self._admit(req, budget, reserve=len(self.running))
+            if seg is None:
+                break  # keep arrival order: don't let smaller requests overtake forever
+            admitted.append(req)
+            segments.append(seg)
+            budget -= seg.length
+            batch.num_new_prefill_seqs += 1
+            batch.num_prefill_tokens += seg.length
+            batch.num_cached_tokens += req.prefix_len
+        for req in admitted:
+            self.waiting.remove(req)
+        return batch if segments else None
+
+    def _urgent_priority(self) -> int | None:
+        """The priority of the first waiting request if it outranks some running request and can be
+        admitted now (so pausing the others cannot stall anything)."""
+        if not self.waiting or not self.running:
+            return None
+        head = self.waiting[0]
+        if head.priority >= max(r.priority for r in self.running):
+            return None
+        if len(self.running) >= self.config.max_running_requests or self.req_pool.num_free == 0:
+            return None
+        need = -(-min(len(head.all_ids), self.config.chunked_prefill_size) // self.page)
+        return head.priority if need <= self.available_pages() else None
+
+    def _order_waiting(self) -> None:
+        if self.config.schedule_policy == "lpm":
+            # Longest prefix match first; priority still dominates.
+            lengths = {id(r): len(self.cache.match_prefix(r.all_ids[:-1])[0]) for r in self.waiting}
+            self.waiting.sort(key=lambda r: (r.priority, -lengths[id(r)], r.arrival))
+        else:
+            self.waiting.sort(key=lambda r: (r.priority, r.arrival))
+
+    def _admit(self, req: Request, budget: int, reserve: int) -> Segment | None:
+        ids = req.all_ids
+        if req.return_prompt_logprobs and not req.first_prefill_done:
+            slots, handle = torch.empty(0, dtype=torch.int64), None
+        else:
+            slots, handle = self.cache.match_prefix(ids[:-1])  # leave >= 1 token to compute
+        prefix = len(slots)
+        length = min(len(ids) - prefix, budget)
+        need = -(-length // self.page)
+        # Keep a page per running request in reserve for its next decode step.
+        if need + reserve > self.available_pages():
+            return None
+        row = self.req_pool.allocate()
+        if row is None:
+            return None
+        self.cache.lock(handle)
+        req.prefix_handle, req.prefix_len = handle, prefix
+        req.req_pool_idx, req.own_pages = row, []
+        req.num_computed = prefix
+        if prefix:
+            self.req_pool.write(row, 0, slots)
+        if not req.first_prefill_done:
+            req.cached_tokens = prefix
+        if not self._assign_slots(req, prefix + length):
+            self._release(req, cache_kv=False)
+            return None
+        req.status = Status.RUNNING
+        self.running.append(req)
+        return Segment(req, prefix, length)
+
+    def _pick_victim(self, exclude: Request) -> Request | None:
+        cands = [r for r in self.running if r is not exclude and r.status is Status.RUNNING]
+        if not cands:
+            return None
+        return max(cands, key=lambda r: (r.priority, r.arrival))
+
+    # -- leaving the running set ---------------------------------------------------------------
+    def _release(self, req: Request, cache_kv: bool) -> None:
+        """Give back the request's row and pages, handing computed K/V to the prefix cache."""
+        row = req.req_pool_idx
+        if row is None:
+            return
+        n = req.num_computed
+        own_start = req.prefix_len
+        if cache_kv and n > 0:
+            ids = req.all_ids[:n]
+            slots = self.req_pool.read(row, n)
+            already = self.cache.insert(ids, slots)
+            aligned = n - n % self.page
+            # Pages the cache took over: [max(already, prefix), aligned). Free the rest of ours.
+            kept_from = max(already, own_start)
+            keep = set(range((kept_from - own_start) // self.page, (aligned - own_start) // self.page))
+            self.pool.free(p for i, p in enumerate(req.own_pages) if i not in keep)
+        else:
+            self.pool.free(req.own_pages)
+        self.cache.unlock(req.prefix_handle)
+        self.req_pool.free(row)
+        req.req_pool_idx, req.prefix_handle, req.prefix_len, req.own_pages = None, None, 0, []
+        req.num_computed = 0
+
+    def finish(self, req: Request, reason: str, matched=None) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.matched_stop = matched
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:  # preempted before a deferred stop string was seen
+            self.waiting.remove(req)
+        self._release(req, cache_kv=True)
+
+    def preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req, cache_kv=True)
+        req.status = Status.WAITING
+        req.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.insert(0, req)
+
+    def on_step_done(self, batch: ScheduledBatch) -> None:
+        for seg in batch.segments:
+            seg.req.num_computed = seg.start + seg.length
+            if seg.samples:
+                seg.req.first_prefill_done = True
+
+    # -- stats -------------------------------------------------------------------------------
+    def token_usage(self) -> float:
+        used = self.pool.capacity_pages - self.pool.num_free_pages - self.cache.evictable_pages
+        return used / max(1, self.pool.capacity_pages)

@@ -1,0 +1,105 @@
+"""The attention backend contract.
+
+A backend writes the new tokens' K/V into the paged pool and computes attention of the new queries
+over each sequence's whole context (cached prefix + new tokens). The engine builds one
+:class:`AttentionMetadata` per forward and passes it to every layer.
+
+Layout shared by every backend:
+- ``q``: ``[T, num_heads, head_dim]``; ``k``/``v``: ``[T, num_kv_heads, head_dim]`` for the T new
+  tokens of the batch, sequences concatenated in batch order.
+- The pool stores K and V per layer as ``[num_slots, num_kv_heads, head_dim]``. A slot holds one
+  token; a page is ``page_size`` consecutive slots (page p holds slots ``p*page_size ...``), and slot
+  0 (page 0) is never handed out, so it can pad index tensors.
+- ``req_to_token[req_pool_indices[i], j]`` is the slot of token j of sequence i.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from llmkit.core.model.kv_pool import KVCachePool
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-forward description of the batch (never a global)."""
+
+    num_seqs: int
+    q_lens: list[int]  # new tokens per sequence
+    kv_lens: list[int]  # context length per sequence after this forward (prefix + new)
+    q_start_loc: torch.Tensor  # [B+1] int64 cumulative offsets of each sequence's queries
+    q_lens_t: torch.Tensor  # [B] int64 (device)
+    kv_lens_t: torch.Tensor  # [B] int64 (device)
+    req_pool_indices: torch.Tensor  # [B] int64 rows of req_to_token
+    req_to_token: torch.Tensor  # [max_reqs, max_context] int64 slot table
+    out_slots: torch.Tensor  # [T] int64 slot each new token's K/V is written to
+    page_size: int
+    is_decode: bool  # every sequence has exactly one new token
+    deterministic: bool = False  # batch-invariant numerics requested
+    # Host copies of q_start_loc and req_pool_indices: reading the device tensors back would make
+    # the CPU wait for the GPU mid-step. Empty when the builder did not provide them.
+    q_starts: list[int] = field(default_factory=list)
+    req_rows: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-private precomputed tensors
+
+
+class AttentionBackend(ABC):
+    """Computes paged attention for one model; one instance per engine."""
+
+    #: whether decode steps may be captured in CUDA graphs through the hooks below
+    supports_cuda_graph: bool = False
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        pool: "KVCachePool",
+        device: torch.device,
+        scale: float | None = None,
+    ) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.pool = pool
+        self.device = device
+        self.scale = scale if scale is not None else head_dim**-0.5
+
+    @classmethod
+    def availability(cls, device: torch.device) -> str | None:
+        """Return None if the backend can run on ``device``, else the reason it cannot."""
+        return None
+
+    def prepare_metadata(self, metadata: AttentionMetadata) -> AttentionMetadata:
+        """Precompute backend-specific tensors once per forward (stored in ``metadata.extra``)."""
+        return metadata
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Write ``k``/``v`` to the pool at ``metadata.out_slots`` and return ``[T, H, D]`` outputs."""
+
+    # CUDA-graph hooks: graphs are part of the backend contract, not a special case in the runner.
+    def init_capture_graph(self, max_bs: int, max_context: int) -> None:
+        """Allocate the static buffers that captured decode graphs read from."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_for_capture(self, bs: int) -> AttentionMetadata:
+        """Return metadata pointing at static buffers for capturing a decode graph of ``bs`` seqs."""
+        raise NotImplementedError
+
+    def prepare_for_replay(self, bs: int, metadata: AttentionMetadata) -> None:
+        """Copy this step's metadata into the static buffers before replaying a graph of size bs."""
+        raise NotImplementedError

@@ -1,0 +1,150 @@
+"""A radix tree over token ids whose nodes own KV pages (SGLang's RadixAttention cache)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Sequence
+
+import torch
+
+from llmkit.core.model.kv_pool import KVCachePool
+from llmkit.core.model.prefix_cache import PrefixCache
+
+_clock = itertools.count()
+
+
+class _Node:
+    __slots__ = ("children", "parent", "key", "slots", "lock_ref", "last_access")
+
+    def __init__(self, parent: "_Node | None", key: tuple[int, ...], slots: torch.Tensor):
+        self.children: dict[tuple[int, ...], _Node] = {}
+        self.parent = parent
+        self.key = key  # token ids on the edge into this node; length is a multiple of page_size
+        self.slots = slots  # KV slots of those tokens
+        self.lock_ref = 0
+        self.last_access = next(_clock)
+
+
+class RadixCache(PrefixCache):
+    """Children are keyed by their first page of tokens, so every split falls on a page boundary."""
+
+    def __init__(self, pool: KVCachePool) -> None:
+        self.pool = pool
+        self.page = pool.page_size
+        self.root = _Node(None, (), torch.empty(0, dtype=torch.int64))
+        self.root.lock_ref = 1  # never evicted
+        self._cached_tokens = 0
+        self._evictable_tokens = 0
+
+    # -- matching ---------------------------------------------------------------------------
+    def _aligned(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        n = len(token_ids) - len(token_ids) % self.page
+        return tuple(token_ids[:n])
+
+    def _match_len(self, a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        n = min(len(a), len(b))
+        i = 0
+        while i < n and a[i] == b[i]:
+            i += 1
+        return i - i % self.page
+
+    def match_prefix(self, token_ids):
+        key = self._aligned(token_ids)
+        node, pieces, pos = self.root, [], 0
+        while pos < len(key):
+            child = node.children.get(key[pos : pos + self.page])
+            if child is None:
+                break
+            m = self._match_len(child.key, key[pos:])
+            if m < len(child.key):
+                child = self._split(child, m)
+            child.last_access = next(_clock)
+            pieces.append(child.slots)
+            pos += m
+            node = child
+        slots = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
+        return slots, node
+
+    def _split(self, child: _Node, m: int) -> _Node:
+        """Cut ``child``'s edge after ``m`` tokens; return the new upper node."""
+        upper = _Node(child.parent, child.key[:m], child.slots[:m])
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        child.parent.children[child.key[: self.page]] = upper
+        child.key, child.slots, child.parent = child.key[m:], child.slots[m:], upper
+        upper.children[child.key[: self.page]] = child
+        return upper
+
+    # -- insertion ---------------------------------------------------------------------------
+    def insert(self, token_ids, slots):
+        key = self._aligned(token_ids)
+        slots = slots[: len(key)]
+        node, pos = self.root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos : pos + self.page])
+            if child is None:
+                new = _Node(node, key[pos:], slots[pos:].clone())
+                node.children[new.key[: self.page]] = new
+                self._cached_tokens += len(new.key)
+                self._evictable_tokens += len(new.key)
+                return pos
+            m = self._match_len(child.key, key[pos:])
+            if m < len(child.key):
+                child = self._split(child, m)
+            child.last_access = next(_clock)
+            pos += m
+            node = child
+        return pos
+
+    # -- locking -----------------------------------------------------------------------------
+    def lock(self, handle):
+        node = handle
+        while node is not None and node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable_tokens -= len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, handle):
+        node = handle
+        while node is not None and node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable_tokens += len(node.key)
+            node = node.parent
+
+    # -- eviction ----------------------------------------------------------------------------
+    def _leaves(self) -> list[_Node]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            if not n.children and n is not self.root:
+                out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def evict(self, num_pages):
+        freed = 0
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        while freed < num_pages and heap:
+            _, _, node = heapq.heappop(heap)
+            pages = node.slots[:: self.page] // self.page
+            self.pool.free(pages.tolist())
+            freed += len(pages)
+            self._cached_tokens -= len(node.key)
+            self._evictable_tokens -= len(node.key)
+            parent = node.parent
+            del parent.children[node.key[: self.page]]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    @property
+    def evictable_pages(self):
+        return self._evictable_tokens // self.page
+
+    @property
+    def cached_pages(self):
+        return self._cached_tokens // self.page

