@@ -56,7 +56,8 @@ def free_memory(device: torch.device) -> None:
 # -- llmkit -----------------------------------------------------------------------------------
 def llmkit_round(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
     """Submit every prompt at once; return per-request (time, tokens) arrivals and the start time."""
-    from llmkit.core.engine.request import Request, SamplingParams
+    from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.engine.request import Request
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
     arrivals: list[list[tuple[float, int]]] = [[] for _ in prompts]
@@ -76,7 +77,7 @@ def llmkit_round(engine, prompts: list[list[int]], new_tokens: int, tag: str) ->
 
     t0 = time.perf_counter()
     for i, ids in enumerate(prompts):
-        engine.submit(Request(f"{tag}-{i}", ids, params), sink_for(i))
+        engine.submit(GenerateRequest(f"{tag}-{i}", ids, params), sink_for(i))
     for _ in prompts:
         if not done.acquire(timeout=3600):
             raise TimeoutError("llmkit did not finish within an hour")
@@ -112,6 +113,7 @@ def bench_llmkit(args, model_dir: Path, attention: str, device: torch.device) ->
     warm_m = min(m, 32)
     extra = {} if args.cuda_graph_max_bs is None else {"cuda_graph_max_bs": args.cuda_graph_max_bs}
     cfg = EngineConfig(
+        grammar_backend="none",
         model_path=str(model_dir), load_format="dummy", device=args.device, dtype=args.dtype,
         attention=attention, max_running_requests=max_running,
         # the warm-up's and the measured round's KV both fit: no preemption, no cache eviction

@@ -37,7 +37,8 @@ def run(
 
     from tqdm import tqdm
 
-    from llmkit.core.batches.offline import asgi_executor, run_batch_file
+    from llmkit.core.batches.executor import make_batch_executor
+    from llmkit.core.batches.offline import run_batch_file
 
     try:
         from llmkit.cli.serve import build_app_for_batch  # imports torch: only when running
@@ -54,7 +55,7 @@ def run(
         bar.refresh()
 
     with build_app_for_batch(list(ctx.args)) as app:
-        rec = asyncio.run(run_batch_file(input_path, output, asgi_executor(app), endpoint=endpoint,
+        rec = asyncio.run(run_batch_file(input_path, output, make_batch_executor(app.state.llmkit), endpoint=endpoint,
                                          max_in_flight=max_in_flight, on_progress=on_progress))
     bar.close()
     counts = rec.request_counts

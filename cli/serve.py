@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -19,6 +20,8 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(
+    ctx: typer.Context,
+    *,
     model_path: ModelPath = None,
     host: Annotated[str, typer.Option("--host", envvar="LLMKIT_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="LLMKIT_PORT")] = 30000,
@@ -65,13 +68,13 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
-    params = dict(locals())
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S")
     from llmkit.core.plugins import PluginError
 
     try:
-        app = _build_app(params)
+        engine_config, server_config = build_configs(**ctx.params)
+        app = _build_app(engine_config, server_config)
     except (PluginError, FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -82,35 +85,45 @@ def serve(
                 timeout_graceful_shutdown=shutdown_timeout, h11_max_incomplete_event_size=64 * 1024)
 
 
-def _build_app(p: dict, batch_storage: str | None = "from-params"):
+def build_configs(
+    *, model_path, host, port, served_model_name, chat_template, attention, reasoning_parser, tool_call_parser,
+    grammar_backend, dtype, device, api_key, context_length, max_running_requests, max_queued_requests,
+    max_total_tokens, chunked_prefill_size, schedule_policy, disable_radix_cache, page_size,
+    enable_deterministic_inference, num_threads, quantization, cuda_graph_max_bs, disable_cuda_graph,
+    disable_overlap_schedule, enable_overlap_schedule, load_format, max_payload_size, shutdown_timeout,
+    batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level,
+):
+    """The engine and server configs from ``llmkit serve``'s options (keyword-only: every option
+    is named once here, and a new option that is not placed in a config fails loudly)."""
     from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.server.config import ServerConfig
+
+    if disable_overlap_schedule and enable_overlap_schedule:
+        raise ValueError("--disable-overlap-schedule and --enable-overlap-schedule contradict each other")
+    engine = EngineConfig(
+        model_path=model_path, dtype=dtype, device=device, attention=attention, page_size=page_size,
+        max_total_tokens=max_total_tokens, max_running_requests=max_running_requests,
+        max_queued_requests=max_queued_requests, chunked_prefill_size=chunked_prefill_size,
+        schedule_policy=schedule_policy, disable_radix_cache=disable_radix_cache, context_length=context_length,
+        enable_deterministic_inference=enable_deterministic_inference, num_threads=num_threads,
+        cuda_graph_max_bs=cuda_graph_max_bs, disable_cuda_graph=disable_cuda_graph, quantization=quantization,
+        load_format=load_format, grammar_backend=grammar_backend,
+        overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
+    )
+    server = ServerConfig(
+        served_model_name=served_model_name or "", host=host, port=port, api_key=api_key,
+        chat_template=chat_template, reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
+        max_payload_size=max_payload_size, shutdown_timeout=shutdown_timeout, log_level=log_level,
+        batch_storage=None if batch_storage == "none" else batch_storage, file_storage_path=file_storage_path,
+        storage_options=tuple(storage_option or ()), batch_max_in_flight=batch_max_in_flight,
+    )
+    return engine, server
+
+
+def _build_app(engine_config, server_config):
     from llmkit.core.launch import build_server
 
-    config = EngineConfig(
-        model_path=p["model_path"], served_model_name=p["served_model_name"], dtype=p["dtype"],
-        device=p["device"], attention=p["attention"], page_size=p["page_size"],
-        max_total_tokens=p["max_total_tokens"], max_running_requests=p["max_running_requests"],
-        max_queued_requests=p["max_queued_requests"], chunked_prefill_size=p["chunked_prefill_size"],
-        schedule_policy=p["schedule_policy"], disable_radix_cache=p["disable_radix_cache"],
-        context_length=p["context_length"],
-        enable_deterministic_inference=p["enable_deterministic_inference"], num_threads=p["num_threads"],
-        cuda_graph_max_bs=p["cuda_graph_max_bs"], disable_cuda_graph=p["disable_cuda_graph"],
-        quantization=p["quantization"], load_format=p["load_format"],
-        overlap_schedule=_overlap(p),
-    )
-    storage = p["batch_storage"] if batch_storage == "from-params" else batch_storage
-    return build_server(
-        config, api_key=p["api_key"], chat_template=p["chat_template"], reasoning_parser=p["reasoning_parser"],
-        tool_call_parser=p["tool_call_parser"], grammar_backend=p["grammar_backend"],
-        max_payload_size=p["max_payload_size"], batch_storage=None if storage == "none" else storage,
-        file_storage_path=p["file_storage_path"], storage_options=tuple(p["storage_option"] or ()),
-        batch_max_in_flight=p["batch_max_in_flight"])
-
-
-def _overlap(p: dict) -> bool | None:
-    if p["disable_overlap_schedule"] and p["enable_overlap_schedule"]:
-        raise ValueError("--disable-overlap-schedule and --enable-overlap-schedule contradict each other")
-    return False if p["disable_overlap_schedule"] else True if p["enable_overlap_schedule"] else None
+    return build_server(engine_config, server_config)
 
 
 @contextlib.contextmanager
@@ -119,9 +132,9 @@ def build_app_for_batch(args: list[str]):
     batch runner; the engine stops on exit."""
     command = typer.main.get_command(_serve_only_app())
     ctx = command.make_context("serve", list(args))
-    params = dict(ctx.params)
-    logging.basicConfig(level=params["log_level"].upper(), format="[%(asctime)s] %(message)s")
-    app = _build_app(params, batch_storage=None)
+    engine_config, server_config = build_configs(**ctx.params)
+    logging.basicConfig(level=server_config.log_level.upper(), format="[%(asctime)s] %(message)s")
+    app = _build_app(engine_config, replace(server_config, batch_storage=None))
     try:
         yield app
     finally:

@@ -1,14 +1,19 @@
-"""Build a ready-to-serve app from configuration (used by ``llmkit serve`` and tests)."""
+"""The one module on top: wires the engine, the OpenAI server and Files & Batches together.
+
+``build_server`` is used by ``llmkit serve`` and ``llmkit batch run``; everything below it
+(server, batches, engine) is built from the two frozen configs.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
-from llmkit.core.server.chat_template import ChatTemplate
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.plugins import registry
+from llmkit.core.server.config import ServerConfig
 
 log = logging.getLogger("llmkit")
 
@@ -28,61 +33,66 @@ def _sampling_defaults(model_dir: Path) -> dict:
     return out
 
 
-def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reasoning_parser=None,
-                 tool_call_parser=None, grammar_backend="xgrammar", max_payload_size=32 << 20,
-                 batch_storage: str | None = None, file_storage_path="./llmkit_storage", storage_options=(),
-                 batch_max_in_flight: int = 4):
-    """Load the model, start the engine thread and return the app. With ``batch_storage`` (a
-    storage plugin name) the files and batches endpoints are mounted on that backend."""
-    from llmkit.core.engine.loop import Engine
+def check_server_config(config: ServerConfig) -> None:
+    """Fail on unknown plugin names before the (slow) model load, listing the valid names."""
+    reg = registry()
+    if config.reasoning_parser:
+        reg.entry("reasoning_parser", config.reasoning_parser)
+    if config.tool_call_parser:
+        reg.entry("tool_parser", config.tool_call_parser)
+    if config.batch_storage is not None:
+        reg.entry("storage", config.batch_storage)
+
+
+def build_server(engine_config: EngineConfig, config: ServerConfig):
+    """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
+    is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
     from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.engine.client import InProcessEngineClient
+    from llmkit.core.engine.loop import Engine
     from llmkit.core.model.source import EMBEDDED_NAME
     from llmkit.core.server.app import create_app
-    from llmkit.core.server.state import ServerOptions, ServerState
+    from llmkit.core.server.chat_template import ChatTemplate
+    from llmkit.core.server.state import ServerState
 
-    reg = registry()
+    check_server_config(config)
     storage = None
-    if batch_storage is not None:
+    if config.batch_storage is not None:
         from llmkit.core.batches.storage import open_storage, parse_storage_options
 
-        storage = open_storage(batch_storage, parse_storage_options(list(storage_options)),
-                               file_storage_path=file_storage_path)
-    if reasoning_parser:
-        reg.entry("reasoning_parser", reasoning_parser)  # fail at start-up with the valid names
-    if tool_call_parser:
-        reg.entry("tool_parser", tool_call_parser)
-    parts = build_engine_parts(config)
+        storage = open_storage(config.batch_storage, parse_storage_options(list(config.storage_options)),
+                               file_storage_path=config.file_storage_path)
+    parts = build_engine_parts(engine_config)
     tok = parts.tokenizer
-    source = Path(chat_template).read_text() if chat_template else getattr(tok, "chat_template", None)
+    source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
     template = ChatTemplate(source, tok.bos_token or "", tok.eos_token or "") if source else None
-    engine = Engine(config, parts)
+    engine = Engine(engine_config, parts)
     engine.start()
-    client = InProcessEngineClient(engine, config.max_queued_requests)
-    name = config.served_model_name or config.model_path or EMBEDDED_NAME
-    options = ServerOptions(served_model_name=name, api_key=api_key, reasoning_parser=reasoning_parser,
-                            tool_call_parser=tool_call_parser, max_payload_size=max_payload_size)
-    state = ServerState(client=client, tokenizer=tok, chat_template=template, options=options,
+    client = InProcessEngineClient(engine, engine_config.max_queued_requests)
+    if not config.served_model_name:
+        config = replace(config, served_model_name=engine_config.model_path or EMBEDDED_NAME)
+    state = ServerState(client=client, tokenizer=tok, chat_template=template, options=config,
                         max_context=parts.max_context, vocab_size=parts.vocab_size,
                         sampling_defaults=_sampling_defaults(parts.model_dir))
-    state.grammar = _grammar_backend(grammar_backend, tok, parts.vocab_size, parts.eos_token_ids)
-    engine.sampler.grammar_backend = state.grammar
+    services, routers = [], []
+    if storage is not None:
+        services, routers = _batches(state, storage, config.batch_max_in_flight)
 
     def shutdown():
-        engine.shutdown()
-        if state.grammar is not None:
-            state.grammar.close()
+        client.shutdown()
+        if storage is not None:
+            storage.close()
 
-    return create_app(state, on_shutdown=shutdown, storage=storage, batch_max_in_flight=batch_max_in_flight)
+    return create_app(state, on_shutdown=shutdown, services=services, routers=routers)
 
 
-def _grammar_backend(name: str, tokenizer, vocab_size: int, eos_ids):
-    """The structured-output backend (``none``: constraint requests get a 400)."""
-    if name == "none":
-        return None
-    from llmkit.core.grammar.contract import create_grammar_backend
+def _batches(state, storage, max_in_flight: int):
+    """The batch runner (started and stopped with the app) and the files and batches routes."""
+    from llmkit.core.batches.batches_routes import batches_router, protocol_body_validator
+    from llmkit.core.batches.executor import make_batch_executor
+    from llmkit.core.batches.files_routes import files_router
+    from llmkit.core.batches.runner import BatchRunner
 
-    backend = create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size,
-                                     stop_token_ids=sorted(eos_ids))
-    backend.warmup()  # start the compile workers now, not on the first constrained request
-    return backend
+    runner = BatchRunner(storage, make_batch_executor(state), max_in_flight=max_in_flight,
+                         body_validator=protocol_body_validator)
+    return [runner], [files_router(storage), batches_router(runner, max_body=state.options.max_payload_size)]

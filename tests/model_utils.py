@@ -41,6 +41,7 @@ def save_tiny_model(arch: str, path) -> "torch.nn.Module":
 
 
 def start_engine(**kwargs) -> Engine:
+    kwargs.setdefault("grammar_backend", "none")  # no compiler workers unless a test needs them
     cfg = EngineConfig(**kwargs)
     engine = Engine(cfg, build_engine_parts(cfg))
     engine.start()

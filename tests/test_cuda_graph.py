@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.cuda_graph import batch_buckets
-from llmkit.core.engine.request import Request, SamplingParams
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 from model_utils import start_engine
 
@@ -26,7 +26,7 @@ def _greedy(engine, prompts, n=24):
             out.setdefault(i, []).extend(o.token_ids)
             if o.finished:
                 done.release()
-        engine.submit(Request(f"g{i}", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
+        engine.submit(GenerateRequest(f"g{i}", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
     for _ in prompts:
         assert done.acquire(timeout=300)
     return [out[i] for i in range(len(prompts))]

@@ -14,7 +14,7 @@ from llmkit.core.engine.loop import Engine
 from llmkit.core.engine.builder import build_engine_parts
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.source import resolve_model_dir
-from llmkit.core.engine.request import Request, SamplingParams
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 from model_utils import tiny_config
 
@@ -43,13 +43,13 @@ def _generate(engine: Engine, ids: list[int], n: int) -> tuple[list[int], list[f
             done.set()
 
     params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True, logprobs=True)
-    engine.submit(Request("dummy-0", ids, params), sink)
+    engine.submit(GenerateRequest("dummy-0", ids, params), sink)
     assert done.wait(60)
     return tokens, lps
 
 
 def _build_and_generate(model_dir) -> tuple[list[int], list[float]]:
-    cfg = EngineConfig(model_path=str(model_dir), load_format="dummy", device="cpu", attention="torch",
+    cfg = EngineConfig(grammar_backend="none", model_path=str(model_dir), load_format="dummy", device="cpu", attention="torch",
                        dtype="float32", max_total_tokens=256)
     parts = build_engine_parts(cfg)
     for m in parts.model.modules():

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from llmkit.core.model.source import resolve_model_dir
-from llmkit.core.engine.request import Request, SamplingParams
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from model_utils import start_engine
 from server_utils import start_server, stop_server
 
@@ -58,7 +58,7 @@ def _run(engine, prompts) -> list[dict]:
         return sink
 
     for i, ids in enumerate(prompts):
-        engine.submit(Request(f"r{i}-{id(engine)}", list(ids), _params(i)), sink_for(i))
+        engine.submit(GenerateRequest(f"r{i}-{id(engine)}", list(ids), _params(i)), sink_for(i))
     for _ in prompts:
         assert done.acquire(timeout=300)
     return results
@@ -117,7 +117,7 @@ def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
     from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.model.kv_pool import ReqToTokenPool
 
-    cfg = EngineConfig(enable_deterministic_inference=True, overlap_schedule=True, max_total_tokens=160,
+    cfg = EngineConfig(grammar_backend="none", enable_deterministic_inference=True, overlap_schedule=True, max_total_tokens=160,
                        max_running_requests=6, page_size=4)
     parts = build_engine_parts(cfg)
     old = parts.scheduler.req_pool
@@ -166,7 +166,7 @@ def test_abort_with_a_deferred_token_keeps_its_text(prompts):
             done.set()
 
     try:
-        engine.submit(Request("a1", list(prompts[1]), SamplingParams(max_new_tokens=500, temperature=0,
+        engine.submit(GenerateRequest("a1", list(prompts[1]), SamplingParams(max_new_tokens=500, temperature=0,
                                                                      ignore_eos=True)), sink)
         assert some.wait(120)
         engine.abort("a1")

@@ -14,7 +14,7 @@ from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
-from llmkit.core.engine.request import Request, SamplingParams
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
 import model_utils
@@ -85,7 +85,7 @@ def _ours(engine, ids: list[int], n: int) -> list[int]:
         if o.finished:
             done.set()
 
-    engine.submit(Request(f"ref-{len(ids)}-{ids[-3:]}", ids,
+    engine.submit(GenerateRequest(f"ref-{len(ids)}-{ids[-3:]}", ids,
                           SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
     assert done.wait(120)
     return out

@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from llmkit.core.model.source import resolve_model_dir
-from llmkit.core.engine.request import Request, SamplingParams
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 from model_utils import start_engine
 
@@ -36,7 +36,7 @@ def _run(engine, prompts, max_new=40):
         return sink
 
     for i, ids in enumerate(prompts):
-        engine.submit(Request(f"r{i}-{id(engine)}", list(ids),
+        engine.submit(GenerateRequest(f"r{i}-{id(engine)}", list(ids),
                               SamplingParams(max_new_tokens=max_new, min_new_tokens=max_new, temperature=0)),
                       sink_for(i))
     for _ in prompts:
@@ -88,9 +88,9 @@ def test_online_requests_are_admitted_before_batch_lines(prompts):
         return sink
 
     try:
-        reqs = [Request(f"batch{i}", list(prompts[0]), SamplingParams(max_new_tokens=3, temperature=0), priority=1)
+        reqs = [GenerateRequest(f"batch{i}", list(prompts[0]), SamplingParams(max_new_tokens=3, temperature=0), priority=1)
                 for i in range(3)]
-        reqs.append(Request("online", list(prompts[1]), SamplingParams(max_new_tokens=3, temperature=0)))
+        reqs.append(GenerateRequest("online", list(prompts[1]), SamplingParams(max_new_tokens=3, temperature=0)))
         # submit all at once: the engine drains its inbox before scheduling
         for r in reqs:
             engine._inbox.put(("add", r, sink_for(r.rid)))
@@ -115,9 +115,9 @@ def test_a_failing_request_fails_alone(prompts):
         return sink
 
     try:
-        bad = Request("bad", list(prompts[0]), SamplingParams(max_new_tokens=8, min_new_tokens=8,
+        bad = GenerateRequest("bad", list(prompts[0]), SamplingParams(max_new_tokens=8, min_new_tokens=8,
                                                              logit_bias={10**9: 1.0}))
-        good = Request("good", list(prompts[1]), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0))
+        good = GenerateRequest("good", list(prompts[1]), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0))
         engine._inbox.put(("add", bad, sink_for("bad")))
         engine._inbox.put(("add", good, sink_for("good")))
         for _ in range(2):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,7 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
 from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
-from llmkit.core.batches.files_routes import int_param, not_found, openai_error, paginate
+from llmkit.core.batches.files_routes import int_param, not_found, paginate
+from llmkit.core.server.body import read_json
+from llmkit.core.server.errors import error_response
 from llmkit.core.batches.storage import NotFoundError, check_file_id
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -47,36 +48,32 @@ def protocol_body_validator(endpoint: str, body: dict) -> str | None:
     return None
 
 
-def batches_router(runner: BatchRunner, *, endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS) -> APIRouter:
+def batches_router(runner: BatchRunner, *, max_body: int = 32 << 20,
+                   endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS) -> APIRouter:
     """The ``/v1/batches`` endpoints; ``endpoints`` lists the batch endpoints the server serves."""
     router = APIRouter()
     storage = runner.storage
 
     @router.post("/v1/batches")
     async def create_batch(request: Request):
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, RecursionError):
-            return openai_error(400, "The request body is not valid JSON.")
-        if not isinstance(body, dict):
-            return openai_error(400, "The request body must be a JSON object.")
+        body = await read_json(request, max_body)
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str):
-            return openai_error(400, "input_file_id is required.", param="input_file_id")
+            return error_response(status=400, message="input_file_id is required.", param="input_file_id")
         endpoint, window = body.get("endpoint"), body.get("completion_window")
         if endpoint not in endpoints:
-            return openai_error(400, f"endpoint must be one of {', '.join(endpoints)}.", param="endpoint")
+            return error_response(status=400, message=f"endpoint must be one of {', '.join(endpoints)}.", param="endpoint")
         if window not in COMPLETION_WINDOWS:
-            return openai_error(400, f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}.",
+            return error_response(status=400, message=f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}.",
                                 param="completion_window")
         if problem := _check_metadata(body.get("metadata")):
-            return openai_error(400, problem, param="metadata")
+            return error_response(status=400, message=problem, param="metadata")
         try:
             record = await run_in_threadpool(storage.get_file, check_file_id(input_file_id))
         except NotFoundError:
             return not_found("File", param="input_file_id")
         if record.purpose != "batch":
-            return openai_error(400, "The input file must have purpose 'batch'.", param="input_file_id")
+            return error_response(status=400, message="The input file must have purpose 'batch'.", param="input_file_id")
         batch = await runner.create(input_file_id, endpoint, window, body.get("metadata"))
         return batch.to_openai()
 

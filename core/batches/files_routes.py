@@ -32,15 +32,9 @@ MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
 MAX_FILENAME_BYTES = 255
 
 
-def openai_error(status: int, message: str, *, param: str | None = None,
-                 code: str | None = None) -> JSONResponse:
-    """An error response in OpenAI's shape (the server's own helper)."""
-    return error_response(message, status, param=param, code=code)
-
-
 def not_found(what: str = "File", param: str | None = None) -> JSONResponse:
     # Deliberately never echoes the id: the body is identical for malformed and unknown ids.
-    return openai_error(404, f"No such {what} object.", param=param, code="not_found")
+    return error_response(status=404, message=f"No such {what} object.", param=param, code="not_found")
 
 
 def sanitize_filename(name: Any) -> str:
@@ -65,7 +59,7 @@ def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> in
     except ValueError:
         value = lo - 1
     if not lo <= value <= hi:
-        return openai_error(400, f"{name} must be an integer from {lo} to {hi}.", param=name)
+        return error_response(status=400, message=f"{name} must be an integer from {lo} to {hi}.", param=name)
     return value
 
 
@@ -90,20 +84,20 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
     async def upload_file(request: Request):
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > max_upload_bytes + MULTIPART_SLACK:
-            return openai_error(413, f"File is larger than {max_upload_bytes} bytes.", param="file",
+            return error_response(status=413, message=f"File is larger than {max_upload_bytes} bytes.", param="file",
                                 code="file_too_large")
         try:
             form = await request.form(max_files=1, max_fields=8)
         except Exception:  # starlette raises several types for malformed multipart bodies
-            return openai_error(400, "Expected a multipart/form-data body with a 'file' part.")
+            return error_response(status=400, message="Expected a multipart/form-data body with a 'file' part.")
         upload = form.get("file")
         purpose = form.get("purpose", "batch")
         if upload is None:
-            return openai_error(400, "Missing the 'file' part.", param="file")
+            return error_response(status=400, message="Missing the 'file' part.", param="file")
         if isinstance(upload, str):  # a part without a filename arrives as a plain field
             upload = UploadFile(io.BytesIO(upload.encode()), filename="")
         if purpose not in UPLOAD_PURPOSES:
-            return openai_error(400, f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}.",
+            return error_response(status=400, message=f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}.",
                                 param="purpose")
         file_id = new_file_id()
 
@@ -114,13 +108,13 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
         try:
             size = await run_in_threadpool(storage.write_blob, file_id, chunks(), max_bytes=max_upload_bytes)
         except FileTooLargeError:
-            return openai_error(413, f"File is larger than {max_upload_bytes} bytes.", param="file",
+            return error_response(status=413, message=f"File is larger than {max_upload_bytes} bytes.", param="file",
                                 code="file_too_large")
         finally:
             await upload.close()
         if size == 0:
             await run_in_threadpool(storage.delete_blob, file_id)
-            return openai_error(400, "The file is empty.", param="file", code="empty_file")
+            return error_response(status=400, message="The file is empty.", param="file", code="empty_file")
         record = FileRecord(id=file_id, bytes=size, created_at=int(time.time()),
                             filename=sanitize_filename(upload.filename), purpose=purpose,
                             created_ns=time.time_ns())
@@ -134,7 +128,7 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
             return limit
         order = request.query_params.get("order", "desc")
         if order not in ("asc", "desc"):
-            return openai_error(400, "order must be 'asc' or 'desc'.", param="order")
+            return error_response(status=400, message="order must be 'asc' or 'desc'.", param="order")
         records = await run_in_threadpool(storage.list_files, purpose=request.query_params.get("purpose"))
         if order == "asc":
             records.reverse()

@@ -19,19 +19,6 @@ from llmkit.core.batches.validation import iter_lines, normalize_url
 from llmkit.core.batches.storage import BLOB_CHUNK, BatchRecord, FileRecord, new_file_id, open_storage
 
 
-def asgi_executor(app) -> Executor:
-    """An executor that POSTs each line to ``app`` in-process: the HTTP endpoint's own code path."""
-    import httpx
-
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://llmkit", timeout=None)
-
-    async def execute(endpoint: str, body: dict) -> tuple[int, dict]:
-        resp = await client.post(endpoint, json=body)
-        return resp.status_code, resp.json()
-
-    return execute
-
-
 def _file_chunks(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as f:
         while chunk := f.read(BLOB_CHUNK):

@@ -43,6 +43,7 @@ class EngineParts:
     eos_token_ids: frozenset[int]
     max_context: int
     attention_name: str
+    grammar: Any = None  # the grammar backend; None when structured output is disabled
 
 
 def resolve_device(name: str) -> torch.device:
@@ -162,6 +163,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     attn_name, attn_cls = select_attention(config.attention, device)
+    if config.grammar_backend != "none":
+        registry().entry("grammar", config.grammar_backend)  # an unknown name fails before loading
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     model_dir = resolve_model_dir(config.model_path)
@@ -210,9 +213,23 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         f" + {config.quantization} weights" if config.quantization else "", attn_name,
         tokens, tokens * bytes_per_token / 1e9, max_context,
     )
+    vocab_size = int(hf_config["vocab_size"])
+    eos_ids = _eos_ids(model_dir, hf_config, tokenizer)
     return EngineParts(
         model_dir=model_dir, hf_config=hf_config, tokenizer=tokenizer, model=model,
-        scheduler=scheduler, runner=runner, vocab_size=int(hf_config["vocab_size"]),
-        eos_token_ids=_eos_ids(model_dir, hf_config, tokenizer), max_context=max_context,
-        attention_name=attn_name,
+        scheduler=scheduler, runner=runner, vocab_size=vocab_size, eos_token_ids=eos_ids,
+        max_context=max_context, attention_name=attn_name,
+        grammar=build_grammar_backend(config.grammar_backend, tokenizer, vocab_size, eos_ids),
     )
+
+
+def build_grammar_backend(name: str, tokenizer, vocab_size: int, eos_ids):
+    """The structured-output backend (``none``: constraint requests get a 400)."""
+    if name == "none":
+        return None
+    from llmkit.core.grammar.contract import create_grammar_backend
+
+    backend = create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size,
+                                     stop_token_ids=sorted(eos_ids))
+    backend.warmup()  # start the compile workers now, not on the first constrained request
+    return backend

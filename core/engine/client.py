@@ -1,16 +1,20 @@
 """The one interface the HTTP server uses to talk to the engine.
 
-``InProcessEngineClient`` runs the engine on a thread of this process; another implementation
-could run it in another process without the server changing.
+Everything the server needs from the engine goes through :class:`EngineClient`, and everything
+that crosses it is a plain message (:mod:`llmkit.core.engine.messages`) or a JSON-ready dict.
+:class:`InProcessEngineClient` runs the engine on a thread of this process; another implementation
+can run it in another process without the server changing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Protocol
 
-from llmkit.core.engine.loop import Engine, RequestOutput
-from llmkit.core.engine.request import Request
+from llmkit.core.engine.messages import GenerateRequest, RequestOutput
+from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+
+COMPILE_TIMEOUT_S = 5.0
 
 
 class QueueFullError(Exception):
@@ -18,20 +22,40 @@ class QueueFullError(Exception):
 
 
 class EngineClient(Protocol):
-    tokenizer: object
+    tokenizer: Any  # the model's tokenizer (the server tokenizes and renders templates)
     max_context: int
     vocab_size: int
+    draining: bool  # set by the server when it starts shutting down
 
-    def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
+    def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``req`` and yield its outputs until one has ``finished``. Cancelling the
         iteration (client gone) aborts the request and frees its KV pages."""
 
     async def abort(self, rid: str) -> None:
         """Stop a request; its last output has finish_reason "abort"."""
 
+    def check_capacity(self, n: int = 1) -> None:
+        """Reserve ``n`` request slots, or raise :class:`QueueFullError`; see :meth:`release`."""
+
+    def release(self, n: int = 1) -> None:
+        """Give back slots reserved by :meth:`check_capacity`."""
+
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        """Compile ``spec`` with the engine's grammar backend (cached), or raise
+        :class:`GrammarError` (a client error naming the field)."""
+
+    def alive(self) -> bool:
+        """Whether the engine is running (``/health``)."""
+
+    def stats(self) -> dict:
+        """JSON-ready counters (``/get_server_info``): requests, KV pages, steps."""
+
+    def shutdown(self) -> None:
+        """Stop the engine after the server has drained; blocking."""
+
 
 class InProcessEngineClient:
-    def __init__(self, engine: Engine, max_queued: int) -> None:
+    def __init__(self, engine, max_queued: int) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_context = engine.max_context
@@ -41,7 +65,6 @@ class InProcessEngineClient:
         self.active = 0  # requests reserved or running (event-loop thread only)
 
     def check_capacity(self, n: int = 1) -> None:
-        """Reserve ``n`` request slots, or raise :class:`QueueFullError`; see :meth:`release`."""
         if self.active + n > self.max_queued:
             raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
         self.active += n
@@ -49,7 +72,12 @@ class InProcessEngineClient:
     def release(self, n: int = 1) -> None:
         self.active -= n
 
-    async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        if self.engine.grammar is None:
+            raise GrammarError(spec.param, "structured output is disabled on this server (--grammar-backend none)")
+        await self.engine.grammar.compile_async(spec, timeout=COMPILE_TIMEOUT_S)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.engine.submit(req, lambda out: loop.call_soon_threadsafe(q.put_nowait, out))
@@ -74,3 +102,6 @@ class InProcessEngineClient:
 
     def alive(self) -> bool:
         return self.engine.is_alive()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,4 +1,4 @@
-"""Requests and sampling parameters: plain dataclasses shared by the engine and the server."""
+"""The engine-side state of one sequence, built from a :class:`GenerateRequest` message."""
 
 from __future__ import annotations
 
@@ -9,37 +9,9 @@ from typing import Any
 
 import torch
 
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams, TokenLogprob
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request decoding settings (already validated by the server)."""
-
-    max_new_tokens: int = 16
-    min_new_tokens: int = 0
-    temperature: float = 1.0  # 0 (or < 1e-6) means greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 disables
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False
-    top_logprobs: int = 0
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < 1e-6
-
-    @property
-    def needs_penalties(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+__all__ = ["Request", "Status", "SamplingParams", "TokenLogprob"]
 
 
 class Status(enum.Enum):
@@ -49,15 +21,8 @@ class Status(enum.Enum):
 
 
 @dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), best first
-
-
-@dataclass
 class Request:
-    """One sequence being generated. ``n > 1`` is n requests that share a prompt."""
+    """One sequence being generated (engine thread only)."""
 
     rid: str
     prompt_ids: list[int]
@@ -66,7 +31,8 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
     grammar: Any = None  # a grammar matcher, when the output is constrained
-    grammar_wait_for: str | None = None  # apply the grammar only once this text (a reasoning end tag) is out
+    # While set, the grammar waits: a ReasoningEndScanner fed the output text until reasoning ends.
+    reasoning_end: Any = None
     return_prompt_logprobs: bool = False
 
     # engine state
@@ -92,7 +58,12 @@ class Request:
 
     @property
     def grammar_active(self) -> bool:
-        return self.grammar is not None and self.grammar_wait_for is None
+        return self.grammar is not None and self.reasoning_end is None
+
+    @classmethod
+    def from_message(cls, msg: GenerateRequest, eos_token_ids: frozenset[int]) -> "Request":
+        return cls(rid=msg.rid, prompt_ids=list(msg.prompt_ids), params=msg.params, priority=msg.priority,
+                   eos_token_ids=eos_token_ids, return_prompt_logprobs=msg.return_prompt_logprobs)
 
     @property
     def all_ids(self) -> list[int]:

@@ -23,9 +23,9 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 class Sampler:
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, grammar_backend=None) -> None:
         self.vocab_size = vocab_size
-        self.grammar_backend = None  # set when structured output is enabled
+        self.grammar_backend = grammar_backend  # None: structured output disabled
         self.failed: dict[int, str] = {}  # rows of the last sample() that failed: row -> message
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[TokenLogprob | None]]:

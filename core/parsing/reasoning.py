@@ -72,6 +72,13 @@ class ReasoningParser(ABC):
     def in_reasoning(self) -> bool:
         """Whether the text fed so far ends inside reasoning (for counting reasoning tokens)."""
 
+    @property
+    def reasoning_end_markers(self) -> tuple[str, ...]:
+        """When the output starts inside reasoning: the strings whose appearance ends it, so a
+        constraint (JSON schema, forced tool call) can wait for the answer; ``()`` otherwise, or
+        when the format cannot tell from the text alone."""
+        return ()
+
     def parse(self, text: str, finish_reason: str = "stop") -> tuple[str, str]:
         """Non-streaming convenience: ``feed(text)`` then ``finish()``, concatenated."""
         r1, c1 = self.feed(text)
@@ -111,6 +118,25 @@ def create_reasoning_parser(
         chat_template_kwargs=chat_template_kwargs,
         stream_reasoning=stream_reasoning,
     )
+
+
+class ReasoningEndScanner:
+    """Finds where reasoning ends in streamed output, in time linear in the output: it keeps only
+    the tail that could begin an end marker between deltas (the engine feeds it every delta
+    while a constraint waits for the answer)."""
+
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self.markers = tuple(m for m in markers if m)
+        self._tail = ""
+
+    def is_reasoning_end(self, delta: str) -> bool:
+        """Feed the newest output text; True once an end marker has appeared."""
+        s = self._tail + delta
+        if first_marker(s, self.markers)[1] is not None:
+            return True
+        keep = partial_marker_len(s, self.markers)
+        self._tail = s[len(s) - keep :] if keep else ""
+        return False
 
 
 # Modes of the tag machine.
@@ -162,6 +188,10 @@ class ThinkTagReasoningParser(ReasoningParser):
     @property
     def in_reasoning(self) -> bool:
         return self._mode in (_R_HEAD, _REASON)
+
+    @property
+    def reasoning_end_markers(self) -> tuple[str, ...]:
+        return (self.end_tag,) if self.in_reasoning else ()
 
     def feed(self, text: str) -> tuple[str, str]:
         s, self._tail = self._tail + text, ""

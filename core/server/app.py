@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from llmkit.core.engine.client import QueueFullError
-from llmkit.core.engine.request import Request, SamplingParams
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
+from llmkit.core.server.parser_routes import parser_router
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmkit.core.server.serving_chat import create_chat_completion
 from llmkit.core.server.serving_completions import create_completion
@@ -23,50 +23,6 @@ from llmkit.core.server.state import ServerState, new_id
 
 log = logging.getLogger("llmkit")
 OPEN_PATHS = ("/health", "/metrics", "/ping")
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-async def read_json(raw: HTTPRequest, limit: int) -> dict:
-    """Read and parse a JSON object body, enforcing the size cap before reading it all."""
-    ctype = raw.headers.get("content-type", "")
-    if ctype and "json" not in ctype:
-        raise APIError("Unsupported Media Type: Only 'application/json' is allowed", status=415)
-    length = raw.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError("Payload Too Large", status=413)
-    chunks, size = [], 0
-    async for chunk in raw.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError("Payload Too Large", status=413)
-        chunks.append(chunk)
-    data = b"".join(chunks)
-    try:
-        text = data.decode("utf-8")
-        body = json.loads(text, parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise APIError("the request body is not valid UTF-8") from None
-    except RecursionError:
-        raise APIError("the request body is nested too deeply") from None
-    except ValueError as exc:
-        raise APIError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise APIError("the request body must be a JSON object")
-    return body
-
-
-def parse_model(cls, body: dict):
-    try:
-        return cls.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err.get("loc", ())) or None
-        raise APIError(f"{param}: {err.get('msg')}" if param else str(exc), param=param) from None
-    except RecursionError:
-        raise APIError("the request body is nested too deeply") from None
 
 
 def _digest(s: str) -> bytes:
@@ -96,31 +52,22 @@ class _APIKeyMiddleware:
         await resp(scope, receive, send)
 
 
-def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_in_flight: int = 4) -> FastAPI:
-    """Build the app. ``on_shutdown`` runs after in-flight requests have drained. With a
-    ``storage`` backend, /v1/files and /v1/batches are served from it."""
-    runner = None
-    if storage is not None:
-        from llmkit.core.batches.runner import BatchRunner
-        from llmkit.core.batches.executor import make_batch_executor
-        from llmkit.core.batches.batches_routes import protocol_body_validator
-
-        runner = BatchRunner(storage, make_batch_executor(state), max_in_flight=batch_max_in_flight,
-                             body_validator=protocol_body_validator)
+def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=()) -> FastAPI:
+    """Build the app. ``services`` (objects with async ``start``/``stop``, e.g. the batch runner)
+    run for the app's lifetime; ``routers`` are mounted beside the OpenAI routes; ``on_shutdown``
+    runs after in-flight requests have drained."""
 
     def shutdown():
         if on_shutdown is not None:
             on_shutdown()
-        if storage is not None:
-            storage.close()
 
     @asynccontextmanager
     async def lifespan(app):
-        if runner is not None:
-            await runner.start()  # resumes batches a previous process left unfinished
+        for service in services:
+            await service.start()  # the batch runner resumes batches a previous process left
         yield
-        if runner is not None:
-            await runner.stop()
+        for service in services:
+            await service.stop()
         state.client.draining = True
         await asyncio.to_thread(shutdown)
 
@@ -183,7 +130,7 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
     async def health_generate():
         if state.client.draining or not state.client.alive():
             return error_response("the engine is not running", 503)
-        req = Request(rid=new_id("health-"), prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0))
+        req = GenerateRequest(rid=new_id("health-"), prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0))
         try:
             async with asyncio.timeout(20):
                 async for _ in state.client.generate(req):
@@ -202,20 +149,7 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
         return {"served_model_name": state.options.served_model_name, "max_model_len": state.max_context,
                 **state.client.stats()}
 
-    _mount_optional_routers(app, state)
-    if runner is not None:
-        from llmkit.core.batches.batches_routes import batches_router
-        from llmkit.core.batches.files_routes import files_router
-
-        app.include_router(files_router(storage))
-        app.include_router(batches_router(runner))
-    return app
-
-
-def _mount_optional_routers(app: FastAPI, state: ServerState) -> None:
-    """Routers that other parts of llmkit contribute (parsers, files and batches)."""
-    try:
-        from llmkit.core.server.parser_routes import parser_router
-    except ImportError:
-        return
     app.include_router(parser_router())
+    for router in routers:
+        app.include_router(router)
+    return app

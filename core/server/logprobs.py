@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmkit.core.engine.request import TokenLogprob
+from llmkit.core.engine.messages import TokenLogprob
 
 
 def _text(tokenizer, tid: int) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from llmkit.core.engine.request import SamplingParams
+from llmkit.core.engine.messages import SamplingParams
 from llmkit.core.server.errors import APIError
 
 MAX_N = 16

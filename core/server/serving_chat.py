@@ -9,7 +9,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
-from llmkit.core.engine.request import Request
+from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.logprobs import chat_logprobs
@@ -67,7 +67,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         params = replace(params, skip_special_tokens=False)  # parser markers are special tokens
 
     cid = new_id("chatcmpl-")
-    reqs = [Request(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i),
+    reqs = [GenerateRequest(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i),
                     priority=priority) for i in range(body.n)]
     from llmkit.core.server.structured import attach_grammar
 

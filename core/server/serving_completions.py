@@ -7,7 +7,7 @@ import time
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from llmkit.core.engine.request import Request
+from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text
@@ -65,7 +65,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
         if text is None:
             text = state.tokenizer.decode(ids, skip_special_tokens=True)
         for s in range(body.n):
-            r = Request(rid=f"{cid}-{pi}-{s}", prompt_ids=ids, params=seed_for_choice(params, s),
+            r = GenerateRequest(rid=f"{cid}-{pi}-{s}", prompt_ids=ids, params=seed_for_choice(params, s),
                         return_prompt_logprobs=body.echo and body.logprobs is not None, priority=priority)
             reqs.append(r)
             echoes.append(text if body.echo else "")
@@ -86,7 +86,7 @@ def _new_lp(state, body, req, echo: str):
     return CompletionLogprobs(state.tokenizer, offset=len(echo))
 
 
-def _add_prompt_lps(acc: CompletionLogprobs, req: Request, prompt_lps) -> None:
+def _add_prompt_lps(acc: CompletionLogprobs, req: GenerateRequest, prompt_lps) -> None:
     acc.offset = 0
     for pos, tid in enumerate(req.prompt_ids):
         lp = prompt_lps[pos] if prompt_lps and pos < len(prompt_lps) else None

@@ -9,19 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from llmkit.core.server.chat_template import ChatTemplate
-from llmkit.core.engine.loop import RequestOutput
-from llmkit.core.engine.request import Request
-
-
-@dataclass
-class ServerOptions:
-    served_model_name: str
-    api_key: str | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    max_payload_size: int = 32 << 20
-    max_prompt_list: int = 256
-    stream_include_usage_default: bool = False
+from llmkit.core.server.config import ServerConfig
+from llmkit.core.engine.messages import GenerateRequest as Request, RequestOutput
 
 
 @dataclass
@@ -29,11 +18,10 @@ class ServerState:
     client: Any  # EngineClient
     tokenizer: Any
     chat_template: ChatTemplate | None
-    options: ServerOptions
+    options: ServerConfig
     max_context: int
     vocab_size: int
     sampling_defaults: dict = field(default_factory=dict)
-    grammar: Any = None  # a grammar backend, or None when disabled
     started: float = field(default_factory=time.time)
 
 

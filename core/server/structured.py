@@ -3,11 +3,9 @@ decoding behind ``tool_choice`` "required" or a named function."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from llmkit.core.server.errors import APIError
-
-COMPILE_TIMEOUT_S = 5.0
-
 
 def tool_choice_schema(body) -> dict | None:
     """A JSON schema forcing ``[{"name", "parameters"}, ...]`` for required or named tool_choice."""
@@ -46,42 +44,33 @@ def _spec(state, body):
 
 
 async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> str | None:
-    """Compile the request's constraint (if any) and give each request its own matcher.
+    """Check the request's constraint (if any) and put it on each of ``reqs`` (replaced in place:
+    messages are frozen). The engine compiles it again from its cache and keeps the matchers.
 
     With a reasoning parser that starts inside a reasoning block, the grammar waits for the
-    parser's end tag, so the reasoning stays free text and only the answer is constrained.
+    parser's end marker, so the reasoning stays free text and only the answer is constrained.
     Returns the request field the constraint came from (``"tool_choice"`` for a forced tool
     call), or None when the request is unconstrained.
     """
     spec = _spec(state, body)
     if spec is None:
         return None
-    if state.grammar is None:
-        raise APIError("structured output is disabled on this server (--grammar-backend none)",
-                       param=spec.param)
     from llmkit.core.grammar.contract import GrammarError
 
     try:
-        compiled = await state.grammar.compile_async(spec, timeout=COMPILE_TIMEOUT_S)
+        await state.client.check_grammar(spec)
     except GrammarError as exc:
         raise APIError(exc.message, param=exc.param) from None
-    wait_for = _reasoning_end_tag(state, body, prompt_text)
-    for r in reqs:
-        r.grammar = compiled.new_matcher()
-        r.grammar_wait_for = wait_for
+    after = _reasoning_end_markers(state, body, prompt_text)
+    reqs[:] = [replace(r, grammar=spec, grammar_after=after) for r in reqs]
     return spec.param
 
 
-def _reasoning_end_tag(state, body, prompt_text) -> str | None:
+def _reasoning_end_markers(state, body, prompt_text) -> tuple[str, ...]:
     name = state.options.reasoning_parser
     if not name or prompt_text is None or not getattr(body, "separate_reasoning", True):
-        return None
+        return ()
     from llmkit.core.parsing.reasoning import create_reasoning_parser
 
     kwargs = body.chat_template_kwargs or {}
-    probe = create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs)
-    if not getattr(probe, "in_reasoning", False):
-        return None
-    return getattr(probe, "end_tag", None)
-
-
+    return create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs).reasoning_end_markers

@@ -1,0 +1,26 @@
+"""Server configuration (frozen), beside :class:`llmkit.core.engine.config.EngineConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_name: str = ""  # the id in /v1/models; launch fills it from the model path
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    chat_template: str | None = None  # a Jinja file overriding the tokenizer's template
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    max_payload_size: int = 32 << 20
+    max_prompt_list: int = 256
+    stream_include_usage_default: bool = False
+    shutdown_timeout: int = 30
+    log_level: str = "info"
+    # Files & Batches: a storage plugin's name, or None to leave the endpoints off.
+    batch_storage: str | None = "local"
+    file_storage_path: str = "./llmkit_storage"
+    storage_options: tuple[str, ...] = ()  # KEY=VALUE pairs for the storage backend
+    batch_max_in_flight: int = 4
