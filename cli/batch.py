@@ -37,11 +37,10 @@ def run(
 
     from tqdm import tqdm
 
-    from llmkit.core.batches.executor import make_batch_executor
     from llmkit.core.batches.offline import run_batch_file
 
     try:
-        from llmkit.cli.serve import build_app_for_batch  # imports torch: only when running
+        from llmkit.cli.serve import batch_executor_for  # imports torch: only when running
     except ImportError as exc:
         raise typer.BadParameter(f"the serve command is not available: {exc}") from exc
 
@@ -54,8 +53,8 @@ def run(
         bar.set_postfix(failed=counts["failed"], refresh=False)
         bar.refresh()
 
-    with build_app_for_batch(list(ctx.args)) as app:
-        rec = asyncio.run(run_batch_file(input_path, output, make_batch_executor(app.state.llmkit), endpoint=endpoint,
+    with batch_executor_for(list(ctx.args)) as execute:
+        rec = asyncio.run(run_batch_file(input_path, output, execute, endpoint=endpoint,
                                          max_in_flight=max_in_flight, on_progress=on_progress))
     bar.close()
     counts = rec.request_counts

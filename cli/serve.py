@@ -127,16 +127,18 @@ def _build_app(engine_config, server_config):
 
 
 @contextlib.contextmanager
-def build_app_for_batch(args: list[str]):
-    """An app built from ``llmkit serve`` options (no storage, no HTTP listener), for the offline
-    batch runner; the engine stops on exit."""
+def batch_executor_for(args: list[str]):
+    """The batch executor of a server built from ``llmkit serve`` options (no storage, no HTTP
+    listener): the same executor online batches use. The engine stops on exit."""
+    from llmkit.core.batches.executor import make_batch_executor
+
     command = typer.main.get_command(_serve_only_app())
     ctx = command.make_context("serve", list(args))
     engine_config, server_config = build_configs(**ctx.params)
     logging.basicConfig(level=server_config.log_level.upper(), format="[%(asctime)s] %(message)s")
     app = _build_app(engine_config, replace(server_config, batch_storage=None))
     try:
-        yield app
+        yield make_batch_executor(app.state.llmkit)
     finally:
         app.state.shutdown()
 

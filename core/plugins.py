@@ -11,7 +11,7 @@ import importlib
 import importlib.metadata as md
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pluggy
@@ -41,6 +41,9 @@ class PluginEntry:
     plugin: str
     package: str
     version: str
+    # What the plugin declares about itself at registration (read without importing it), e.g.
+    # ``auto={"cuda": 10}`` for attention, ``model_types=("llama",)`` for models.
+    meta: dict = field(default_factory=dict, compare=False)
 
     def load(self) -> Any:
         """Resolve the factory; a ``"module:attr"`` string is imported now."""
@@ -70,14 +73,14 @@ class Registry:
                 impl.function(register=self._registrar(kind, impl.plugin_name, package, version))
 
     def _registrar(self, kind: str, plugin: str, package: str, version: str):
-        def register(name: str, factory: str | Callable[..., Any]) -> None:
+        def register(name: str, factory: str | Callable[..., Any], **meta: Any) -> None:
             existing = self._entries[kind].get(name)
             if existing is not None:
                 raise PluginError(
                     f"{kind} '{name}' is registered twice: by {existing.plugin} "
                     f"({existing.package}) and by {plugin} ({package})"
                 )
-            self._entries[kind][name] = PluginEntry(kind, name, factory, plugin, package, version)
+            self._entries[kind][name] = PluginEntry(kind, name, factory, plugin, package, version, meta)
 
         return register
 
@@ -94,8 +97,40 @@ class Registry:
             valid = ", ".join(self.names(kind)) or "(none registered)"
             raise PluginError(f"unknown {kind.replace('_', ' ')} '{name}'; valid names: {valid}") from None
 
-    def load(self, kind: str, name: str) -> Any:
+    def _load(self, kind: str, name: str) -> Any:
         return self.entry(kind, name).load()
+
+    # One lookup per kind: the loaded factory registered under ``name``, or a PluginError that
+    # lists the valid names.
+    def attention_backend(self, name: str) -> Any:
+        return self._load("attention", name)
+
+    def model(self, architecture: str) -> Any:
+        return self._load("model", architecture)
+
+    def reasoning_parser(self, name: str) -> Any:
+        return self._load("reasoning_parser", name)
+
+    def tool_parser(self, name: str) -> Any:
+        return self._load("tool_parser", name)
+
+    def storage_backend(self, name: str) -> Any:
+        return self._load("storage", name)
+
+    def grammar_backend(self, name: str) -> Any:
+        return self._load("grammar", name)
+
+    def auto_attention(self, device_type: str) -> list[str]:
+        """Attention backends that declared ``auto={device_type: rank}``, best (highest) first."""
+        ranked = [(e.meta.get("auto", {}).get(device_type), e.name) for e in self._entries["attention"].values()]
+        return [name for rank, name in sorted((r for r in ranked if r[0] is not None), key=lambda r: -r[0])]
+
+    def architecture_for_model_type(self, model_type: str) -> str | None:
+        """The model plugin that declared ``model_types`` containing ``model_type``."""
+        for e in self._entries["model"].values():
+            if model_type in e.meta.get("model_types", ()):
+                return e.name
+        return None
 
 
 _lock = threading.Lock()
@@ -133,16 +168,6 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
             raise PluginError(f"plugin {name} failed to load: {exc}") from exc
         pm.register(module, name=name)
         _origins[name] = (package, dist.version if dist is not None else "")
-
-
-def register_plugin(module: Any, name: str, package: str = "local", version: str = "") -> None:
-    """Register a plugin object by hand (tests, embedding applications)."""
-    global _registry
-    pm = get_plugin_manager()
-    pm.register(module, name=name)
-    pm.check_pending()
-    _origins[name] = (package, version)
-    _registry = None
 
 
 def registry() -> Registry:

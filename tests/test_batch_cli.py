@@ -1,4 +1,4 @@
-"""``llmkit batch run``: CLI plumbing with a fake app, and the real embedded model end to end."""
+"""``llmkit batch run``: CLI plumbing with a fake executor, and the real embedded model end to end."""
 
 from __future__ import annotations
 
@@ -9,35 +9,21 @@ import types
 from contextlib import contextmanager
 
 import typer
-from fastapi import FastAPI
-from test_batch_runner import fake_execute, jsonl
+from batch_utils import fake_execute, jsonl
 from typer.testing import CliRunner
 
 from llmkit.cli.batch import register
-
-
-def fake_app() -> FastAPI:
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def chat(body: dict):
-        status, out = await fake_execute("/v1/chat/completions", body)
-        from fastapi.responses import JSONResponse
-
-        return JSONResponse(out, status_code=status)
-
-    return app
 
 
 def test_batch_run_writes_merged_output_in_input_order(tmp_path, monkeypatch):
     seen_args = []
 
     @contextmanager
-    def build_app_for_batch(args):
+    def batch_executor_for(args):
         seen_args.append(args)
-        yield fake_app()
+        yield fake_execute
 
-    monkeypatch.setitem(sys.modules, "llmkit.cli.serve", types.SimpleNamespace(build_app_for_batch=build_app_for_batch))
+    monkeypatch.setitem(sys.modules, "llmkit.cli.serve", types.SimpleNamespace(batch_executor_for=batch_executor_for))
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl(7, lambda i: "fail" if i in (2, 5) else f"q{i}", url="/chat/completions"))
     out = tmp_path / "out.jsonl"
@@ -56,10 +42,10 @@ def test_batch_run_writes_merged_output_in_input_order(tmp_path, monkeypatch):
 
 def test_batch_run_reports_validation_errors(tmp_path, monkeypatch):
     @contextmanager
-    def build_app_for_batch(args):
-        yield fake_app()
+    def batch_executor_for(args):
+        yield fake_execute
 
-    monkeypatch.setitem(sys.modules, "llmkit.cli.serve", types.SimpleNamespace(build_app_for_batch=build_app_for_batch))
+    monkeypatch.setitem(sys.modules, "llmkit.cli.serve", types.SimpleNamespace(batch_executor_for=batch_executor_for))
     src = tmp_path / "in.jsonl"
     src.write_bytes(jsonl(2) + b"{oops\n")
     app = typer.Typer()

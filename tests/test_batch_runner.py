@@ -4,60 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
 from llmkit.core.batches import runner as br
 from llmkit.core.batches.runner import BatchRunner
-from llmkit.core.batches.storage import FileRecord, new_file_id
 from llmkit.plugins.storage.local import LocalStorage
 
-
-async def fake_execute(endpoint: str, body: dict) -> tuple[int, dict]:
-    """Echoes the last message; ``"fail"`` in it gives a 400, ``"boom"`` raises."""
-    await asyncio.sleep(0)
-    text = body["messages"][-1]["content"]
-    if "fail" in text:
-        return 400, {"error": {"message": "bad line", "type": "invalid_request_error", "code": "bad"}}
-    if "boom" in text:
-        raise RuntimeError("engine exploded")
-    return 200, {"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                              "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
-
-
-def jsonl(n: int, contents=None, url: str = "/v1/chat/completions") -> bytes:
-    lines = []
-    for i in range(n):
-        content = contents(i) if contents else f"hello {i}"
-        lines.append(json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": url,
-                                 "body": {"model": "m", "messages": [{"role": "user", "content": content}]}}))
-    return ("\n".join(lines) + "\n").encode()
-
-
-def upload(storage, data: bytes) -> str:
-    fid = new_file_id()
-    storage.write_blob(fid, [data])
-    storage.put_file(FileRecord(fid, len(data), int(time.time()), "in.jsonl", "batch"))
-    return fid
-
-
-def read_file(storage, file_id):
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in b"".join(storage.read_blob(file_id)).splitlines()]
-
-
-async def run_batch(storage, execute, n: int = 5, data: bytes | None = None, **kw):
-    runner = BatchRunner(storage, execute, **kw)
-    await runner.start()
-    fid = upload(storage, data if data is not None else jsonl(n))
-    rec = await runner.create(fid, "/v1/chat/completions", "24h")
-    rec = await runner.wait(rec.id)
-    await runner.stop()
-    return rec, read_file(storage, rec.output_file_id), read_file(storage, rec.error_file_id)
+from batch_utils import fake_execute, jsonl, read_file, run_batch, upload  # noqa: F401
 
 
 @pytest.fixture

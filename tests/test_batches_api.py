@@ -5,36 +5,16 @@ from __future__ import annotations
 import io
 import json
 import time
-from contextlib import asynccontextmanager
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from test_batch_runner import fake_execute, jsonl
 
-from llmkit.core.batches.runner import BatchRunner
-from llmkit.core.batches.batches_routes import batches_router
-from llmkit.core.batches.files_routes import files_router
 from llmkit.plugins.storage.local import LocalStorage
+
+from batch_utils import fake_execute, jsonl, make_app
 
 openai = pytest.importorskip("openai")
 BAD_IDS = ["nope", "file-123", "..%2F..%2Fetc%2Fpasswd", "file-" + "0" * 32 + "%00", "x" * 300]
-
-
-def make_app(storage, execute, **runner_kw) -> FastAPI:
-    """Mounts the routers and runner the way ``create_app`` does."""
-    runner = BatchRunner(storage, execute, **runner_kw)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await runner.start()
-        yield
-        await runner.stop()
-
-    app = FastAPI(lifespan=lifespan)
-    app.include_router(files_router(storage, max_upload_bytes=1 << 20))
-    app.include_router(batches_router(runner))
-    return app
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
-from test_batch_runner import fake_execute, jsonl
-from test_batches_api import make_app
+from batch_utils import fake_execute, jsonl
+from batch_utils import make_app
 
 from llmkit.core.batches.files_routes import sanitize_filename
 from llmkit.plugins.storage.local import LocalStorage

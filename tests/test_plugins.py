@@ -99,9 +99,9 @@ def test_unknown_names_list_valid_ones():
     from llmkit.core.plugins import PluginError, registry
 
     with pytest.raises(PluginError, match="valid names: .*torch"):
-        registry().load("attention", "nope")
+        registry().attention_backend("nope")
     with pytest.raises(PluginError, match="qwen3"):
-        registry().load("reasoning_parser", "nope")
+        registry().reasoning_parser("nope")
 
 
 def test_duplicate_registration_names_both_plugins():

@@ -23,7 +23,7 @@ def test_int8_linear_close_to_fp32():
 def test_quantized_embedded_model_logits_close():
     d = resolve_model_dir(None)
     cfg = load_config(d)
-    cls = registry().load("model", cfg["architectures"][0])
+    cls = registry().model(cfg["architectures"][0])
     model = build_model(cls, cfg, torch.device("cpu"), torch.float32)
     model.load_weights(iter_safetensors(d))
     hidden = torch.randn(3, cfg["hidden_size"])

@@ -48,7 +48,7 @@ def test_tiny_model_logits_match_transformers(arch, tmp_path):
     ref = save_tiny_model(arch, tmp_path)
     assert len(list(tmp_path.glob("*.safetensors"))) > 1  # sharded
     config = load_config(tmp_path)
-    cls = registry().load("model", config["architectures"][0])
+    cls = registry().model(config["architectures"][0])
     model = build_model(cls, config, torch.device("cpu"), torch.float32)
     model.load_weights(iter_safetensors(tmp_path))
     ids = [3, 17, 99, 250, 7, 401, 12, 5, 300, 42, 8, 1]
@@ -148,7 +148,7 @@ def test_real_shape_config_features_match_transformers(arch, tmp_path):
                 p.normal_(0, 0.2)
     ref.save_pretrained(str(tmp_path), safe_serialization=True)
     config = load_config(tmp_path)
-    model = build_model(registry().load("model", config["architectures"][0]), config, torch.device("cpu"),
+    model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"),
                         torch.float32)
     model.load_weights(iter_safetensors(tmp_path))
     assert model.lm_head is None  # tied: logits come from the embedding matrix

@@ -52,7 +52,7 @@ def test_prefixes_isolate_servers(endpoint):
 
 def test_batch_runs_on_s3(endpoint):
     """A whole batch (upload, validate, run, finalize) with S3 as the storage."""
-    from test_batch_runner import fake_execute, run_batch
+    from batch_utils import fake_execute, run_batch
 
     s = S3Storage("llmkit-test", prefix=f"run-{uuid.uuid4().hex}", endpoint_url=endpoint)
     rec, out, err = asyncio.run(run_batch(s, fake_execute, n=12))

@@ -12,7 +12,7 @@ from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
 from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
 from llmkit.core.batches.files_routes import int_param, not_found, paginate
 from llmkit.core.server.body import read_json
-from llmkit.core.server.errors import error_response
+from llmkit.core.server.errors import APIError, error_response
 from llmkit.core.batches.storage import NotFoundError, check_file_id
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -56,7 +56,10 @@ def batches_router(runner: BatchRunner, *, max_body: int = 32 << 20,
 
     @router.post("/v1/batches")
     async def create_batch(request: Request):
-        body = await read_json(request, max_body)
+        try:
+            body = await read_json(request, max_body)
+        except APIError as exc:
+            return exc.response()
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str):
             return error_response(status=400, message="input_file_id is required.", param="input_file_id")

@@ -304,5 +304,5 @@ def open_storage(
     opts = dict(options or {})
     if name == "local" and file_storage_path and "path" not in opts:
         opts["path"] = file_storage_path
-    cls = registry().load("storage", name)
+    cls = registry().storage_backend(name)
     return cls.from_options(opts)

@@ -26,9 +26,6 @@ log = logging.getLogger("llmkit")
 # --load-format values: "auto" loads the checkpoint; "dummy" fills random weights (benchmarks).
 LOAD_FORMATS = ("auto", "dummy")
 
-# Preference order for --attention auto, per device type. triton leads on CUDA because its decode
-# steps replay CUDA graphs; the flashinfer plugin runs eagerly (no graph hooks yet).
-AUTO_ATTENTION = {"cuda": ["triton", "flashinfer", "torch"], "cpu": ["torch"]}
 
 
 @dataclass
@@ -67,7 +64,7 @@ def select_attention(name: str, device: torch.device):
     """Return (name, backend class); fail with the valid names if unknown or unavailable."""
     reg = registry()
     names = reg.names("attention")
-    candidates = AUTO_ATTENTION.get(device.type, ["torch"]) if name == "auto" else [name]
+    candidates = reg.auto_attention(device.type) if name == "auto" else [name]
     reasons = []
     for cand in candidates:
         if cand not in names:
@@ -75,7 +72,7 @@ def select_attention(name: str, device: torch.device):
                 raise PluginError(f"unknown attention backend '{cand}'; valid names: {', '.join(names)}")
             continue
         try:
-            cls = reg.load("attention", cand)
+            cls = reg.attention_backend(cand)
         except PluginError as exc:
             reasons.append(f"{cand}: {exc}")
             continue
@@ -92,25 +89,25 @@ def select_attention(name: str, device: torch.device):
 
 def _usable(reg, name: str, device: torch.device) -> bool:
     try:
-        return reg.load("attention", name).availability(device) is None
+        return reg.attention_backend(name).availability(device) is None
     except Exception:
         return False
 
 
-# config.json files written by ``PretrainedConfig.save_pretrained`` on a bare config carry no
-# "architectures"; the model type still names the causal LM.
-_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def _architecture(hf_config: dict) -> str:
     archs = hf_config.get("architectures")
     if archs:
         return archs[0]
+    # config.json files written by ``PretrainedConfig.save_pretrained`` on a bare config carry no
+    # "architectures"; the model type still names the causal LM (model plugins declare theirs).
     model_type = hf_config.get("model_type", "?")
-    if model_type in _ARCH_BY_MODEL_TYPE:
-        return _ARCH_BY_MODEL_TYPE[model_type]
-    raise ValueError(f"config.json names no 'architectures' and its model_type '{model_type}' is not one of "
-                     f"{', '.join(_ARCH_BY_MODEL_TYPE)}")
+    arch = registry().architecture_for_model_type(model_type)
+    if arch is None:
+        raise ValueError(f"config.json names no 'architectures' and no model plugin declares its model_type "
+                         f"'{model_type}'")
+    return arch
 
 
 def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
@@ -170,7 +167,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     model_dir = resolve_model_dir(config.model_path)
     hf_config = load_config(model_dir)
     arch = _architecture(hf_config)
-    model_cls = registry().load("model", arch)
+    model_cls = registry().model(arch)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype)
     if config.load_format == "dummy":

@@ -175,7 +175,7 @@ def create_grammar_backend(name: str, *, tokenizer: Any, vocab_size: int, **opti
     """Instantiate the grammar backend registered as ``name`` (``xgrammar``, ``none``, ...)."""
     from llmkit.core.plugins import registry
 
-    factory = registry().load("grammar", name)
+    factory = registry().grammar_backend(name)
     return factory(tokenizer=tokenizer, vocab_size=vocab_size, **options)
 
 

@@ -101,7 +101,7 @@ def reasoning_parser_class(name: str) -> type[ReasoningParser]:
     ``keep_special_tokens``)."""
     from llmkit.core.plugins import registry
 
-    return registry().load("reasoning_parser", name)
+    return registry().reasoning_parser(name)
 
 
 def create_reasoning_parser(

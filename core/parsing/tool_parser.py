@@ -101,7 +101,7 @@ def tool_parser_class(name: str) -> type[ToolParser]:
     """The registered class for ``name``; unknown names raise ``PluginError`` listing valid ones."""
     from llmkit.core.plugins import registry
 
-    return registry().load("tool_parser", name)
+    return registry().tool_parser(name)
 
 
 def create_tool_parser(name: str, *, tools: list[dict[str, Any]] | None = None) -> ToolParser:

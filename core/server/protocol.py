@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 
 class _Model(BaseModel):
@@ -110,13 +110,3 @@ class CompletionRequest(_Sampling):
     json_schema: str | None = None
     temperature: float | None = 1.0
     top_p: float | None = 1.0
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: str = "model"
-    created: int
-    owned_by: str = "llmkit"
-    root: str
-    parent: str | None = None
-    max_model_len: int = Field(...)

@@ -5,6 +5,7 @@ from llmkit.core.hookspecs import hookimpl
 
 @hookimpl
 def llmkit_register_models(register):
-    register("LlamaForCausalLM", "llmkit.plugins.models.llama:LlamaForCausalLM")
-    register("Qwen2ForCausalLM", "llmkit.plugins.models.qwen2:Qwen2ForCausalLM")
-    register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM")
+    # model_types: config.json files without "architectures" (a bare PretrainedConfig) resolve by them.
+    register("LlamaForCausalLM", "llmkit.plugins.models.llama:LlamaForCausalLM", model_types=("llama",))
+    register("Qwen2ForCausalLM", "llmkit.plugins.models.qwen2:Qwen2ForCausalLM", model_types=("qwen2",))
+    register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM", model_types=("qwen3",))

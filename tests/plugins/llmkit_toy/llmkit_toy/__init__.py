@@ -1,6 +1,6 @@
 """A third-party plugin: registers the ``toy`` attention backend and ``ToyLlamaForCausalLM``."""
 
-from llmkit.core.hookspecs import hookimpl
+from llmkit.core import hookimpl
 
 
 @hookimpl

@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from llmkit.core.model.attention import AttentionBackend
+from llmkit.core import AttentionBackend
 
 log = logging.getLogger("llmkit")
 
