@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -73,7 +74,9 @@ def test_third_party_backend_and_model_serve(toy_site, tmp_path):
     for f in src.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, tmp_path / f.name)
-    proc, url = start_server(["--model-path", str(tmp_path), "--attention", "toy", "--batch-storage", "none"],
+    proc, url = start_server(["--model-path", str(tmp_path), "--attention", "toy", "--batch-storage", "none",
+                              "--reasoning-parser", "toy-think", "--tool-call-parser", "toy-call",
+                              "--grammar-backend", "toy-choice"],
                              env={"PYTHONPATH": _env(toy_site)["PYTHONPATH"]})
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
@@ -82,6 +85,21 @@ def test_third_party_backend_and_model_serve(toy_site, tmp_path):
         log = server_log(proc, tail=100_000)
         assert "ToyLlamaForCausalLM" in log and "attention toy" in log
         assert "toy attention backend in use" in log
+        # The toy grammar backend constrains a random model to one of the alternatives.
+        for seed in range(3):
+            r = client.completions.create(model="m", prompt="Answer:", max_tokens=8, seed=seed,
+                                          extra_body={"regex": "yes|no"})
+            assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
+        bad = httpx.post(url + "/v1/completions", json={"prompt": "x", "regex": "[a-z]+"}, timeout=30)
+        assert bad.status_code == 400 and "literal alternatives" in bad.json()["error"]["message"]
+        # The toy parsers answer the parser routes.
+        sep = httpx.post(url + "/separate_reasoning", timeout=30,
+                         json={"text": "<toy>let me see</toy>It is 4.", "reasoning_parser": "toy-think"}).json()
+        assert sep == {"reasoning_text": "let me see", "text": "It is 4."}
+        calls = httpx.post(url + "/parse_function_call", timeout=30, json={
+            "text": 'Sure.\nCALL add {"a": 1}', "tool_call_parser": "toy-call",
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]}).json()
+        assert calls["normal_text"] == "Sure." and calls["calls"][0]["name"] == "add"
     finally:
         stop_server(proc)
 
@@ -120,3 +138,14 @@ def test_duplicate_registration_names_both_plugins():
             plugins.Registry(pm, {})
     finally:
         pm.unregister(name="dup-test")
+
+
+def test_third_party_command(toy_site):
+    """``llmkit_register_commands``: a plugin's Typer command runs from the ``llmkit`` CLI."""
+    out = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "toy-hello", "--name", "llmkit"],
+                         env=_env(toy_site), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hello llmkit from llmkit-toy"
+    helptext = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "--help"], env=_env(toy_site),
+                              capture_output=True, text=True, timeout=60).stdout
+    assert "toy-hello" in helptext
