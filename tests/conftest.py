@@ -45,6 +45,29 @@ def _server(args: list[str]):
         stop_server(proc)
 
 
+@dataclasses.dataclass
+class InProcessServer:
+    """The real app over a FakeEngineClient, called in-process (no socket, no model)."""
+
+    app: object
+
+    def http(self):
+        from fastapi.testclient import TestClient
+
+        return TestClient(self.app)
+
+    @property
+    def engine(self):
+        return self.app.state.llmkit.client
+
+
+@pytest.fixture(scope="session")
+def fake_server():
+    from fake_engine import fake_app
+
+    return InProcessServer(fake_app())
+
+
 @pytest.fixture(scope="session")
 def server():
     """The default configuration: embedded model, radix cache, torch attention."""

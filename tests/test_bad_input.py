@@ -1,9 +1,11 @@
 """Hostile and malformed input (reliability catalogue §3, reference §1.3): every case gets an
-OpenAI-shaped 4xx, and the server keeps serving afterwards."""
+OpenAI-shaped 4xx, and the server keeps serving afterwards.
+
+Validation happens before the engine sees a request, so these run in-process on the real app over
+a FakeEngineClient (``fake_server``); the end-to-end checks on the real model are elsewhere."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 CHAT = "/v1/chat/completions"
@@ -11,8 +13,14 @@ COMP = "/v1/completions"
 OK_MSG = [{"role": "user", "content": "hi"}]
 
 
-def _post(server, path, body=None, content=None, headers=None):
-    return httpx.post(server.base_url + path, json=body, content=content, headers=headers, timeout=60)
+@pytest.fixture(scope="module")
+def server(fake_server):
+    with fake_server.http() as client:
+        yield client
+
+
+def _post(client, path, body=None, content=None, headers=None):
+    return client.post(path, json=body, content=content, headers=headers)
 
 
 def _assert_error(resp, status=400, param=None, contains=None):

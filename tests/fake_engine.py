@@ -1,0 +1,119 @@
+"""A ``FakeEngineClient``: the engine boundary with deterministic tokens and no model.
+
+Handler, protocol and bad-input tests run the real app in-process on it (milliseconds per
+request); the tests that exist to check the real model keep using a real server. Output token
+``i`` of a request is a fixed function of its prompt and ``i`` (ordinary word tokens of the
+embedded model's tokenizer), and the real incremental detokenizer applies stop strings, so
+streaming, ``n``, stop and length behave as they do on the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import lru_cache
+from typing import AsyncIterator
+
+from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.detokenizer import IncrementalDetokenizer
+from llmkit.core.engine.messages import GenerateRequest, RequestOutput, TokenLogprob
+from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+from llmkit.core.grammar.limits import GrammarLimits, check_spec
+
+WORDS = [" the", " cat", " sat", " on", " a", " mat", ".", " It", " was", " warm"]
+
+
+@lru_cache(maxsize=1)
+def embedded_tokenizer():
+    from transformers import AutoTokenizer
+
+    from llmkit.core.model.source import resolve_model_dir
+
+    return AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
+
+
+class FakeEngineClient:
+    def __init__(self, tokenizer, *, max_context: int = 8192, max_queued: int = 1024) -> None:
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.vocab_size = len(tokenizer)
+        self.max_queued = max_queued
+        self.draining = False
+        self.active = 0
+        self.word_ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS]
+        self.submitted: list[GenerateRequest] = []
+        self.aborted: list[str] = []
+
+    def check_capacity(self, n: int = 1) -> None:
+        if self.active + n > self.max_queued:
+            raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
+        self.active += n
+
+    def release(self, n: int = 1) -> None:
+        self.active -= n
+
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        try:  # the cheap limits only: the fake does not constrain its output
+            check_spec(spec.kind, spec.value, GrammarLimits())
+        except ValueError as exc:
+            raise GrammarError(spec.param, str(exc)) from None
+
+    def token(self, req: GenerateRequest, i: int) -> int:
+        return self.word_ids[(sum(req.prompt_ids) + i) % len(self.word_ids)]
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        self.submitted.append(req)
+        p = req.params
+        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.skip_special_tokens, p.stop, p.no_stop_trim)
+        ids: list[int] = []
+        finished = False
+        try:
+            while not finished:
+                await asyncio.sleep(0)
+                tok = self.token(req, len(ids))
+                ids.append(tok)
+                hit = detok.add_token(tok)
+                reason = matched = None
+                if hit is not None and len(ids) >= p.min_new_tokens:
+                    reason, matched = "stop", hit.text
+                elif len(ids) >= p.max_new_tokens or len(req.prompt_ids) + len(ids) >= self.max_context:
+                    reason = "length"
+                finished = reason is not None
+                if finished:
+                    detok.flush()
+                lps = [TokenLogprob(tok, -0.5, [(tok, -0.5)][: p.top_logprobs])] if p.logprobs else []
+                yield RequestOutput(
+                    rid=req.rid, text=detok.take_delta(finished), token_ids=[tok], logprobs=lps,
+                    finished=finished, finish_reason=reason, matched_stop=matched,
+                    prompt_tokens=len(req.prompt_ids), completion_tokens=len(ids),
+                    prompt_logprobs=[None] * len(req.prompt_ids) if req.return_prompt_logprobs and len(ids) == 1 else None)
+        finally:
+            if not finished:
+                self.aborted.append(req.rid)
+
+    async def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
+
+    def alive(self) -> bool:
+        return True
+
+    def stats(self) -> dict:
+        return {"num_running_reqs": 0, "num_waiting_reqs": 0, "kv_pages_in_use": 0}
+
+    def shutdown(self) -> None:
+        pass
+
+
+def fake_app(**config):
+    """The real OpenAI app over a :class:`FakeEngineClient` (use with ``fastapi.testclient``)."""
+    from llmkit.core.server.app import create_app
+    from llmkit.core.server.chat_template import ChatTemplate
+    from llmkit.core.server.config import ServerConfig
+    from llmkit.core.server.state import ServerState
+
+    tok = embedded_tokenizer()
+    client = FakeEngineClient(tok)
+    template = ChatTemplate(tok.chat_template, tok.bos_token or "", tok.eos_token or "")
+    state = ServerState(client=client, tokenizer=tok, chat_template=template,
+                        options=ServerConfig(served_model_name="fake-model", **config),
+                        max_context=client.max_context, vocab_size=client.vocab_size)
+    return create_app(state)
