@@ -57,7 +57,6 @@ def free_memory(device: torch.device) -> None:
 def llmkit_round(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
     """Submit every prompt at once; return per-request (time, tokens) arrivals and the start time."""
     from llmkit.core.engine.messages import GenerateRequest, SamplingParams
-from llmkit.core.engine.request import Request
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
     arrivals: list[list[tuple[float, int]]] = [[] for _ in prompts]

@@ -36,8 +36,10 @@ ToolCallParser = Annotated[Optional[str], typer.Option("--tool-call-parser", env
                            help="Parse tool calls: hermes, llama3, mistral, ...")]
 ChatTemplate = Annotated[Optional[str], typer.Option("--chat-template", envvar="LLMKIT_CHAT_TEMPLATE",
                          help="A Jinja chat template file overriding the tokenizer's.")]
-GrammarBackend = Annotated[str, typer.Option("--grammar-backend", envvar="LLMKIT_GRAMMAR_BACKEND",
-                           help="Structured outputs: xgrammar or none.")]
+GrammarBackend = Annotated[Optional[str], typer.Option(
+    "--grammar-backend", envvar="LLMKIT_GRAMMAR_BACKEND", show_default="xgrammar",
+    help="Structured outputs: xgrammar, a plugin's backend, or none. Default: the grammar plugin "
+         "registered as default.")]
 CudaGraphMaxBs = Annotated[Optional[int], typer.Option("--cuda-graph-max-bs", envvar="LLMKIT_CUDA_GRAPH_MAX_BS",
                            help="Largest decode batch replayed from a captured CUDA graph "
                                 "(default: --max-running-requests, at most 256).")]

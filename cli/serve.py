@@ -30,7 +30,7 @@ def serve(
     attention: Attention = "auto",
     reasoning_parser: ReasoningParser = None,
     tool_call_parser: ToolCallParser = None,
-    grammar_backend: GrammarBackend = "xgrammar",
+    grammar_backend: GrammarBackend = None,
     dtype: Dtype = "auto",
     device: Device = "auto",
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMKIT_API_KEY",
@@ -55,9 +55,10 @@ def serve(
     max_payload_size: Annotated[int, typer.Option("--max-payload-size", help="Request body cap in bytes.")] = 32 << 20,
     shutdown_timeout: Annotated[int, typer.Option("--shutdown-timeout",
                                 help="Seconds to drain in-flight requests after SIGTERM.")] = 30,
-    batch_storage: Annotated[str, typer.Option("--batch-storage", envvar="LLMKIT_BATCH_STORAGE",
-                             help="Storage backend for /v1/files and /v1/batches: local, s3, or a plugin's; "
-                                  "'none' disables the endpoints.")] = "local",
+    batch_storage: Annotated[Optional[str], typer.Option(
+        "--batch-storage", envvar="LLMKIT_BATCH_STORAGE", show_default="local",
+        help="Storage backend for /v1/files and /v1/batches: local, s3, or a plugin's; "
+             "'none' disables the endpoints. Default: the storage plugin registered as default.")] = None,
     file_storage_path: Annotated[str, typer.Option("--file-storage-path", envvar="LLMKIT_FILE_STORAGE_PATH",
                                  help="Root directory of the local storage backend.")] = "./llmkit_storage",
     storage_option: Annotated[Optional[list[str]], typer.Option(
@@ -114,7 +115,8 @@ def build_configs(
         served_model_name=served_model_name or "", host=host, port=port, api_key=api_key,
         chat_template=chat_template, reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
         max_payload_size=max_payload_size, shutdown_timeout=shutdown_timeout, log_level=log_level,
-        batch_storage=None if batch_storage == "none" else batch_storage, file_storage_path=file_storage_path,
+        enable_batches=batch_storage != "none", batch_storage=None if batch_storage == "none" else batch_storage,
+        file_storage_path=file_storage_path,
         storage_options=tuple(storage_option or ()), batch_max_in_flight=batch_max_in_flight,
     )
     return engine, server
@@ -136,7 +138,7 @@ def batch_executor_for(args: list[str]):
     ctx = command.make_context("serve", list(args))
     engine_config, server_config = build_configs(**ctx.params)
     logging.basicConfig(level=server_config.log_level.upper(), format="[%(asctime)s] %(message)s")
-    app = _build_app(engine_config, replace(server_config, batch_storage=None))
+    app = _build_app(engine_config, replace(server_config, enable_batches=False))
     try:
         yield make_batch_executor(app.state.llmkit)
     finally:

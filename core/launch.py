@@ -40,8 +40,8 @@ def check_server_config(config: ServerConfig) -> None:
         reg.entry("reasoning_parser", config.reasoning_parser)
     if config.tool_call_parser:
         reg.entry("tool_parser", config.tool_call_parser)
-    if config.batch_storage is not None:
-        reg.entry("storage", config.batch_storage)
+    if config.enable_batches:
+        reg.entry("storage", config.batch_storage or reg.default("storage"))
 
 
 def build_server(engine_config: EngineConfig, config: ServerConfig):
@@ -57,10 +57,10 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
 
     check_server_config(config)
     storage = None
-    if config.batch_storage is not None:
+    if config.enable_batches:
         from llmkit.core.batches.storage import open_storage, parse_storage_options
 
-        storage = open_storage(config.batch_storage, parse_storage_options(list(config.storage_options)),
+        storage = open_storage(config.batch_storage or registry().default("storage"), parse_storage_options(list(config.storage_options)),
                                file_storage_path=config.file_storage_path)
     parts = build_engine_parts(engine_config)
     tok = parts.tokenizer

@@ -120,6 +120,14 @@ class Registry:
     def grammar_backend(self, name: str) -> Any:
         return self._load("grammar", name)
 
+    def default(self, kind: str) -> str:
+        """The one plugin of ``kind`` registered with ``default=True`` (grammar, storage)."""
+        found = [e.name for e in self._entries[kind].values() if e.meta.get("default")]
+        if len(found) != 1:
+            raise PluginError(f"expected one default {kind.replace('_', ' ')} plugin, found {found or 'none'}; "
+                              f"name one explicitly (valid names: {', '.join(self.names(kind))})")
+        return found[0]
+
     def auto_attention(self, device_type: str) -> list[str]:
         """Attention backends that declared ``auto={device_type: rank}``, best (highest) first."""
         ranked = [(e.meta.get("auto", {}).get(device_type), e.name) for e in self._entries["attention"].values()]

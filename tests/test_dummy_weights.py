@@ -80,9 +80,9 @@ def test_unknown_load_format_lists_valid_ones(tmp_path):
 
 
 def test_config_without_architectures_falls_back_to_model_type():
-    from llmkit.core.engine.builder import _architecture
+    from llmkit.core.engine.builder import architecture_of
 
-    assert _architecture({"model_type": "qwen2"}) == "Qwen2ForCausalLM"
-    assert _architecture({"architectures": ["LlamaForCausalLM"], "model_type": "qwen2"}) == "LlamaForCausalLM"
+    assert architecture_of({"model_type": "qwen2"}) == "Qwen2ForCausalLM"
+    assert architecture_of({"architectures": ["LlamaForCausalLM"], "model_type": "qwen2"}) == "LlamaForCausalLM"
     with pytest.raises(ValueError, match="names no 'architectures'.*'gpt2'"):
-        _architecture({"model_type": "gpt2"})
+        architecture_of({"model_type": "gpt2"})

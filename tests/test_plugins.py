@@ -149,3 +149,19 @@ def test_third_party_command(toy_site):
     helptext = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "--help"], env=_env(toy_site),
                               capture_output=True, text=True, timeout=60).stdout
     assert "toy-hello" in helptext
+
+
+def test_plugin_declared_metadata_drives_the_defaults():
+    """Core names no plugin: auto attention order, model types and defaults come from metadata."""
+    from llmkit.core.plugins import registry
+
+    reg = registry()
+    assert reg.auto_attention("cuda") == ["triton", "flashinfer", "torch"]
+    assert reg.auto_attention("cpu") == ["torch"]
+    assert reg.architecture_for_model_type("qwen3") == "Qwen3ForCausalLM"
+    assert reg.architecture_for_model_type("nope") is None
+    assert reg.default("grammar") == "xgrammar" and reg.default("storage") == "local"
+    core = Path(__file__).resolve().parent.parent / "core"
+    for name in ('"xgrammar"', '"local"', '"triton"', '"LlamaForCausalLM"'):
+        hits = [p for p in core.rglob("*.py") if name in p.read_text()]
+        assert not hits, f"core names the plugin {name} in {hits}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmkit.core.engine.builder import build_model
+from llmkit.core.engine.builder import architecture_of, build_model
 from llmkit.core.model.layers import INT8_MAX_ROWS, linear, quantize_int8
 from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
@@ -23,7 +23,7 @@ def test_int8_linear_close_to_fp32():
 def test_quantized_embedded_model_logits_close():
     d = resolve_model_dir(None)
     cfg = load_config(d)
-    cls = registry().model(cfg["architectures"][0])
+    cls = registry().model(architecture_of(cfg))
     model = build_model(cls, cfg, torch.device("cpu"), torch.float32)
     model.load_weights(iter_safetensors(d))
     hidden = torch.randn(3, cfg["hidden_size"])

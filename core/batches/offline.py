@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from llmkit.core.batches.runner import BatchRunner, Executor
+from llmkit.core.plugins import registry
 from llmkit.core.batches.validation import iter_lines, normalize_url
 from llmkit.core.batches.storage import BLOB_CHUNK, BatchRecord, FileRecord, new_file_id, open_storage
 
@@ -43,7 +44,8 @@ async def run_batch_file(
     """Run ``input_path`` and write every result line to ``output_path``; return the batch."""
     endpoint = endpoint or detect_endpoint(input_path)
     with tempfile.TemporaryDirectory(prefix="llmkit-batch-") as tmp:
-        storage = open_storage("local", {"path": tmp})
+        # A throwaway store of the default backend (local files) under the temporary directory.
+        storage = open_storage(registry().default("storage"), file_storage_path=tmp)
         try:
             fid = new_file_id()
             size = await asyncio.to_thread(storage.write_blob, fid, _file_chunks(input_path))

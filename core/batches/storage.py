@@ -296,13 +296,14 @@ def open_storage(
 ) -> StorageBackend:
     """Build the storage backend registered as ``name`` (``--batch-storage NAME``).
 
-    ``file_storage_path`` (``--file-storage-path``) is the ``local`` backend's ``path`` unless
-    ``options`` names one.
+    ``file_storage_path`` (``--file-storage-path``) fills the option a backend names as its
+    ``path_option`` at registration (``local``: ``path``) unless ``options`` set it.
     """
     from llmkit.core.plugins import registry
 
     opts = dict(options or {})
-    if name == "local" and file_storage_path and "path" not in opts:
-        opts["path"] = file_storage_path
+    path_option = registry().entry("storage", name).meta.get("path_option")
+    if path_option and file_storage_path and path_option not in opts:
+        opts[path_option] = file_storage_path
     cls = registry().storage_backend(name)
     return cls.from_options(opts)

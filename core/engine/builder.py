@@ -96,7 +96,7 @@ def _usable(reg, name: str, device: torch.device) -> bool:
 
 
 
-def _architecture(hf_config: dict) -> str:
+def architecture_of(hf_config: dict) -> str:
     archs = hf_config.get("architectures")
     if archs:
         return archs[0]
@@ -160,13 +160,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     attn_name, attn_cls = select_attention(config.attention, device)
-    if config.grammar_backend != "none":
-        registry().entry("grammar", config.grammar_backend)  # an unknown name fails before loading
+    grammar_name = config.grammar_backend or registry().default("grammar")
+    if grammar_name != "none":
+        registry().entry("grammar", grammar_name)  # an unknown name fails before loading
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     model_dir = resolve_model_dir(config.model_path)
     hf_config = load_config(model_dir)
-    arch = _architecture(hf_config)
+    arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype)
@@ -216,7 +217,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         model_dir=model_dir, hf_config=hf_config, tokenizer=tokenizer, model=model,
         scheduler=scheduler, runner=runner, vocab_size=vocab_size, eos_token_ids=eos_ids,
         max_context=max_context, attention_name=attn_name,
-        grammar=build_grammar_backend(config.grammar_backend, tokenizer, vocab_size, eos_ids),
+        grammar=build_grammar_backend(grammar_name, tokenizer, vocab_size, eos_ids),
     )
 
 

@@ -29,5 +29,6 @@ class EngineConfig:
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
     # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).
     overlap_schedule: bool | None = None
-    grammar_backend: str = "xgrammar"  # a grammar plugin's name; "none" disables structured output
+    # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.
+    grammar_backend: str | None = None
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)

@@ -11,7 +11,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# GGUF architectures whose tensors this converter maps to the HF llama layout. The config it writes
+# names only the model_type; the model plugin that declares that type serves it.
+_ARCHS = ("llama", "qwen2", "qwen3")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -46,7 +48,6 @@ def gguf_config(reader) -> dict:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     cfg = {
-        "architectures": [_ARCHS[arch]],
         "model_type": arch,
         "hidden_size": hidden,
         "intermediate_size": int(_field(reader, p + "feed_forward_length")),

@@ -19,8 +19,9 @@ class ServerConfig:
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30
     log_level: str = "info"
-    # Files & Batches: a storage plugin's name, or None to leave the endpoints off.
-    batch_storage: str | None = "local"
+    # Files & Batches: a storage plugin's name (None: the one registered as default, local).
+    enable_batches: bool = True
+    batch_storage: str | None = None
     file_storage_path: str = "./llmkit_storage"
     storage_options: tuple[str, ...] = ()  # KEY=VALUE pairs for the storage backend
     batch_max_in_flight: int = 4

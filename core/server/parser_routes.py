@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from llmkit.core.plugins import PluginError
 from llmkit.core.parsing.reasoning import create_reasoning_parser
 from llmkit.core.parsing.tool_parser import create_tool_parser
 from pydantic import BaseModel, Field
+
+from llmkit.core.server.errors import error_response
 
 
 class SeparateReasoningRequest(BaseModel):
@@ -46,12 +47,6 @@ class ParseFunctionCallResponse(BaseModel):
     calls: list[FunctionCallItem]
 
 
-def invalid_request(message: str, param: str | None = None) -> JSONResponse:
-    """A 400 with OpenAI's error body."""
-    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
-    return JSONResponse(status_code=400, content={"error": error})
-
-
 def parser_router() -> APIRouter:
     """The router serving both endpoints; the server includes it in its app."""
     router = APIRouter()
@@ -65,7 +60,7 @@ def parser_router() -> APIRouter:
                 chat_template_kwargs=req.chat_template_kwargs,
             )
         except PluginError as exc:
-            return invalid_request(str(exc), "reasoning_parser")
+            return error_response(str(exc), 400, param="reasoning_parser")
         reasoning, text = state.parse(req.text)
         return SeparateReasoningResponse(reasoning_text=reasoning, text=text)
 
@@ -74,7 +69,7 @@ def parser_router() -> APIRouter:
         try:
             parser = create_tool_parser(req.tool_call_parser, tools=req.tools)
         except PluginError as exc:
-            return invalid_request(str(exc), "tool_call_parser")
+            return error_response(str(exc), 400, param="tool_call_parser")
         text, calls = parser.parse(req.text)
         items = [
             FunctionCallItem(

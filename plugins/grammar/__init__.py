@@ -8,5 +8,5 @@ from llmkit.core.hookspecs import hookimpl
 
 @hookimpl
 def llmkit_register_grammar_backends(register):
-    register("xgrammar", "llmkit.plugins.grammar.xgrammar_backend:XGrammarBackend")
+    register("xgrammar", "llmkit.plugins.grammar.xgrammar_backend:XGrammarBackend", default=True)
     register("none", "llmkit.plugins.grammar.none_backend:DisabledGrammarBackend")

@@ -212,4 +212,5 @@ def _fsync_dir(path: Path) -> None:
 
 @hookimpl
 def llmkit_register_storage_backends(register):
-    register("local", "llmkit.plugins.storage.local:LocalStorage")
+    # default: --batch-storage's default; path_option: the option --file-storage-path fills.
+    register("local", "llmkit.plugins.storage.local:LocalStorage", default=True, path_option="path")
