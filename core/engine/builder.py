@@ -39,7 +39,6 @@ class EngineParts:
     vocab_size: int
     eos_token_ids: frozenset[int]
     max_context: int
-    attention_name: str
     grammar: Any = None  # the grammar backend; None when structured output is disabled
 
 
@@ -216,7 +215,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     return EngineParts(
         model_dir=model_dir, hf_config=hf_config, tokenizer=tokenizer, model=model,
         scheduler=scheduler, runner=runner, vocab_size=vocab_size, eos_token_ids=eos_ids,
-        max_context=max_context, attention_name=attn_name,
+        max_context=max_context,
         grammar=build_grammar_backend(grammar_name, tokenizer, vocab_size, eos_ids),
     )
 

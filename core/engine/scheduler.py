@@ -253,7 +253,6 @@ class Scheduler:
         self.running.remove(req)
         self._release(req, cache_kv=True)
         req.status = Status.WAITING
-        req.preemptions += 1
         self.num_preemptions += 1
         self.waiting.insert(0, req)
 

@@ -47,9 +47,6 @@ class KVCachePool:
     def num_free_pages(self) -> int:
         return len(self._free)
 
-    def can_allocate(self, num_pages: int) -> bool:
-        return num_pages <= len(self._free)
-
     def allocate(self, num_pages: int) -> list[int] | None:
         """Take ``num_pages`` pages, or None (and take nothing) if there are not enough."""
         if num_pages > len(self._free):
