@@ -23,7 +23,7 @@ def test_registration_module_imports_no_heavy_dependency():
 
 def test_registers_triton_and_flashinfer_lazily():
     seen: dict[str, object] = {}
-    gpu_backends.llmkit_register_attention_backends(register=seen.__setitem__)
+    gpu_backends.llmkit_register_attention_backends(register=lambda name, factory, **meta: seen.update({name: factory}))
     assert seen == {
         "torch": "llmkit.plugins.attention.torch_backend:TorchAttentionBackend",
         "triton": "llmkit.plugins.attention.triton_backend:TritonAttentionBackend",
