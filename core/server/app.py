@@ -203,6 +203,11 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
                 **state.client.stats()}
 
     _mount_optional_routers(app, state)
+    from llmkit.core.server.generate_api import generate_router
+    from llmkit.core.server.tokenize_routes import tokenize_router
+
+    app.include_router(tokenize_router(state))
+    app.include_router(generate_router(state))
     if runner is not None:
         from llmkit.core.batches.batches_routes import batches_router
         from llmkit.core.batches.files_routes import files_router
