@@ -84,15 +84,22 @@ class _APIKeyMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
             return await self.app(scope, receive, send)
-        auth = ""
+        auth, x_key = "", None
         for name, value in scope.get("headers", []):
             if name == b"authorization":
                 auth = value.decode("latin-1")
+            elif name == b"x-api-key":  # Anthropic's clients send the key this way
+                x_key = value.decode("latin-1")
         given = auth[7:] if auth[:7].lower() == "bearer " else ""
         # Compare fixed-length digests in constant time, whatever the key's length.
-        if hmac.compare_digest(_digest(given), self.key_digest):
+        if hmac.compare_digest(_digest(given), self.key_digest) | hmac.compare_digest(
+                _digest(x_key or ""), self.key_digest):
             return await self.app(scope, receive, send)
         resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
+        if scope["path"].startswith("/v1/messages"):
+            from llmkit.core.server.anthropic_api import anthropic_error
+
+            resp = anthropic_error("invalid x-api-key", 401)
         await resp(scope, receive, send)
 
 
@@ -203,11 +210,13 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
                 **state.client.stats()}
 
     _mount_optional_routers(app, state)
+    from llmkit.core.server.anthropic_api import anthropic_router
     from llmkit.core.server.generate_api import generate_router
     from llmkit.core.server.tokenize_routes import tokenize_router
 
     app.include_router(tokenize_router(state))
     app.include_router(generate_router(state))
+    app.include_router(anthropic_router(state))
     if runner is not None:
         from llmkit.core.batches.batches_routes import batches_router
         from llmkit.core.batches.files_routes import files_router
