@@ -9,7 +9,6 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-
 from api_utils import RAW_BAD_BODIES, REASONING_ARGS, TIME_SCHEMA, WEATHER_SCHEMA, healthy, post_raw
 from server_utils import start_server, stop_server
 
@@ -91,7 +90,7 @@ def test_tool_use_round_trip(client, choice):
     whole, streamed, _ = _both(client, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=64)
     assert _blocks(streamed) == _blocks(whole)
     assert whole.stop_reason == streamed.stop_reason == "tool_use"
-    call = [b for b in whole.content if b.type == "tool_use"][0]
+    call = next(b for b in whole.content if b.type == "tool_use")
     assert call.id.startswith("toolu_")
     if choice["type"] == "tool":
         assert call.name == "get_weather"

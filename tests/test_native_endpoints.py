@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
-
 from conftest import Server
 from server_utils import start_server, stop_server
 

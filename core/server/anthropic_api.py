@@ -12,12 +12,12 @@ import asyncio
 import json
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
-
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.server.errors import APIError
+from pydantic import BaseModel, ConfigDict
 
 # Anthropic's error types by status; statuses it does not use are mapped onto ones it does.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -192,7 +192,7 @@ def anthropic_router(state) -> APIRouter:
                 return anthropic_error(exc.message, exc.status)
             except QueueFullError as exc:
                 return anthropic_error(str(exc), 429)
-            except Exception as exc:  # noqa: BLE001 - logged, answered as Anthropic's api_error
+            except Exception as exc:
                 import logging
 
                 logging.getLogger("llmkit").exception("unhandled error on %s", raw.url.path)

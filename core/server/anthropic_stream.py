@@ -8,7 +8,7 @@ are the ones the non-streaming answer has, in the same order.
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from llmkit.core.server.anthropic_api import MessagesRequest, tool_input
 from llmkit.core.server.chat_bridge import ChatEvent, ChatResult

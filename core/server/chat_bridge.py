@@ -9,11 +9,10 @@ the chat response, streaming chunk by chunk, which is what makes the two modes e
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from fastapi.responses import Response
-
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.protocol import ChatCompletionRequest, StreamOptions
 from llmkit.core.server.serving_chat import create_chat_completion

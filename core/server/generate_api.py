@@ -9,12 +9,11 @@ same checks as the OpenAI endpoints, under SGLang's parameter names.
 from __future__ import annotations
 
 import time
-from typing import Any, Union
+from typing import Any
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict
-
 from llmkit.core.engine.request import Request
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.prompt import tokenize_text
@@ -22,6 +21,7 @@ from llmkit.core.server.protocol import _Model
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.state import Generation, new_id
 from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
+from pydantic import ConfigDict
 
 
 class GenerateSampling(_Model):
@@ -59,9 +59,9 @@ class GenerateSampling(_Model):
 
 
 class GenerateRequest(_Model):
-    text: Union[str, list[str], None] = None
-    input_ids: Union[list[int], list[list[int]], None] = None
-    sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0

@@ -8,11 +8,12 @@ renders them, so ``count`` is the prompt size a chat request would have.
 from __future__ import annotations
 
 import asyncio
-from importlib.metadata import PackageNotFoundError, version as package_version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from typing import Any
 
-from fastapi import APIRouter, Request as HTTPRequest
-
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.prompt import MAX_PROMPT_CHARS, message_dicts, render_chat
