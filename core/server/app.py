@@ -212,11 +212,13 @@ def create_app(state: ServerState, *, on_shutdown=None, storage=None, batch_max_
     _mount_optional_routers(app, state)
     from llmkit.core.server.anthropic_api import anthropic_router
     from llmkit.core.server.generate_api import generate_router
+    from llmkit.core.server.responses.routes import responses_router
     from llmkit.core.server.tokenize_routes import tokenize_router
 
     app.include_router(tokenize_router(state))
     app.include_router(generate_router(state))
     app.include_router(anthropic_router(state))
+    app.include_router(responses_router(state, storage))
     if runner is not None:
         from llmkit.core.batches.batches_routes import batches_router
         from llmkit.core.batches.files_routes import files_router
