@@ -9,7 +9,6 @@ import time
 import jsonschema
 import openai
 import pytest
-
 from api_utils import RAW_BAD_BODIES, REASONING_ARGS, WEATHER_SCHEMA, healthy, post_raw
 from server_utils import start_server, stop_server
 
