@@ -182,6 +182,8 @@ def test_background_and_cancel(client):
     assert cancelled.status == "cancelled"
     assert client.responses.retrieve(long.id).status == "cancelled"
     assert client.responses.cancel(long.id).status == "cancelled"  # idempotent
+    with pytest.raises(openai.BadRequestError):  # validated before it is queued
+        client.responses.create(model="m", input="x", background=True, max_output_tokens=10**9)
 
 
 @pytest.mark.parametrize("kw,param", [

@@ -48,22 +48,25 @@ def responses_router(state, storage=None) -> APIRouter:
     store = ResponseStore(storage)
     tasks: dict[str, asyncio.Task] = {}  # background responses running in this process
 
-    async def run_background(body: ResponsesRequest, msgs: list[dict], record: dict) -> None:
+    async def run_background(events, record: dict) -> None:
+        """Consume an already started (so already validated) generation into the record."""
         resp = record["response"]
         try:
             resp["status"] = "in_progress"
             await store.put(record)
-            result = await _with_truncation(body, msgs, lambda chat: complete_chat(state, chat, None))
-            finish(resp, result, ItemIds())
+            async for e in events:
+                if e.error is not None:
+                    failed(resp, e.error.message)
+                elif e.finished is not None:
+                    finish(resp, e.finished, ItemIds())
         except asyncio.CancelledError:
             resp["status"] = "cancelled"
-        except APIError as exc:
-            failed(resp, exc.message)
         except Exception as exc:  # recorded on the response, which the client polls
             log.exception("background response %s failed", resp["id"])
             failed(resp, f"internal error: {type(exc).__name__}")
         finally:
             tasks.pop(resp["id"], None)
+            await events.aclose()  # aborts the generation if it is still running
         await store.put(record)
 
     @router.post("/v1/responses")
@@ -83,17 +86,19 @@ def responses_router(state, storage=None) -> APIRouter:
         resp = skeleton(body, new_id("resp_"), "in_progress")
         record = {"response": resp, "input_items": items, "context": context}
 
+        if body.stream or body.background:
+            # starting validates the request, so a bad background request is a 400 too
+            events = await _with_truncation(body, msgs, lambda chat: start_chat_stream(state, chat))
         if body.background:
             resp["status"] = "queued"
             await store.put(record)
-            tasks[resp["id"]] = asyncio.create_task(run_background(body, msgs, record))
+            tasks[resp["id"]] = asyncio.create_task(run_background(events, record))
             return JSONResponse(resp)
         if body.stream:
             async def save(final: dict) -> None:
                 if body.store:
                     await store.put(record)
 
-            events = await _with_truncation(body, msgs, lambda chat: start_chat_stream(state, chat))
             return StreamingResponse(stream_events(events, resp, save), media_type="text/event-stream")
         result = await _with_truncation(body, msgs, lambda chat: complete_chat(state, chat, raw))
         if isinstance(result, Response):
