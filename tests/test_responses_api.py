@@ -250,7 +250,7 @@ def test_hostile_bodies(srv, content, ctype):
 
 
 def test_stored_response_survives_a_restart(srv):
-    """Last in this module: it restarts the module's server on the same storage."""
+    """The last test using the module server: it restarts it on the same storage."""
     r = srv.client.responses.create(model="m", input="Remember the number 7.", max_output_tokens=8, temperature=0)
     stop_server(srv.proc)
     srv.start()
@@ -260,3 +260,30 @@ def test_stored_response_survives_a_restart(srv):
                                          max_output_tokens=4, temperature=0)
     assert follow.usage.input_tokens > r.usage.input_tokens
     assert srv.client.responses.input_items.list(r.id).data[0].content[0].text == "Remember the number 7."
+
+
+def test_stored_responses_on_s3_survive_a_kill(tmp_path):
+    """The s3 storage plugin (moto's server on loopback) keeps responses across a kill -9."""
+    pytest.importorskip("moto.server")
+    from s3_utils import make_bucket, moto_endpoint
+    from server_utils import kill_server
+
+    with moto_endpoint() as endpoint:
+        make_bucket(endpoint, "llmkit-responses")
+        args = ["--batch-storage", "s3", "--storage-option", "bucket=llmkit-responses",
+                "--storage-option", f"endpoint_url={endpoint}"]
+        proc, url = start_server(args)
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
+            r = client.responses.create(model="m", input="Hi", max_output_tokens=4, temperature=0)
+        finally:
+            kill_server(proc)
+        proc, url = start_server(args)
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
+            assert client.responses.retrieve(r.id).model_dump() == r.model_dump()
+            client.responses.delete(r.id)
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(r.id)
+        finally:
+            stop_server(proc)
