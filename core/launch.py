@@ -83,7 +83,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         if storage is not None:
             storage.close()
 
-    return create_app(state, on_shutdown=shutdown, services=services, routers=routers)
+    return create_app(state, on_shutdown=shutdown, services=services, routers=routers, storage=storage)
 
 
 def _batches(state, storage, max_in_flight: int):

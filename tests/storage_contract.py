@@ -142,3 +142,28 @@ class StorageContract:
             t.join()
         assert not errors
         assert len(storage.result_indices(bid)) == 40
+
+    def test_keyed_records(self, storage):
+        key = "resp_" + "ab" * 16
+        data = {"id": key, "output": [{"text": "héllo"}], "n": 3}
+        storage.put_record("response", key, data)
+        assert storage.get_record("response", key) == data
+        storage.put_record("response", key, {**data, "n": 4})  # replace
+        assert storage.get_record("response", key)["n"] == 4
+        with pytest.raises(NotFoundError):
+            storage.get_record("other", key)  # kinds are separate namespaces
+        assert storage.delete_record("response", key) is True
+        assert storage.delete_record("response", key) is False
+        with pytest.raises(NotFoundError):
+            storage.get_record("response", key)
+
+    @pytest.mark.parametrize("kind,key", [("response", "../x"), ("response", ""), ("response", "a/b"),
+                                          ("Response", "k"), ("../r", "k"), ("response", "k" * 129),
+                                          ("response", None), (7, "k")])
+    def test_malformed_record_keys_are_not_found(self, storage, kind, key):
+        with pytest.raises(NotFoundError):
+            storage.put_record(kind, key, {})
+        with pytest.raises(NotFoundError):
+            storage.get_record(kind, key)
+        with pytest.raises(NotFoundError):
+            storage.delete_record(kind, key)

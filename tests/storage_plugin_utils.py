@@ -9,16 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 PLUGIN_SOURCE = '''
+import json
 import threading
 from llmkit.core.hookspecs import hookimpl
 from llmkit.core.batches.storage import (BatchRecord, FileRecord, NotFoundError, StorageBackend, capped,
-                                 check_batch_id, check_file_id)
+                                 check_batch_id, check_file_id, check_record_key)
 
 
 class MemStorage(StorageBackend):
     def __init__(self, label="mem"):
         self.label = label
-        self.blobs, self.files, self.batches, self.results = {}, {}, {}, {}
+        self.blobs, self.files, self.batches, self.results, self.records = {}, {}, {}, {}, {}
         self.lock = threading.Lock()
 
     def write_blob(self, file_id, chunks, *, max_bytes=None):
@@ -98,6 +99,24 @@ class MemStorage(StorageBackend):
     def delete_results(self, batch_id):
         with self.lock:
             self.results.pop(check_batch_id(batch_id), None)
+
+    def put_record(self, kind, key, data):
+        k = check_record_key(kind, key)
+        with self.lock:
+            self.records[k] = json.dumps(data)
+
+    def get_record(self, kind, key):
+        k = check_record_key(kind, key)
+        with self.lock:
+            data = self.records.get(k)
+        if data is None:
+            raise NotFoundError("record not found")
+        return json.loads(data)
+
+    def delete_record(self, kind, key):
+        k = check_record_key(kind, key)
+        with self.lock:
+            return self.records.pop(k, None) is not None
 
 
 @hookimpl

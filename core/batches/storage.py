@@ -7,7 +7,9 @@ A backend stores four things:
 * **batch records** -- the OpenAI batch object plus a few private fields (:class:`BatchRecord`);
 * **batch results** -- one finished output or error line per input line of a running batch,
   keyed by ``(batch_id, line index)``, so a restarted server skips lines already done and every
-  ``custom_id`` reaches the output exactly once.
+  ``custom_id`` reaches the output exactly once;
+* **records** (optional) -- small JSON objects keyed by ``(kind, key)``, e.g. stored Responses
+  API responses (kind ``response``). A backend without them serves files and batches only.
 
 Writing a third-party backend
 -----------------------------
@@ -45,6 +47,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
 BATCH_ID_RE = re.compile(r"batch_[0-9a-f]{32}")
+RECORD_KIND_RE = re.compile(r"[a-z][a-z_]{0,31}")
+RECORD_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 BLOB_CHUNK = 1 << 20  # read and write blobs in 1 MiB chunks
 
 
@@ -76,6 +80,16 @@ def check_file_id(file_id: object) -> str:
     if not isinstance(file_id, str) or not FILE_ID_RE.fullmatch(file_id):
         raise NotFoundError("file not found")
     return file_id
+
+
+def check_record_key(kind: object, key: object) -> tuple[str, str]:
+    """Return ``(kind, key)`` if both are well formed (``[a-z][a-z_]*`` and ``[A-Za-z0-9_-]+``),
+    else raise :class:`NotFoundError`."""
+    if not isinstance(kind, str) or not RECORD_KIND_RE.fullmatch(kind):
+        raise NotFoundError("record not found")
+    if not isinstance(key, str) or not RECORD_KEY_RE.fullmatch(key):
+        raise NotFoundError("record not found")
+    return kind, key
 
 
 def check_batch_id(batch_id: object) -> str:
@@ -264,6 +278,21 @@ class StorageBackend(abc.ABC):
     @abc.abstractmethod
     def delete_results(self, batch_id: str) -> None:
         """Delete every result of ``batch_id`` (called once the output files are written)."""
+
+    # -- records (optional) --------------------------------------------------------------------
+    # Not abstract, so backends written before records existed keep working for files and batches.
+    def put_record(self, kind: str, key: str, data: dict[str, Any]) -> None:
+        """Insert or replace the JSON object ``data`` under ``(kind, key)`` (atomically), after
+        :func:`check_record_key`."""
+        raise NotImplementedError(f"{type(self).__name__} does not store records")
+
+    def get_record(self, kind: str, key: str) -> dict[str, Any]:
+        """Return the record; raise :class:`NotFoundError` if absent or the key is malformed."""
+        raise NotImplementedError(f"{type(self).__name__} does not store records")
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        """Delete the record; return whether it existed."""
+        raise NotImplementedError(f"{type(self).__name__} does not store records")
 
     def close(self) -> None:
         """Release connections and handles; the default does nothing."""

@@ -40,22 +40,30 @@ class _APIKeyMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
             return await self.app(scope, receive, send)
-        auth = ""
+        auth, x_key = "", None
         for name, value in scope.get("headers", []):
             if name == b"authorization":
                 auth = value.decode("latin-1")
+            elif name == b"x-api-key":  # Anthropic's clients send the key this way
+                x_key = value.decode("latin-1")
         given = auth[7:] if auth[:7].lower() == "bearer " else ""
         # Compare fixed-length digests in constant time, whatever the key's length.
-        if hmac.compare_digest(_digest(given), self.key_digest):
+        if hmac.compare_digest(_digest(given), self.key_digest) | hmac.compare_digest(
+                _digest(x_key or ""), self.key_digest):
             return await self.app(scope, receive, send)
         resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
+        if scope["path"].startswith("/v1/messages"):
+            from llmkit.core.server.anthropic_api import anthropic_error
+
+            resp = anthropic_error("invalid x-api-key", 401)
         await resp(scope, receive, send)
 
 
-def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=()) -> FastAPI:
+def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(), storage=None) -> FastAPI:
     """Build the app. ``services`` (objects with async ``start``/``stop``, e.g. the batch runner)
-    run for the app's lifetime; ``routers`` are mounted beside the OpenAI routes; ``on_shutdown``
-    runs after in-flight requests have drained."""
+    run for the app's lifetime; ``routers`` are mounted beside the OpenAI routes; ``storage`` (a
+    storage backend, or None) keeps stored Responses; ``on_shutdown`` runs after in-flight
+    requests have drained."""
 
     def shutdown():
         if on_shutdown is not None:
@@ -149,6 +157,15 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=())
         return {"served_model_name": state.options.served_model_name, "max_model_len": state.max_context,
                 **state.client.stats()}
 
+    from llmkit.core.server.anthropic_api import anthropic_router
+    from llmkit.core.server.generate_api import generate_router
+    from llmkit.core.server.responses.routes import responses_router
+    from llmkit.core.server.tokenize_routes import tokenize_router
+
+    app.include_router(tokenize_router(state))
+    app.include_router(generate_router(state))
+    app.include_router(anthropic_router(state))
+    app.include_router(responses_router(state, storage))
     app.include_router(parser_router())
     for router in routers:
         app.include_router(router)

@@ -4,7 +4,7 @@ Layout under ``path`` (``--file-storage-path``, default ``./llmkit_storage``)::
 
     blobs/<file id>      file contents (name = the validated id, never the client's filename)
     tmp/                 in-progress writes, renamed into blobs/ when complete
-    llmkit.sqlite3       file and batch records, batch results (WAL mode)
+    llmkit.sqlite3       file and batch records, batch results, keyed records (WAL mode)
 
 The root is created 0700 and files 0600. A blob write goes to ``tmp/``, is fsynced and renamed
 (atomic on POSIX), so readers never see a partial blob and a crash leaves at most a temp file,
@@ -32,6 +32,7 @@ from llmkit.core.batches.storage import (
     capped,
     check_batch_id,
     check_file_id,
+    check_record_key,
 )
 
 _SCHEMA = """
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, created INTEGER, purpose 
 CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created INTEGER, status TEXT, data TEXT);
 CREATE TABLE IF NOT EXISTS results (
     batch_id TEXT, idx INTEGER, kind TEXT, line TEXT, PRIMARY KEY (batch_id, idx));
+CREATE TABLE IF NOT EXISTS records (kind TEXT, key TEXT, data TEXT, PRIMARY KEY (kind, key));
 """
 
 
@@ -190,6 +192,22 @@ class LocalStorage(StorageBackend):
 
     def delete_results(self, batch_id: str) -> None:
         self._exec("DELETE FROM results WHERE batch_id = ?", (check_batch_id(batch_id),))
+
+    # -- records -------------------------------------------------------------------------------
+    def put_record(self, kind: str, key: str, data: dict) -> None:
+        self._exec("INSERT OR REPLACE INTO records VALUES (?, ?, ?)",
+                   (*check_record_key(kind, key), json.dumps(data)))
+
+    def get_record(self, kind: str, key: str) -> dict:
+        rows = self._exec("SELECT data FROM records WHERE kind = ? AND key = ?", check_record_key(kind, key))
+        if not rows:
+            raise NotFoundError("record not found")
+        return json.loads(rows[0][0])
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        args = check_record_key(kind, key)
+        with self._lock:
+            return self._db.execute("DELETE FROM records WHERE kind = ? AND key = ?", args).rowcount > 0
 
     def close(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ Keys under the prefix::
     files/<file id>.json                 file records
     batches/<batch id>.json              batch records
     results/<batch id>/<index:08d>.<kind>  one finished line each (kind: output | error)
+    records/<kind>/<key>.json            keyed records (stored responses)
 
 A PUT is atomic in S3, so records and blobs are never torn. Blob uploads are spooled to a local
 temporary file first (bounded memory), so an oversize upload is refused before anything reaches
@@ -35,6 +36,7 @@ from llmkit.core.batches.storage import (
     capped,
     check_batch_id,
     check_file_id,
+    check_record_key,
 )
 
 _SPOOL_IN_MEMORY = 8 << 20
@@ -210,6 +212,20 @@ class S3Storage(StorageBackend):
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             objs = [{"Key": k} for k in keys[i : i + 1000]]
             self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True})
+
+    # -- records -------------------------------------------------------------------------------
+    def _record_key(self, kind: str, key: str) -> str:
+        kind, key = check_record_key(kind, key)
+        return self._key("records", kind, key + ".json")
+
+    def put_record(self, kind: str, key: str, data: dict[str, Any]) -> None:
+        self._put_json(self._record_key(kind, key), data)
+
+    def get_record(self, kind: str, key: str) -> dict[str, Any]:
+        return self._get_json(self._record_key(kind, key), "record")
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        return self._delete(self._record_key(kind, key))
 
     def close(self) -> None:
         self._s3.close()

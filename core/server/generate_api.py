@@ -1,0 +1,222 @@
+"""SGLang's native ``POST /generate``: raw text or token ids in, text, ids and ``meta_info`` out.
+
+One prompt (``text`` str / ``input_ids`` list of ints) gives one object; a batch (a list of
+either) gives a list, prompt-major when ``sampling_params.n`` > 1. Streaming sends SGLang's
+cumulative chunks (the text so far) per item, then ``data: [DONE]``. Sampling goes through the
+same checks as the OpenAI endpoints, under SGLang's parameter names.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
+from llmkit.core.engine.messages import GenerateRequest as EngineRequest
+from llmkit.core.server.errors import APIError
+from llmkit.core.server.prompt import tokenize_text
+from llmkit.core.server.protocol import _Model
+from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.state import Generation, new_id
+from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
+from pydantic import ConfigDict
+
+
+class GenerateSampling(_Model):
+    # SGLang refuses unknown sampling parameters; so do we, naming them.
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    top_k: int | None = -1
+    min_p: float | None = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = 1.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    n: int = 1
+    logit_bias: dict[str, float] | None = None
+    sampling_seed: int | None = None
+
+    # the attribute names build_sampling_params and attach_grammar read
+    @property
+    def min_tokens(self) -> int:
+        return self.min_new_tokens
+
+    @property
+    def seed(self) -> int | None:
+        return self.sampling_seed
+
+
+class GenerateRequest(_Model):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    rid: str | None = None
+
+
+async def _prompts(state, body: GenerateRequest) -> tuple[list[list[int]], bool]:
+    """Token ids of each prompt, and whether the request was a batch."""
+    if (body.text is None) == (body.input_ids is None):
+        raise APIError("exactly one of text or input_ids is required", param="text")
+    if body.text is not None:
+        batch = isinstance(body.text, list)
+        texts = body.text if batch else [body.text]
+        if not texts or any(not t for t in texts):
+            raise APIError("text cannot be empty", param="text")
+        return [await tokenize_text(state, t, param="text") for t in texts], batch
+    ids = body.input_ids
+    batch = bool(ids) and isinstance(ids[0], list)
+    prompts = ids if batch else [ids]
+    if not prompts or any(not p for p in prompts):
+        raise APIError("input_ids cannot be empty", param="input_ids")
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < state.vocab_size]
+        if bad:
+            raise APIError(f"input_ids {bad[:10]} are out of vocabulary (size {state.vocab_size})",
+                           param="input_ids")
+    return prompts, batch
+
+
+class _Item:
+    """One output's accumulated state."""
+
+    def __init__(self, rid: str, prompt_len: int) -> None:
+        self.rid, self.prompt_len = rid, prompt_len
+        self.text, self.ids, self.lps, self.final = "", [], [], None
+        self.prompt_lps = None
+
+    def add(self, out) -> None:
+        self.text += out.text
+        self.ids += out.token_ids
+        self.lps += out.logprobs
+        if out.prompt_logprobs is not None:
+            self.prompt_lps = out.prompt_logprobs
+        if out.finished:
+            self.final = out
+
+
+def _lp_triple(tok, token_id: int, lp: float | None, with_text: bool):
+    return [lp, token_id, tok.decode([token_id]) if with_text else None]
+
+
+def _meta(state, body: GenerateRequest, item: _Item, started: float, prompt_ids: list[int]) -> dict:
+    fin = item.final
+    meta: dict[str, Any] = {"id": item.rid, "prompt_tokens": item.prompt_len,
+                            "completion_tokens": len(item.ids), "cached_tokens": 0, "finish_reason": None,
+                            "e2e_latency": time.monotonic() - started}
+    if fin is not None:
+        meta["cached_tokens"] = fin.cached_tokens
+        if fin.finish_reason == "length":
+            meta["finish_reason"] = {"type": "length", "length": len(item.ids)}
+        else:
+            meta["finish_reason"] = {"type": fin.finish_reason, "matched": fin.matched_stop}
+    if body.return_logprob:
+        tok, wt = state.tokenizer, body.return_text_in_logprobs
+        meta["output_token_logprobs"] = [_lp_triple(tok, x.token_id, x.logprob, wt) for x in item.lps]
+        meta["output_top_logprobs"] = [[_lp_triple(tok, t, lp, wt) for t, lp in x.top] for x in item.lps]
+        if body.logprob_start_len >= 0 and item.prompt_lps is not None:
+            start = min(body.logprob_start_len, len(prompt_ids))
+            meta["input_token_logprobs"] = [
+                _lp_triple(tok, prompt_ids[i], None if x is None else x.logprob, wt)
+                for i, x in enumerate(item.prompt_lps[start:], start)]
+    return meta
+
+
+def _sampling(d: dict) -> GenerateSampling:
+    from llmkit.core.server.body import parse_model
+
+    try:
+        return parse_model(GenerateSampling, d)
+    except APIError as exc:
+        exc.param = f"sampling_params.{exc.param}" if exc.param else "sampling_params"
+        exc.message = f"sampling_params.{exc.message}"
+        raise
+
+
+def generate_router(state) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/generate")
+    async def generate(raw: HTTPRequest):
+        from llmkit.core.server.body import parse_model, read_json
+        from llmkit.core.server.structured import attach_grammar
+
+        started = time.monotonic()
+        body = parse_model(GenerateRequest, await read_json(raw, state.options.max_payload_size))
+        prompts, batch = await _prompts(state, body)
+        sp = body.sampling_params
+        sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})] * len(prompts)
+        if len(sps) != len(prompts):
+            raise APIError("sampling_params must have one entry per prompt", param="sampling_params")
+        if len(prompts) > state.options.max_prompt_list:
+            raise APIError(f"at most {state.options.max_prompt_list} prompts per request", param="text")
+        if body.top_logprobs_num and not body.return_logprob:
+            raise APIError("top_logprobs_num requires return_logprob", param="top_logprobs_num")
+        rid = body.rid or new_id("")
+        reqs, items, prompt_of = [], [], []
+        for pi, (ids, s) in enumerate(zip(prompts, sps)):
+            params = build_sampling_params(
+                s, prompt_len=len(ids), max_context=state.max_context, vocab_size=state.vocab_size,
+                max_tokens=s.max_new_tokens, logprobs=body.return_logprob,
+                top_logprobs=body.top_logprobs_num, defaults=state.sampling_defaults)
+            group = []
+            for k in range(s.n):
+                r = EngineRequest(rid=f"{rid}-{pi}-{k}", prompt_ids=ids, params=seed_for_choice(params, k),
+                            return_prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0)
+                group.append(r)
+                items.append(_Item(r.rid, len(ids)))
+                prompt_of.append(ids)
+            await attach_grammar(state, s, group)
+            reqs += group
+        gen = Generation(state.client, reqs)
+        many = batch or len(reqs) > 1
+
+        def result(i: int) -> dict:
+            it = items[i]
+            out = {"text": it.text, "output_ids": it.ids,
+                   "meta_info": _meta(state, body, it, started, prompt_of[i])}
+            return {**out, "index": i} if many and body.stream else out
+
+        if body.stream:
+            async def events():
+                try:
+                    async for i, out in gen.outputs():
+                        if out.error:
+                            yield sse(APIError(out.error, status=500).body())
+                            break
+                        items[i].add(out)
+                        if out.text or out.finished:
+                            yield sse(result(i))
+                finally:
+                    gen.cancel()
+                yield sse_done()
+
+            return sse_response(gen, events())
+
+        async def complete():
+            async for i, out in gen.outputs():
+                if out.error:
+                    raise APIError(out.error, status=500)
+                items[i].add(out)
+            results = [result(i) for i in range(len(items))]
+            return JSONResponse(results if many else results[0])
+
+        return await watch_disconnect(raw, complete())
+
+    return router

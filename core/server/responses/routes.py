@@ -1,0 +1,164 @@
+"""``/v1/responses``: create (plain, streamed or in the background), retrieve, list input items,
+delete and cancel. Errors are OpenAI-shaped (the app's APIError handler)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from llmkit.core.server.chat_bridge import chat_request, complete_chat, start_chat_stream
+from llmkit.core.server.errors import APIError
+from llmkit.core.server.responses.objects import ItemIds, failed, finish, skeleton, stream_events
+from llmkit.core.server.responses.protocol import (
+    ResponsesRequest,
+    items_to_messages,
+    normalize_input,
+    to_chat_body,
+)
+from llmkit.core.server.responses.store import ResponseStore
+from llmkit.core.server.state import new_id
+
+log = logging.getLogger("llmkit")
+LIVE = ("queued", "in_progress")
+# chat field names in errors -> the Responses field the client sent
+PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
+          "chat_template_kwargs": "reasoning"}
+
+
+async def _with_truncation(body: ResponsesRequest, msgs: list[dict], run):
+    """Run ``run(chat)``; with ``truncation: auto`` drop the oldest turns while the conversation
+    does not fit the context."""
+    msgs = list(msgs)
+    while True:
+        try:
+            return await run(chat_request(to_chat_body(body, msgs)))
+        except APIError as exc:
+            turns = [i for i, m in enumerate(msgs) if m["role"] != "system"]
+            if body.truncation != "auto" or exc.code != "context_length_exceeded" or len(turns) <= 1:
+                exc.param = PARAMS.get(exc.param, exc.param)
+                raise
+            del msgs[turns[0]]
+
+
+def responses_router(state, storage=None) -> APIRouter:
+    router = APIRouter()
+    store = ResponseStore(storage)
+    tasks: dict[str, asyncio.Task] = {}  # background responses running in this process
+
+    async def run_background(events, record: dict) -> None:
+        """Consume an already started (so already validated) generation into the record."""
+        resp = record["response"]
+        try:
+            resp["status"] = "in_progress"
+            await store.put(record)
+            async for e in events:
+                if e.error is not None:
+                    failed(resp, e.error.message)
+                elif e.finished is not None:
+                    finish(resp, e.finished, ItemIds())
+        except asyncio.CancelledError:
+            resp["status"] = "cancelled"
+        except Exception as exc:  # recorded on the response, which the client polls
+            log.exception("background response %s failed", resp["id"])
+            failed(resp, f"internal error: {type(exc).__name__}")
+        finally:
+            tasks.pop(resp["id"], None)
+            await events.aclose()  # aborts the generation if it is still running
+        await store.put(record)
+
+    @router.post("/v1/responses")
+    async def create(raw: HTTPRequest):
+        from llmkit.core.server.body import parse_model, read_json
+
+        body = parse_model(ResponsesRequest, await read_json(raw, state.options.max_payload_size))
+        items = normalize_input(body)
+        context: list[dict] = []
+        if body.previous_response_id is not None:
+            prev = await store.get(body.previous_response_id, param="previous_response_id")
+            context = prev["context"] + prev["input_items"] + prev["response"]["output"]
+        msgs = items_to_messages(context + items)
+        if body.instructions:  # instructions are not carried over to continuations, as OpenAI
+            msgs.insert(0, {"role": "system", "content": body.instructions})
+        to_chat_body(body, msgs)  # request-level checks before anything starts
+        resp = skeleton(body, new_id("resp_"), "in_progress")
+        record = {"response": resp, "input_items": items, "context": context}
+
+        if body.stream or body.background:
+            # starting validates the request, so a bad background request is a 400 too
+            events = await _with_truncation(body, msgs, lambda chat: start_chat_stream(state, chat))
+        if body.background:
+            resp["status"] = "queued"
+            await store.put(record)
+            tasks[resp["id"]] = asyncio.create_task(run_background(events, record))
+            return JSONResponse(resp)
+        if body.stream:
+            async def save(final: dict) -> None:
+                if body.store:
+                    await store.put(record)
+
+            return StreamingResponse(stream_events(events, resp, save), media_type="text/event-stream")
+        result = await _with_truncation(body, msgs, lambda chat: complete_chat(state, chat, raw))
+        if isinstance(result, Response):
+            return result  # the client went away
+        finish(resp, result, ItemIds())
+        if body.store:
+            await store.put(record)
+        return JSONResponse(resp)
+
+    async def load(rid: str) -> dict:
+        record = await store.get(rid)
+        resp = record["response"]
+        if resp["status"] in LIVE and rid not in tasks:
+            # queued or running in a process that is gone: it will never finish
+            failed(resp, "the server restarted before this response finished")
+            await store.put(record)
+        return record
+
+    @router.get("/v1/responses/{rid}")
+    async def retrieve(rid: str):
+        return (await load(rid))["response"]
+
+    @router.get("/v1/responses/{rid}/input_items")
+    async def input_items(rid: str, order: str = "desc", limit: int = 20, after: str | None = None):
+        if order not in ("asc", "desc"):
+            raise APIError("order must be asc or desc", param="order")
+        if not 1 <= limit <= 100:
+            raise APIError("limit must be between 1 and 100", param="limit")
+        items = list((await load(rid))["input_items"])
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            pos = next((i for i, it in enumerate(items) if it.get("id") == after), None)
+            if pos is None:
+                raise APIError(f"no input item with id '{after}'", param="after")
+            items = items[pos + 1:]
+        page = items[:limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+    @router.delete("/v1/responses/{rid}")
+    async def delete(rid: str):
+        task = tasks.get(rid)
+        if task is not None:  # stop it first, or its last write would bring the record back
+            task.cancel()
+            await asyncio.wait([task])
+        if not await store.delete(rid):
+            raise APIError(f"Response with id '{rid}' not found.", status=404, code="not_found")
+        return {"id": rid, "object": "response", "deleted": True}
+
+    @router.post("/v1/responses/{rid}/cancel")
+    async def cancel(rid: str):
+        record = await load(rid)
+        if not record["response"]["background"]:
+            raise APIError("Only responses created with background: true can be cancelled.", param="response_id")
+        task = tasks.get(rid)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # it records "cancelled" itself
+            record = await store.get(rid)
+        return record["response"]
+
+    return router

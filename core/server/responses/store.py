@@ -1,0 +1,55 @@
+"""Where stored responses live: the server's storage backend (``--batch-storage``, so ``local``
+and ``s3`` keep them across restarts), or, with ``--batch-storage none``, a bounded in-memory map
+that lasts as long as the process.
+
+A record is ``{"response": <response object>, "input_items": [...], "context": [...]}``:
+``context`` is the conversation before this request's input (what ``previous_response_id``
+brought in), so a continuation reads one record, not the whole chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from llmkit.core.server.errors import APIError
+
+KIND = "response"
+MEMORY_LIMIT = 1024  # responses kept without a storage backend (oldest dropped first)
+
+
+class ResponseStore:
+    def __init__(self, storage=None) -> None:
+        self.storage = storage
+        self.memory: OrderedDict[str, dict] = OrderedDict()
+
+    async def put(self, record: dict) -> None:
+        rid = record["response"]["id"]
+        if self.storage is None:
+            self.memory[rid] = record
+            self.memory.move_to_end(rid)
+            while len(self.memory) > MEMORY_LIMIT:
+                self.memory.popitem(last=False)
+            return
+        try:
+            await asyncio.to_thread(self.storage.put_record, KIND, rid, record)
+        except NotImplementedError:
+            raise APIError("this server's storage backend cannot store responses; send store: false",
+                           param="store") from None
+
+    async def get(self, rid: str, param: str | None = None) -> dict:
+        try:
+            if self.storage is None:
+                return self.memory[rid]
+            return await asyncio.to_thread(self.storage.get_record, KIND, rid)
+        except (KeyError, NotImplementedError):  # a storage NotFoundError is a KeyError
+            raise APIError(f"Response with id '{rid}' not found.", status=404, param=param,
+                           code="not_found") from None
+
+    async def delete(self, rid: str) -> bool:
+        if self.storage is None:
+            return self.memory.pop(rid, None) is not None
+        try:
+            return await asyncio.to_thread(self.storage.delete_record, KIND, rid)
+        except (KeyError, NotImplementedError):
+            return False

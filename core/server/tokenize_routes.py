@@ -1,0 +1,112 @@
+"""vLLM's ``POST /tokenize`` and ``POST /detokenize`` (with ``/v1/`` aliases) and ``GET /version``.
+
+``/tokenize`` takes a ``prompt`` (special tokens added by default, as the completions path would
+not) or chat ``messages`` rendered with the server's chat template exactly as the chat endpoint
+renders them, so ``count`` is the prompt size a chat request would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
+from llmkit.core.server.errors import APIError
+from llmkit.core.server.prompt import MAX_PROMPT_CHARS, message_dicts, render_chat
+from llmkit.core.server.protocol import ChatCompletionRequest, _Model
+
+
+class TokenizeRequest(_Model):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Model):
+    model: str | None = None
+    tokens: list[int]
+
+
+def _render(state, body: TokenizeRequest) -> str:
+    if body.add_generation_prompt and body.continue_final_message:
+        raise APIError("add_generation_prompt and continue_final_message cannot both be true",
+                       param="continue_final_message")
+    try:
+        kwargs = check_template_kwargs(body.chat_template_kwargs)
+    except ValueError as exc:
+        raise APIError(str(exc), param="chat_template_kwargs") from None
+    from llmkit.core.server.body import parse_model
+
+    chat = parse_model(ChatCompletionRequest, {"messages": body.messages, "tools": body.tools,
+                                               "continue_final_message": body.continue_final_message})
+    try:
+        if body.add_generation_prompt or body.continue_final_message:
+            return render_chat(state, chat, kwargs)  # the chat endpoint's own rendering
+        if state.chat_template is None:
+            return render_chat(state, chat, kwargs)  # raises the "no chat template" error
+        tools = [t.model_dump(exclude_none=True) for t in chat.tools or []]
+        return state.chat_template.render(message_dicts(chat), add_generation_prompt=False,
+                                          tools=tools or None, extra=kwargs)
+    except TemplateRenderError as exc:
+        raise APIError(str(exc), param="messages") from None
+
+
+def tokenize_router(state) -> APIRouter:
+    router = APIRouter()
+
+    async def parse(raw: HTTPRequest, cls):
+        from llmkit.core.server.body import parse_model, read_json
+
+        return parse_model(cls, await read_json(raw, state.options.max_payload_size))
+
+    async def tokenize(raw: HTTPRequest):
+        body = await parse(raw, TokenizeRequest)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("exactly one of prompt or messages is required", param="prompt")
+        if body.messages is not None:
+            if not body.messages:
+                raise APIError("Messages cannot be empty.", param="messages")
+            text = await asyncio.to_thread(_render, state, body)
+            special = bool(body.add_special_tokens)  # the template already has its special tokens
+        else:
+            text, special = body.prompt, body.add_special_tokens is not False
+        if len(text) > MAX_PROMPT_CHARS:
+            raise APIError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters", param="prompt")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError("the text contains invalid Unicode (a lone surrogate)", param="prompt") from None
+        ids = await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=special)["input_ids"])
+        strs = state.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": state.max_context, "tokens": ids, "token_strs": strs}
+
+    async def detokenize(raw: HTTPRequest):
+        body = await parse(raw, DetokenizeRequest)
+        bad = [t for t in body.tokens if not 0 <= t < state.vocab_size]
+        if bad:
+            raise APIError(f"token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})",
+                           param="tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
+
+    for prefix in ("", "/v1"):
+        router.add_api_route(prefix + "/tokenize", tokenize, methods=["POST"])
+        router.add_api_route(prefix + "/detokenize", detokenize, methods=["POST"])
+
+    @router.get("/version")
+    async def version():
+        try:
+            return {"version": package_version("llmkit")}
+        except PackageNotFoundError:
+            return {"version": "unknown"}
+
+    return router
