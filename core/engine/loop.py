@@ -143,7 +143,8 @@ class Engine:
                 req.generator = make_generator(req.params.seed, self.runner.device)
             req.eos_token_ids = self.eos_token_ids
             detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, req.params.skip_special_tokens,
-                                           req.params.stop, req.params.no_stop_trim)
+                                           req.params.stop, req.params.no_stop_trim,
+                                           stop_regex=req.params.stop_regex)
             self._live[req.rid] = _Live(req, b, detok)
             self.scheduler.add(req)
         elif kind == "abort":

@@ -32,6 +32,7 @@ class SamplingParams:
     top_logprobs: int = 0
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    stop_regex: tuple[str, ...] = ()  # SGLang's stop_regex: stop where one of these matches the text
 
     @property
     def greedy(self) -> bool:
