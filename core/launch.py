@@ -56,6 +56,9 @@ def build_server(config: EngineConfig, *, api_key=None, chat_template=None, reas
     tok = parts.tokenizer
     source = Path(chat_template).read_text() if chat_template else getattr(tok, "chat_template", None)
     template = ChatTemplate(source, tok.bos_token or "", tok.eos_token or "") if source else None
+    from llmkit.core.server.tool_prompt import warn_if_no_tool_support
+
+    warn_if_no_tool_support(template, tool_call_parser)
     engine = Engine(config, parts)
     engine.start()
     client = InProcessEngineClient(engine, config.max_queued_requests)
