@@ -205,6 +205,8 @@ class Engine:
         """Sample the launched step's tokens (the device sync) and post-process them."""
         if out.prompt_logits:
             self._record_prompt_logprobs(out.prompt_logits)
+        # Counted before the new tokens are appended (which moves each sequence's end).
+        n_decode = sum(1 for s in out.sample_segments if s.length == 1)
         if out.sample_segments:
             reqs = [s.req for s in out.sample_segments]
             tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
@@ -220,7 +222,7 @@ class Engine:
                 except Exception as exc:  # post-processing of one request fails only that request
                     log.exception("post-processing failed for %s", req.rid)
                     self._fail(req, f"internal error: {exc}")
-        self._log(batch)
+        self._log(batch, n_decode)
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for rid, (start, logits) in prompt_logits.items():
@@ -327,7 +329,7 @@ class Engine:
             log.exception("output sink failed for %s", req.rid)
 
     # -- logs ----------------------------------------------------------------------------------
-    def _log(self, batch) -> None:
+    def _log(self, batch, n_decode: int) -> None:
         sched = self.scheduler
         if batch.num_new_prefill_seqs:
             self._prompt_tokens_total += batch.num_prefill_tokens + batch.num_cached_tokens
@@ -339,7 +341,6 @@ class Engine:
                 batch.num_new_prefill_seqs, batch.num_prefill_tokens, batch.num_cached_tokens, rate,
                 sched.token_usage(), batch.num_running_before, len(sched.waiting),
             )
-        n_decode = sum(1 for s in batch.segments if s.length == 1 and s.samples)
         self._decode_tokens += n_decode
         if n_decode:
             self._decode_steps += 1
