@@ -12,6 +12,7 @@ from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, Context
                                 Deterministic, Device, DisableCudaGraph, DisableOverlap, DisableRadix, Dtype,
                                 EnableOverlap, GrammarBackend, LoadFormat, MaxRunning, MaxTotalTokens, ModelPath,
                                 PageSize, Quantization, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
+from llmkit.cli.options import MemFractionStatic, ServedModelName, TpSize, TrustRemoteCode
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +23,7 @@ def serve(
     model_path: ModelPath = None,
     host: Annotated[str, typer.Option("--host", envvar="LLMKIT_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="LLMKIT_PORT")] = 30000,
-    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name")] = None,
+    served_model_name: ServedModelName = None,
     chat_template: ChatTemplate = None,
     attention: Attention = "auto",
     reasoning_parser: ReasoningParser = None,
@@ -63,23 +64,35 @@ def serve(
     batch_max_in_flight: Annotated[int, typer.Option("--batch-max-in-flight",
                                    help="Batch lines handed to the engine at once (fewer: faster online responses while a batch runs).")] = 4,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    tp_size: TpSize = 1,
+    mem_fraction_static: MemFractionStatic = None,
+    trust_remote_code: TrustRemoteCode = False,
 ):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
     params = dict(locals())
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S")
+    from llmkit.cli.preflight import bind_socket, check_serve_options
     from llmkit.core.plugins import PluginError
 
     try:
+        # Everything checkable is checked, and the port bound, before the (slow) model load.
+        check_serve_options(params)
+        if trust_remote_code:
+            logging.getLogger("llmkit").info("--trust-remote-code is accepted for SGLang compatibility; llmkit "
+                                             "never runs code from a checkpoint, so it changes nothing")
+        sock = bind_socket(host, port)
         app = _build_app(params)
     except (PluginError, FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     import uvicorn
 
-    logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(),
-                timeout_graceful_shutdown=shutdown_timeout, h11_max_incomplete_event_size=64 * 1024)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                                           timeout_graceful_shutdown=shutdown_timeout,
+                                           h11_max_incomplete_event_size=64 * 1024))
+    logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)  # the socket is bound
+    server.run(sockets=[sock])
 
 
 def _build_app(p: dict, batch_storage: str | None = "from-params"):
@@ -96,7 +109,7 @@ def _build_app(p: dict, batch_storage: str | None = "from-params"):
         enable_deterministic_inference=p["enable_deterministic_inference"], num_threads=p["num_threads"],
         cuda_graph_max_bs=p["cuda_graph_max_bs"], disable_cuda_graph=p["disable_cuda_graph"],
         quantization=p["quantization"], load_format=p["load_format"],
-        overlap_schedule=_overlap(p),
+        overlap_schedule=_overlap(p), mem_fraction_static=p.get("mem_fraction_static"),
     )
     storage = p["batch_storage"] if batch_storage == "from-params" else batch_storage
     return build_server(
@@ -121,6 +134,9 @@ def build_app_for_batch(args: list[str]):
     ctx = command.make_context("serve", list(args))
     params = dict(ctx.params)
     logging.basicConfig(level=params["log_level"].upper(), format="[%(asctime)s] %(message)s")
+    from llmkit.cli.preflight import check_serve_options
+
+    check_serve_options({**params, "batch_storage": None}, check_port=False)
     app = _build_app(params, batch_storage=None)
     try:
         yield app

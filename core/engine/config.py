@@ -30,3 +30,5 @@ class EngineConfig:
     # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).
     overlap_schedule: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
+    # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
+    mem_fraction_static: float | None = None
