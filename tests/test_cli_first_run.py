@@ -93,3 +93,18 @@ def test_mem_fraction_static_sizes_the_kv_pool():
     with pytest.raises(ValueError, match="too little memory"):
         _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, cpu, weight_bytes=1 << 50)
     assert _pool_tokens(EngineConfig(mem_fraction_static=0.5, max_total_tokens=100), 1024, 8192, cpu) == 100
+
+
+def test_gguf_conversion_gives_writable_tensors_without_warnings():
+    import warnings
+
+    from gguf import GGUFReader
+
+    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.model.source import embedded_gguf_path
+
+    reader = GGUFReader(str(embedded_gguf_path()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy "not writable" was a UserWarning at the first start
+        for _, tensor in gguf_tensors(reader, gguf_config(reader)):
+            tensor.add_(0)
