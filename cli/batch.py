@@ -53,9 +53,16 @@ def run(
         bar.set_postfix(failed=counts["failed"], refresh=False)
         bar.refresh()
 
-    with batch_executor_for(list(ctx.args)) as execute:
-        rec = asyncio.run(run_batch_file(input_path, output, execute, endpoint=endpoint,
-                                         max_in_flight=max_in_flight, on_progress=on_progress))
+    from llmkit.core.plugins import PluginError
+
+    try:
+        with batch_executor_for(list(ctx.args)) as execute:
+            rec = asyncio.run(run_batch_file(input_path, output, execute, endpoint=endpoint,
+                                             max_in_flight=max_in_flight, on_progress=on_progress))
+    except (PluginError, FileNotFoundError, ValueError) as exc:  # a serve option is wrong
+        bar.close()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     bar.close()
     counts = rec.request_counts
     if rec.status == "failed":

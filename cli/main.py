@@ -6,6 +6,20 @@ import typer
 
 from llmkit.cli import batch, plugins_cmd, serve
 
+def _help_width() -> None:
+    """Rich renders help at 80 columns when piped and squeezes long flag names into
+    '--enable-deterministic-infe…'; a floor of 120 columns keeps every name whole."""
+    import os
+    import shutil
+
+    if os.environ.get("TERMINAL_WIDTH"):
+        return
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = max(shutil.get_terminal_size((80, 24)).columns, 120)
+
+
+_help_width()
 app = typer.Typer(name="llmkit", help="llmkit: a plugin-architecture LLM server with an OpenAI API.",
                   no_args_is_help=True, add_completion=False)
 serve.register(app)

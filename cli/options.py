@@ -53,3 +53,15 @@ EnableOverlap = Annotated[bool, typer.Option("--enable-overlap-schedule", envvar
                           help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).")]
 LoadFormat = Annotated[str, typer.Option("--load-format", envvar="LLMKIT_LOAD_FORMAT",
                        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).")]
+ServedModelName = Annotated[Optional[str], typer.Option("--served-model-name", envvar="LLMKIT_SERVED_MODEL_NAME",
+                            help="The model id in /v1/models and responses (default: the model path).")]
+# SGLang's names, so command lines pasted from its docs work.
+TpSize = Annotated[int, typer.Option("--tp-size", "--tp", "--tensor-parallel-size",
+                   help="Tensor parallelism: only 1 (one device) for now.")]
+MemFractionStatic = Annotated[Optional[float], typer.Option(
+    "--mem-fraction-static", help="Fraction of the device's memory (RAM on CPU) for weights plus the KV pool; "
+                                  "the pool gets the rest after the weights (default: 20%% of RAM, at most "
+                                  "65,536 tokens). --max-total-tokens wins when both are given.")]
+TrustRemoteCode = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Accepted for SGLang compatibility; llmkit never runs code from a checkpoint "
+                                "(architectures come from installed plugins), so it changes nothing.")]

@@ -13,6 +13,7 @@ from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, Context
                                 Deterministic, Device, DisableCudaGraph, DisableOverlap, DisableRadix, Dtype,
                                 EnableOverlap, GrammarBackend, LoadFormat, MaxRunning, MaxTotalTokens, ModelPath,
                                 PageSize, Quantization, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
+from llmkit.cli.options import MemFractionStatic, ServedModelName, TpSize, TrustRemoteCode
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +26,7 @@ def serve(
     model_path: ModelPath = None,
     host: Annotated[str, typer.Option("--host", envvar="LLMKIT_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="LLMKIT_PORT")] = 30000,
-    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name")] = None,
+    served_model_name: ServedModelName = None,
     chat_template: ChatTemplate = None,
     attention: Attention = "auto",
     reasoning_parser: ReasoningParser = None,
@@ -67,23 +68,35 @@ def serve(
     batch_max_in_flight: Annotated[int, typer.Option("--batch-max-in-flight",
                                    help="Batch lines handed to the engine at once (fewer: faster online responses while a batch runs).")] = 4,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    tp_size: TpSize = 1,
+    mem_fraction_static: MemFractionStatic = None,
+    trust_remote_code: TrustRemoteCode = False,
 ):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S")
+    from llmkit.cli.preflight import bind_socket, check_serve_options
     from llmkit.core.plugins import PluginError
 
     try:
+        # Everything checkable is checked, and the port bound, before the (slow) model load.
+        check_serve_options(ctx.params)
         engine_config, server_config = build_configs(**ctx.params)
+        if trust_remote_code:
+            logging.getLogger("llmkit").info("--trust-remote-code is accepted for SGLang compatibility; llmkit "
+                                             "never runs code from a checkpoint, so it changes nothing")
+        sock = bind_socket(host, port)
         app = _build_app(engine_config, server_config)
     except (PluginError, FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     import uvicorn
 
-    logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(),
-                timeout_graceful_shutdown=shutdown_timeout, h11_max_incomplete_event_size=64 * 1024)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                                           timeout_graceful_shutdown=shutdown_timeout,
+                                           h11_max_incomplete_event_size=64 * 1024))
+    logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)  # the socket is bound
+    server.run(sockets=[sock])
 
 
 def build_configs(
@@ -92,7 +105,8 @@ def build_configs(
     max_total_tokens, chunked_prefill_size, schedule_policy, disable_radix_cache, page_size,
     enable_deterministic_inference, num_threads, quantization, cuda_graph_max_bs, disable_cuda_graph,
     disable_overlap_schedule, enable_overlap_schedule, load_format, max_payload_size, shutdown_timeout,
-    batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level,
+    batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level, tp_size,
+    mem_fraction_static, trust_remote_code,
 ):
     """The engine and server configs from ``llmkit serve``'s options (keyword-only: every option
     is named once here, and a new option that is not placed in a config fails loudly)."""
@@ -108,7 +122,7 @@ def build_configs(
         schedule_policy=schedule_policy, disable_radix_cache=disable_radix_cache, context_length=context_length,
         enable_deterministic_inference=enable_deterministic_inference, num_threads=num_threads,
         cuda_graph_max_bs=cuda_graph_max_bs, disable_cuda_graph=disable_cuda_graph, quantization=quantization,
-        load_format=load_format, grammar_backend=grammar_backend,
+        load_format=load_format, grammar_backend=grammar_backend, mem_fraction_static=mem_fraction_static,
         overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
     )
     server = ServerConfig(
@@ -136,6 +150,9 @@ def batch_executor_for(args: list[str]):
 
     command = typer.main.get_command(_serve_only_app())
     ctx = command.make_context("serve", list(args))
+    from llmkit.cli.preflight import check_serve_options
+
+    check_serve_options({**ctx.params, "batch_storage": None}, check_port=False)
     engine_config, server_config = build_configs(**ctx.params)
     logging.basicConfig(level=server_config.log_level.upper(), format="[%(asctime)s] %(message)s")
     app = _build_app(engine_config, replace(server_config, enable_batches=False))

@@ -66,6 +66,9 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     tok = parts.tokenizer
     source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
     template = ChatTemplate(source, tok.bos_token or "", tok.eos_token or "") if source else None
+    from llmkit.core.server.tool_prompt import warn_if_no_tool_support
+
+    warn_if_no_tool_support(template, config.tool_call_parser)
     engine = Engine(engine_config, parts)
     engine.start()
     client = InProcessEngineClient(engine, engine_config.max_queued_requests)

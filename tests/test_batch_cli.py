@@ -53,6 +53,8 @@ def test_batch_run_reports_validation_errors(tmp_path, monkeypatch):
     app.command("noop")(lambda: None)
     res = CliRunner().invoke(app, ["batch", "run", str(src), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
     assert res.exit_code == 1 and "line 3" in res.output
+    # As the online API: the valid lines do not run, and no (empty) output file is left behind.
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_help_does_not_import_torch():

@@ -46,3 +46,51 @@ def test_kwargs_allowlist_and_synonyms():
     for bad in ({"tokenize": True}, {"chat_template": "x"}, {"x": {"nested": 1}}, {"x": [1]}):
         with pytest.raises(ValueError):
             check_template_kwargs(bad)
+
+
+def _embedded_state(tool_call_parser):
+    """A real ServerState around the embedded model's tokenizer and template (no engine needed
+    to render a prompt)."""
+    from transformers import AutoTokenizer
+
+    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.server.state import ServerOptions, ServerState
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
+    return ServerState(client=None, tokenizer=tok, chat_template=ChatTemplate(tok.chat_template),
+                       options=ServerOptions("m", tool_call_parser=tool_call_parser),
+                       max_context=8192, vocab_size=len(tok))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("parser, choice, marker", [
+    ("hermes", "auto", "<tool_call>"),
+    ("pythonic", None, "function_name(argument=value"),
+    (None, "required", '[{"name": <function-name>, "parameters"'),
+    (None, "auto", None),
+])
+def test_template_without_tools_gets_them_in_the_system_prompt(parser, choice, marker):
+    from llmkit.core.server.prompt import render_chat
+    from llmkit.core.server.protocol import ChatCompletionRequest
+
+    state = _embedded_state(parser)
+    assert not state.chat_template.supports_tools
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                 tools=[WEATHER], tool_choice=choice)
+    text = render_chat(state, body, {})
+    if marker is None:  # "auto" without a parser cannot call a tool: the prompt is unchanged
+        assert "get_weather" not in text
+        return
+    assert marker in text and '"name": "get_weather"' in text
+    assert text.startswith("<|im_start|>system\n# Tools") and text.count("<|im_start|>system") == 1
+    none = ChatCompletionRequest(model="m", messages=body.messages, tools=[WEATHER], tool_choice="none")
+    assert "get_weather" not in render_chat(state, none, {})
+
+
+def test_template_with_tools_renders_them_itself():
+    src = "{% for t in tools %}{{ t.function.name }}{% endfor %}|{{ messages[0].content }}"
+    assert ChatTemplate(src).supports_tools
+    assert not ChatTemplate("{{ messages[0].content }}").supports_tools

@@ -53,7 +53,10 @@ async def run_batch_file(
             runner = BatchRunner(storage, execute, max_in_flight=max_in_flight, on_progress=on_progress)
             rec = await runner.create(fid, endpoint, "24h")
             rec = await runner.wait(rec.id)
-            await asyncio.to_thread(_write_merged, storage, rec, input_path, output_path)
+            # A batch that failed validation ran nothing (as POST /v1/batches): no output file, so
+            # an empty one is never mistaken for a result.
+            if rec.status != "failed":
+                await asyncio.to_thread(_write_merged, storage, rec, input_path, output_path)
             return rec
         finally:
             storage.close()

@@ -127,13 +127,22 @@ def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int) -> int:
+def _pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, device=None,
+                 weight_bytes: int = 0) -> int:
     if config.max_total_tokens:
         return config.max_total_tokens
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         total = 16 << 30
+    if config.mem_fraction_static:
+        if device is not None and device.type == "cuda":
+            total = torch.cuda.mem_get_info(device)[1]
+        budget = int(total * config.mem_fraction_static) - weight_bytes
+        if budget < bytes_per_token * min(max_context, 4096):
+            raise ValueError(f"--mem-fraction-static {config.mem_fraction_static} leaves too little memory for "
+                             "the KV pool after the weights; raise it or use --max-total-tokens")
+        return budget // bytes_per_token
     by_memory = int(total * 0.2) // bytes_per_token
     return max(min(65536, by_memory), min(max_context, 4096))
 
@@ -185,7 +194,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     head_dim, n_kv, n_layers = model.head_dim, model.num_kv_heads, model.num_layers
     kv_dtype = dtype
     bytes_per_token = 2 * n_layers * n_kv * head_dim * torch.tensor([], dtype=kv_dtype).element_size()
-    tokens = _pool_tokens(config, bytes_per_token, max_context)
+    weight_bytes = (sum(t.numel() * t.element_size() for t in model.state_dict().values())
+                    if config.mem_fraction_static else 0)
+    tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
     page = config.page_size
     pool = KVCachePool(num_layers=n_layers, num_pages=tokens // page + 1, page_size=page,
                        num_kv_heads=n_kv, head_dim=head_dim, dtype=kv_dtype, device=device)

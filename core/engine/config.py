@@ -32,3 +32,5 @@ class EngineConfig:
     # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.
     grammar_backend: str | None = None
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
+    # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
+    mem_fraction_static: float | None = None

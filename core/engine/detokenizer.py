@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import regex
+
 
 @dataclass
 class StopMatch:
@@ -22,8 +24,12 @@ class IncrementalDetokenizer:
     # left context to decode a token's leading space and merge bytes correctly.
     CONTEXT = 6
 
+    # stop_regex is searched in this many trailing characters (plus the new text), so a long
+    # output costs a bounded amount per token.
+    REGEX_WINDOW = 4096
+
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool,
-                 stop: tuple[str, ...] = (), keep_stop: bool = False) -> None:
+                 stop: tuple[str, ...] = (), keep_stop: bool = False, stop_regex: tuple[str, ...] = ()) -> None:
         self.tok = tokenizer
         self.skip = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-self.CONTEXT:])
@@ -34,6 +40,7 @@ class IncrementalDetokenizer:
         self.stop = tuple(s for s in stop if s)
         self.keep_stop = keep_stop
         self.max_stop = max((len(s) for s in self.stop), default=0)
+        self.stop_regex = [(p, regex.compile(p)) for p in stop_regex]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
@@ -56,7 +63,7 @@ class IncrementalDetokenizer:
             self.read_offset -= cut
         start = max(0, len(self.text) - self.max_stop + 1)
         self.text += new
-        return self._find_stop(start)
+        return self._find_stop(start) or self._find_regex(len(new))
 
     def _find_stop(self, start: int) -> StopMatch | None:
         if not self.stop:
@@ -73,6 +80,23 @@ class IncrementalDetokenizer:
         self.emitted = min(self.emitted, len(self.text))
         return StopMatch(s)
 
+    def _find_regex(self, new_len: int) -> StopMatch | None:
+        """The earliest match of any stop_regex; its pattern is the matched stop (as SGLang)."""
+        if not self.stop_regex:
+            return None
+        pos = max(0, len(self.text) - new_len - self.REGEX_WINDOW)
+        best = None
+        for pattern, rx in self.stop_regex:
+            m = rx.search(self.text, pos)
+            if m is not None and (best is None or m.start() < best[0].start()):
+                best = (m, pattern)
+        if best is None:
+            return None
+        m, pattern = best
+        self.text = self.text[: m.end()] if self.keep_stop else self.text[: m.start()]
+        self.emitted = min(self.emitted, len(self.text))
+        return StopMatch(pattern)
+
     def flush(self) -> None:
         """At the end: decode whatever is left, even an incomplete character."""
         if self.read_offset < len(self.ids):
@@ -84,7 +108,7 @@ class IncrementalDetokenizer:
     def take_delta(self, final: bool) -> str:
         """Text that is safe to send now (all of it when ``final``)."""
         end = len(self.text)
-        if not final and self.stop:
+        if not final and (self.stop or self.stop_regex):
             end -= self._held_suffix()
         if end <= self.emitted:
             return ""
@@ -95,8 +119,16 @@ class IncrementalDetokenizer:
     def _held_suffix(self) -> int:
         """Length of the longest text suffix that is a proper prefix of some stop string."""
         t = self.text
+        held = 0
         for n in range(min(self.max_stop - 1, len(t)), 0, -1):
             tail = t[-n:]
             if any(s.startswith(tail) for s in self.stop):
-                return n
-        return 0
+                held = n
+                break
+        # Text a stop_regex has begun to match (a partial match reaching the end) is held too.
+        pos = max(self.emitted, len(t) - self.REGEX_WINDOW)
+        for _, rx in self.stop_regex:
+            m = rx.search(t, pos, partial=True)
+            if m is not None and m.partial:
+                held = max(held, len(t) - m.start())
+        return held

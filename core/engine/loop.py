@@ -212,6 +212,8 @@ class Engine:
         out = step.out
         if out.prompt_logits:
             self._record_prompt_logprobs(out.prompt_logits)
+        # Counted before the new tokens are appended (which moves each sequence's end).
+        n_decode = sum(1 for s in out.sample_segments if s.length == 1)
         if out.sample_segments:
             reqs = [s.req for s in out.sample_segments]
             tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
@@ -223,7 +225,7 @@ class Engine:
                     self._fail(req, self.sampler.failed[i])
                     continue
                 self.output.guarded(req, self._append_token, req, tok, lp)
-        self.log_stats.on_step(step.batch, self.scheduler)
+        self.log_stats.on_step(step.batch, self.scheduler, n_decode)
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for rid, (start, logits) in prompt_logits.items():

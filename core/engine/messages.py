@@ -38,6 +38,7 @@ class SamplingParams:
     top_logprobs: int = 0
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    stop_regex: tuple[str, ...] = ()  # SGLang's stop_regex: stop where one of these matches the text
 
     @property
     def greedy(self) -> bool:
@@ -105,6 +106,7 @@ def from_wire(cls: type, data: dict) -> Any:
     if cls is SamplingParams:
         bias = data.get("logit_bias")
         return SamplingParams(**{**data, "stop": tuple(data["stop"]), "stop_token_ids": tuple(data["stop_token_ids"]),
+                                 "stop_regex": tuple(data.get("stop_regex", ())),
                                  "logit_bias": {int(k): float(v) for k, v in bias.items()} if bias else None})
     if cls is TokenLogprob:
         return TokenLogprob(data["token_id"], data["logprob"], [tuple(t) for t in data["top"]])

@@ -17,7 +17,8 @@ class EngineStats:
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
 
-    def on_step(self, batch, sched) -> None:
+    def on_step(self, batch, sched, n_decode: int) -> None:
+        """``n_decode``: the step's decode tokens, counted before they were appended."""
         if batch.num_new_prefill_seqs:
             self._prompt_tokens_total += batch.num_prefill_tokens + batch.num_cached_tokens
             self._cached_tokens_total += batch.num_cached_tokens
@@ -28,7 +29,6 @@ class EngineStats:
                 batch.num_new_prefill_seqs, batch.num_prefill_tokens, batch.num_cached_tokens, rate,
                 sched.token_usage(), batch.num_running_before, len(sched.waiting),
             )
-        n_decode = sum(1 for s in batch.segments if s.length == 1 and s.samples)
         self._decode_tokens += n_decode
         if n_decode:
             self._decode_steps += 1

@@ -39,6 +39,9 @@ class GrammarLimits:
 def check_spec(kind: str, value: Any, limits: GrammarLimits) -> str:
     """Validate a constraint's size and shape; return its canonical text (the cache key).
 
+    A schema's text keeps its property order: the compiler emits keys in that order, so schemas
+    that differ only in order are different grammars (and different cache entries).
+
     Raises ValueError with a client-facing message.
     """
     if kind == "json_object":
@@ -75,7 +78,7 @@ def _check_schema(value: Any, limits: GrammarLimits) -> str:
         for pattern in patterns:
             check_regex_shape(pattern)
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"JSON schema is not serialisable as JSON: {exc}") from None
     if len(text.encode("utf-8", "surrogatepass")) > limits.max_schema_bytes:

@@ -101,4 +101,7 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
                 w = _unpermute(w, config["num_key_value_heads"])
         else:
             continue
-        yield hf, torch.from_numpy(np.ascontiguousarray(w))
+        w = np.ascontiguousarray(w)
+        if not w.flags.writeable:  # an F32 tensor is a read-only view of the memory-mapped file
+            w = w.copy()  # (torch.from_numpy would warn about it at every first start)
+        yield hf, torch.from_numpy(w)

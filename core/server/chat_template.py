@@ -64,6 +64,10 @@ class ChatTemplate:
         env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
         self.source = source
         self.template = env.from_string(source)
+        from jinja2 import meta
+
+        # Templates that never read `tools` get them in the system prompt (server/tool_prompt.py).
+        self.supports_tools = "tools" in meta.find_undeclared_variables(env.parse(source))
         self.special = {"bos_token": bos_token, "eos_token": eos_token}
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool, tools=None,

@@ -38,10 +38,13 @@ class CompletionLogprobs:
         d["tokens"].append(text)
         d["token_logprobs"].append(None if lp is None else lp.logprob)
         top = None
-        if lp is not None and lp.top:
+        if lp is not None:
             top = {}
             for tid, v in lp.top:  # identical strings collapse; the best rank is kept
                 top.setdefault(_text(self.tok, tid), v)
+            # The sampled token is always listed, so logprobs=0 still gives its entry (OpenAI's
+            # reference and vLLM do the same).
+            top.setdefault(text, lp.logprob)
         d["top_logprobs"].append(top)
         d["text_offset"].append(self.offset)
         self.offset += len(text)

@@ -60,6 +60,14 @@ def render_chat(state, body, kwargs: dict) -> str:
         if isinstance(body.tool_choice, dict):  # a named choice shows only that tool
             name = body.tool_choice.get("function", {}).get("name")
             tools = [t for t in tools if t["function"]["name"] == name]
+    if tools:
+        from llmkit.core.server.tool_prompt import inject_tools, template_supports_tools
+
+        if not template_supports_tools(state.chat_template):
+            forced = body.tool_choice == "required" or isinstance(body.tool_choice, dict)
+            parser = "json_array" if forced else state.options.tool_call_parser
+            if parser:
+                messages = inject_tools(messages, tools, parser)
     cont = body.continue_final_message and messages and messages[-1]["role"] == "assistant"
     text = state.chat_template.render(messages, add_generation_prompt=not cont, tools=tools, extra=kwargs)
     if cont:

@@ -65,6 +65,7 @@ class _Sampling(_Model):
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang: stop where a regular expression matches
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None

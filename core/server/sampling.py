@@ -98,6 +98,8 @@ def build_sampling_params(req, *, prompt_len: int, max_context: int, vocab_size:
             raise APIError(f"logit_bias has invalid entries {bad}: keys must be token ids in "
                            f"[0, {vocab_size - 1}] and biases in [-100, 100]", param="logit_bias")
 
+    stop_regex = _stop_regexes(req)
+
     stop_ids = tuple(req.stop_token_ids or ())
     bad_ids = [t for t in stop_ids if not 0 <= t < vocab_size]
     if bad_ids:
@@ -115,8 +117,28 @@ def build_sampling_params(req, *, prompt_len: int, max_context: int, vocab_size:
         repetition_penalty=float(rep), logit_bias=bias,
         seed=None if seed is None else seed % (2**63), stop=tuple(stops), stop_token_ids=stop_ids,
         ignore_eos=req.ignore_eos, logprobs=logprobs, top_logprobs=top_logprobs,
-        skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim,
+        skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim, stop_regex=stop_regex,
     )
+
+
+def _stop_regexes(req) -> tuple[str, ...]:
+    """SGLang's ``stop_regex``: each pattern passes the same caps as the ``regex`` constraint
+    (size, nested unbounded quantifiers) and must compile."""
+    import regex
+
+    from llmkit.core.grammar.limits import GrammarLimits, check_spec
+
+    value = getattr(req, "stop_regex", None)
+    patterns = [value] if isinstance(value, str) else list(value or [])
+    if len(patterns) > MAX_STOP:
+        raise APIError(f"at most {MAX_STOP} stop_regex patterns are allowed", param="stop_regex")
+    for p in patterns:
+        try:
+            check_spec("regex", p, GrammarLimits())
+            regex.compile(p)
+        except (ValueError, regex.error) as exc:
+            raise APIError(f"stop_regex {p[:80]!r} is invalid: {exc}", param="stop_regex") from None
+    return tuple(patterns)
 
 
 def seed_for_choice(params: SamplingParams, index: int) -> SamplingParams:

@@ -17,7 +17,8 @@ from llmkit.core.server.prompt import render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
-from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
+from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
+                                          watch_disconnect)
 
 
 def _validate_tools(body: ChatCompletionRequest) -> None:
@@ -40,6 +41,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
                                 priority: int = 0):
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
+    check_stream_options(body)
     _validate_tools(body)
     try:
         kwargs = check_template_kwargs(body.chat_template_kwargs)
@@ -125,7 +127,7 @@ async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse
         if out.error:
             raise APIError(out.error, status=500)
         texts[i] += out.text
-        lps[i].extend(out.logprobs)
+        lps[i].extend(_content_logprobs(out))
         if out.finished:
             finals[i] = out
     choices = []
@@ -151,33 +153,54 @@ async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse
 async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model}
 
-    def chunk(i, delta, finish=None, matched=None, logprobs=None):
+    continuous = continuous_usage(body)
+    completion_tokens = [0] * len(reqs)
+
+    def usage_now(i, out):
+        """Running usage for ``stream_options.continuous_usage_stats`` (None when not asked)."""
+        if not continuous:
+            return None
+        completion_tokens[i] = out.completion_tokens
+        return usage(out.prompt_tokens, sum(completion_tokens), out.cached_tokens)
+
+    def chunk(i, delta, finish=None, matched=None, logprobs=None, usage=None):
         c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None:
             c["matched_stop"] = matched
-        return sse({**base, "choices": [c]})
+        extra = {"usage": usage} if usage is not None else {}
+        return sse({**base, "choices": [c], **extra})
 
     try:
         for i in range(len(reqs)):
             yield chunk(i, {"role": "assistant", "content": ""})
         finals = {}
+        # Logprobs of tokens that produced no delta yet (a held stop-string prefix, a partial
+        # character, a parser marker) ride on the next chunk that has one: no empty deltas.
+        pending_lps: list[list] = [[] for _ in reqs]
         async for i, out in gen.outputs():
             if out.error:
                 yield sse({"error": APIError(out.error, status=500).body()["error"]})
                 break
             proc = procs[i]
             d = proc.feed(out.text) if out.text else None
-            lp = {"content": chat_logprobs(state.tokenizer, out.logprobs)} if body.logprobs and out.logprobs else None
+            if body.logprobs:
+                pending_lps[i].extend(_content_logprobs(out))
             if out.finished:
                 tail = proc.finish(out.finish_reason)
                 d = _join(d, tail)
-            if d or lp:
-                yield chunk(i, _delta_dict(d), logprobs=lp)
+            delta = _delta_dict(d)
+            if delta:
+                lp = None
+                if body.logprobs:
+                    lp = {"content": chat_logprobs(state.tokenizer, pending_lps[i])}
+                    pending_lps[i] = []
+                yield chunk(i, delta, logprobs=lp, usage=usage_now(i, out))
             if out.finished:
                 finals[i] = out
                 reason = _finish_reason(proc, out.finish_reason)
                 matched = None if reason in ("length", "tool_calls") else out.matched_stop
-                yield chunk(i, {}, finish=reason, matched=matched)
+                lp = {"content": chat_logprobs(state.tokenizer, pending_lps[i])} if pending_lps[i] else None
+                yield chunk(i, {}, finish=reason, matched=matched, logprobs=lp, usage=usage_now(i, out))
         if include_usage and finals:
             yield sse({**base, "choices": [], "usage": _chat_usage(state, list(finals.values()), procs)})
     except APIError as exc:
@@ -185,6 +208,16 @@ async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
     finally:
         gen.cancel()
     yield sse_done()
+
+
+def _content_logprobs(out) -> list:
+    """The output's logprobs without the stop token's: a matched stop token id is not part of
+    the message (OpenAI does not return its logprob either)."""
+    lps = out.logprobs
+    if (out.finished and lps and out.finish_reason == "stop" and isinstance(out.matched_stop, int)
+            and out.token_ids and out.token_ids[-1] == out.matched_stop and lps[-1].token_id == out.matched_stop):
+        return lps[:-1]
+    return list(lps)
 
 
 def _join(a, b):

@@ -14,7 +14,8 @@ from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
-from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
+from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
+                                          watch_disconnect)
 
 
 async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
@@ -51,6 +52,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
                            priority: int = 0):
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
+    check_stream_options(body)
     prompts = await _prompts(state, body)
     n_lp = body.logprobs or 0
     if body.max_tokens is not None and body.max_tokens <= 0:
@@ -63,7 +65,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             max_tokens=body.max_tokens, logprobs=body.logprobs is not None, top_logprobs=n_lp,
             defaults=state.sampling_defaults)
         if text is None:
-            text = state.tokenizer.decode(ids, skip_special_tokens=True)
+            # Echo shows a token prompt as given, special tokens included (as vLLM does), so the
+            # text agrees with logprobs.tokens and text_offset, which list every prompt token.
+            text = state.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         for s in range(body.n):
             r = GenerateRequest(rid=f"{cid}-{pi}-{s}", prompt_ids=ids, params=seed_for_choice(params, s),
                         return_prompt_logprobs=body.echo and body.logprobs is not None, priority=priority)
@@ -93,6 +97,17 @@ def _add_prompt_lps(acc: CompletionLogprobs, req: GenerateRequest, prompt_lps) -
         acc.add(tid, lp)
 
 
+def _add_output_lps(acc: CompletionLogprobs, out) -> None:
+    """The generated tokens' logprobs, without a matched stop token: it is not in the text, so
+    its entry would point past the end of it."""
+    pairs = list(zip(out.token_ids, out.logprobs))
+    if (out.finished and pairs and out.finish_reason == "stop" and isinstance(out.matched_stop, int)
+            and pairs[-1][0] == out.matched_stop):
+        pairs.pop()
+    for tid, lp in pairs:
+        acc.add(tid, lp)
+
+
 def _usage(reqs, finals, n_prompts) -> dict:
     """Prompt tokens count once per prompt (not per choice); completions add up."""
     per_prompt = len(reqs) // n_prompts
@@ -112,8 +127,7 @@ async def _complete(state, gen, body, reqs, echoes, cid, created, n_prompts):
             _add_prompt_lps(acc, reqs[i], out.prompt_logprobs)
         texts[i] += out.text
         if acc is not None:
-            for tid, lp in zip(out.token_ids, out.logprobs):
-                acc.add(tid, lp)
+            _add_output_lps(acc, out)
         if out.finished:
             finals[i] = out
     choices = [{
@@ -130,6 +144,10 @@ async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n
     accs = [_new_lp(state, body, r, e) for r, e in zip(reqs, echoes)]
     pending_echo = list(echoes)
     finals = [None] * len(reqs)
+    continuous = continuous_usage(body)
+    per_prompt = len(reqs) // n_prompts
+    prompt_seen: dict[int, int] = {}
+    generated = [0] * len(reqs)
     try:
         async for i, out in gen.outputs():
             if out.error:
@@ -139,8 +157,7 @@ async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n
             if acc is not None and out.prompt_logprobs is not None and body.echo:
                 _add_prompt_lps(acc, reqs[i], out.prompt_logprobs)
             if acc is not None:
-                for tid, lp in zip(out.token_ids, out.logprobs):
-                    acc.add(tid, lp)
+                _add_output_lps(acc, out)
             text = pending_echo[i] + out.text
             pending_echo[i] = ""
             if out.finished:
@@ -150,7 +167,12 @@ async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n
                           "finish_reason": out.finish_reason if out.finished else None}
                 if out.finished:
                     choice["matched_stop"] = None if out.finish_reason == "length" else out.matched_stop
-                yield sse({**base, "choices": [choice]})
+                extra = {}
+                if continuous:  # usage so far; each prompt's tokens count once
+                    prompt_seen[i // per_prompt] = out.prompt_tokens
+                    generated[i] = out.completion_tokens
+                    extra["usage"] = usage(sum(prompt_seen.values()), sum(generated), out.cached_tokens)
+                yield sse({**base, "choices": [choice], **extra})
         if include_usage and all(finals):
             yield sse({**base, "choices": [], "usage": _usage(reqs, finals, n_prompts)})
     except APIError as exc:

@@ -11,6 +11,19 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 
 
+def continuous_usage(body) -> bool:
+    """``stream_options.continuous_usage_stats``: every chunk carries the usage so far (vLLM)."""
+    return bool(body.stream_options and body.stream_options.continuous_usage_stats)
+
+
+def check_stream_options(body) -> None:
+    """``stream_options`` only applies to streams; OpenAI and vLLM refuse it otherwise."""
+    from llmkit.core.server.errors import APIError
+
+    if body.stream_options is not None and not body.stream:
+        raise APIError("stream_options can only be set when stream is true", param="stream_options")
+
+
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 

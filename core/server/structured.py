@@ -17,8 +17,9 @@ def tool_choice_schema(body) -> dict | None:
         name = (tc.get("function") or {}).get("name")
         tools = [t for t in tools if t.function.name == name]
     variants = []
+    hoisted: dict[str, dict] = {}
     for t in tools:
-        params = t.function.parameters or {"type": "object"}
+        params = _hoist_defs(t.function.name, t.function.parameters or {"type": "object"}, hoisted)
         variants.append({"type": "object",
                          "properties": {"name": {"const": t.function.name}, "parameters": params},
                          "required": ["name", "parameters"], "additionalProperties": False})
@@ -26,7 +27,39 @@ def tool_choice_schema(body) -> dict | None:
     schema = {"type": "array", "items": item, "minItems": 1}
     if isinstance(tc, dict) or not body.parallel_tool_calls:
         schema["maxItems"] = 1
+    for key, defs in hoisted.items():
+        schema[key] = {name: d for name, (d, _) in defs.items()}
     return schema
+
+
+_DEF_KEYS = ("$defs", "definitions")
+
+
+def _hoist_defs(tool: str, params, hoisted: dict) -> dict:
+    """Move a tool's local ``$defs`` / ``definitions`` to the root of the combined schema.
+
+    A tool's parameters are nested under ``items.properties.parameters``, but their ``$ref``s
+    (``#/$defs/Address``, what pydantic generates for nested models) are relative to the document
+    root, so the definitions must live there. Two tools may share a definition name only if the
+    definitions are identical; otherwise the references would be ambiguous (a 400).
+    """
+    if not isinstance(params, dict) or not any(isinstance(params.get(k), dict) for k in _DEF_KEYS):
+        return params
+    params = dict(params)
+    for key in _DEF_KEYS:
+        defs = params.pop(key, None)
+        if not isinstance(defs, dict):
+            if defs is not None:
+                raise APIError(f"tool '{tool}': parameters.{key} must be an object", param="tools")
+            continue
+        seen = hoisted.setdefault(key, {})
+        for name, definition in defs.items():
+            if name in seen and seen[name][0] != definition:
+                raise APIError(
+                    f"tools '{seen[name][1]}' and '{tool}' define different schemas under the same name "
+                    f"{key}/{name}; rename one of them to force a tool call", param="tools")
+            seen.setdefault(name, (definition, tool))
+    return params
 
 
 def _spec(state, body):

@@ -1,0 +1,140 @@
+"""Checks of ``llmkit serve`` options that run before the model loads.
+
+Loading the model and allocating the KV pool takes seconds to minutes, so every mistake that can be
+found without them is found first, and reported as one line saying what is wrong and what to do
+(:class:`OptionError`), never as a traceback. The listening socket is bound here too, so a port in
+use fails at once instead of after the load.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+DTYPES = ("auto", "float32", "fp32", "float16", "half", "bfloat16", "bf16")
+QUANTIZATIONS = ("int8",)
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+LOAD_FORMATS = ("auto", "dummy")
+
+
+class OptionError(ValueError):
+    """A user mistake on the command line; the message is the whole report."""
+
+
+def check_serve_options(p: dict, *, check_port: bool = True) -> None:
+    """Raise :class:`OptionError` for the first invalid option in ``p`` (serve's parameters)."""
+    if check_port and not 1 <= p["port"] <= 65535:
+        raise OptionError(f"--port {p['port']} is out of range: use a port from 1 to 65535")
+    for flag, key in (("--page-size", "page_size"), ("--max-running-requests", "max_running_requests"),
+                      ("--max-queued-requests", "max_queued_requests"),
+                      ("--chunked-prefill-size", "chunked_prefill_size"), ("--context-length", "context_length"),
+                      ("--max-total-tokens", "max_total_tokens"), ("--num-threads", "num_threads"),
+                      ("--batch-max-in-flight", "batch_max_in_flight")):
+        value = p.get(key)
+        if value is not None and value < 1:
+            raise OptionError(f"{flag} must be at least 1 (got {value})")
+    _check_paths(p)
+    _check_choice("--dtype", p["dtype"], DTYPES)
+    _check_choice("--schedule-policy", p["schedule_policy"], SCHEDULE_POLICIES)
+    _check_choice("--load-format", p["load_format"], LOAD_FORMATS)
+    if p["quantization"] is not None:
+        _check_choice("--quantization", p["quantization"], QUANTIZATIONS)
+    _check_plugins(p)
+    device = _check_device(p["device"])
+    if p["quantization"] and device != "cpu":
+        raise OptionError(f"--quantization {p['quantization']} is a CPU decode path; on CUDA leave it out "
+                          "(or add --device cpu)")
+    if p.get("disable_overlap_schedule") and p.get("enable_overlap_schedule"):
+        raise OptionError("--disable-overlap-schedule and --enable-overlap-schedule contradict each other: "
+                          "give one of them")
+    tp = p.get("tp_size", 1)
+    if tp != 1:
+        raise OptionError(f"--tp-size {tp}: tensor parallelism is not available in llmkit yet; serve on one "
+                          "device (--tp-size 1)")
+    frac = p.get("mem_fraction_static")
+    if frac is not None and not 0 < frac < 1:
+        raise OptionError(f"--mem-fraction-static {frac} must be between 0 and 1 (e.g. 0.8)")
+
+
+def _check_choice(flag: str, value: str, valid) -> None:
+    if value not in valid:
+        raise OptionError(f"unknown {flag} '{value}'; valid: {', '.join(valid)}")
+
+
+def _check_paths(p: dict) -> None:
+    model = p.get("model_path")
+    if model is not None:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise OptionError(f"--model-path '{model}' does not exist: give a .gguf file or a Hugging Face "
+                              "model directory (weights are never downloaded)")
+        if path.is_file() and path.suffix != ".gguf":
+            raise OptionError(f"--model-path '{model}' is a file but not a .gguf: give a .gguf file or a "
+                              "Hugging Face model directory")
+        if path.is_dir() and not (path / "config.json").exists():
+            raise OptionError(f"--model-path '{model}' has no config.json: give a Hugging Face model "
+                              "directory (config.json, safetensors, tokenizer files) or a .gguf file")
+    template = p.get("chat_template")
+    if template is not None and not Path(template).expanduser().is_file():
+        raise OptionError(f"--chat-template '{template}' does not exist: give a Jinja template file")
+
+
+def _check_plugins(p: dict) -> None:
+    from llmkit.core.plugins import registry
+
+    reg = registry()
+    checks = [("--grammar-backend", "grammar", p["grammar_backend"], ("none",), "grammar backend"),
+              ("--reasoning-parser", "reasoning_parser", p["reasoning_parser"], (), "reasoning parser"),
+              ("--tool-call-parser", "tool_parser", p["tool_call_parser"], (), "tool-call parser"),
+              ("--attention", "attention", p["attention"], ("auto",), "attention backend")]
+    if p.get("batch_storage") not in (None, "none"):
+        checks.append(("--batch-storage", "storage", p["batch_storage"], ("none",), "storage backend"))
+    for flag, kind, value, extra, what in checks:
+        if value is None or value in extra:
+            continue
+        names = reg.names(kind)
+        if value not in names:
+            valid = ", ".join([*extra, *names])
+            raise OptionError(f"unknown {what} '{value}' ({flag}); valid: {valid}")
+
+
+def _check_device(device: str) -> str:
+    """The device type the engine will use ('cpu' or 'cuda')."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "unable to see a GPU"
+            raise OptionError(f"--device {device}: CUDA is not available (torch {torch.__version__} is {build}); "
+                              "use --device cpu, or install a CUDA build of torch on a GPU machine")
+        index = device.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise OptionError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+        return "cuda"
+    raise OptionError(f"unknown --device '{device}'; valid: auto, cpu, cuda, cuda:N")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket now, before the model loads (uvicorn serves on it later)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OptionError(f"--host '{host}' cannot be resolved ({exc.strerror}): give an IP address or "
+                          "a host name of this machine") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        hint = ("another process is listening there: stop it or choose another --port"
+                if exc.errno == 98 else "choose another --host or --port")
+        raise OptionError(f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from None
+    sock.set_inheritable(True)
+    return sock

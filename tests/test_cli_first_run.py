@@ -1,0 +1,109 @@
+"""A new user's first run (issue 19): mistakes are one-line errors found before the model loads,
+help shows whole flag names, SGLang's flag names are accepted, batch failures exit non-zero."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from llmkit.cli.main import app
+
+
+def _serve(*args: str):
+    start = time.monotonic()
+    res = CliRunner().invoke(app, ["serve", *args])
+    return res, time.monotonic() - start
+
+
+def _one_line_error(res, *needles: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert "Serving on" not in res.output
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--port", "99999"], ["--port 99999", "1 to 65535"]),
+    (["--grammar-backend", "nope"], ["unknown grammar backend 'nope'", "xgrammar"]),
+    (["--quantization", "int4"], ["unknown --quantization 'int4'", "int8"]),
+    (["--model-path", "x.gguf"], ["'x.gguf' does not exist"]),
+    (["--reasoning-parser", "nope"], ["unknown reasoning parser 'nope'", "qwen3"]),
+    (["--tool-call-parser", "nope"], ["unknown tool-call parser 'nope'", "hermes"]),
+    (["--chat-template", "missing.jinja"], ["'missing.jinja' does not exist"]),
+    (["--dtype", "fp8"], ["unknown --dtype 'fp8'"]),
+    (["--device", "tpu"], ["unknown --device 'tpu'"]),
+    (["--tp", "2"], ["tensor parallelism is not available"]),
+    (["--tp-size", "1", "--trust-remote-code", "--mem-fraction-static", "1.5"], ["--mem-fraction-static 1.5"]),
+], ids=["port-range", "grammar", "quantization", "missing-gguf", "reasoning", "tool-parser",
+        "template", "dtype", "device", "tp", "mem-fraction"])
+def test_mistakes_fail_before_loading_in_one_line(args, needles):
+    res, took = _serve(*args)
+    _one_line_error(res, *needles)
+    assert took < 20  # nothing was loaded
+
+
+def test_port_in_use_fails_before_loading():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res, took = _serve("--port", str(port))
+    _one_line_error(res, f"cannot listen on 127.0.0.1:{port}", "another --port")
+    assert took < 20
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "serve", "--device", "cuda"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
+
+
+def test_help_shows_whole_flag_names_when_piped():
+    res = CliRunner().invoke(app, ["serve", "--help"], terminal_width=80)
+    assert res.exit_code == 0
+    out = res.output
+    for flag in ("--enable-deterministic-inference", "--disable-overlap-schedule", "--mem-fraction-static",
+                 "--trust-remote-code", "--tp-size"):
+        assert flag in out, flag
+    assert "…" not in out
+    line = next(x for x in out.splitlines() if "--served-model-name" in x)
+    assert "model id" in line
+
+
+def test_mem_fraction_static_sizes_the_kv_pool():
+    from llmkit.core.engine.builder import _pool_tokens
+    from llmkit.core.engine.config import EngineConfig
+
+    cpu = torch.device("cpu")
+    small = _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, cpu, weight_bytes=1 << 20)
+    large = _pool_tokens(EngineConfig(mem_fraction_static=0.02), 1024, 8192, cpu, weight_bytes=1 << 20)
+    assert large - small == pytest.approx(small + 1024, rel=1e-3)  # linear in the fraction, weights off the top
+    with pytest.raises(ValueError, match="too little memory"):
+        _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, cpu, weight_bytes=1 << 50)
+    assert _pool_tokens(EngineConfig(mem_fraction_static=0.5, max_total_tokens=100), 1024, 8192, cpu) == 100
+
+
+def test_gguf_conversion_gives_writable_tensors_without_warnings():
+    import warnings
+
+    from gguf import GGUFReader
+
+    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.model.source import embedded_gguf_path
+
+    reader = GGUFReader(str(embedded_gguf_path()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy "not writable" was a UserWarning at the first start
+        for _, tensor in gguf_tensors(reader, gguf_config(reader)):
+            tensor.add_(0)
