@@ -54,11 +54,12 @@ def _embedded_state(tool_call_parser):
     from transformers import AutoTokenizer
 
     from llmkit.core.model.source import resolve_model_dir
-    from llmkit.core.server.state import ServerOptions, ServerState
+    from llmkit.core.server.config import ServerConfig
+    from llmkit.core.server.state import ServerState
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
     return ServerState(client=None, tokenizer=tok, chat_template=ChatTemplate(tok.chat_template),
-                       options=ServerOptions("m", tool_call_parser=tool_call_parser),
+                       options=ServerConfig("m", tool_call_parser=tool_call_parser),
                        max_context=8192, vocab_size=len(tok))
 
 
