@@ -53,3 +53,9 @@ EnableOverlap = Annotated[bool, typer.Option("--enable-overlap-schedule", envvar
                           help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).")]
 LoadFormat = Annotated[str, typer.Option("--load-format", envvar="LLMKIT_LOAD_FORMAT",
                        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).")]
+DisableMetrics = Annotated[bool, typer.Option("--disable-metrics", envvar="LLMKIT_DISABLE_METRICS",
+                           help="Do not serve Prometheus metrics at /metrics.")]
+MetricsNoAuth = Annotated[bool, typer.Option("--metrics-no-auth", envvar="LLMKIT_METRICS_NO_AUTH",
+                          help="Serve /metrics without the --api-key (for a scraper without the key).")]
+DisableWebUI = Annotated[bool, typer.Option("--disable-web-ui", envvar="LLMKIT_DISABLE_WEB_UI",
+                         help="Do not serve the chat playground at /.")]

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, ContextLength, CudaGraphMaxBs,
-                                Deterministic, Device, DisableCudaGraph, DisableOverlap, DisableRadix, Dtype,
+                                Deterministic, Device, DisableCudaGraph, DisableMetrics, DisableOverlap,
+                                DisableRadix, DisableWebUI, Dtype, MetricsNoAuth,
                                 EnableOverlap, GrammarBackend, LoadFormat, MaxRunning, MaxTotalTokens, ModelPath,
                                 PageSize, Quantization, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
 
@@ -67,6 +68,9 @@ def serve(
     batch_max_in_flight: Annotated[int, typer.Option("--batch-max-in-flight",
                                    help="Batch lines handed to the engine at once (fewer: faster online responses while a batch runs).")] = 4,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    disable_metrics: DisableMetrics = False,
+    metrics_no_auth: MetricsNoAuth = False,
+    disable_web_ui: DisableWebUI = False,
 ):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
@@ -93,6 +97,7 @@ def build_configs(
     enable_deterministic_inference, num_threads, quantization, cuda_graph_max_bs, disable_cuda_graph,
     disable_overlap_schedule, enable_overlap_schedule, load_format, max_payload_size, shutdown_timeout,
     batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level,
+    disable_metrics, metrics_no_auth, disable_web_ui,
 ):
     """The engine and server configs from ``llmkit serve``'s options (keyword-only: every option
     is named once here, and a new option that is not placed in a config fails loudly)."""
@@ -118,6 +123,7 @@ def build_configs(
         enable_batches=batch_storage != "none", batch_storage=None if batch_storage == "none" else batch_storage,
         file_storage_path=file_storage_path,
         storage_options=tuple(storage_option or ()), batch_max_in_flight=batch_max_in_flight,
+        enable_metrics=not disable_metrics, metrics_no_auth=metrics_no_auth, enable_web_ui=not disable_web_ui,
     )
     return engine, server
 
