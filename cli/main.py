@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from llmkit.cli import batch, plugins_cmd, serve
+from llmkit.cli import batch, bench, plugins_cmd, serve
 
 app = typer.Typer(name="llmkit", help="llmkit: a plugin-architecture LLM server with an OpenAI API.",
                   no_args_is_help=True, add_completion=False)
 serve.register(app)
 plugins_cmd.register(app)
 batch.register(app)
+bench.register(app)
 
 
 def _add_plugin_commands() -> None:
