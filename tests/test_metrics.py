@@ -87,3 +87,17 @@ def test_disable_metrics():
         assert client.get("/metrics").status_code == 404
         r = client.post("/v1/completions", json={"model": M, "prompt": "Hi", "max_tokens": 2})
         assert r.status_code == 200
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], (True, False, True)),
+    (["--disable-metrics", "--metrics-no-auth", "--disable-web-ui"], (False, True, False)),
+])
+def test_serve_flags_reach_the_server_config(args, expected):
+    import typer
+
+    from llmkit.cli.serve import _serve_only_app, build_configs
+
+    ctx = typer.main.get_command(_serve_only_app()).make_context("serve", args)
+    _, server = build_configs(**ctx.params)
+    assert (server.enable_metrics, server.metrics_no_auth, server.enable_web_ui) == expected

@@ -4,7 +4,10 @@ closes its stream), and the engine's own counters (prefix-cache lookups, running
 
 from __future__ import annotations
 
+import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,12 +16,17 @@ from metrics_utils import parse_metrics, value
 from server_utils import start_server, stop_server
 
 M = "metrics-model"
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "docs" / "grafana" / "llmkit-dashboard.json"
 
 
 @pytest.fixture(scope="module")
-def url():
-    # Two queue slots: a request with n=3 is refused with 429 whatever else is running.
-    proc, base = start_server(["--served-model-name", M, "--max-queued-requests", "2", "--batch-storage", "none"])
+def url(tmp_path_factory):
+    # Two queue slots: a request with n=3 is refused with 429 whatever else is running. Batches
+    # stay on (in a temporary directory) for the batch-line gauges.
+    storage = tmp_path_factory.mktemp("storage")
+    proc, base = start_server(["--served-model-name", M, "--max-queued-requests", "2",
+                               "--file-storage-path", str(storage)])
     try:
         yield base
     finally:
@@ -86,3 +94,15 @@ def test_counters_equal_the_workload(url):
     assert value(s, "llmkit:num_requests_waiting", model_name=M) == 0
     assert value(s, "llmkit:num_preemptions_total", model_name=M) == 0
     assert 0 <= value(s, "llmkit:kv_cache_usage_perc", model_name=M) <= 1
+
+
+def test_dashboard_and_readme_name_only_exposed_metrics(url):
+    exposed = {name for name, _ in scrape(url)}
+    dashboard = json.dumps(json.loads(DASHBOARD.read_text()))  # valid JSON
+    plotted = set(re.findall(r"llmkit:[a-z0-9_]+", dashboard))
+    documented = set(re.findall(r"`(llmkit:[a-z0-9_]+)`", (ROOT / "README.md").read_text()))
+    assert len(plotted) > 20 and len(documented) > 15
+    assert plotted - exposed == set()
+    # the README names histograms without their _bucket/_sum/_count series
+    assert {n for n in documented if n not in exposed and n + "_count" not in exposed} == set()
+    assert {"llmkit:batch_lines_in_flight", "llmkit:batch_lines_queued"} <= exposed

@@ -40,7 +40,7 @@ def url():
 def page(url):
     from selenium.webdriver.common.by import By
 
-    driver = start_chromium(*PATHS)
+    driver = start_chromium(*PATHS, height=900)
     try:
         driver.get(url + "/")
         wait_for(lambda: driver.find_element(By.ID, "key-dialog").get_attribute("open") is not None)

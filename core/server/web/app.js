@@ -135,6 +135,7 @@ class Answer {
     }
     if (note) parts.push(note);
     this.box.append(el("div", "stats", parts.join(" · ")));
+    this.box.scrollIntoView({ block: "end" });
   }
 
   error(message) {
