@@ -28,26 +28,31 @@ def _rate(value: str) -> float:
 @bench_app.command("serve")
 def serve(
     *,
-    base_url: Annotated[str, typer.Option("--base-url", envvar="LLMKIT_BENCH_BASE_URL",
-                                          help="The server's root URL (without /v1).")] = "http://127.0.0.1:30000",
-    model: Annotated[Optional[str], typer.Option("--model", help="Model id to request (default: the first of /v1/models).")] = None,
+    base_url: Annotated[str, typer.Option(
+        "--base-url", envvar="LLMKIT_BENCH_BASE_URL",
+        help="The server's root URL (without /v1).")] = "http://127.0.0.1:30000",
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Model id to request (default: the first of /v1/models).")] = None,
     backend: Annotated[str, typer.Option("--backend", help="openai-chat or openai-completions.")] = "openai-chat",
     dataset_path: Annotated[Optional[Path], typer.Option(
         "--dataset-path", exists=True, dir_okay=False,
-        help='JSONL of {"prompt": ...} or {"messages": [...]} (optional "max_tokens"); default: random prompts.')] = None,
+        help='JSONL of {"prompt": ...} or {"messages": [...]} (optional "max_tokens"); '
+             'default: random prompts.')] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="Requests to send.")] = 100,
-    random_input_len: Annotated[int, typer.Option("--random-input-len", min=1,
-                                                  help="Words per random prompt (about one token each).")] = 256,
-    random_output_len: Annotated[int, typer.Option("--random-output-len", min=1,
-                                                   help="max_tokens of each request (JSONL lines may set their own).")] = 128,
-    request_rate: Annotated[str, typer.Option("--request-rate",
-                                              help="Requests per second (Poisson arrivals), or inf to send all at once.")] = "inf",
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", min=1,
-                                                           help="Most requests in flight at once.")] = None,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Generate max_tokens whatever the model says.")] = False,
+    random_input_len: Annotated[int, typer.Option(
+        "--random-input-len", min=1, help="Words per random prompt (about one token each).")] = 256,
+    random_output_len: Annotated[int, typer.Option(
+        "--random-output-len", min=1, help="max_tokens of each request (JSONL lines may set their own).")] = 128,
+    request_rate: Annotated[str, typer.Option(
+        "--request-rate", help="Requests per second (Poisson arrivals), or inf to send all at once.")] = "inf",
+    max_concurrency: Annotated[Optional[int], typer.Option(
+        "--max-concurrency", min=1, help="Most requests in flight at once.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos", help="Generate max_tokens whatever the model says.")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OPENAI_API_KEY")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    json_path: Annotated[Optional[Path], typer.Option("--json", dir_okay=False, help="Write the results as JSON here.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option(
+        "--json", dir_okay=False, help="Write the results as JSON here.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
     """Send a workload to an OpenAI-compatible server and report throughput and latencies

@@ -64,7 +64,8 @@ def jsonl_prompts(path: Path, n: int, output_len: int) -> list[Prompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{i + 1}: not JSON ({exc})") from None
-        if not isinstance(obj, dict) or not (isinstance(obj.get("prompt"), str) or isinstance(obj.get("messages"), list)):
+        if not isinstance(obj, dict) or not (isinstance(obj.get("prompt"), str)
+                                             or isinstance(obj.get("messages"), list)):
             raise ValueError(f'{path}:{i + 1}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
         text, msgs = obj.get("prompt"), obj.get("messages")
         words = len(text.split()) if text else sum(len(str(m.get("content", "")).split()) for m in msgs)
@@ -231,7 +232,8 @@ def format_summary(s: dict) -> str:
              f"{'Input token throughput (tok/s):':<40}{s['input_throughput']:>10.2f}",
              f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>10.2f}",
              f"{'Total token throughput (tok/s):':<40}{s['total_token_throughput']:>10.2f}"]
-    for key, title, label in (("ttft", "Time to First Token", "TTFT"), ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+    for key, title, label in (("ttft", "Time to First Token", "TTFT"),
+                              ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
                               ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL")):
         lines.append(f" {title} ".center(w, "-"))
         for stat, name in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
