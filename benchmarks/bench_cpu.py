@@ -2,12 +2,16 @@
 
     python benchmarks/bench_cpu.py [--rounds 3] [--update-readme] [-- extra llmkit serve flags]
     python benchmarks/bench_cpu.py --update-readme -- --quantization int8
+    python benchmarks/bench_cpu.py --metrics-overhead [--rounds 3]
 
 (a) single-stream greedy decode: 128 tokens, tokens/s end to end (HTTP streaming for llmkit);
 (b) 16 concurrent chat requests of 128 tokens through HTTP against transformers' batched
     ``generate`` of the same 16 prompts (left-padded), total generated tokens / wall time;
 (c) time to first token for a 512-token prompt.
 transformers runs in fp32 with sdpa attention on the same weights; both use every core.
+
+``--metrics-overhead`` instead compares llmkit with /metrics on (the default) against
+``--disable-metrics``: two servers, (a) and (b) measured interleaved on each.
 """
 
 from __future__ import annotations
@@ -117,12 +121,65 @@ class HF:
         return time.perf_counter() - t0
 
 
+def metrics_cost_per_output(n: int = 200_000) -> float:
+    """Microseconds the server spends on metrics per RequestOutput (one token while decoding)."""
+    from llmkit.core.engine.messages import GenerateRequest, RequestOutput, SamplingParams
+    from llmkit.core.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m")
+    tracker = metrics.track(GenerateRequest(rid="r", prompt_ids=[1, 2, 3], params=SamplingParams()))
+    out = RequestOutput(rid="r", text="x", token_ids=[7], completion_tokens=1)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tracker.on_output(out)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def metrics_overhead(rounds: int, serve_args: list[str]) -> None:
+    """(a) and (b) with Prometheus metrics on and off, interleaved, medians of ``rounds``."""
+    import openai
+
+    per_output = metrics_cost_per_output()
+
+    from server_utils import start_server, stop_server
+
+    servers = {}
+    try:
+        for name, extra in (("on", []), ("off", ["--disable-metrics"])):
+            servers[name] = start_server(["--batch-storage", "none", *serve_args, *extra])
+        res = {f"{k}_{n}": [] for k in ("single", "concurrent") for n in servers}
+        for r in range(rounds + 1):  # round 0 warms both up
+            for name, (_, url) in servers.items():
+                client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
+                single, concurrent = llmkit_single(client), llmkit_concurrent(url)
+                if r:
+                    res[f"single_{name}"].append(single)
+                    res[f"concurrent_{name}"].append(concurrent)
+            if r:
+                print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in res.items()), flush=True)
+    finally:
+        for proc, _ in servers.values():
+            stop_server(proc)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    print("| metric | metrics on | --disable-metrics | on / off |\n|---|---:|---:|---:|")
+    for k, title in (("single", "(a) single-stream greedy, 128 tokens (tok/s)"),
+                     ("concurrent", "(b) 16 concurrent chat requests x 128 tokens (total tok/s)")):
+        print(f"| {title} | {med[k + '_on']:.1f} | {med[k + '_off']:.1f} | {med[k + '_on'] / med[k + '_off']:.3f} |")
+    print(f"\nMetrics cost per output token, in-process: {per_output:.2f} µs "
+          f"(at (a)'s {med['single_on']:.0f} tok/s: {per_output * med['single_on'] / 1e4:.4f} % of a core)")
+    print(f"{rounds} rounds, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--update-readme", action="store_true")
+    ap.add_argument("--metrics-overhead", action="store_true",
+                    help="compare /metrics on (default) and --disable-metrics instead of transformers")
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
+    if args.metrics_overhead:
+        return metrics_overhead(args.rounds, args.serve_args)
 
     import openai
 

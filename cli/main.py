@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from llmkit.cli import batch, plugins_cmd, serve
+from llmkit.cli import batch, bench, plugins_cmd, serve
 
 def _help_width() -> None:
     """Rich renders help at 80 columns when piped and squeezes long flag names into
@@ -25,6 +25,7 @@ app = typer.Typer(name="llmkit", help="llmkit: a plugin-architecture LLM server 
 serve.register(app)
 plugins_cmd.register(app)
 batch.register(app)
+bench.register(app)
 
 
 def _add_plugin_commands() -> None:

@@ -65,3 +65,9 @@ MemFractionStatic = Annotated[Optional[float], typer.Option(
 TrustRemoteCode = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Accepted for SGLang compatibility; llmkit never runs code from a checkpoint "
                                 "(architectures come from installed plugins), so it changes nothing.")]
+DisableMetrics = Annotated[bool, typer.Option("--disable-metrics", envvar="LLMKIT_DISABLE_METRICS",
+                           help="Do not serve Prometheus metrics at /metrics.")]
+MetricsNoAuth = Annotated[bool, typer.Option("--metrics-no-auth", envvar="LLMKIT_METRICS_NO_AUTH",
+                          help="Serve /metrics without the --api-key (for a scraper without the key).")]
+DisableWebUI = Annotated[bool, typer.Option("--disable-web-ui", envvar="LLMKIT_DISABLE_WEB_UI",
+                         help="Do not serve the chat playground at /.")]

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, ContextLength, CudaGraphMaxBs,
-                                Deterministic, Device, DisableCudaGraph, DisableOverlap, DisableRadix, Dtype,
+                                Deterministic, Device, DisableCudaGraph, DisableMetrics, DisableOverlap,
+                                DisableRadix, DisableWebUI, Dtype, MetricsNoAuth,
                                 EnableOverlap, GrammarBackend, LoadFormat, MaxRunning, MaxTotalTokens, ModelPath,
                                 PageSize, Quantization, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
 from llmkit.cli.options import MemFractionStatic, ServedModelName, TpSize, TrustRemoteCode
@@ -71,6 +72,9 @@ def serve(
     tp_size: TpSize = 1,
     mem_fraction_static: MemFractionStatic = None,
     trust_remote_code: TrustRemoteCode = False,
+    disable_metrics: DisableMetrics = False,
+    metrics_no_auth: MetricsNoAuth = False,
+    disable_web_ui: DisableWebUI = False,
 ):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
@@ -106,7 +110,7 @@ def build_configs(
     enable_deterministic_inference, num_threads, quantization, cuda_graph_max_bs, disable_cuda_graph,
     disable_overlap_schedule, enable_overlap_schedule, load_format, max_payload_size, shutdown_timeout,
     batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level, tp_size,
-    mem_fraction_static, trust_remote_code,
+    mem_fraction_static, trust_remote_code, disable_metrics, metrics_no_auth, disable_web_ui,
 ):
     """The engine and server configs from ``llmkit serve``'s options (keyword-only: every option
     is named once here, and a new option that is not placed in a config fails loudly)."""
@@ -132,6 +136,7 @@ def build_configs(
         enable_batches=batch_storage != "none", batch_storage=None if batch_storage == "none" else batch_storage,
         file_storage_path=file_storage_path,
         storage_options=tuple(storage_option or ()), batch_max_in_flight=batch_max_in_flight,
+        enable_metrics=not disable_metrics, metrics_no_auth=metrics_no_auth, enable_web_ui=not disable_web_ui,
     )
     return engine, server
 

@@ -86,7 +86,11 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         if storage is not None:
             storage.close()
 
-    return create_app(state, on_shutdown=shutdown, services=services, routers=routers, storage=storage)
+    app = create_app(state, on_shutdown=shutdown, services=services, routers=routers, storage=storage)
+    if state.metrics is not None:
+        for service in services:  # the batch runner: lines in flight and queued, read at scrape time
+            state.metrics.sources.append(service.line_counts)
+    return app
 
 
 def _batches(state, storage, max_in_flight: int):

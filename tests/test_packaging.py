@@ -41,6 +41,9 @@ def test_wheel_contains_every_module(tmp_path):
             assert arc in names, arc
     assert not any(n.startswith(("core/", "plugins/", "cli/", "tests/")) for n in names)
     assert any(n.endswith("entry_points.txt") for n in names)
+    # the web playground's static files ship inside the wheel
+    for f in (ROOT / "core" / "server" / "web").iterdir():
+        assert f"llmkit/core/server/web/{f.name}" in names, f.name
 
 
 def test_readme_test_line_is_what_ci_runs():

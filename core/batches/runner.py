@@ -78,6 +78,7 @@ class BatchRunner:
         self.log_interval = log_interval
         self.on_progress = on_progress
         self._slots = asyncio.Semaphore(max_in_flight)
+        self._in_flight = 0  # lines handed to the executor and not yet done (for /metrics)
         self._active: dict[str, _Active] = {}
 
     # -- lifecycle of the runner ---------------------------------------------------------------
@@ -96,6 +97,13 @@ class BatchRunner:
         tasks = [a.task for a in self._active.values() if a.task]
         await asyncio.gather(*tasks, return_exceptions=True)
         self._active.clear()
+
+    def line_counts(self) -> dict:
+        """Lines of running batches handed to the engine, and those still to hand over."""
+        left = sum(a.record.request_counts["total"] - a.record.request_counts["completed"]
+                   - a.record.request_counts["failed"]
+                   for a in self._active.values() if a.record.status == "in_progress")
+        return {"batch_lines_in_flight": self._in_flight, "batch_lines_queued": max(0, left - self._in_flight)}
 
     # -- the API -------------------------------------------------------------------------------
     async def create(
@@ -274,13 +282,18 @@ class BatchRunner:
                 await self._slots.acquire()
                 task = asyncio.create_task(self._run_line(a, index, raw))
                 in_flight.add(task)
+                self._in_flight += 1
                 task.add_done_callback(in_flight.discard)
                 task.add_done_callback(lambda _t: self._slots.release())
+                task.add_done_callback(self._line_done)
             await asyncio.gather(*in_flight)
         finally:
             for task in in_flight:
                 task.cancel()
             await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _line_done(self, _task) -> None:
+        self._in_flight -= 1
 
     async def _run_line(self, a: _Active, index: int, raw: bytes) -> None:
         rec = a.record

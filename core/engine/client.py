@@ -48,7 +48,9 @@ class EngineClient(Protocol):
         """Whether the engine is running (``/health``)."""
 
     def stats(self) -> dict:
-        """JSON-ready counters (``/get_server_info``): requests, KV pages, steps."""
+        """JSON-ready counters (``/get_server_info``, read by ``/metrics`` at scrape time): running
+        and waiting requests, KV pages and ``token_usage``, ``preemptions``, ``prefix_cache_queries``
+        and ``prefix_cache_hits`` (prompt tokens), steps."""
 
     def shutdown(self) -> None:
         """Stop the engine after the server has drained; blocking."""

@@ -273,4 +273,6 @@ class Engine:
             "kv_pages_in_use": pool.capacity_pages - free - cached, "page_size": pool.page_size,
             "steps": self.steps, "last_step_age_s": time.monotonic() - self.last_step,
             "preemptions": sched.num_preemptions, "overlap_schedule": self.overlap,
+            "token_usage": sched.token_usage(),
+            "prefix_cache_queries": sched.prefix_cache_queries, "prefix_cache_hits": sched.prefix_cache_hits,
         }

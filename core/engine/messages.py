@@ -87,6 +87,9 @@ class RequestOutput:
     cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None
+    # Seconds from arrival at the engine to first being scheduled, on the first output (None if the
+    # request never ran). Only the engine knows it; the server's /metrics observes it.
+    queue_time: float | None = None
 
 
 def to_wire(msg: Any) -> dict:

@@ -123,6 +123,7 @@ class OutputProcessor:
             cached_tokens=req.cached_tokens,
             prompt_logprobs=req.prompt_logprobs if first else None,
             error=error,
+            queue_time=req.first_scheduled - req.arrival if first and req.first_scheduled is not None else None,
         )
         stream.sent_tokens = len(req.output_ids)
         try:

@@ -30,6 +30,7 @@ class Request:
     priority: int = 0  # lower runs first: online traffic 0, batch lines 1
     eos_token_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None  # when it was first admitted (queue time = this - arrival)
     grammar: Any = None  # a grammar matcher, when the output is constrained
     # While set, the grammar waits: a ReasoningEndScanner fed the output text until reasoning ends.
     reasoning_end: Any = None

@@ -10,6 +10,7 @@ cache and it is recomputed later (never failed).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,9 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # Prompt tokens looked up in the prefix cache at first admission, and those it held.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # -- queue -------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -207,6 +211,10 @@ class Scheduler:
             return None
         req.status = Status.RUNNING
         self.running.append(req)
+        if req.first_scheduled is None:  # first admission (a preempted request comes back later)
+            req.first_scheduled = time.monotonic()
+            self.prefix_cache_queries += len(ids)
+            self.prefix_cache_hits += prefix
         return Segment(req, prefix, length)
 
     def _pick_victim(self, exclude: Request) -> Request | None:

@@ -22,7 +22,7 @@ from llmkit.core.server.serving_completions import create_completion
 from llmkit.core.server.state import ServerState, new_id
 
 log = logging.getLogger("llmkit")
-OPEN_PATHS = ("/health", "/metrics", "/ping")
+OPEN_PATHS = ("/health", "/ping")  # never need the API key (prefixes)
 
 
 def _digest(s: str) -> bytes:
@@ -33,12 +33,17 @@ class _APIKeyMiddleware:
     """Bearer-key check as plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client
     disconnects from the endpoints, which need them to abort generation)."""
 
-    def __init__(self, app, key_digest: bytes) -> None:
+    def __init__(self, app, key_digest: bytes, open_paths: tuple[str, ...] = OPEN_PATHS,
+                 open_exact: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.key_digest = key_digest
+        self.open_paths = open_paths
+        self.open_exact = open_exact
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or scope["method"] == "OPTIONS" or path.startswith(self.open_paths)
+                or path in self.open_exact):
             return await self.app(scope, receive, send)
         auth, x_key = "", None
         for name, value in scope.get("headers", []):
@@ -85,7 +90,13 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     key_digest = _digest(state.options.api_key) if state.options.api_key else None
 
     if key_digest is not None:
-        app.add_middleware(_APIKeyMiddleware, key_digest=key_digest)
+        from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
+
+        opts = state.options
+        # The playground's static files are public (the page asks for the key); /metrics only on request.
+        open_paths = OPEN_PATHS + (("/metrics",) if opts.metrics_no_auth else ()) + (WEB_OPEN_PATHS if opts.enable_web_ui else ())
+        app.add_middleware(_APIKeyMiddleware, key_digest=key_digest, open_paths=open_paths,
+                           open_exact=WEB_OPEN_EXACT if opts.enable_web_ui else frozenset())
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -167,6 +178,16 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))
     app.include_router(parser_router())
+    if state.options.enable_metrics:
+        from llmkit.core.server.metrics import ServerMetrics, metrics_router
+
+        if state.metrics is None:
+            state.metrics = ServerMetrics(state.options.served_model_name, [state.client.stats])
+        app.include_router(metrics_router(state.metrics))
+    if state.options.enable_web_ui:
+        from llmkit.core.server.web_ui import web_router
+
+        app.include_router(web_router(state))
     for router in routers:
         app.include_router(router)
     return app

@@ -25,3 +25,6 @@ class ServerConfig:
     file_storage_path: str = "./llmkit_storage"
     storage_options: tuple[str, ...] = ()  # KEY=VALUE pairs for the storage backend
     batch_max_in_flight: int = 4
+    enable_metrics: bool = True  # GET /metrics (Prometheus)
+    metrics_no_auth: bool = False  # serve /metrics without the API key
+    enable_web_ui: bool = True  # the chat playground at /

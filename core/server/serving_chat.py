@@ -87,7 +87,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)
 
     procs = [processor() for _ in reqs]
-    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
+    gen = Generation(state.client, reqs, state.metrics)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created,

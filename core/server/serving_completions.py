@@ -76,7 +76,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
-    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
+    gen = Generation(state.client, reqs, state.metrics)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created,

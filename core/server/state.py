@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from llmkit.core.engine.client import QueueFullError
 from llmkit.core.server.chat_template import ChatTemplate
 from llmkit.core.server.config import ServerConfig
 from llmkit.core.engine.messages import GenerateRequest as Request, RequestOutput
@@ -23,6 +24,7 @@ class ServerState:
     vocab_size: int
     sampling_defaults: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    metrics: Any = None  # ServerMetrics (create_app makes it unless --disable-metrics)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
@@ -55,20 +57,30 @@ class Generation:
 
     _DONE = object()
 
-    def __init__(self, client, reqs: list[Request]) -> None:
-        client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
+    def __init__(self, client, reqs: list[Request], metrics=None) -> None:
+        try:
+            client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
+        except QueueFullError:
+            if metrics is not None:
+                metrics.on_rejected()
+            raise
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks = []
         for i, req in enumerate(reqs):
-            task = asyncio.ensure_future(self._pump(client, i, req))
+            tracker = metrics.track(req) if metrics is not None else None
+            task = asyncio.ensure_future(self._pump(client, i, req, tracker))
             task.add_done_callback(lambda _t, c=client: c.release(1))
             self.tasks.append(task)
 
-    async def _pump(self, client, i: int, req: Request) -> None:
+    async def _pump(self, client, i: int, req: Request, tracker) -> None:
         try:
             async for out in client.generate(req):
+                if tracker is not None:
+                    tracker.on_output(out)
                 await self.queue.put((i, out))
         finally:
+            if tracker is not None:
+                tracker.close()  # a stream cut short (client gone) counts as an abort
             await self.queue.put((i, self._DONE))
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
