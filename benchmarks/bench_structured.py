@@ -52,7 +52,7 @@ async def wave(client, args, constrained: bool) -> dict:
     results = await asyncio.gather(*(one(client, args, i, constrained) for i in range(args.concurrency)))
     wall = time.perf_counter() - start
     tokens = sum(t for t, _ in results)
-    return {"tokens": tokens, "wall": wall, "tps": tokens / wall, "latency": statistics.median(l for _, l in results)}
+    return {"tokens": tokens, "wall": wall, "tps": tokens / wall, "latency": statistics.median(lat for _, lat in results)}
 
 
 async def main_async(args) -> None:
