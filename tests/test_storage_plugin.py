@@ -30,7 +30,7 @@ def test_entry_point_plugin_is_discovered_and_runs_a_batch(tmp_path):
         from llmkit.core.plugins import registry
         from llmkit.core.batches.storage import open_storage
         from llmkit.core.batches.runner import BatchRunner
-        from test_batch_runner import fake_execute, jsonl, upload, read_file
+        from batch_utils import fake_execute, jsonl, upload, read_file
 
         entry = registry().entry("storage", "memstore")
         assert entry.package == "llmkit-memstore", entry
