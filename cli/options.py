@@ -55,6 +55,10 @@ LoadFormat = Annotated[str, typer.Option("--load-format", envvar="LLMKIT_LOAD_FO
                        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).")]
 ServedModelName = Annotated[Optional[str], typer.Option("--served-model-name", envvar="LLMKIT_SERVED_MODEL_NAME",
                             help="The model id in /v1/models and responses (default: the model path).")]
+EngineProcess = Annotated[bool, typer.Option(
+    "--engine-process", envvar="LLMKIT_ENGINE_PROCESS",
+    help="Run the engine in its own process (ZeroMQ + msgpack over unix sockets), so the server's Python "
+         "work never shares the engine's GIL; a dead engine process fails its requests and stops the server.")]
 # SGLang's names, so command lines pasted from its docs work.
 TpSize = Annotated[int, typer.Option("--tp-size", "--tp", "--tensor-parallel-size",
                    help="Tensor parallelism: only 1 (one device) for now.")]

@@ -11,7 +11,7 @@ import typer
 
 from llmkit.cli.options import (Attention, ChatTemplate, ChunkedPrefill, ContextLength, CudaGraphMaxBs,
                                 Deterministic, Device, DisableCudaGraph, DisableMetrics, DisableOverlap,
-                                DisableRadix, DisableWebUI, Dtype, MetricsNoAuth,
+                                DisableRadix, DisableWebUI, Dtype, EngineProcess, MetricsNoAuth,
                                 EnableOverlap, GrammarBackend, LoadFormat, MaxRunning, MaxTotalTokens, ModelPath,
                                 PageSize, Quantization, ReasoningParser, SchedulePolicy, Threads, ToolCallParser)
 from llmkit.cli.options import MemFractionStatic, ServedModelName, TpSize, TrustRemoteCode
@@ -75,6 +75,7 @@ def serve(
     disable_metrics: DisableMetrics = False,
     metrics_no_auth: MetricsNoAuth = False,
     disable_web_ui: DisableWebUI = False,
+    engine_process: EngineProcess = False,
 ):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s",
@@ -110,7 +111,7 @@ def build_configs(
     enable_deterministic_inference, num_threads, quantization, cuda_graph_max_bs, disable_cuda_graph,
     disable_overlap_schedule, enable_overlap_schedule, load_format, max_payload_size, shutdown_timeout,
     batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level, tp_size,
-    mem_fraction_static, trust_remote_code, disable_metrics, metrics_no_auth, disable_web_ui,
+    mem_fraction_static, trust_remote_code, disable_metrics, metrics_no_auth, disable_web_ui, engine_process,
 ):
     """The engine and server configs from ``llmkit serve``'s options (keyword-only: every option
     is named once here, and a new option that is not placed in a config fails loudly)."""
@@ -127,7 +128,7 @@ def build_configs(
         enable_deterministic_inference=enable_deterministic_inference, num_threads=num_threads,
         cuda_graph_max_bs=cuda_graph_max_bs, disable_cuda_graph=disable_cuda_graph, quantization=quantization,
         load_format=load_format, grammar_backend=grammar_backend, mem_fraction_static=mem_fraction_static,
-        overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
+        engine_process=engine_process, overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
     )
     server = ServerConfig(
         served_model_name=served_model_name or "", host=host, port=port, api_key=api_key,

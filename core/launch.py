@@ -47,9 +47,6 @@ def check_server_config(config: ServerConfig) -> None:
 def build_server(engine_config: EngineConfig, config: ServerConfig):
     """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
-    from llmkit.core.engine.builder import build_engine_parts
-    from llmkit.core.engine.client import InProcessEngineClient
-    from llmkit.core.engine.loop import Engine
     from llmkit.core.model.source import EMBEDDED_NAME
     from llmkit.core.server.app import create_app
     from llmkit.core.server.chat_template import ChatTemplate
@@ -62,21 +59,18 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
 
         storage = open_storage(config.batch_storage or registry().default("storage"), parse_storage_options(list(config.storage_options)),
                                file_storage_path=config.file_storage_path)
-    parts = build_engine_parts(engine_config)
-    tok = parts.tokenizer
+    client, model_dir = _start_engine(engine_config)
+    tok = client.tokenizer
     source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
     template = ChatTemplate(source, tok.bos_token or "", tok.eos_token or "") if source else None
     from llmkit.core.server.tool_prompt import warn_if_no_tool_support
 
     warn_if_no_tool_support(template, config.tool_call_parser)
-    engine = Engine(engine_config, parts)
-    engine.start()
-    client = InProcessEngineClient(engine, engine_config.max_queued_requests)
     if not config.served_model_name:
         config = replace(config, served_model_name=engine_config.model_path or EMBEDDED_NAME)
     state = ServerState(client=client, tokenizer=tok, chat_template=template, options=config,
-                        max_context=parts.max_context, vocab_size=parts.vocab_size,
-                        sampling_defaults=_sampling_defaults(parts.model_dir))
+                        max_context=client.max_context, vocab_size=client.vocab_size,
+                        sampling_defaults=_sampling_defaults(model_dir))
     services, routers = [], []
     if storage is not None:
         services, routers = _batches(state, storage, config.batch_max_in_flight)
@@ -91,6 +85,24 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         for service in services:  # the batch runner: lines in flight and queued, read at scrape time
             state.metrics.sources.append(service.line_counts)
     return app
+
+
+def _start_engine(config: EngineConfig):
+    """The engine and its client: on a thread of this process, or in its own process
+    (``--engine-process``). Returns the client and the model directory."""
+    if config.engine_process:
+        from llmkit.core.engine.process_client import ProcessEngineClient
+
+        client = ProcessEngineClient(config, config.max_queued_requests)
+        return client, client.model_dir
+    from llmkit.core.engine.builder import build_engine_parts
+    from llmkit.core.engine.client import InProcessEngineClient
+    from llmkit.core.engine.loop import Engine
+
+    parts = build_engine_parts(config)
+    engine = Engine(config, parts)
+    engine.start()
+    return InProcessEngineClient(engine, config.max_queued_requests), parts.model_dir
 
 
 def _batches(state, storage, max_in_flight: int):

@@ -31,6 +31,8 @@ class EngineConfig:
     overlap_schedule: bool | None = None
     # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.
     grammar_backend: str | None = None
+    # Run the engine in its own process (ZeroMQ + msgpack to the server), not on a server thread.
+    engine_process: bool = False
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
     # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
     mem_fraction_static: float | None = None

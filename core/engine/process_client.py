@@ -1,0 +1,200 @@
+"""``ProcessEngineClient``: the EngineClient of an engine running in its own process.
+
+The server keeps only the tokenizer and a queue per live request; the engine process (see
+:mod:`llmkit.core.engine.worker`) owns the model, KV cache, grammar matchers and detokenizer. A
+reader thread turns output frames into asyncio events. If the engine process dies, every waiting
+client gets an error at once, ``/health`` fails, and the server is told to exit (SIGTERM to
+itself, so it drains what is left and exits non-zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import zmq
+
+from llmkit.core.engine import ipc
+from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.messages import GenerateRequest, RequestOutput, from_wire, to_wire
+from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+
+log = logging.getLogger("llmkit")
+
+
+class ProcessEngineClient:
+    def __init__(self, config: EngineConfig, max_queued: int, *, startup_timeout: float = 900.0) -> None:
+        self.max_queued = max_queued
+        self.draining = False
+        self.active = 0
+        self.dead: str | None = None  # why the engine process is gone
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._calls: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._stats: dict[str, Any] = {}
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._ipc_dir = tempfile.mkdtemp(prefix="llmkit-ipc-")
+        os.chmod(self._ipc_dir, 0o700)  # the sockets are reachable by this user only
+        self._ctx = zmq.Context()
+        self._in = self._ctx.socket(zmq.PULL)
+        self._in.bind(ipc.outbox_address(self._ipc_dir))
+        self._out = self._ctx.socket(zmq.PUSH)
+        self._out.connect(ipc.inbox_address(self._ipc_dir))
+        cmd = [sys.executable, "-m", "llmkit.core.engine.worker", json.dumps(dataclasses.asdict(config)),
+               self._ipc_dir]
+        self.proc = subprocess.Popen(cmd)
+        try:
+            ready = self._wait_ready(startup_timeout)
+        except BaseException:
+            self._kill()
+            raise
+        from transformers import AutoTokenizer
+
+        self.model_dir = Path(ready["model_dir"])
+        self.max_context = int(ready["max_context"])
+        self.vocab_size = int(ready["vocab_size"])
+        self.engine_pid = int(ready["pid"])
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self._reader = threading.Thread(target=self._read, name="llmkit-engine-reader", daemon=True)
+        self._reader.start()
+        log.info("Engine process started (pid %d, rank 0)", self.engine_pid)
+
+    def _wait_ready(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._in.poll(500):
+                kind, payload = ipc.unpack(self._in.recv())
+                if kind == "ready":
+                    return payload
+                if kind == "failed":
+                    raise ValueError(payload["error"])
+            elif self.proc.poll() is not None:
+                raise RuntimeError(f"the engine process exited with code {self.proc.returncode} while starting")
+        raise TimeoutError(f"the engine process was not ready after {timeout:.0f} s")
+
+    # -- EngineClient ------------------------------------------------------------------------------
+    def check_capacity(self, n: int = 1) -> None:
+        if self.active + n > self.max_queued:
+            raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
+        self.active += n
+
+    def release(self, n: int = 1) -> None:
+        self.active -= n
+
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        loop = asyncio.get_running_loop()
+        call_id = uuid.uuid4().hex
+        fut = loop.create_future()
+        self._calls[call_id] = (loop, fut)
+        try:
+            self._send("grammar", {"id": call_id, "spec": to_wire(spec)})
+            error = await asyncio.wait_for(fut, timeout=30)
+        finally:
+            self._calls.pop(call_id, None)
+        if error is not None:
+            raise GrammarError(error["param"], error["message"])
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[req.rid] = (loop, q)
+        finished = False
+        try:
+            if self.dead is not None:
+                q.put_nowait(self._death_output(req.rid))
+            else:
+                self._send("add", to_wire(req))
+            while True:
+                out = await q.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            self._streams.pop(req.rid, None)
+            if not finished and self.dead is None:
+                self._send("abort", {"rid": req.rid})
+
+    async def abort(self, rid: str) -> None:
+        self._send("abort", {"rid": rid})
+
+    def alive(self) -> bool:
+        return self.dead is None and self.proc.poll() is None
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.proc.poll() is None:
+            self._send("shutdown")
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._kill()
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _send(self, kind: str, payload: Any = None) -> None:
+        with self._send_lock:  # the event loop and the shutdown thread both send
+            self._out.send(ipc.pack(kind, payload))
+
+    def _read(self) -> None:
+        while not self._closed:
+            try:
+                if not self._in.poll(200):
+                    if self.proc.poll() is not None and not self._closed:
+                        return self._on_engine_death()
+                    continue
+                kind, payload = ipc.unpack(self._in.recv())
+            except zmq.ZMQError:
+                return  # closed by shutdown
+            if kind == "out":
+                entry = self._streams.get(payload["rid"])
+                if entry is not None:
+                    entry[0].call_soon_threadsafe(entry[1].put_nowait, from_wire(RequestOutput, payload))
+            elif kind == "reply":
+                entry = self._calls.get(payload["id"])
+                if entry is not None:
+                    loop, fut = entry
+                    loop.call_soon_threadsafe(lambda f=fut, e=payload["error"]: f.done() or f.set_result(e))
+            elif kind == "stats":
+                self._stats = payload
+
+    def _death_output(self, rid: str) -> RequestOutput:
+        return RequestOutput(rid=rid, finished=True, finish_reason="abort", error=self.dead)
+
+    def _on_engine_death(self) -> None:
+        code = self.proc.returncode
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        self.dead = f"the engine process (rank 0, pid {self.proc.pid}) died: {how}"
+        log.error("%s; failing %d in-flight request(s) and shutting the server down", self.dead, len(self._streams))
+        for rid, (loop, q) in list(self._streams.items()):
+            loop.call_soon_threadsafe(q.put_nowait, self._death_output(rid))
+        for loop, fut in list(self._calls.values()):
+            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_exception(RuntimeError(self.dead)))
+        # Give the errors a moment to reach their clients, then stop the server (exit non-zero).
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._ctx.destroy(linger=0)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)

@@ -1,0 +1,112 @@
+"""The engine in its own process (``llmkit serve --engine-process``).
+
+``python -m llmkit.core.engine.worker CONFIG_JSON IPC_DIR``: builds the engine from the
+EngineConfig given as JSON, runs it on its thread exactly as in-process, and speaks the frames of
+:mod:`llmkit.core.engine.ipc`. ZeroMQ sockets are single-threaded, so each thread that sends owns
+one: the engine thread sends outputs, this thread sends replies, a small thread sends stats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import zmq
+
+from llmkit.core.engine import ipc
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.messages import GenerateRequest, from_wire, to_wire
+from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+
+log = logging.getLogger("llmkit")
+COMPILE_TIMEOUT_S = 5.0
+
+
+def main(argv: list[str]) -> int:
+    config = EngineConfig(**json.loads(argv[0]))
+    ipc_dir = argv[1]
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s engine] %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(ipc.inbox_address(ipc_dir))
+
+    def push() -> zmq.Socket:
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(ipc.outbox_address(ipc_dir))
+        return sock
+
+    ctl, out, stats_sock = push(), push(), push()
+    try:
+        from llmkit.core.engine.builder import build_engine_parts
+        from llmkit.core.engine.loop import Engine
+
+        parts = build_engine_parts(config)
+        engine = Engine(config, parts)
+    except Exception as exc:  # the server prints it as its own start-up error
+        ctl.send(ipc.pack("failed", {"error": f"{type(exc).__name__}: {exc}"}))
+        ctl.close(linger=2000)
+        return 2
+    engine.start()
+    ctl.send(ipc.pack("ready", {"max_context": parts.max_context, "vocab_size": parts.vocab_size,
+                                "model_dir": str(parts.model_dir), "pid": os.getpid()}))
+    stop = threading.Event()
+
+    def publish_stats() -> None:
+        while not stop.wait(ipc.STATS_INTERVAL_S):
+            stats_sock.send(ipc.pack("stats", {**engine.stats(), "engine_pid": os.getpid()}))
+
+    threading.Thread(target=publish_stats, name="llmkit-engine-stats", daemon=True).start()
+    ctl_lock = threading.Lock()
+    compiles = ThreadPoolExecutor(2, thread_name_prefix="llmkit-grammar")
+
+    def reply(call_id: str, error: dict | None) -> None:
+        with ctl_lock:
+            ctl.send(ipc.pack("reply", {"id": call_id, "error": error}))
+
+    def check_grammar(call_id: str, spec: GrammarSpec) -> None:
+        try:
+            if engine.grammar is None:
+                raise GrammarError(spec.param, "structured output is disabled on this server (--grammar-backend none)")
+            engine.grammar.compile(spec, timeout=COMPILE_TIMEOUT_S)
+            reply(call_id, None)
+        except GrammarError as exc:
+            reply(call_id, {"param": exc.param, "message": exc.message})
+        except Exception as exc:
+            reply(call_id, {"param": spec.param, "message": f"grammar compilation failed: {exc}"})
+
+    def sink(output) -> None:  # called on the engine thread only
+        out.send(ipc.pack("out", to_wire(output)))
+
+    parent = os.getppid()
+    code = 0
+    while True:
+        if not inbox.poll(500):
+            if not engine.is_alive():
+                log.error("the engine thread stopped; exiting")
+                code = 1
+                break
+            if os.getppid() != parent:  # the server is gone: nobody to serve
+                break
+            continue
+        kind, payload = ipc.unpack(inbox.recv())
+        if kind == "add":
+            engine.submit(from_wire(GenerateRequest, payload), sink)
+        elif kind == "abort":
+            engine.abort(payload["rid"])
+        elif kind == "grammar":
+            compiles.submit(check_grammar, payload["id"], GrammarSpec(**payload["spec"]))
+        elif kind == "shutdown":
+            break
+    stop.set()
+    engine.shutdown()
+    compiles.shutdown(wait=False, cancel_futures=True)
+    ctx.destroy(linger=1000)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
