@@ -1,8 +1,12 @@
 """Hook specifications: one per extension point.
 
-Every hook takes a ``register`` callback (``app`` for commands). ``register(name, factory)`` takes a
-name and either a ``"package.module:Attribute"`` string or a callable; strings are imported only
-when that name is chosen, so a missing optional dependency fails only then.
+Every hook takes a ``register`` callback (``app`` for commands). ``register(name, factory,
+**metadata)`` takes a name and either a ``"package.module:Attribute"`` string or a callable; strings
+are imported only when that name is chosen, so a missing optional dependency fails only then.
+Metadata is what the plugin declares about itself, read without importing it: ``auto={"cuda": 20}``
+(attention: rank in ``--attention auto``), ``model_types=("llama",)`` (models: configs without
+``architectures``), ``default=True`` (grammar, storage: the default backend), ``path_option="path"``
+(storage: the option ``--file-storage-path`` fills).
 """
 
 from __future__ import annotations

@@ -195,10 +195,6 @@ class Engine:
     def _has_work(self, inflight: Launched | None) -> bool:
         return self.scheduler.has_work or inflight is not None
 
-    @property
-    def has_work(self) -> bool:
-        return self.scheduler.has_work
-
     def _launch(self, batch) -> Launched:
         out = self.runner.run(batch)  # on CUDA this returns once the kernels are queued
         self.scheduler.on_step_done(batch)
