@@ -1,6 +1,7 @@
 """llmkit against transformers on the embedded model, measured interleaved in one run.
 
     python benchmarks/bench_cpu.py [--rounds 3] [--update-readme] [-- extra llmkit serve flags]
+    python benchmarks/bench_cpu.py --metrics-overhead | --engine-process-overhead [--rounds 3]
     python benchmarks/bench_cpu.py --update-readme -- --quantization int8
     python benchmarks/bench_cpu.py --metrics-overhead [--rounds 3]
 
@@ -135,20 +136,18 @@ def metrics_cost_per_output(n: int = 200_000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def metrics_overhead(rounds: int, serve_args: list[str]) -> None:
-    """(a) and (b) with Prometheus metrics on and off, interleaved, medians of ``rounds``."""
+def compare_servers(rounds: int, serve_args: list[str], variants: dict[str, list[str]]) -> dict[str, float]:
+    """(a) and (b) on one server per variant (extra serve flags), interleaved; medians of ``rounds``."""
     import openai
-
-    per_output = metrics_cost_per_output()
 
     from server_utils import start_server, stop_server
 
     servers = {}
     try:
-        for name, extra in (("on", []), ("off", ["--disable-metrics"])):
+        for name, extra in variants.items():
             servers[name] = start_server(["--batch-storage", "none", *serve_args, *extra])
         res = {f"{k}_{n}": [] for k in ("single", "concurrent") for n in servers}
-        for r in range(rounds + 1):  # round 0 warms both up
+        for r in range(rounds + 1):  # round 0 warms every server up
             for name, (_, url) in servers.items():
                 client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
                 single, concurrent = llmkit_single(client), llmkit_concurrent(url)
@@ -160,14 +159,30 @@ def metrics_overhead(rounds: int, serve_args: list[str]) -> None:
     finally:
         for proc, _ in servers.values():
             stop_server(proc)
-    med = {k: statistics.median(v) for k, v in res.items()}
-    print("| metric | metrics on | --disable-metrics | on / off |\n|---|---:|---:|---:|")
+    return {k: statistics.median(v) for k, v in res.items()}
+
+
+def print_comparison(med: dict[str, float], a: str, b: str, heads: tuple[str, str], rounds: int) -> None:
+    print(f"| metric | {heads[0]} | {heads[1]} | ratio |\n|---|---:|---:|---:|")
     for k, title in (("single", "(a) single-stream greedy, 128 tokens (tok/s)"),
                      ("concurrent", "(b) 16 concurrent chat requests x 128 tokens (total tok/s)")):
-        print(f"| {title} | {med[k + '_on']:.1f} | {med[k + '_off']:.1f} | {med[k + '_on'] / med[k + '_off']:.3f} |")
+        print(f"| {title} | {med[f'{k}_{a}']:.1f} | {med[f'{k}_{b}']:.1f} | {med[f'{k}_{a}'] / med[f'{k}_{b}']:.3f} |")
+    print(f"{rounds} rounds, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+
+
+def metrics_overhead(rounds: int, serve_args: list[str]) -> None:
+    """(a) and (b) with Prometheus metrics on and off."""
+    per_output = metrics_cost_per_output()
+    med = compare_servers(rounds, serve_args, {"on": [], "off": ["--disable-metrics"]})
+    print_comparison(med, "on", "off", ("metrics on", "--disable-metrics"), rounds)
     print(f"\nMetrics cost per output token, in-process: {per_output:.2f} µs "
           f"(at (a)'s {med['single_on']:.0f} tok/s: {per_output * med['single_on'] / 1e4:.4f} % of a core)")
-    print(f"{rounds} rounds, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+
+
+def engine_process_overhead(rounds: int, serve_args: list[str]) -> None:
+    """(a) and (b) with the engine in its own process against the engine on a server thread."""
+    med = compare_servers(rounds, serve_args, {"process": ["--engine-process"], "thread": []})
+    print_comparison(med, "process", "thread", ("--engine-process", "engine thread"), rounds)
 
 
 def main() -> None:
@@ -176,10 +191,14 @@ def main() -> None:
     ap.add_argument("--update-readme", action="store_true")
     ap.add_argument("--metrics-overhead", action="store_true",
                     help="compare /metrics on (default) and --disable-metrics instead of transformers")
+    ap.add_argument("--engine-process-overhead", action="store_true",
+                    help="compare --engine-process with the in-thread engine instead of transformers")
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
     if args.metrics_overhead:
         return metrics_overhead(args.rounds, args.serve_args)
+    if args.engine_process_overhead:
+        return engine_process_overhead(args.rounds, args.serve_args)
 
     import openai
 
