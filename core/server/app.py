@@ -15,6 +15,7 @@ from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
+from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
 from llmkit.core.server.parser_routes import parser_router
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmkit.core.server.serving_chat import create_chat_completion
@@ -84,8 +85,12 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.state.shutdown = shutdown
     key_digest = _digest(state.options.api_key) if state.options.api_key else None
 
+    # The key check wraps the body cap (added last = outermost): no body is read without the key.
+    app.add_middleware(BodyLimitMiddleware, limit=state.options.max_payload_size,
+                       upload_limit=state.options.max_upload_size + (64 << 10))  # + multipart headers
     if key_digest is not None:
         app.add_middleware(_APIKeyMiddleware, key_digest=key_digest)
+    install_error_handlers(app)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -166,7 +171,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.include_router(generate_router(state))
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))
-    app.include_router(parser_router())
+    app.include_router(parser_router(state.options.max_payload_size))
     for router in routers:
         app.include_router(router)
     return app

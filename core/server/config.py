@@ -14,7 +14,8 @@ class ServerConfig:
     chat_template: str | None = None  # a Jinja file overriding the tokenizer's template
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
-    max_payload_size: int = 32 << 20
+    max_payload_size: int = 32 << 20  # every route's body cap (413), enforced while reading
+    max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)
     max_prompt_list: int = 256
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30

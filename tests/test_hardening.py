@@ -1,0 +1,100 @@
+"""Issue 18's hardening, checked in-process on the real app over the FakeEngineClient: one error
+shape for every route, one body cap enforced while reading, unknown models, requests that can
+never fit, cheap prompt bounds, slow templates, exact-path auth exemptions, ignored fields."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fake_engine import fake_app
+from fastapi.testclient import TestClient
+
+OK_MSG = [{"role": "user", "content": "hi"}]
+
+
+def _error(resp, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+@pytest.fixture(scope="module")
+def http():
+    with TestClient(fake_app(max_payload_size=4096)) as client:
+        yield client
+
+
+# --- 3. every error in OpenAI's shape (Anthropic's on /v1/messages*) ---------------------------
+
+def test_unknown_route_is_openai_shaped(http):
+    err = _error(http.get("/v1/nope"), 404)
+    assert err["code"] == "not_found" and "/v1/nope" in err["message"]
+
+
+def test_wrong_method_is_openai_shaped(http):
+    resp = http.get("/v1/chat/completions")
+    err = _error(resp, 405)
+    assert err["code"] == "method_not_allowed" and "POST" in resp.headers["allow"]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/separate_reasoning", {"text": 1, "reasoning_parser": "qwen3"}, "text"),
+    ("/separate_reasoning", {"text": "x"}, "reasoning_parser"),
+    ("/parse_function_call", {"text": "x", "tool_call_parser": "hermes", "tools": 5}, "tools"),
+])
+def test_parser_routes_validation_is_400_openai_shaped(http, path, body, param):
+    err = _error(http.post(path, json=body), 400)
+    assert err["param"] == param
+
+
+def test_query_validation_is_400_openai_shaped(http):
+    err = _error(http.get("/v1/responses/resp_x/input_items", params={"limit": "many"}), 400)
+    assert err["param"] == "limit"
+
+
+def test_anthropic_routes_keep_anthropic_shape(http):
+    resp = http.get("/v1/messages")  # POST-only route
+    assert resp.status_code == 405
+    assert resp.json()["type"] == "error" and resp.json()["error"]["type"]
+
+
+# --- 2. one body cap, every route, enforced while reading ------------------------------------
+
+@pytest.mark.parametrize("path", ["/separate_reasoning", "/parse_function_call", "/v1/chat/completions",
+                                  "/v1/completions", "/generate", "/tokenize", "/v1/nope"])
+def test_declared_large_body_is_413_unread(http, path):
+    err = _error(http.post(path, content=b"x" * 5000, headers={"content-type": "application/json"}), 413)
+    assert err["code"] == "payload_too_large" and "4096" in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/separate_reasoning", "/parse_function_call", "/v1/chat/completions"])
+def test_chunked_large_body_is_cut_off_while_reading(path):
+    """Straight over ASGI, counting the chunks the app pulls: a body without Content-Length is
+    refused once it passes the cap, not after it has all been read."""
+    app = fake_app(max_payload_size=4096)
+    pulled, sent = [], []
+
+    async def receive():
+        pulled.append(1)
+        return {"type": "http.request", "body": b" " * 1024, "more_body": len(pulled) < 1000}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80)}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert json.loads(sent[1]["body"])["error"]["code"] == "payload_too_large"
+    assert len(pulled) <= 5, len(pulled)  # stopped at 4 KB, not after 1 MB
+
+
+def test_small_bodies_still_work(http):
+    r = http.post("/separate_reasoning", json={"text": "<think>a</think>b", "reasoning_parser": "qwen3"})
+    assert r.status_code == 200 and r.json() == {"reasoning_text": "a", "text": "b"}
