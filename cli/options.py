@@ -53,8 +53,10 @@ EnableOverlap = Annotated[bool, typer.Option("--enable-overlap-schedule", envvar
                           help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).")]
 LoadFormat = Annotated[str, typer.Option("--load-format", envvar="LLMKIT_LOAD_FORMAT",
                        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).")]
-ServedModelName = Annotated[Optional[str], typer.Option("--served-model-name", envvar="LLMKIT_SERVED_MODEL_NAME",
-                            help="The model id in /v1/models and responses (default: the model path).")]
+ServedModelName = Annotated[Optional[list[str]], typer.Option(
+    "--served-model-name", envvar="LLMKIT_SERVED_MODEL_NAME",
+    help="The model id in /v1/models (default: the model path); repeat it to add aliases requests may use. "
+         "Requests naming any other model get 404.")]
 # SGLang's names, so command lines pasted from its docs work.
 TpSize = Annotated[int, typer.Option("--tp-size", "--tp", "--tensor-parallel-size",
                    help="Tensor parallelism: only 1 (one device) for now.")]

@@ -126,7 +126,8 @@ def build_configs(
         overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
     )
     server = ServerConfig(
-        served_model_name=served_model_name or "", host=host, port=port, api_key=api_key,
+        served_model_name=(served_model_name or [""])[0], served_model_aliases=tuple((served_model_name or [])[1:]),
+        host=host, port=port, api_key=api_key,
         chat_template=chat_template, reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
         max_payload_size=max_payload_size, shutdown_timeout=shutdown_timeout, log_level=log_level,
         enable_batches=batch_storage != "none", batch_storage=None if batch_storage == "none" else batch_storage,

@@ -98,3 +98,41 @@ def test_chunked_large_body_is_cut_off_while_reading(path):
 def test_small_bodies_still_work(http):
     r = http.post("/separate_reasoning", json={"text": "<think>a</think>b", "reasoning_parser": "qwen3"})
     assert r.status_code == 200 and r.json() == {"reasoning_text": "a", "text": "b"}
+
+
+# --- 4. a model the server does not serve is a 404 -------------------------------------------
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": "gpt-4o", "messages": OK_MSG, "max_tokens": 2}),
+    ("/v1/completions", {"model": "gpt-4o", "prompt": "hi", "max_tokens": 2}),
+    ("/v1/responses", {"model": "gpt-4o", "input": "hi", "max_output_tokens": 2}),
+])
+def test_unknown_model_is_404(http, path, body):
+    err = _error(http.post(path, json=body), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
+
+
+def test_unknown_model_on_anthropic_route_is_anthropic_404(http):
+    r = http.post("/v1/messages", json={"model": "claude-x", "max_tokens": 2, "messages": OK_MSG})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("model", ["fake-model", "m", None])
+def test_served_name_aliases_and_no_model_are_served(http, model):
+    body = {"messages": OK_MSG, "max_tokens": 2, **({"model": model} if model else {})}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert http.get(f"/v1/models/{model or 'fake-model'}").status_code == 200
+    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["fake-model"]
+
+
+def test_served_model_name_repeats_into_aliases():
+    import typer
+
+    from llmkit.cli.serve import _serve_only_app, build_configs
+
+    cmd = typer.main.get_command(_serve_only_app())
+    ctx = cmd.make_context("serve", ["--served-model-name", "main", "--served-model-name", "alias1",
+                                     "--served-model-name", "alias2"])
+    _, server = build_configs(**ctx.params)
+    assert server.served_model_name == "main" and server.served_model_aliases == ("alias1", "alias2")

@@ -15,6 +15,7 @@ from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
+from llmkit.core.server.model_names import model_not_found, served_names
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
 from llmkit.core.server.parser_routes import parser_router
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -126,10 +127,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        if model_id != state.options.served_model_name:
-            return error_response(f"The model '{model_id}' does not exist", 404, param="model",
-                                  code="model_not_found")
-        return model_card()
+        if model_id not in served_names(state.options):
+            return model_not_found(model_id).response()
+        return {**model_card(), "id": model_id}
 
     @app.get("/health")
     async def health():

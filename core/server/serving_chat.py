@@ -12,6 +12,7 @@ from llmkit.core.server.chat_template import TemplateRenderError, check_template
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import chat_logprobs
 from llmkit.core.server.prompt import render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
@@ -39,6 +40,7 @@ def _validate_tools(body: ChatCompletionRequest) -> None:
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest | None,
                                 priority: int = 0):
+    check_model(state.options, body)
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
     check_stream_options(body)

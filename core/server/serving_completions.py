@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
@@ -50,6 +51,7 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None,
                            priority: int = 0):
+    check_model(state.options, body)
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
     check_stream_options(body)
