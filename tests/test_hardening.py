@@ -136,3 +136,24 @@ def test_served_model_name_repeats_into_aliases():
                                      "--served-model-name", "alias2"])
     _, server = build_configs(**ctx.params)
     assert server.served_model_name == "main" and server.served_model_aliases == ("alias1", "alias2")
+
+
+# --- 5. a request that can never fit is a 400; a full queue is a 429 with Retry-After --------
+
+def test_request_larger_than_the_queue_is_400(http):
+    body = {"model": "m", "prompt": ["hi"] * 256, "n": 16, "max_tokens": 1}
+    err = _error(http.post("/v1/completions", json=body), 400)
+    assert err["code"] == "request_too_large" and "4096" in err["message"] and "1024" in err["message"]
+
+
+def test_full_queue_is_429_with_retry_after():
+    app = fake_app()
+    engine = app.state.llmkit.client
+    with TestClient(app) as client:
+        engine.active = engine.max_queued - 1  # as if 1,023 requests were in flight
+        try:
+            r = client.post("/v1/chat/completions", json={"model": "m", "messages": OK_MSG, "n": 2, "max_tokens": 1})
+        finally:
+            engine.active = 0
+        err = _error(r, 429)
+        assert err["type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 0

@@ -56,6 +56,13 @@ class Generation:
     _DONE = object()
 
     def __init__(self, client, reqs: list[Request]) -> None:
+        if len(reqs) > client.max_queued:
+            # Never fits, however long the client waits: a 400 saying why, not a 429 to retry forever.
+            from llmkit.core.server.errors import APIError
+
+            raise APIError(f"this request needs {len(reqs)} engine requests (prompts x n) but the server holds "
+                           f"at most {client.max_queued} at once (--max-queued-requests); split it up",
+                           param="n", code="request_too_large")
         client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks = []
