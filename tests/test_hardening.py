@@ -157,3 +157,28 @@ def test_full_queue_is_429_with_retry_after():
             engine.active = 0
         err = _error(r, 429)
         assert err["type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 0
+
+
+# --- 1. a prompt that cannot fit is refused before the tokenizer runs -------------------------
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"model": "m", "prompt": "x" * (6 << 20), "max_tokens": 1}),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x" * (6 << 20)}]}),
+])
+def test_huge_prompt_is_rejected_cheaply(path, body):
+    """Tokenizing 6 MB without spaces costs seconds of CPU; the character bound answers at once."""
+    import time
+
+    with TestClient(fake_app()) as client:
+        t0 = time.monotonic()
+        err = _error(client.post(path, json=body), 400)
+        elapsed = time.monotonic() - t0
+    assert err["code"] == "context_length_exceeded" and "context length (8192 tokens)" in err["message"]
+    assert elapsed < 2.0, elapsed
+
+
+def test_max_prompt_size_flag():
+    with TestClient(fake_app(max_prompt_size=1000)) as client:
+        err = _error(client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 500, "max_tokens": 1}), 400)
+        assert "--max-prompt-size" in err["message"] and err["param"] == "prompt"
+        assert client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 300, "max_tokens": 1}).status_code == 200

@@ -226,7 +226,7 @@ def anthropic_router(state) -> APIRouter:
             text = await asyncio.to_thread(render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
         except TemplateRenderError as exc:
             raise APIError(str(exc), param="messages") from None
-        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages"))})
+        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", context=False))})
 
     router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])

@@ -18,6 +18,7 @@ class ServerConfig:
     max_payload_size: int = 32 << 20  # every route's body cap (413), enforced while reading
     max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)
     max_prompt_list: int = 256
+    max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30
     log_level: str = "info"

@@ -14,7 +14,7 @@ from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import chat_logprobs
-from llmkit.core.server.prompt import render_chat, tokenize_text
+from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
@@ -51,6 +51,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise APIError(str(exc), param="chat_template_kwargs") from None
     if body.reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    check_prompt_size(state, message_chars(body), "messages")  # before rendering: cheap
     try:
         prompt_text = await asyncio.to_thread(render_chat, state, body, kwargs)
     except TemplateRenderError as exc:
