@@ -182,3 +182,46 @@ def test_max_prompt_size_flag():
         err = _error(client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 500, "max_tokens": 1}), 400)
         assert "--max-prompt-size" in err["message"] and err["param"] == "prompt"
         assert client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 300, "max_tokens": 1}).status_code == 200
+
+
+# --- 7. a template that runs into its deadline delays only its own request -------------------
+
+SLOW = ("{% if 'slow' in messages[0]['content'] %}{% for i in range(100000) %}{% for j in range(100000) %}"
+        "{% endfor %}{% endfor %}{% endif %}")
+
+
+def test_slow_template_does_not_stall_other_requests():
+    """As many deadline-bound renders as asyncio's default executor has threads: a completion
+    (tokenized on a thread) and a normal chat request still answer at once."""
+    import os
+    import time
+
+    import httpx
+
+    from llmkit.core.server.chat_template import ChatTemplate
+
+    app = fake_app()
+    tok = app.state.llmkit.tokenizer
+    app.state.llmkit.chat_template = ChatTemplate(SLOW + tok.chat_template, tok.bos_token or "", tok.eos_token or "")
+    n_slow = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor size
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as c:
+            async def post(path, body, delay=0.0):
+                await asyncio.sleep(delay)
+                t0 = time.monotonic()
+                r = await c.post(path, json=body)
+                return r.status_code, time.monotonic() - t0
+
+            slow = [post("/v1/chat/completions", {"model": "m", "max_tokens": 1,
+                                                  "messages": [{"role": "user", "content": "slow"}]})
+                    for _ in range(n_slow)]
+            fast = [post("/v1/completions", {"model": "m", "prompt": "word " * 1000, "max_tokens": 1}, 0.5),
+                    post("/v1/chat/completions", {"model": "m", "messages": OK_MSG, "max_tokens": 1}, 0.5)]
+            return await asyncio.gather(*slow, *fast)
+
+    results = asyncio.run(main())
+    assert all(code == 400 for code, _ in results[:n_slow])  # the deadline, 5 s
+    for code, elapsed in results[n_slow:]:
+        assert code == 200 and elapsed < 2.5, results[n_slow:]

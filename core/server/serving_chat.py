@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import Request as HTTPRequest
@@ -16,6 +15,7 @@ from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import chat_logprobs
 from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
+from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
@@ -53,7 +53,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     check_prompt_size(state, message_chars(body), "messages")  # before rendering: cheap
     try:
-        prompt_text = await asyncio.to_thread(render_chat, state, body, kwargs)
+        prompt_text = await run_render(state, render_chat, state, body, kwargs)
     except TemplateRenderError as exc:
         raise APIError(str(exc), param="messages") from None
     prompt_ids = await tokenize_text(state, prompt_text, param="messages")

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator
 
 from llmkit.core.server.chat_template import ChatTemplate
 from llmkit.core.server.config import ServerConfig
+from llmkit.core.server.render_pool import render_pool
 from llmkit.core.engine.messages import GenerateRequest as Request, RequestOutput
 
 
@@ -23,6 +24,7 @@ class ServerState:
     vocab_size: int
     sampling_defaults: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    render_pool: Any = field(default_factory=render_pool)  # chat templates render here (render_pool.py)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:

@@ -17,6 +17,7 @@ from fastapi import Request as HTTPRequest
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.prompt import message_dicts, render_chat
+from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.protocol import ChatCompletionRequest, _Model
 
 
@@ -76,7 +77,7 @@ def tokenize_router(state) -> APIRouter:
         if body.messages is not None:
             if not body.messages:
                 raise APIError("Messages cannot be empty.", param="messages")
-            text = await asyncio.to_thread(_render, state, body)
+            text = await run_render(state, _render, state, body)
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         else:
             text, special = body.prompt, body.add_special_tokens is not False
