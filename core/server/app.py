@@ -17,6 +17,7 @@ from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
 from llmkit.core.server.model_names import model_not_found, served_names
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
+from llmkit.core.server.shutdown import DrainMiddleware
 from llmkit.core.server.parser_routes import parser_router
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmkit.core.server.serving_chat import create_chat_completion
@@ -24,7 +25,8 @@ from llmkit.core.server.serving_completions import create_completion
 from llmkit.core.server.state import ServerState, new_id
 
 log = logging.getLogger("llmkit")
-OPEN_PATHS = ("/health", "/metrics", "/ping")
+# Open without the key, by exact path: a later /health_generate-like route is not open by accident.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ping"})
 
 
 def _digest(s: str) -> bytes:
@@ -40,7 +42,7 @@ class _APIKeyMiddleware:
         self.key_digest = key_digest
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         auth, x_key = "", None
         for name, value in scope.get("headers", []):
@@ -89,6 +91,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     # The key check wraps the body cap (added last = outermost): no body is read without the key.
     app.add_middleware(BodyLimitMiddleware, limit=state.options.max_payload_size,
                        upload_limit=state.options.max_upload_size + (64 << 10))  # + multipart headers
+    app.add_middleware(DrainMiddleware, state=state)  # 503 for new requests once SIGTERM came
     if key_digest is not None:
         app.add_middleware(_APIKeyMiddleware, key_digest=key_digest)
     install_error_handlers(app)

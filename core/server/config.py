@@ -21,6 +21,9 @@ class ServerConfig:
     max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30
+    header_timeout: float = 10.0  # seconds to send a request's headers (slow-header connections close)
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    queue_timeout: float = 600.0  # seconds an HTTP request may wait for the engine before a 503 (0: no limit)
     log_level: str = "info"
     # Files & Batches: a storage plugin's name (None: the one registered as default, local).
     enable_batches: bool = True

@@ -103,3 +103,53 @@ def install_error_handlers(app: FastAPI) -> None:
         param = ".".join(loc) or None
         message = f"{param}: {err.get('msg')}" if param else str(err.get("msg", "invalid request"))
         return shaped_error(request.url.path, message, 400, param=param)
+
+
+def header_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol with a deadline for each request's headers.
+
+    uvicorn times out only idle keep-alive connections between requests: a client that opens a
+    connection and then sends nothing, or sends its headers a byte at a time, holds a descriptor
+    for as long as it likes (1,200 such connections held 1,200 descriptors). Here every request's
+    headers must be complete within ``seconds`` of its first byte (of the connection, for the first
+    request), or the connection is closed.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+
+        def handle_events(self) -> None:
+            before = self.cycle
+            super().handle_events()
+            if self.cycle is not before:  # a request's headers arrived whole
+                self._disarm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11Protocol

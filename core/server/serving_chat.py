@@ -17,7 +17,7 @@ from llmkit.core.server.prompt import check_prompt_size, message_chars, render_c
 from llmkit.core.server.protocol import ChatCompletionRequest
 from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
+from llmkit.core.server.state import start_generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
                                           watch_disconnect)
 
@@ -39,7 +39,9 @@ def _validate_tools(body: ChatCompletionRequest) -> None:
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest | None,
-                                priority: int = 0):
+                                priority: int = 0, http: bool | None = None):
+    """``http``: whether this serves an HTTP client (drained on shutdown, queue timeout); by
+    default, whether there is a ``raw`` request (batch lines have none)."""
     check_model(state.options, body)
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
@@ -90,7 +92,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)
 
     procs = [processor() for _ in reqs]
-    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
+    gen = start_generation(state, reqs, http=raw is not None if http is None else http)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created,

@@ -14,7 +14,7 @@ from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
+from llmkit.core.server.state import start_generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
                                           watch_disconnect)
 
@@ -78,7 +78,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
-    gen = Generation(state.client, reqs)  # starts now: queue slots are held until each ends
+    gen = start_generation(state, reqs, http=raw is not None)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created,

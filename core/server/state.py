@@ -25,6 +25,7 @@ class ServerState:
     sampling_defaults: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     render_pool: Any = field(default_factory=render_pool)  # chat templates render here (render_pool.py)
+    in_flight: set = field(default_factory=set)  # Generations of HTTP requests (drained on shutdown)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
@@ -57,7 +58,8 @@ class Generation:
 
     _DONE = object()
 
-    def __init__(self, client, reqs: list[Request]) -> None:
+    def __init__(self, client, reqs: list[Request], registry: set | None = None,
+                 queue_timeout: float | None = None) -> None:
         if len(reqs) > client.max_queued:
             # Never fits, however long the client waits: a 400 saying why, not a 429 to retry forever.
             from llmkit.core.server.errors import APIError
@@ -68,6 +70,13 @@ class Generation:
         client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks = []
+        self.started = False  # any output yet (the engine has taken it off its queue)
+        self.registry = registry
+        if registry is not None:
+            registry.add(self)
+        self._timer = None
+        if queue_timeout:
+            self._timer = asyncio.get_running_loop().call_later(queue_timeout, self._queue_timeout, queue_timeout)
         for i, req in enumerate(reqs):
             task = asyncio.ensure_future(self._pump(client, i, req))
             task.add_done_callback(lambda _t, c=client: c.release(1))
@@ -76,6 +85,7 @@ class Generation:
     async def _pump(self, client, i: int, req: Request) -> None:
         try:
             async for out in client.generate(req):
+                self.started = True
                 await self.queue.put((i, out))
         finally:
             await self.queue.put((i, self._DONE))
@@ -89,10 +99,37 @@ class Generation:
                 if out is self._DONE:
                     remaining -= 1
                     continue
+                if isinstance(out, Exception):  # fail(): the handler answers with it
+                    raise out
                 yield i, out
         finally:
             self.cancel()
 
+    def fail(self, exc: Exception) -> None:
+        """End the call with ``exc`` (an APIError: 503 on shutdown or queue timeout), which the
+        handler turns into an error response or a final error event; the engine requests abort."""
+        self.queue.put_nowait((-1, exc))  # ahead of the _DONE markers the cancelled pumps put
+        self.cancel()
+
+    def _queue_timeout(self, seconds: float) -> None:
+        if not self.started:
+            from llmkit.core.server.errors import APIError
+
+            self.fail(APIError(f"the request waited more than {seconds:g} s in the queue (--queue-timeout); "
+                               "retry later", status=503, code="queue_timeout"))
+
     def cancel(self) -> None:
         for t in self.tasks:
             t.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.registry is not None:
+            self.registry.discard(self)
+
+
+def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Generation:
+    """Start an API call's engine requests. HTTP ones (not batch lines) are tracked for the
+    shutdown drain and get the queue wait timeout."""
+    if not http:
+        return Generation(state.client, reqs)
+    return Generation(state.client, reqs, state.in_flight, state.options.queue_timeout or None)
