@@ -236,3 +236,17 @@ def test_only_health_is_open_by_exact_path():
             err = _error(client.get(path), 401)
             assert err["type"] == "authentication_error", path
         assert client.get("/health_generate", headers={"Authorization": "Bearer sk-k"}).status_code == 200
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 1, "best_of": 3}, "best_of"),
+    ("/v1/chat/completions", {"model": "m", "messages": OK_MSG, "chat_template": "{{ 'x' }}"}, "chat_template"),
+])
+def test_fields_that_would_be_ignored_are_400(http, path, body, param):
+    err = _error(http.post(path, json=body), 400)
+    assert err["param"] == param
+
+
+def test_best_of_equal_to_n_is_served(http):
+    r = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1, "n": 2, "best_of": 2})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2

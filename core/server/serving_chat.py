@@ -43,6 +43,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     """``http``: whether this serves an HTTP client (drained on shutdown, queue timeout); by
     default, whether there is a ``raw`` request (batch lines have none)."""
     check_model(state.options, body)
+    if "chat_template" in (body.model_extra or {}):  # templates are the operator's, never a request's
+        raise APIError("chat_template in a request is not supported; the server's template is set with "
+                       "--chat-template", param="chat_template")
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
     check_stream_options(body)

@@ -52,6 +52,9 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
 async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None,
                            priority: int = 0):
     check_model(state.options, body)
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError("best_of is not supported (no server-side ranking): leave it out, or set it equal to n",
+                       param="best_of")
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
     check_stream_options(body)
