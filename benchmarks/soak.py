@@ -36,7 +36,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 def proc_mem_mb(pid: int) -> float:
-    """RssAnon + VmSwap: resident anonymous memory, counting what swap hides."""
+    """RssAnon + VmSwap: resident anonymous memory, counting what swap hides (one process: the
+    engine runs on a thread of the server)."""
     total = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -153,7 +154,7 @@ async def run(args, proc, base: str) -> list[dict]:
     async def sample(label: str) -> None:
         async with httpx.AsyncClient(base_url=base, timeout=30) as c:
             info = (await c.get("/get_server_info")).json()
-        rows.append({"t": label, "rss_mb": proc_mem_mb(proc.pid)  # one process: the engine runs on a thread, "kv_in_use": info["kv_pages_in_use"],
+        rows.append({"t": label, "rss_mb": proc_mem_mb(proc.pid), "kv_in_use": info["kv_pages_in_use"],
                      "kv_cached": info["kv_pages_cached"], "running": info["num_running_reqs"],
                      "waiting": info["num_waiting_reqs"], "done": sum(load.done.values()),
                      "disconnects": load.disconnects, "errors": sum(load.errors.values())})
