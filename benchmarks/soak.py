@@ -163,7 +163,7 @@ async def run(args, proc, base: str) -> list[dict]:
     await sample("0")
     while time.monotonic() < end:
         await asyncio.sleep(min(args.interval, max(0.0, end - time.monotonic())))
-        await sample(f"{(time.monotonic() - t0) / 60:.0f}")
+        await sample(f"{(time.monotonic() - t0) / 60:.1f}")
     load.stop = True
     await asyncio.wait(workers, timeout=600)
     deadline = time.monotonic() + 60
