@@ -81,7 +81,7 @@ def test_context_length_flag(limited):
 def test_payload_too_large(limited):
     r = httpx.post(limited + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "m", "prompt": "x" * 20_000, "max_tokens": 1})
-    assert r.status_code == 413 and r.json()["error"]["message"] == "Payload Too Large"
+    assert r.status_code == 413 and r.json()["error"]["message"].startswith("Payload Too Large")
 
 
 def test_unknown_attention_backend_fails_at_startup():
