@@ -67,3 +67,31 @@ def test_idle_keep_alive_is_closed_and_busy_ones_are_not(url):
     r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "Hello", "max_tokens": 40,
                                                  "ignore_eos": True}, timeout=120)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40
+
+
+def test_queue_timeout_is_503():
+    """One slot, held by a long request: the next one waits past --queue-timeout and gets 503."""
+    import threading
+
+    proc, base = start_server(["--batch-storage", "none", "--max-running-requests", "1", "--queue-timeout", "1"])
+    try:
+        out = {}
+
+        def long():
+            out["r"] = httpx.post(base + "/v1/completions", json={"model": "m", "prompt": "Once", "max_tokens": 400,
+                                                                  "ignore_eos": True}, timeout=120)
+
+        t = threading.Thread(target=long)
+        t.start()
+        deadline = time.monotonic() + 60
+        while httpx.get(base + "/get_server_info", timeout=10).json()["num_running_reqs"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        r = httpx.post(base + "/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 1}, timeout=60)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout", r.text
+        assert time.monotonic() - t0 < 10
+        t.join(120)
+        assert out["r"].status_code == 200
+    finally:
+        stop_server(proc)

@@ -132,4 +132,8 @@ def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Gen
     shutdown drain and get the queue wait timeout."""
     if not http:
         return Generation(state.client, reqs)
+    if state.client.draining:  # validated while SIGTERM came: the drain would not wait for it
+        from llmkit.core.server.shutdown import shutting_down
+
+        raise shutting_down()
     return Generation(state.client, reqs, state.in_flight, state.options.queue_timeout or None)
