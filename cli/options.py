@@ -18,7 +18,8 @@ ContextLength = Annotated[Optional[int], typer.Option("--context-length", envvar
 MaxRunning = Annotated[int, typer.Option("--max-running-requests", envvar="LLMKIT_MAX_RUNNING_REQUESTS",
                        help="Most requests decoding at once.")]
 MaxTotalTokens = Annotated[Optional[int], typer.Option("--max-total-tokens", envvar="LLMKIT_MAX_TOTAL_TOKENS",
-                           help="KV cache pool size in tokens (default: sized from memory).")]
+                           help="KV cache pool size in tokens (default: max(2 x context, 512 x --max-running-requests), "
+                                "at most 65,536 tokens or 20%% of RAM).")]
 ChunkedPrefill = Annotated[int, typer.Option("--chunked-prefill-size", envvar="LLMKIT_CHUNKED_PREFILL_SIZE",
                            help="Token budget per step (prefill chunks plus decode tokens).")]
 SchedulePolicy = Annotated[str, typer.Option("--schedule-policy", envvar="LLMKIT_SCHEDULE_POLICY",
@@ -53,19 +54,21 @@ EnableOverlap = Annotated[bool, typer.Option("--enable-overlap-schedule", envvar
                           help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).")]
 LoadFormat = Annotated[str, typer.Option("--load-format", envvar="LLMKIT_LOAD_FORMAT",
                        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).")]
-ServedModelName = Annotated[Optional[str], typer.Option("--served-model-name", envvar="LLMKIT_SERVED_MODEL_NAME",
-                            help="The model id in /v1/models and responses (default: the model path).")]
 EngineProcess = Annotated[bool, typer.Option(
     "--engine-process", envvar="LLMKIT_ENGINE_PROCESS",
     help="Run the engine in its own process (ZeroMQ + msgpack over unix sockets), so the server's Python "
          "work never shares the engine's GIL; a dead engine process fails its requests and stops the server.")]
+ServedModelName = Annotated[Optional[list[str]], typer.Option(
+    "--served-model-name", envvar="LLMKIT_SERVED_MODEL_NAME",
+    help="The model id in /v1/models (default: the model path); repeat it to add aliases requests may use. "
+         "Requests naming any other model get 404.")]
 # SGLang's names, so command lines pasted from its docs work.
 TpSize = Annotated[int, typer.Option("--tp-size", "--tp", "--tensor-parallel-size",
                    help="Tensor parallelism: only 1 (one device) for now.")]
 MemFractionStatic = Annotated[Optional[float], typer.Option(
     "--mem-fraction-static", help="Fraction of the device's memory (RAM on CPU) for weights plus the KV pool; "
-                                  "the pool gets the rest after the weights (default: 20%% of RAM, at most "
-                                  "65,536 tokens). --max-total-tokens wins when both are given.")]
+                                  "the pool gets the rest after the weights (default: see --max-total-tokens). "
+                                  "--max-total-tokens wins when both are given.")]
 TrustRemoteCode = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Accepted for SGLang compatibility; llmkit never runs code from a checkpoint "
                                 "(architectures come from installed plugins), so it changes nothing.")]

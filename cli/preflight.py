@@ -33,6 +33,15 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         value = p.get(key)
         if value is not None and value < 1:
             raise OptionError(f"{flag} must be at least 1 (got {value})")
+    for flag, key in (("--max-payload-size", "max_payload_size"), ("--max-prompt-size", "max_prompt_size"),
+                      ("--header-timeout", "header_timeout"), ("--keep-alive-timeout", "keep_alive_timeout")):
+        value = p.get(key)
+        if value is not None and value <= 0:
+            raise OptionError(f"{flag} must be positive (got {value})")
+    for flag, key in (("--queue-timeout", "queue_timeout"), ("--shutdown-timeout", "shutdown_timeout")):
+        value = p.get(key)
+        if value is not None and value < 0:
+            raise OptionError(f"{flag} must be 0 or more (got {value})")
     _check_paths(p)
     _check_choice("--dtype", p["dtype"], DTYPES)
     _check_choice("--schedule-policy", p["schedule_policy"], SCHEDULE_POLICIES)

@@ -56,7 +56,16 @@ def serve(
     load_format: LoadFormat = "auto",
     max_payload_size: Annotated[int, typer.Option("--max-payload-size", help="Request body cap in bytes.")] = 32 << 20,
     shutdown_timeout: Annotated[int, typer.Option("--shutdown-timeout",
-                                help="Seconds to drain in-flight requests after SIGTERM.")] = 30,
+                                help="Seconds to drain in-flight requests after SIGTERM (those left then get 503; "
+                                     "a second SIGTERM exits at once).")] = 30,
+    max_prompt_size: Annotated[int, typer.Option("--max-prompt-size",
+                               help="Prompt cap in characters, checked before tokenizing.")] = 16 << 20,
+    queue_timeout: Annotated[float, typer.Option("--queue-timeout",
+                             help="Seconds a request may wait for the engine before a 503 (0: no limit).")] = 600.0,
+    header_timeout: Annotated[float, typer.Option("--header-timeout",
+                              help="Seconds a connection has to send a request's headers before it is closed.")] = 10.0,
+    keep_alive_timeout: Annotated[float, typer.Option("--keep-alive-timeout",
+                                  help="Seconds an idle keep-alive connection stays open.")] = 5.0,
     batch_storage: Annotated[Optional[str], typer.Option(
         "--batch-storage", envvar="LLMKIT_BATCH_STORAGE", show_default="local",
         help="Storage backend for /v1/files and /v1/batches: local, s3, or a plugin's; "
@@ -97,9 +106,16 @@ def serve(
         raise typer.Exit(2) from None
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
-                                           timeout_graceful_shutdown=shutdown_timeout,
-                                           h11_max_incomplete_event_size=64 * 1024))
+    from llmkit.core.server.limits import header_timeout_protocol
+    from llmkit.core.server.shutdown import make_server
+
+    # The drain (core/server/shutdown.py) waits --shutdown-timeout for requests; uvicorn's own
+    # wait then only covers responses being written.
+    server = make_server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                                        timeout_graceful_shutdown=5, timeout_keep_alive=keep_alive_timeout,
+                                        http=header_timeout_protocol(header_timeout),
+                                        h11_max_incomplete_event_size=64 * 1024),
+                         app.state.llmkit, shutdown_timeout)
     logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)  # the socket is bound
     server.run(sockets=[sock])
 
@@ -110,6 +126,7 @@ def build_configs(
     max_total_tokens, chunked_prefill_size, schedule_policy, disable_radix_cache, page_size,
     enable_deterministic_inference, num_threads, quantization, cuda_graph_max_bs, disable_cuda_graph,
     disable_overlap_schedule, enable_overlap_schedule, load_format, max_payload_size, shutdown_timeout,
+    max_prompt_size, queue_timeout, header_timeout, keep_alive_timeout,
     batch_storage, file_storage_path, storage_option, batch_max_in_flight, log_level, tp_size,
     mem_fraction_static, trust_remote_code, disable_metrics, metrics_no_auth, disable_web_ui, engine_process,
 ):
@@ -131,9 +148,12 @@ def build_configs(
         engine_process=engine_process, overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
     )
     server = ServerConfig(
-        served_model_name=served_model_name or "", host=host, port=port, api_key=api_key,
+        served_model_name=(served_model_name or [""])[0], served_model_aliases=tuple((served_model_name or [])[1:]),
+        host=host, port=port, api_key=api_key,
         chat_template=chat_template, reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
         max_payload_size=max_payload_size, shutdown_timeout=shutdown_timeout, log_level=log_level,
+        max_prompt_size=max_prompt_size, queue_timeout=queue_timeout, header_timeout=header_timeout,
+        keep_alive_timeout=keep_alive_timeout,
         enable_batches=batch_storage != "none", batch_storage=None if batch_storage == "none" else batch_storage,
         file_storage_path=file_storage_path,
         storage_options=tuple(storage_option or ()), batch_max_in_flight=batch_max_in_flight,

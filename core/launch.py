@@ -114,4 +114,4 @@ def _batches(state, storage, max_in_flight: int):
 
     runner = BatchRunner(storage, make_batch_executor(state), max_in_flight=max_in_flight,
                          body_validator=protocol_body_validator)
-    return [runner], [files_router(storage), batches_router(runner, max_body=state.options.max_payload_size)]
+    return [runner], [files_router(storage, max_upload_bytes=state.options.max_upload_size), batches_router(runner, max_body=state.options.max_payload_size)]

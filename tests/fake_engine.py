@@ -110,6 +110,7 @@ def fake_app(**config):
     from llmkit.core.server.config import ServerConfig
     from llmkit.core.server.state import ServerState
 
+    config.setdefault("served_model_aliases", ("m",))  # the tests' short name for the model
     tok = embedded_tokenizer()
     client = FakeEngineClient(tok)
     template = ChatTemplate(tok.chat_template, tok.bos_token or "", tok.eos_token or "")

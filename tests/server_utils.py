@@ -12,6 +12,8 @@ import time
 import urllib.error
 import urllib.request
 
+from llmkit.core.model.source import EMBEDDED_NAME
+
 STARTUP_TIMEOUT = 180.0
 
 
@@ -28,6 +30,11 @@ def start_server(args: list[str], *, env: dict[str, str] | None = None,
     The server's output goes to a temporary log file (``proc.log_path``), printed if it dies or
     never becomes healthy. ``env`` is added to this process's environment.
     """
+    if "--served-model-name" not in args:
+        # The default name (the model path, or the embedded model's) plus "m", the short name the
+        # tests send: a request naming any other model gets 404.
+        path = args[args.index("--model-path") + 1] if "--model-path" in args else EMBEDDED_NAME
+        args = [*args, "--served-model-name", path, "--served-model-name", "m"]
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="llmkit-serve-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(port), *args]

@@ -80,7 +80,7 @@ def test_batch_run_with_the_embedded_model(tmp_path):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "batch", "run", str(src), "-o", str(out),
-                           "--no-progress"], capture_output=True, text=True, timeout=600)
+                           "--no-progress", "--served-model-name", "m"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["custom_id"] for r in results] == ["c0", "c1", "c2", "bad"]

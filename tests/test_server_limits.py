@@ -32,7 +32,7 @@ def test_every_route_needs_the_key(limited):
     paths = httpx.get(limited + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()["paths"]
     assert "/v1/chat/completions" in paths
     for path, methods in paths.items():
-        if path.startswith("/health"):
+        if path == "/health":  # the only open route (by exact path)
             continue
         concrete = path.replace("{model_id}", "x").replace("{file_id}", "file-x").replace("{batch_id}", "batch_x")
         for method in methods:
@@ -81,7 +81,7 @@ def test_context_length_flag(limited):
 def test_payload_too_large(limited):
     r = httpx.post(limited + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "m", "prompt": "x" * 20_000, "max_tokens": 1})
-    assert r.status_code == 413 and r.json()["error"]["message"] == "Payload Too Large"
+    assert r.status_code == 413 and r.json()["error"]["message"].startswith("Payload Too Large")
 
 
 def test_unknown_attention_backend_fails_at_startup():

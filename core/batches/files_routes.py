@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from llmkit.core.batches.validation import MAX_FILE_BYTES
+from llmkit.core.server.limits import PayloadTooLarge
 from llmkit.core.server.errors import error_response
 from llmkit.core.batches.storage import (
     BLOB_CHUNK,
@@ -88,6 +89,8 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
                                 code="file_too_large")
         try:
             form = await request.form(max_files=1, max_fields=8)
+        except PayloadTooLarge:  # the server's body cap, hit while the form was read
+            raise
         except Exception:  # starlette raises several types for malformed multipart bodies
             return error_response(status=400, message="Expected a multipart/form-data body with a 'file' part.")
         upload = form.get("file")

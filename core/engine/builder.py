@@ -144,7 +144,18 @@ def _pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, d
                              "the KV pool after the weights; raise it or use --max-total-tokens")
         return budget // bytes_per_token
     by_memory = int(total * 0.2) // bytes_per_token
-    return max(min(65536, by_memory), min(max_context, 4096))
+    return max(min(65536, by_memory, default_pool_tokens(max_context, config.max_running_requests)),
+               min(max_context, 4096))
+
+
+TOKENS_PER_RUNNING_REQUEST = 512
+
+
+def default_pool_tokens(max_context: int, max_running: int) -> int:
+    """The default KV pool, sized from the workload rather than the machine: room for two
+    full-context requests, or 512 tokens for each of --max-running-requests, whichever is more
+    (more than that only idles memory: 3 GB for a 135M model before)."""
+    return max(2 * max_context, TOKENS_PER_RUNNING_REQUEST * max_running)
 
 
 def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.dtype):
@@ -221,6 +232,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         f" + {config.quantization} weights" if config.quantization else "", attn_name,
         tokens, tokens * bytes_per_token / 1e9, max_context,
     )
+    if not config.max_total_tokens:
+        how = (f"--mem-fraction-static {config.mem_fraction_static}" if config.mem_fraction_static else
+               f"max(2 x context, {TOKENS_PER_RUNNING_REQUEST} x --max-running-requests {config.max_running_requests})"
+               ", at most 65,536 tokens or 20% of RAM")
+        log.info("KV pool: %d tokens (%.2f GB) from %s; set it with --max-total-tokens N", tokens,
+                 tokens * bytes_per_token / 1e9, how)
     vocab_size = int(hf_config["vocab_size"])
     eos_ids = _eos_ids(model_dir, hf_config, tokenizer)
     return EngineParts(

@@ -25,6 +25,7 @@ class EngineClient(Protocol):
     tokenizer: Any  # the model's tokenizer (the server tokenizes and renders templates)
     max_context: int
     vocab_size: int
+    max_queued: int  # requests held at once (running plus waiting), --max-queued-requests
     draining: bool  # set by the server when it starts shutting down
 
     def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:

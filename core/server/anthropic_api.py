@@ -220,13 +220,14 @@ def anthropic_router(state) -> APIRouter:
     async def count_tokens(raw: HTTPRequest) -> Response:
         from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
         from llmkit.core.server.prompt import render_chat, tokenize_text
+        from llmkit.core.server.render_pool import run_render
 
         chat = to_chat(await parse(raw, CountTokensRequest))
         try:
-            text = await asyncio.to_thread(render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
+            text = await run_render(state, render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
         except TemplateRenderError as exc:
             raise APIError(str(exc), param="messages") from None
-        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages"))})
+        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", context=False))})
 
     router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])

@@ -15,6 +15,9 @@ from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
+from llmkit.core.server.model_names import model_not_found, served_names
+from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
+from llmkit.core.server.shutdown import DrainMiddleware
 from llmkit.core.server.parser_routes import parser_router
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmkit.core.server.serving_chat import create_chat_completion
@@ -22,7 +25,8 @@ from llmkit.core.server.serving_completions import create_completion
 from llmkit.core.server.state import ServerState, new_id
 
 log = logging.getLogger("llmkit")
-OPEN_PATHS = ("/health", "/ping")  # never need the API key (prefixes)
+# Open without the key, by exact path: a later /health_generate-like route is not open by accident.
+OPEN_PATHS = frozenset({"/health", "/ping"})
 
 
 def _digest(s: str) -> bytes:
@@ -33,17 +37,17 @@ class _APIKeyMiddleware:
     """Bearer-key check as plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client
     disconnects from the endpoints, which need them to abort generation)."""
 
-    def __init__(self, app, key_digest: bytes, open_paths: tuple[str, ...] = OPEN_PATHS,
-                 open_exact: frozenset[str] = frozenset()) -> None:
+    def __init__(self, app, key_digest: bytes, open_exact: frozenset[str] = OPEN_PATHS,
+                 open_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.key_digest = key_digest
-        self.open_paths = open_paths
         self.open_exact = open_exact
+        self.open_prefixes = open_prefixes  # only the playground's static-file folder
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if (scope["type"] != "http" or scope["method"] == "OPTIONS" or path.startswith(self.open_paths)
-                or path in self.open_exact):
+        if (scope["type"] != "http" or scope["method"] == "OPTIONS" or path in self.open_exact
+                or (self.open_prefixes and path.startswith(self.open_prefixes))):
             return await self.app(scope, receive, send)
         auth, x_key = "", None
         for name, value in scope.get("headers", []):
@@ -89,14 +93,21 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.state.shutdown = shutdown
     key_digest = _digest(state.options.api_key) if state.options.api_key else None
 
+    # The key check wraps the body cap (added last = outermost): no body is read without the key.
+    app.add_middleware(BodyLimitMiddleware, limit=state.options.max_payload_size,
+                       upload_limit=state.options.max_upload_size + (64 << 10))  # + multipart headers
+    app.add_middleware(DrainMiddleware, state=state)  # 503 for new requests once SIGTERM came
     if key_digest is not None:
         from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
 
         opts = state.options
-        # The playground's static files are public (the page asks for the key); /metrics only on request.
-        open_paths = OPEN_PATHS + (("/metrics",) if opts.metrics_no_auth else ()) + (WEB_OPEN_PATHS if opts.enable_web_ui else ())
-        app.add_middleware(_APIKeyMiddleware, key_digest=key_digest, open_paths=open_paths,
-                           open_exact=WEB_OPEN_EXACT if opts.enable_web_ui else frozenset())
+        # The playground's page and static files are public (the page asks for the key); /metrics
+        # only on request.
+        open_exact = OPEN_PATHS | ({"/metrics"} if opts.metrics_no_auth else set())
+        open_exact |= WEB_OPEN_EXACT if opts.enable_web_ui else set()
+        app.add_middleware(_APIKeyMiddleware, key_digest=key_digest, open_exact=frozenset(open_exact),
+                           open_prefixes=WEB_OPEN_PATHS if opts.enable_web_ui else ())
+    install_error_handlers(app)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -132,10 +143,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        if model_id != state.options.served_model_name:
-            return error_response(f"The model '{model_id}' does not exist", 404, param="model",
-                                  code="model_not_found")
-        return model_card()
+        if model_id not in served_names(state.options):
+            return model_not_found(model_id).response()
+        return {**model_card(), "id": model_id}
 
     @app.get("/health")
     async def health():
@@ -177,7 +187,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.include_router(generate_router(state))
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))
-    app.include_router(parser_router())
+    app.include_router(parser_router(state.options.max_payload_size))
     if state.options.enable_metrics:
         from llmkit.core.server.metrics import ServerMetrics, metrics_router
 

@@ -94,7 +94,7 @@ async def start_chat_stream(state, body: ChatCompletionRequest) -> AsyncIterator
     # usage arrives in the last chunk; model_copy does not validate, so pass the model itself
     body = body.model_copy(update={"stream": True, "n": 1,
                                    "stream_options": StreamOptions(include_usage=True)})
-    resp = await create_chat_completion(state, body, None)
+    resp = await create_chat_completion(state, body, None, http=True)
     return _events(resp.body_iterator)
 
 

@@ -8,16 +8,22 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ServerConfig:
     served_model_name: str = ""  # the id in /v1/models; launch fills it from the model path
+    served_model_aliases: tuple[str, ...] = ()  # further names requests may use for the model
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
     chat_template: str | None = None  # a Jinja file overriding the tokenizer's template
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
-    max_payload_size: int = 32 << 20
+    max_payload_size: int = 32 << 20  # every route's body cap (413), enforced while reading
+    max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)
     max_prompt_list: int = 256
+    max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30
+    header_timeout: float = 10.0  # seconds to send a request's headers (slow-header connections close)
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    queue_timeout: float = 600.0  # seconds an HTTP request may wait for the engine before a 503 (0: no limit)
     log_level: str = "info"
     # Files & Batches: a storage plugin's name (None: the one registered as default, local).
     enable_batches: bool = True

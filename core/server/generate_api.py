@@ -19,7 +19,7 @@ from llmkit.core.server.errors import APIError
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import _Model
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, new_id
+from llmkit.core.server.state import new_id, start_generation
 from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
 from pydantic import ConfigDict
 
@@ -184,7 +184,7 @@ def generate_router(state) -> APIRouter:
                 prompt_of.append(ids)
             await attach_grammar(state, s, group)
             reqs += group
-        gen = Generation(state.client, reqs)
+        gen = start_generation(state, reqs, http=True)
         many = batch or len(reqs) > 1
 
         def result(i: int) -> dict:
@@ -203,6 +203,8 @@ def generate_router(state) -> APIRouter:
                         items[i].add(out)
                         if out.text or out.finished:
                             yield sse(result(i))
+                except APIError as exc:  # shutdown or queue timeout: a final error event
+                    yield sse(exc.body())
                 finally:
                     gen.cancel()
                 yield sse_done()

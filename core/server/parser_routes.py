@@ -6,14 +6,17 @@ is parsed as a complete, finished output (the same machines as streaming, fed in
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from llmkit.core.plugins import PluginError
 from llmkit.core.parsing.reasoning import create_reasoning_parser
 from llmkit.core.parsing.tool_parser import create_tool_parser
 from pydantic import BaseModel, Field
 
+from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import error_response
 
 
@@ -47,12 +50,14 @@ class ParseFunctionCallResponse(BaseModel):
     calls: list[FunctionCallItem]
 
 
-def parser_router() -> APIRouter:
-    """The router serving both endpoints; the server includes it in its app."""
+def parser_router(max_body: int = 32 << 20) -> APIRouter:
+    """The router serving both endpoints; the server includes it in its app. Bodies go through
+    the server's one reader (size cap, OpenAI-shaped 400s), not FastAPI's model parsing."""
     router = APIRouter()
 
     @router.post("/separate_reasoning", response_model=SeparateReasoningResponse)
-    def separate_reasoning(req: SeparateReasoningRequest):
+    async def separate_reasoning(raw: HTTPRequest):
+        req = parse_model(SeparateReasoningRequest, await read_json(raw, max_body))
         try:
             state = create_reasoning_parser(
                 req.reasoning_parser,
@@ -61,16 +66,17 @@ def parser_router() -> APIRouter:
             )
         except PluginError as exc:
             return error_response(str(exc), 400, param="reasoning_parser")
-        reasoning, text = state.parse(req.text)
+        reasoning, text = await asyncio.to_thread(state.parse, req.text)  # long texts: off the loop
         return SeparateReasoningResponse(reasoning_text=reasoning, text=text)
 
     @router.post("/parse_function_call", response_model=ParseFunctionCallResponse)
-    def parse_function_call(req: ParseFunctionCallRequest):
+    async def parse_function_call(raw: HTTPRequest):
+        req = parse_model(ParseFunctionCallRequest, await read_json(raw, max_body))
         try:
             parser = create_tool_parser(req.tool_call_parser, tools=req.tools)
         except PluginError as exc:
             return error_response(str(exc), 400, param="tool_call_parser")
-        text, calls = parser.parse(req.text)
+        text, calls = await asyncio.to_thread(parser.parse, req.text)
         items = [
             FunctionCallItem(
                 tool_index=_tool_index(req.tools, c.name), name=c.name, parameters=c.arguments

@@ -4,10 +4,47 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import lru_cache
 
 from llmkit.core.server.errors import APIError
 
-MAX_PROMPT_CHARS = 16 << 20
+# A prompt longer than the context times this many characters cannot fit, whatever its tokens
+# (real text averages 3-5 characters per token), so it is refused before the tokenizer runs: a
+# 6 MB prompt without spaces would otherwise cost seconds of CPU to earn its 400.
+MAX_CHARS_PER_TOKEN = 32
+
+
+@lru_cache(maxsize=8)
+def _chars_per_token(tokenizer) -> int:
+    """The longest token's length, capped: a bound on characters per token for this vocabulary."""
+    try:
+        longest = max(len(t) for t in tokenizer.get_vocab())
+    except (AttributeError, TypeError, ValueError):
+        longest = MAX_CHARS_PER_TOKEN
+    return max(1, min(longest, MAX_CHARS_PER_TOKEN))
+
+
+def check_prompt_size(state, chars: int, param: str, *, context: bool = True) -> None:
+    """The cheap bound, checked on a character count before any rendering or tokenizing
+    (``context=False``: only --max-prompt-size, for endpoints that count tokens)."""
+    if chars > state.options.max_prompt_size:
+        raise APIError(f"the prompt is longer than {state.options.max_prompt_size} characters (--max-prompt-size)",
+                       param=param, code="context_length_exceeded")
+    if context and chars > state.max_context * _chars_per_token(state.tokenizer):
+        raise APIError(f"The input ({chars} characters, so more than {state.max_context} tokens) is longer than "
+                       f"the model's context length ({state.max_context} tokens).", param=param,
+                       code="context_length_exceeded")
+
+
+def message_chars(body) -> int:
+    """Characters of text in the messages (the rendered prompt is at least this long)."""
+    n = 0
+    for m in body.messages:
+        if isinstance(m.content, str):
+            n += len(m.content)
+        elif isinstance(m.content, list):
+            n += sum(len(p.text or "") for p in m.content)
+    return n
 
 
 def message_dicts(body) -> list[dict]:
@@ -81,10 +118,8 @@ def render_chat(state, body, kwargs: dict) -> str:
     return text
 
 
-async def tokenize_text(state, text: str, param: str) -> list[int]:
-    if len(text) > MAX_PROMPT_CHARS:
-        raise APIError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters", param=param,
-                       code="context_length_exceeded")
+async def tokenize_text(state, text: str, param: str, *, context: bool = True) -> list[int]:
+    check_prompt_size(state, len(text), param, context=context)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

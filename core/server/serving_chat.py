@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import Request as HTTPRequest
@@ -12,11 +11,13 @@ from llmkit.core.server.chat_template import TemplateRenderError, check_template
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import chat_logprobs
-from llmkit.core.server.prompt import render_chat, tokenize_text
+from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
+from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
+from llmkit.core.server.state import start_generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
                                           watch_disconnect)
 
@@ -38,7 +39,13 @@ def _validate_tools(body: ChatCompletionRequest) -> None:
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest | None,
-                                priority: int = 0):
+                                priority: int = 0, http: bool | None = None):
+    """``http``: whether this serves an HTTP client (drained on shutdown, queue timeout); by
+    default, whether there is a ``raw`` request (batch lines have none)."""
+    check_model(state.options, body)
+    if "chat_template" in (body.model_extra or {}):  # templates are the operator's, never a request's
+        raise APIError("chat_template in a request is not supported; the server's template is set with "
+                       "--chat-template", param="chat_template")
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
     check_stream_options(body)
@@ -49,8 +56,9 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise APIError(str(exc), param="chat_template_kwargs") from None
     if body.reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+    check_prompt_size(state, message_chars(body), "messages")  # before rendering: cheap
     try:
-        prompt_text = await asyncio.to_thread(render_chat, state, body, kwargs)
+        prompt_text = await run_render(state, render_chat, state, body, kwargs)
     except TemplateRenderError as exc:
         raise APIError(str(exc), param="messages") from None
     prompt_ids = await tokenize_text(state, prompt_text, param="messages")
@@ -87,7 +95,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)
 
     procs = [processor() for _ in reqs]
-    gen = Generation(state.client, reqs, state.metrics)  # starts now: queue slots are held until each ends
+    gen = start_generation(state, reqs, http=raw is not None if http is None else http)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created,

@@ -9,11 +9,12 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import CompletionLogprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import Generation, ServerState, new_id, usage, wants_stream_usage
+from llmkit.core.server.state import start_generation, ServerState, new_id, usage, wants_stream_usage
 from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
                                           watch_disconnect)
 
@@ -50,6 +51,10 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None,
                            priority: int = 0):
+    check_model(state.options, body)
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError("best_of is not supported (no server-side ranking): leave it out, or set it equal to n",
+                       param="best_of")
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
     check_stream_options(body)
@@ -76,7 +81,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
-    gen = Generation(state.client, reqs, state.metrics)  # starts now: queue slots are held until each ends
+    gen = start_generation(state, reqs, http=raw is not None)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
         return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created,

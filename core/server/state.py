@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.server.chat_template import ChatTemplate
 from llmkit.core.server.config import ServerConfig
+from llmkit.core.server.render_pool import render_pool
 from llmkit.core.engine.messages import GenerateRequest as Request, RequestOutput
 
 
@@ -25,6 +26,8 @@ class ServerState:
     sampling_defaults: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     metrics: Any = None  # ServerMetrics (create_app makes it unless --disable-metrics)
+    render_pool: Any = field(default_factory=render_pool)  # chat templates render here (render_pool.py)
+    in_flight: set = field(default_factory=set)  # Generations of HTTP requests (drained on shutdown)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
@@ -57,7 +60,15 @@ class Generation:
 
     _DONE = object()
 
-    def __init__(self, client, reqs: list[Request], metrics=None) -> None:
+    def __init__(self, client, reqs: list[Request], registry: set | None = None,
+                 queue_timeout: float | None = None, metrics=None) -> None:
+        if len(reqs) > client.max_queued:
+            # Never fits, however long the client waits: a 400 saying why, not a 429 to retry forever.
+            from llmkit.core.server.errors import APIError
+
+            raise APIError(f"this request needs {len(reqs)} engine requests (prompts x n) but the server holds "
+                           f"at most {client.max_queued} at once (--max-queued-requests); split it up",
+                           param="n", code="request_too_large")
         try:
             client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
         except QueueFullError:
@@ -66,6 +77,13 @@ class Generation:
             raise
         self.queue: asyncio.Queue = asyncio.Queue()
         self.tasks = []
+        self.started = False  # any output yet (the engine has taken it off its queue)
+        self.registry = registry
+        if registry is not None:
+            registry.add(self)
+        self._timer = None
+        if queue_timeout:
+            self._timer = asyncio.get_running_loop().call_later(queue_timeout, self._queue_timeout, queue_timeout)
         for i, req in enumerate(reqs):
             tracker = metrics.track(req) if metrics is not None else None
             task = asyncio.ensure_future(self._pump(client, i, req, tracker))
@@ -75,6 +93,7 @@ class Generation:
     async def _pump(self, client, i: int, req: Request, tracker) -> None:
         try:
             async for out in client.generate(req):
+                self.started = True
                 if tracker is not None:
                     tracker.on_output(out)
                 await self.queue.put((i, out))
@@ -92,10 +111,41 @@ class Generation:
                 if out is self._DONE:
                     remaining -= 1
                     continue
+                if isinstance(out, Exception):  # fail(): the handler answers with it
+                    raise out
                 yield i, out
         finally:
             self.cancel()
 
+    def fail(self, exc: Exception) -> None:
+        """End the call with ``exc`` (an APIError: 503 on shutdown or queue timeout), which the
+        handler turns into an error response or a final error event; the engine requests abort."""
+        self.queue.put_nowait((-1, exc))  # ahead of the _DONE markers the cancelled pumps put
+        self.cancel()
+
+    def _queue_timeout(self, seconds: float) -> None:
+        if not self.started:
+            from llmkit.core.server.errors import APIError
+
+            self.fail(APIError(f"the request waited more than {seconds:g} s in the queue (--queue-timeout); "
+                               "retry later", status=503, code="queue_timeout"))
+
     def cancel(self) -> None:
         for t in self.tasks:
             t.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.registry is not None:
+            self.registry.discard(self)
+
+
+def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Generation:
+    """Start an API call's engine requests. HTTP ones (not batch lines) are tracked for the
+    shutdown drain and get the queue wait timeout."""
+    if not http:
+        return Generation(state.client, reqs, metrics=state.metrics)
+    if state.client.draining:  # validated while SIGTERM came: the drain would not wait for it
+        from llmkit.core.server.shutdown import shutting_down
+
+        raise shutting_down()
+    return Generation(state.client, reqs, state.in_flight, state.options.queue_timeout or None, state.metrics)

@@ -16,7 +16,8 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.prompt import MAX_PROMPT_CHARS, message_dicts, render_chat
+from llmkit.core.server.prompt import message_dicts, render_chat
+from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.protocol import ChatCompletionRequest, _Model
 
 
@@ -76,12 +77,13 @@ def tokenize_router(state) -> APIRouter:
         if body.messages is not None:
             if not body.messages:
                 raise APIError("Messages cannot be empty.", param="messages")
-            text = await asyncio.to_thread(_render, state, body)
+            text = await run_render(state, _render, state, body)
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         else:
             text, special = body.prompt, body.add_special_tokens is not False
-        if len(text) > MAX_PROMPT_CHARS:
-            raise APIError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters", param="prompt")
+        limit = state.options.max_prompt_size  # counting only: no context bound
+        if len(text) > limit:
+            raise APIError(f"the prompt is longer than {limit} characters (--max-prompt-size)", param="prompt")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:

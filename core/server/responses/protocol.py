@@ -175,6 +175,8 @@ def to_chat_body(body: ResponsesRequest, messages: list[dict]) -> dict:
                             "response_format": _response_format(body.text),
                             "max_tokens": body.max_output_tokens, "temperature": body.temperature,
                             "top_p": body.top_p}
+    if "model" not in body.model_fields_set:
+        del chat["model"]  # left out: served by the one model (see server/model_names.py)
     effort = (body.reasoning or {}).get("effort")
     if body.reasoning and set(body.reasoning) - {"effort", "summary"}:
         raise APIError("reasoning: only effort and summary are supported", param="reasoning")

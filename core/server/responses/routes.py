@@ -74,6 +74,9 @@ def responses_router(state, storage=None) -> APIRouter:
         from llmkit.core.server.body import parse_model, read_json
 
         body = parse_model(ResponsesRequest, await read_json(raw, state.options.max_payload_size))
+        from llmkit.core.server.model_names import check_model
+
+        check_model(state.options, body)
         items = normalize_input(body)
         context: list[dict] = []
         if body.previous_response_id is not None:
