@@ -118,6 +118,8 @@ def serve(
                          app.state.llmkit, shutdown_timeout)
     logging.getLogger("llmkit").info("Serving on http://%s:%d", host, port)  # the socket is bound
     server.run(sockets=[sock])
+    if app.state.llmkit.client.dead:  # the engine died (its rank and cause are in the log)
+        raise typer.Exit(1)
 
 
 def build_configs(

@@ -38,6 +38,7 @@ class FakeEngineClient:
         self.vocab_size = len(tokenizer)
         self.max_queued = max_queued
         self.draining = False
+        self.dead = None
         self.active = 0
         self.word_ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS]
         self.submitted: list[GenerateRequest] = []

@@ -27,6 +27,7 @@ class EngineClient(Protocol):
     vocab_size: int
     max_queued: int  # requests held at once (running plus waiting), --max-queued-requests
     draining: bool  # set by the server when it starts shutting down
+    dead: str | None  # why the engine died; None while it runs or after a deliberate shutdown
 
     def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``req`` and yield its outputs until one has ``finished``. Cancelling the
@@ -66,6 +67,7 @@ class InProcessEngineClient:
         self.max_queued = max_queued
         self.draining = False
         self.active = 0  # requests reserved or running (event-loop thread only)
+        self._stopped = False
 
     def check_capacity(self, n: int = 1) -> None:
         if self.active + n > self.max_queued:
@@ -106,5 +108,10 @@ class InProcessEngineClient:
     def alive(self) -> bool:
         return self.engine.is_alive()
 
+    @property
+    def dead(self) -> str | None:
+        return None if self._stopped or self.engine.is_alive() else "the engine thread stopped"
+
     def shutdown(self) -> None:
+        self._stopped = True
         self.engine.shutdown()
