@@ -22,8 +22,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 def ttft(client, i: int) -> float:
     t0 = time.perf_counter()
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": f"Give me one fact about the number {i}."}],
-        max_tokens=8, temperature=0, stream=True)
+        model="m",
+        messages=[{"role": "user", "content": f"Give me one fact about the number {i}."}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             elapsed = time.perf_counter() - t0
@@ -40,11 +44,11 @@ def main() -> None:
     ap.add_argument("--update-readme", action="store_true")
     args = ap.parse_args()
 
+    import tempfile
+
     import openai
 
     from server_utils import start_server, stop_server
-
-    import tempfile
 
     storage = tempfile.mkdtemp(prefix="llmkit-bench-")
     proc, url = start_server(["--file-storage-path", storage])
@@ -52,10 +56,21 @@ def main() -> None:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
         ttft(client, -1)  # warm-up
         idle = [ttft(client, i) for i in range(args.online)]
-        lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                             "body": {"model": "m", "max_tokens": 32,
-                                      "messages": [{"role": "user", "content": f"Write a line about {i}."}]}})
-                 for i in range(args.lines)]
+        lines = [
+            json.dumps(
+                {
+                    "custom_id": f"req-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": "m",
+                        "max_tokens": 32,
+                        "messages": [{"role": "user", "content": f"Write a line about {i}."}],
+                    },
+                }
+            )
+            for i in range(args.lines)
+        ]
         f = client.files.create(file=("batch.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
         while client.batches.retrieve(batch.id).status in ("validating",):
@@ -67,16 +82,18 @@ def main() -> None:
     finally:
         stop_server(proc)
     p50_idle, p50_busy = statistics.median(idle), statistics.median(busy)
-    report = "\n".join([
-        "| online TTFT p50 | idle | during a batch | ratio | target |",
-        "|---|---:|---:|---:|---|",
-        f"| chat, 8 tokens, {args.online} requests | {p50_idle * 1000:.0f} ms | {p50_busy * 1000:.0f} ms | "
-        f"{p50_busy / p50_idle:.2f}x | ≤ 2x |",
-        "",
-        f"Command: `python benchmarks/bench_batch_priority.py --lines {args.lines} --online {args.online}`; "
-        f"the batch was `{state.status}` with {state.request_counts.completed}/{state.request_counts.total} lines "
-        f"done when the online measurements ended ({time.strftime('%Y-%m-%d')}).",
-    ])
+    report = "\n".join(
+        [
+            "| online TTFT p50 | idle | during a batch | ratio | target |",
+            "|---|---:|---:|---:|---|",
+            f"| chat, 8 tokens, {args.online} requests | {p50_idle * 1000:.0f} ms | {p50_busy * 1000:.0f} ms | "
+            f"{p50_busy / p50_idle:.2f}x | ≤ 2x |",
+            "",
+            f"Command: `python benchmarks/bench_batch_priority.py --lines {args.lines} --online {args.online}`; "
+            f"the batch was `{state.status}` with {state.request_counts.completed}/{state.request_counts.total} lines "
+            f"done when the online measurements ended ({time.strftime('%Y-%m-%d')}).",
+        ]
+    )
     print(report)
     if args.update_readme:
         readme = ROOT / "README.md"

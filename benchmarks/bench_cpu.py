@@ -29,8 +29,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-TOPICS = ["the ocean", "volcanoes", "bread", "chess", "the moon", "bicycles", "coffee", "rainforests",
-          "jazz", "glaciers", "honeybees", "lighthouses", "origami", "deserts", "comets", "libraries"]
+TOPICS = [
+    "the ocean",
+    "volcanoes",
+    "bread",
+    "chess",
+    "the moon",
+    "bicycles",
+    "coffee",
+    "rainforests",
+    "jazz",
+    "glaciers",
+    "honeybees",
+    "lighthouses",
+    "origami",
+    "deserts",
+    "comets",
+    "libraries",
+]
 PROMPTS = [f"Write a short essay about {t}." for t in TOPICS]
 NEW_TOKENS = 128
 
@@ -39,8 +55,14 @@ def llmkit_single(client) -> float:
     t0 = time.perf_counter()
     n = 0
     for chunk in client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=NEW_TOKENS, temperature=0,
-            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+        model="m",
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+        max_tokens=NEW_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    ):
         if chunk.usage:
             n = chunk.usage.completion_tokens
     return n / (time.perf_counter() - t0)
@@ -51,13 +73,16 @@ def llmkit_concurrent(base_url: str) -> float:
 
     async def run():
         # closed inside the loop: a client left to the garbage collector closes after it
-        async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0,
-                                      timeout=600) as client:
+        async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=600) as client:
 
             async def one(p):
-                r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
-                                                         max_tokens=NEW_TOKENS, temperature=0,
-                                                         extra_body={"ignore_eos": True})
+                r = await client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": p}],
+                    max_tokens=NEW_TOKENS,
+                    temperature=0,
+                    extra_body={"ignore_eos": True},
+                )
                 return r.usage.completion_tokens
 
             t0 = time.perf_counter()
@@ -90,18 +115,22 @@ class HF:
 
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                          attn_implementation="sdpa").eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
 
     def _chat_ids(self, texts):
-        rendered = [self.tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                 tokenize=False) for t in texts]
+        rendered = [
+            self.tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+            for t in texts
+        ]
         return self.tok(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
 
     def generate(self, enc, n):
         with self.torch.inference_mode():
-            return self.model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                       pad_token_id=self.tok.pad_token_id or 2)
+            return self.model.generate(
+                **enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=self.tok.pad_token_id or 2
+            )
 
     def single(self) -> float:
         enc = self._chat_ids(PROMPTS[:1])
@@ -116,7 +145,10 @@ class HF:
         return len(PROMPTS) * (out.shape[1] - enc["input_ids"].shape[1]) / (time.perf_counter() - t0)
 
     def ttft(self, ids) -> float:
-        enc = {"input_ids": self.torch.tensor([ids]), "attention_mask": self.torch.ones(1, len(ids), dtype=self.torch.long)}
+        enc = {
+            "input_ids": self.torch.tensor([ids]),
+            "attention_mask": self.torch.ones(1, len(ids), dtype=self.torch.long),
+        }
         t0 = time.perf_counter()
         self.generate(enc, 1)
         return time.perf_counter() - t0
@@ -164,8 +196,10 @@ def compare_servers(rounds: int, serve_args: list[str], variants: dict[str, list
 
 def print_comparison(med: dict[str, float], a: str, b: str, heads: tuple[str, str], rounds: int) -> None:
     print(f"| metric | {heads[0]} | {heads[1]} | ratio |\n|---|---:|---:|---:|")
-    for k, title in (("single", "(a) single-stream greedy, 128 tokens (tok/s)"),
-                     ("concurrent", "(b) 16 concurrent chat requests x 128 tokens (total tok/s)")):
+    for k, title in (
+        ("single", "(a) single-stream greedy, 128 tokens (tok/s)"),
+        ("concurrent", "(b) 16 concurrent chat requests x 128 tokens (total tok/s)"),
+    ):
         print(f"| {title} | {med[f'{k}_{a}']:.1f} | {med[f'{k}_{b}']:.1f} | {med[f'{k}_{a}'] / med[f'{k}_{b}']:.3f} |")
     print(f"{rounds} rounds, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
 
@@ -175,8 +209,10 @@ def metrics_overhead(rounds: int, serve_args: list[str]) -> None:
     per_output = metrics_cost_per_output()
     med = compare_servers(rounds, serve_args, {"on": [], "off": ["--disable-metrics"]})
     print_comparison(med, "on", "off", ("metrics on", "--disable-metrics"), rounds)
-    print(f"\nMetrics cost per output token, in-process: {per_output:.2f} µs "
-          f"(at (a)'s {med['single_on']:.0f} tok/s: {per_output * med['single_on'] / 1e4:.4f} % of a core)")
+    print(
+        f"\nMetrics cost per output token, in-process: {per_output:.2f} µs "
+        f"(at (a)'s {med['single_on']:.0f} tok/s: {per_output * med['single_on'] / 1e4:.4f} % of a core)"
+    )
 
 
 def engine_process_overhead(rounds: int, serve_args: list[str]) -> None:
@@ -189,10 +225,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--update-readme", action="store_true")
-    ap.add_argument("--metrics-overhead", action="store_true",
-                    help="compare /metrics on (default) and --disable-metrics instead of transformers")
-    ap.add_argument("--engine-process-overhead", action="store_true",
-                    help="compare --engine-process with the in-thread engine instead of transformers")
+    ap.add_argument(
+        "--metrics-overhead",
+        action="store_true",
+        help="compare /metrics on (default) and --disable-metrics instead of transformers",
+    )
+    ap.add_argument(
+        "--engine-process-overhead",
+        action="store_true",
+        help="compare --engine-process with the in-thread engine instead of transformers",
+    )
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
     if args.metrics_overhead:
@@ -203,6 +245,7 @@ def main() -> None:
     import openai
 
     from llmkit.core.model.source import resolve_model_dir
+
     from server_utils import start_server, stop_server
 
     model_dir = str(resolve_model_dir(None))
@@ -225,20 +268,24 @@ def main() -> None:
     finally:
         stop_server(proc)
     med = {k: statistics.median(v) for k, v in res.items()}
-    table = "\n".join([
-        "| metric | llmkit | transformers | ratio | target |",
-        "|---|---:|---:|---:|---|",
-        f"| (a) single-stream greedy, 128 tokens (tok/s) | {med['ls']:.1f} | {med['hs']:.1f} | "
-        f"{med['ls'] / med['hs']:.2f}x | ≥ 1.5x |",
-        f"| (b) 16 concurrent chat requests x 128 tokens (total tok/s) | {med['lb']:.1f} | {med['hb']:.1f} | "
-        f"{med['lb'] / med['hb']:.2f}x | ≥ 1.5x |",
-        f"| (c) time to first token, 512-token prompt (s) | {med['lt']:.3f} | {med['ht']:.3f} | "
-        f"{med['lt'] / med['ht']:.2f}x | ≤ 1.1x |",
-    ])
+    table = "\n".join(
+        [
+            "| metric | llmkit | transformers | ratio | target |",
+            "|---|---:|---:|---:|---|",
+            f"| (a) single-stream greedy, 128 tokens (tok/s) | {med['ls']:.1f} | {med['hs']:.1f} | "
+            f"{med['ls'] / med['hs']:.2f}x | ≥ 1.5x |",
+            f"| (b) 16 concurrent chat requests x 128 tokens (total tok/s) | {med['lb']:.1f} | {med['hb']:.1f} | "
+            f"{med['lb'] / med['hb']:.2f}x | ≥ 1.5x |",
+            f"| (c) time to first token, 512-token prompt (s) | {med['lt']:.3f} | {med['ht']:.3f} | "
+            f"{med['lt'] / med['ht']:.2f}x | ≤ 1.1x |",
+        ]
+    )
     cmd = "python benchmarks/bench_cpu.py " + " ".join(a for a in sys.argv[1:] if a != "--update-readme")
-    report = (f"{table}\n\nCommand: `{cmd.strip()}`; {args.rounds} rounds, "
-              f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. (b) is llmkit over HTTP against "
-              "transformers' static batch in-process.")
+    report = (
+        f"{table}\n\nCommand: `{cmd.strip()}`; {args.rounds} rounds, "
+        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. (b) is llmkit over HTTP against "
+        "transformers' static batch in-process."
+    )
     print(report)
     if args.update_readme:
         readme = ROOT / "README.md"

@@ -33,11 +33,13 @@ import traceback
 from pathlib import Path
 
 import torch
-
 from gpu_presets import PRESETS, make_prompts, write_model_dir
+
 from llmkit.core.engine.config import EngineConfig
 
 ATTENTIONS = ("triton", "flashinfer", "torch")
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -72,6 +74,7 @@ def llmkit_round(engine, prompts: list[list[int]], new_tokens: int, tag: str) ->
                 if out.error or out.finish_reason == "abort":
                     errors.append(out.error or "aborted")
                 done.release()
+
         return sink
 
     t0 = time.perf_counter()
@@ -96,16 +99,19 @@ def llmkit_metrics(r: dict) -> dict:
     all_started = max(firsts)  # from here on every request is decoding
     decoded = sum(n for a in arrivals for t, n in a if t > all_started)
     return {
-        "requests": len(arrivals), "output_tokens": total, "wall_s": end - t0,
+        "requests": len(arrivals),
+        "output_tokens": total,
+        "wall_s": end - t0,
         "output_tok_s": total / (end - t0),
         "decode_tok_s": decoded / (end - all_started) if end > all_started else float("nan"),
-        "ttft_mean_s": sum(f - t0 for f in firsts) / len(firsts), "ttft_max_s": all_started - t0,
+        "ttft_mean_s": sum(f - t0 for f in firsts) / len(firsts),
+        "ttft_max_s": all_started - t0,
     }
 
 
 def bench_llmkit(args, model_dir: Path, attention: str, device: torch.device) -> dict:
-    from llmkit.core.engine.loop import Engine
     from llmkit.core.engine.builder import build_engine_parts
+    from llmkit.core.engine.loop import Engine
 
     n, p, m = args.num_requests, args.prompt_len, args.output_len
     max_running = args.max_running_requests or n
@@ -113,18 +119,26 @@ def bench_llmkit(args, model_dir: Path, attention: str, device: torch.device) ->
     extra = {} if args.cuda_graph_max_bs is None else {"cuda_graph_max_bs": args.cuda_graph_max_bs}
     cfg = EngineConfig(
         grammar_backend="none",
-        model_path=str(model_dir), load_format="dummy", device=args.device, dtype=args.dtype,
-        attention=attention, max_running_requests=max_running,
+        model_path=str(model_dir),
+        load_format="dummy",
+        device=args.device,
+        dtype=args.dtype,
+        attention=attention,
+        max_running_requests=max_running,
         # the warm-up's and the measured round's KV both fit: no preemption, no cache eviction
         max_total_tokens=n * (2 * p + m + warm_m + 16) + 1024,
         disable_cuda_graph=args.disable_cuda_graph,
-        overlap_schedule=False if args.disable_overlap_schedule else None, **extra)
+        overlap_schedule=False if args.disable_overlap_schedule else None,
+        **extra,
+    )
     t_build = time.perf_counter()
     parts = build_engine_parts(cfg)
     engine = Engine(cfg, parts)
     graphs = parts.runner.graphs
     info = {
-        "engine": "llmkit", "attention": attention, "build_s": round(time.perf_counter() - t_build, 2),
+        "engine": "llmkit",
+        "attention": attention,
+        "build_s": round(time.perf_counter() - t_build, 2),
         "cuda_graph": graphs is not None,
         "cuda_graph_max_bs": graphs.max_bs if graphs is not None else None,
         "overlap_schedule": engine.overlap,
@@ -144,8 +158,10 @@ def bench_llmkit(args, model_dir: Path, attention: str, device: torch.device) ->
             sync(device)
             info["concurrent"] = llmkit_metrics(llmkit_round(engine, make_prompts(n, p, vocab, 2), m, "conc"))
             c = info["concurrent"]
-            log(f"  llmkit[{attention}] concurrent {n}x{m}: {c['output_tok_s']:.1f} output tok/s, "
-                f"{c['decode_tok_s']:.1f} decode tok/s")
+            log(
+                f"  llmkit[{attention}] concurrent {n}x{m}: {c['output_tok_s']:.1f} output tok/s, "
+                f"{c['decode_tok_s']:.1f} decode tok/s"
+            )
     finally:
         engine.shutdown()
         del engine
@@ -175,8 +191,16 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, device: torch.
     sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=new_tokens,
-                             max_new_tokens=new_tokens, pad_token_id=1, eos_token_id=0, streamer=stamps)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
+            pad_token_id=1,
+            eos_token_id=0,
+            streamer=stamps,
+        )
     sync(device)
     t1 = time.perf_counter()
     if out.shape[1] - ids.shape[1] != new_tokens:
@@ -189,10 +213,13 @@ def hf_metrics(chunks: list[dict], new_tokens: int) -> dict:
     rows = sum(c["rows"] for c in chunks)
     wall, decode = sum(c["wall_s"] for c in chunks), sum(c["decode_s"] for c in chunks)
     return {
-        "requests": rows, "output_tokens": rows * new_tokens, "wall_s": wall,
+        "requests": rows,
+        "output_tokens": rows * new_tokens,
+        "wall_s": wall,
         "output_tok_s": rows * new_tokens / wall,
         "decode_tok_s": rows * (new_tokens - 1) / decode if decode > 0 else float("nan"),
-        "ttft_mean_s": sum(c["ttft_s"] for c in chunks) / len(chunks), "batches": len(chunks),
+        "ttft_mean_s": sum(c["ttft_s"] for c in chunks) / len(chunks),
+        "batches": len(chunks),
     }
 
 
@@ -205,8 +232,11 @@ def bench_transformers(args, model_dir: Path, device: torch.device, dtype: torch
     with torch.device(device):  # random init directly on the device: no host copy of 16 GB
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model = model.to(device).eval()
-    info = {"engine": "transformers", "attention": getattr(model.config, "_attn_implementation", "?"),
-            "build_s": round(time.perf_counter() - t_build, 2)}
+    info = {
+        "engine": "transformers",
+        "attention": getattr(model.config, "_attn_implementation", "?"),
+        "build_s": round(time.perf_counter() - t_build, 2),
+    }
     vocab = config.vocab_size
     warm_m = min(m, 8)
     try:
@@ -222,14 +252,16 @@ def bench_transformers(args, model_dir: Path, device: torch.device, dtype: torch
             prompts = make_prompts(n, p, vocab, 2)
             try:
                 hf_generate(model, make_prompts(bs, p, vocab, 102), warm_m, device)
-                chunks = [hf_generate(model, prompts[i:i + bs], m, device) for i in range(0, n, bs)]
+                chunks = [hf_generate(model, prompts[i : i + bs], m, device) for i in range(0, n, bs)]
             except torch.cuda.OutOfMemoryError:  # keep the results so far; say how to fit
                 info["concurrent_error"] = f"out of memory at batch {bs}: pass a smaller --hf-batch"
                 log(f"  transformers concurrent: {info['concurrent_error']}")
             else:
                 info["concurrent"] = c = hf_metrics(chunks, m)
-                log(f"  transformers concurrent {n}x{m}: {c['output_tok_s']:.1f} output tok/s, "
-                    f"{c['decode_tok_s']:.1f} decode tok/s")
+                log(
+                    f"  transformers concurrent {n}x{m}: {c['output_tok_s']:.1f} output tok/s, "
+                    f"{c['decode_tok_s']:.1f} decode tok/s"
+                )
     finally:
         del model
         free_memory(device)
@@ -241,8 +273,11 @@ def environment(device: torch.device) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__, "command": command_line()}
     # Package metadata, not imports: importing triton here would defeat the attention plugin's
     # LLMKIT_TRITON_INTERPRET switch, which must act before triton is first imported.
-    for key, dists in (("triton", ("triton",)), ("flashinfer", ("flashinfer-python", "flashinfer")),
-                       ("transformers", ("transformers",))):
+    for key, dists in (
+        ("triton", ("triton",)),
+        ("flashinfer", ("flashinfer-python", "flashinfer")),
+        ("transformers", ("transformers",)),
+    ):
         env[key] = next((v for v in map(_dist_version, dists) if v), None)
     if device.type == "cuda":
         env["device"] = torch.cuda.get_device_name(device)
@@ -285,13 +320,18 @@ def markdown(report: dict) -> str:
         v = r.get(scen, {}).get(key)
         return "" if v is None else f"{v:,.1f}"
 
-    lines = ["| engine | attention | CUDA graphs | single decode tok/s | concurrent output tok/s "
-             "| concurrent decode tok/s |", "|---|---|---|---:|---:|---:|"]
+    lines = [
+        "| engine | attention | CUDA graphs | single decode tok/s | concurrent output tok/s "
+        "| concurrent decode tok/s |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for r in report["results"]:
         graphs = ("yes (bs<=%s)" % r["cuda_graph_max_bs"]) if r.get("cuda_graph") else "no"
-        lines.append(f"| {r['engine']} | {r['attention']} | {graphs if r['engine'] == 'llmkit' else '-'} "
-                     f"| {cell(r, 'single', 'decode_tok_s')} | {cell(r, 'concurrent', 'output_tok_s')} "
-                     f"| {cell(r, 'concurrent', 'decode_tok_s')} |")
+        lines.append(
+            f"| {r['engine']} | {r['attention']} | {graphs if r['engine'] == 'llmkit' else '-'} "
+            f"| {cell(r, 'single', 'decode_tok_s')} | {cell(r, 'concurrent', 'output_tok_s')} "
+            f"| {cell(r, 'concurrent', 'decode_tok_s')} |"
+        )
     for q in report["ratios"]:
         parts = [f"{k.replace('_tok_s', '')}: {v:.2f}x" for k, v in q.items() if k != "attention"]
         lines.append(f"\nllmkit[{q['attention']}] / transformers: " + ", ".join(parts))
@@ -308,8 +348,12 @@ def markdown(report: dict) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="qwen2.5-0.5b")
-    ap.add_argument("--attention", nargs="+", choices=ATTENTIONS,
-                    help="backends to measure (default: every one available on the device)")
+    ap.add_argument(
+        "--attention",
+        nargs="+",
+        choices=ATTENTIONS,
+        help="backends to measure (default: every one available on the device)",
+    )
     ap.add_argument("--scenario", nargs="+", choices=("single", "concurrent"), default=["single", "concurrent"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
@@ -341,11 +385,15 @@ def main(argv=None) -> dict:
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = resolve_dtype(args.dtype, device)
     env = environment(device)
-    log(f"device: {env['device']} | torch {env['torch']} | triton {env['triton']} | "
-        f"flashinfer {env['flashinfer']} | transformers {env['transformers']}")
+    log(
+        f"device: {env['device']} | torch {env['torch']} | triton {env['triton']} | "
+        f"flashinfer {env['flashinfer']} | transformers {env['transformers']}"
+    )
     log(f"command: {env['command']}")
-    log(f"preset {args.preset}, {args.dtype}, prompts of {args.prompt_len} tokens, {args.output_len} output "
-        f"tokens, concurrent requests: {args.num_requests}")
+    log(
+        f"preset {args.preset}, {args.dtype}, prompts of {args.prompt_len} tokens, {args.output_len} output "
+        f"tokens, concurrent requests: {args.num_requests}"
+    )
 
     report = {"env": env, "preset": args.preset, "args": vars(args), "results": [], "skipped": [], "failed": []}
     with tempfile.TemporaryDirectory(prefix=f"bench-gpu-{args.preset}-") as tmp:
@@ -370,8 +418,10 @@ def main(argv=None) -> dict:
             report["results"].append(bench_transformers(args, model_dir, device, dtype))
     report["ratios"] = ratios(report["results"])
     for q in report["ratios"]:
-        log(f"llmkit[{q['attention']}] / transformers: "
-            + ", ".join(f"{k} {v:.2f}x" for k, v in q.items() if k != "attention"))
+        log(
+            f"llmkit[{q['attention']}] / transformers: "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in q.items() if k != "attention")
+        )
     if args.markdown:
         log("\n" + markdown(report))
     if args.json:

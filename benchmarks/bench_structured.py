@@ -22,18 +22,40 @@ SCHEMA = {
     "properties": {
         "title": {"type": "string", "maxLength": 40},
         "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
-        "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "action", "horror", "sci-fi"]}, "maxItems": 3},
+        "genres": {
+            "type": "array",
+            "items": {"enum": ["drama", "comedy", "action", "horror", "sci-fi"]},
+            "maxItems": 3,
+        },
         "rating": {"type": "number", "minimum": 0, "maximum": 10},
         "summary": {"type": "string", "maxLength": 300},
     },
     "required": ["title", "year", "genres", "rating", "summary"],
 }
-TOPICS = ["space", "pirates", "a detective", "robots", "a cook", "dragons", "a heist", "time travel",
-          "a lighthouse", "twins", "a marathon", "a volcano", "ghosts", "a chess player", "the sea", "a train"]
+TOPICS = [
+    "space",
+    "pirates",
+    "a detective",
+    "robots",
+    "a cook",
+    "dragons",
+    "a heist",
+    "time travel",
+    "a lighthouse",
+    "twins",
+    "a marathon",
+    "a volcano",
+    "ghosts",
+    "a chess player",
+    "the sea",
+    "a train",
+]
 
 
 async def one(client: openai.AsyncOpenAI, args, i: int, constrained: bool) -> tuple[int, float]:
-    extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "film", "schema": SCHEMA, "strict": True}}}
+    extra = {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "film", "schema": SCHEMA, "strict": True}}
+    }
     start = time.perf_counter()
     resp = await client.chat.completions.create(
         model=args.model,
@@ -52,25 +74,33 @@ async def wave(client, args, constrained: bool) -> dict:
     results = await asyncio.gather(*(one(client, args, i, constrained) for i in range(args.concurrency)))
     wall = time.perf_counter() - start
     tokens = sum(t for t, _ in results)
-    return {"tokens": tokens, "wall": wall, "tps": tokens / wall, "latency": statistics.median(lat for _, lat in results)}
+    return {
+        "tokens": tokens,
+        "wall": wall,
+        "tps": tokens / wall,
+        "latency": statistics.median(lat for _, lat in results),
+    }
 
 
 async def main_async(args) -> None:
     base = args.url.rstrip("/")
-    client = openai.AsyncOpenAI(base_url=base if base.endswith("/v1") else base + "/v1", api_key=args.api_key,
-                                max_retries=0, timeout=600)
+    client = openai.AsyncOpenAI(
+        base_url=base if base.endswith("/v1") else base + "/v1", api_key=args.api_key, max_retries=0, timeout=600
+    )
     await wave(client, args, True)  # warm-up: compiles (and caches) the grammar, warms the server
     await wave(client, args, False)
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for r in range(args.rounds):  # interleaved, alternating which goes first, so drift hits both
-        for constrained in ((False, True) if r % 2 == 0 else (True, False)):
+        for constrained in (False, True) if r % 2 == 0 else (True, False):
             runs[constrained].append(await wave(client, args, constrained))
 
     def summary(rows: list[dict]) -> dict:
         return {k: statistics.median(r[k] for r in rows) for k in ("tokens", "wall", "tps", "latency")}
 
     free, constrained = summary(runs[False]), summary(runs[True])
-    print(f"{args.concurrency} concurrent greedy requests, max_tokens={args.max_tokens}, median of {args.rounds} rounds\n")
+    print(
+        f"{args.concurrency} concurrent greedy requests, max_tokens={args.max_tokens}, median of {args.rounds} rounds\n"
+    )
     print("| requests | completion tokens | wall s | tokens/s | median latency s |")
     print("|---|---:|---:|---:|---:|")
     for name, s in (("no grammar", free), ("JSON schema", constrained)):

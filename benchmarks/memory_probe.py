@@ -34,9 +34,21 @@ def rss_mb() -> float:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def mallinfo() -> dict:
@@ -45,8 +57,12 @@ def mallinfo() -> dict:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallinfo2.restype = _Mallinfo2
         m = libc.mallinfo2()
-        return {"arena_mb": m.arena / 2**20, "in_use_mb": m.uordblks / 2**20, "free_mb": m.fordblks / 2**20,
-                "mmap_mb": m.hblkhd / 2**20}
+        return {
+            "arena_mb": m.arena / 2**20,
+            "in_use_mb": m.uordblks / 2**20,
+            "free_mb": m.fordblks / 2**20,
+            "mmap_mb": m.hblkhd / 2**20,
+        }
     except (OSError, AttributeError):
         return {}
 
@@ -56,6 +72,7 @@ async def load(app, n: int, offset: int) -> int:
 
     errors = 0
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://probe", timeout=300) as c:
+
         async def one(i: int) -> None:
             nonlocal errors
             k = offset + i
@@ -63,18 +80,33 @@ async def load(app, n: int, offset: int) -> int:
             if k % 4 == 0:
                 r = await c.post("/v1/completions", json={"model": "m", "prompt": text, "max_tokens": 8})
             elif k % 4 == 1:
-                async with c.stream("POST", "/v1/chat/completions", json={
-                        "model": "m", "stream": True, "max_tokens": 8,
-                        "messages": [{"role": "user", "content": text}]}) as r:
+                async with c.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "stream": True,
+                        "max_tokens": 8,
+                        "messages": [{"role": "user", "content": text}],
+                    },
+                ) as r:
                     async for _ in r.aiter_lines():
                         pass
             elif k % 4 == 2:
-                r = await c.post("/v1/chat/completions", json={
-                    "model": "m", "max_tokens": 12, "messages": [{"role": "user", "content": text}],
-                    "response_format": {"type": "json_object"}})
+                r = await c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "max_tokens": 12,
+                        "messages": [{"role": "user", "content": text}],
+                        "response_format": {"type": "json_object"},
+                    },
+                )
             else:
-                r = await c.post("/v1/chat/completions", json={
-                    "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]})
+                r = await c.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]},
+                )
             if r.status_code != 200:
                 errors += 1
 
@@ -94,14 +126,17 @@ def main() -> None:
     from llmkit.core.launch import build_server
     from llmkit.core.server.config import ServerConfig
 
-    app = build_server(EngineConfig(max_total_tokens=args.max_total_tokens),
-                       ServerConfig(served_model_name="m", enable_batches=False))
+    app = build_server(
+        EngineConfig(max_total_tokens=args.max_total_tokens), ServerConfig(served_model_name="m", enable_batches=False)
+    )
     state = app.state.llmkit
     try:
         errors = asyncio.run(load(app, args.warmup, 0))
         stats = state.client.stats()
-        print(f"warm-up: {args.warmup} requests, {errors} errors; KV pages free {stats['kv_pages_free']}, "
-              f"cached {stats['kv_pages_cached']} of {stats['kv_pages_total']}")
+        print(
+            f"warm-up: {args.warmup} requests, {errors} errors; KV pages free {stats['kv_pages_free']}, "
+            f"cached {stats['kv_pages_cached']} of {stats['kv_pages_total']}"
+        )
         gc.collect()
         tracemalloc.start(25)
         snap0, rss0, m0 = tracemalloc.take_snapshot(), rss_mb(), mallinfo()

@@ -28,11 +28,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 TOPICS = ["the ocean", "volcanoes", "bread", "chess", "the moon", "bicycles", "coffee", "jazz", "glaciers"]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def proc_mem_mb(pid: int) -> float:
@@ -65,19 +75,28 @@ class Load:
         if r < 0.25:
             kind, body = "short", self.chat(f"({salt}) One sentence about {topic}.", max_tokens=16)
         elif r < 0.35:
-            kind, body = "long", {"model": "m", "prompt": f"({salt}) " + f"An essay on {topic}. " * 60,
-                                  "max_tokens": 128}
+            kind, body = (
+                "long",
+                {"model": "m", "prompt": f"({salt}) " + f"An essay on {topic}. " * 60, "max_tokens": 128},
+            )
             return await self.plain(c, kind, "/v1/completions", body)
         elif r < 0.65:
             kind, body = "stream", self.chat(f"({salt}) Tell me about {topic}.", max_tokens=48, stream=True)
             return await self.stream(c, kind, body, drop=self.rng.random() < 0.10 / 0.30)
         elif r < 0.80:
-            kind, body = "json", self.chat(f"({salt}) A person who likes {topic}, as JSON.", max_tokens=40,
-                                           response_format={"type": "json_schema",
-                                                            "json_schema": {"name": "p", "schema": SCHEMA}})
+            kind, body = (
+                "json",
+                self.chat(
+                    f"({salt}) A person who likes {topic}, as JSON.",
+                    max_tokens=40,
+                    response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}},
+                ),
+            )
         elif r < 0.97:
-            kind, body = "tools", self.chat(f"({salt}) Weather in Paris?", max_tokens=40, tools=TOOLS,
-                                            tool_choice="required")
+            kind, body = (
+                "tools",
+                self.chat(f"({salt}) Weather in Paris?", max_tokens=40, tools=TOOLS, tool_choice="required"),
+            )
         else:
             return await self.batch(c)
         await self.plain(c, kind, "/v1/chat/completions", body)
@@ -113,13 +132,22 @@ class Load:
             self.errors[f"{kind}: {type(exc).__name__}"] += 1
 
     async def batch(self, c) -> None:
-        lines = [{"custom_id": f"s{i}", "method": "POST", "url": "/v1/chat/completions",
-                  "body": self.chat(f"Say {i}.", max_tokens=8)} for i in range(4)]
+        lines = [
+            {
+                "custom_id": f"s{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": self.chat(f"Say {i}.", max_tokens=8),
+            }
+            for i in range(4)
+        ]
         data = ("\n".join(json.dumps(x) for x in lines) + "\n").encode()
         try:
             f = await c.post("/v1/files", files={"file": ("b.jsonl", io.BytesIO(data))}, data={"purpose": "batch"})
-            b = await c.post("/v1/batches", json={"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions",
-                                                  "completion_window": "24h"})
+            b = await c.post(
+                "/v1/batches",
+                json={"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+            )
             bid = b.json()["id"]
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
@@ -154,10 +182,19 @@ async def run(args, proc, base: str) -> list[dict]:
     async def sample(label: str) -> None:
         async with httpx.AsyncClient(base_url=base, timeout=30) as c:
             info = (await c.get("/get_server_info")).json()
-        rows.append({"t": label, "rss_mb": proc_mem_mb(proc.pid), "kv_in_use": info["kv_pages_in_use"],
-                     "kv_cached": info["kv_pages_cached"], "running": info["num_running_reqs"],
-                     "waiting": info["num_waiting_reqs"], "done": sum(load.done.values()),
-                     "disconnects": load.disconnects, "errors": sum(load.errors.values())})
+        rows.append(
+            {
+                "t": label,
+                "rss_mb": proc_mem_mb(proc.pid),
+                "kv_in_use": info["kv_pages_in_use"],
+                "kv_cached": info["kv_pages_cached"],
+                "running": info["num_running_reqs"],
+                "waiting": info["num_waiting_reqs"],
+                "done": sum(load.done.values()),
+                "disconnects": load.disconnects,
+                "errors": sum(load.errors.values()),
+            }
+        )
         print(rows[-1], flush=True)
 
     await sample("0")
@@ -182,8 +219,10 @@ def table(rows: list[dict]) -> str:
     head = "| minute | RSS (MB) | KV pages in use | KV pages cached | running | waiting | requests done | disconnects | errors |"
     out = [head, "|" + "---|" * 9]
     for r in rows:
-        out.append(f"| {r['t']} | {r['rss_mb']:.0f} | {r['kv_in_use']} | {r['kv_cached']} | {r['running']} | "
-                   f"{r['waiting']} | {r['done']} | {r['disconnects']} | {r['errors']} |")
+        out.append(
+            f"| {r['t']} | {r['rss_mb']:.0f} | {r['kv_in_use']} | {r['kv_cached']} | {r['running']} | "
+            f"{r['waiting']} | {r['done']} | {r['disconnects']} | {r['errors']} |"
+        )
     return "\n".join(out)
 
 
@@ -212,9 +251,11 @@ def main() -> int:
     ok_rss = growth < 5 if growth == growth else None
     ok_err = not load.errors
     ok_kv = rows[-1]["kv_in_use"] == 0
-    print(f"\nRSS growth after warm-up: {growth:+.1f}% ({'ok' if ok_rss else 'n/a' if ok_rss is None else 'FAIL'}); "
-          f"errors besides deliberate disconnects: {sum(load.errors.values())} ({'ok' if ok_err else 'FAIL'}); "
-          f"KV pages in use at the end: {rows[-1]['kv_in_use']} ({'ok' if ok_kv else 'FAIL'})")
+    print(
+        f"\nRSS growth after warm-up: {growth:+.1f}% ({'ok' if ok_rss else 'n/a' if ok_rss is None else 'FAIL'}); "
+        f"errors besides deliberate disconnects: {sum(load.errors.values())} ({'ok' if ok_err else 'FAIL'}); "
+        f"KV pages in use at the end: {rows[-1]['kv_in_use']} ({'ok' if ok_kv else 'FAIL'})"
+    )
     return 0 if ok_err and ok_kv and ok_rss is not False else 1
 
 

@@ -15,16 +15,26 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 @batch_app.command("run", context_settings=_PASS_THROUGH)
 def run(
     ctx: typer.Context,
-    input_path: Annotated[Path, typer.Argument(metavar="INPUT.jsonl", exists=True, dir_okay=False,
-                                               help="OpenAI batch input: one request per line.")],
+    input_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="INPUT.jsonl", exists=True, dir_okay=False, help="OpenAI batch input: one request per line."
+        ),
+    ],
     *,
-    output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False,
-                                         help="Where to write one result line per request.")],
-    endpoint: Annotated[str | None, typer.Option(
-        "--endpoint", help="/v1/chat/completions or /v1/completions (default: the first line's url).")] = None,
-    max_in_flight: Annotated[int, typer.Option(
-        "--max-in-flight", envvar="LLMKIT_BATCH_MAX_IN_FLIGHT", min=1,
-        help="Requests handed to the engine at once.")] = 64,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", dir_okay=False, help="Where to write one result line per request.")
+    ],
+    endpoint: Annotated[
+        str | None,
+        typer.Option("--endpoint", help="/v1/chat/completions or /v1/completions (default: the first line's url)."),
+    ] = None,
+    max_in_flight: Annotated[
+        int,
+        typer.Option(
+            "--max-in-flight", envvar="LLMKIT_BATCH_MAX_IN_FLIGHT", min=1, help="Requests handed to the engine at once."
+        ),
+    ] = 64,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
     """Run every request of INPUT.jsonl on the model and write the results to OUTPUT.
@@ -57,8 +67,11 @@ def run(
 
     try:
         with batch_executor_for(list(ctx.args)) as execute:
-            rec = asyncio.run(run_batch_file(input_path, output, execute, endpoint=endpoint,
-                                             max_in_flight=max_in_flight, on_progress=on_progress))
+            rec = asyncio.run(
+                run_batch_file(
+                    input_path, output, execute, endpoint=endpoint, max_in_flight=max_in_flight, on_progress=on_progress
+                )
+            )
     except (PluginError, FileNotFoundError, ValueError) as exc:  # a serve option is wrong
         bar.close()
         typer.echo(f"error: {exc}", err=True)

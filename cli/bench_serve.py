@@ -18,11 +18,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be "
-         "or has had not have one their first new after two time may other city world year school "
-         "house water river light music people game film river stone garden letter paper market "
-         "family summer winter island station village church mountain forest table window story "
-         "color number small great large early late north south east west open short long green").split()
+WORDS = (
+    "the of and to in is was for on that with as by at from his her it an were are which this be "
+    "or has had not have one their first new after two time may other city world year school "
+    "house water river light music people game film river stone garden letter paper market "
+    "family summer winter island station village church mountain forest table window story "
+    "color number small great large early late north south east west open short long green"
+).split()
 
 
 @dataclass
@@ -64,21 +66,28 @@ def jsonl_prompts(path: Path, n: int, output_len: int) -> list[Prompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{i + 1}: not JSON ({exc})") from None
-        if not isinstance(obj, dict) or not (isinstance(obj.get("prompt"), str)
-                                             or isinstance(obj.get("messages"), list)):
+        if not isinstance(obj, dict) or not (
+            isinstance(obj.get("prompt"), str) or isinstance(obj.get("messages"), list)
+        ):
             raise ValueError(f'{path}:{i + 1}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
         text, msgs = obj.get("prompt"), obj.get("messages")
         words = len(text.split()) if text else sum(len(str(m.get("content", "")).split()) for m in msgs)
-        out.append(Prompt(text=text, messages=msgs, output_len=int(obj.get("max_tokens", output_len)),
-                          est_input_len=words))
+        out.append(
+            Prompt(text=text, messages=msgs, output_len=int(obj.get("max_tokens", output_len)), est_input_len=words)
+        )
     if not out:
         raise ValueError(f"{path}: no prompts")
     return [out[i % len(out)] for i in range(n)]  # cycle when asked for more than the file has
 
 
 def _body(backend: str, model: str, p: Prompt, ignore_eos: bool) -> tuple[str, dict]:
-    common = {"model": model, "max_tokens": p.output_len, "stream": True, "temperature": 0.0,
-              "stream_options": {"include_usage": True}}
+    common = {
+        "model": model,
+        "max_tokens": p.output_len,
+        "stream": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
     if ignore_eos:
         common["ignore_eos"] = True  # vLLM, SGLang and llmkit read it; llama-server ignores it
     if backend == "openai-chat":
@@ -148,16 +157,26 @@ async def _arrivals(n: int, rate: float, rng: random.Random):
             await asyncio.sleep(rng.expovariate(rate))
 
 
-async def _run(base_url: str, model: str | None, backend: str, prompts: list[Prompt], request_rate: float,
-               max_concurrency: int | None, ignore_eos: bool, api_key: str | None, seed: int,
-               progress: bool) -> tuple[dict, list[Result]]:
+async def _run(
+    base_url: str,
+    model: str | None,
+    backend: str,
+    prompts: list[Prompt],
+    request_rate: float,
+    max_concurrency: int | None,
+    ignore_eos: bool,
+    api_key: str | None,
+    seed: int,
+    progress: bool,
+) -> tuple[dict, list[Result]]:
     import httpx
     from tqdm import tqdm
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=max_concurrency or len(prompts), max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(3600.0),
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=headers, timeout=httpx.Timeout(3600.0), limits=limits
+    ) as client:
         if model is None:
             r = await client.get("/v1/models")
             r.raise_for_status()
@@ -175,13 +194,22 @@ async def _run(base_url: str, model: str | None, backend: str, prompts: list[Pro
             return res
 
         t0 = time.perf_counter()
-        tasks = [asyncio.create_task(guarded(prompts[i]))
-                 async for i in _arrivals(len(prompts), request_rate, random.Random(seed))]
+        tasks = [
+            asyncio.create_task(guarded(prompts[i]))
+            async for i in _arrivals(len(prompts), request_rate, random.Random(seed))
+        ]
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         bar.close()
-    return summarize(results, duration, model=model, backend=backend, base_url=base_url,
-                     request_rate=request_rate, max_concurrency=max_concurrency), list(results)
+    return summarize(
+        results,
+        duration,
+        model=model,
+        backend=backend,
+        base_url=base_url,
+        request_rate=request_rate,
+        max_concurrency=max_concurrency,
+    ), list(results)
 
 
 def _stats(name: str, values: list[float]) -> dict:
@@ -195,8 +223,12 @@ def _stats(name: str, values: list[float]) -> dict:
         hi = min(lo + 1, len(ms) - 1)
         return ms[lo] + (ms[hi] - ms[lo]) * (k - lo)
 
-    return {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms),
-            f"p90_{name}_ms": pct(0.90), f"p99_{name}_ms": pct(0.99)}
+    return {
+        f"mean_{name}_ms": statistics.fmean(ms),
+        f"median_{name}_ms": statistics.median(ms),
+        f"p90_{name}_ms": pct(0.90),
+        f"p99_{name}_ms": pct(0.99),
+    }
 
 
 def summarize(results: list[Result], duration: float, **meta) -> dict:
@@ -204,10 +236,17 @@ def summarize(results: list[Result], duration: float, **meta) -> dict:
     inp, out = sum(r.input_tokens for r in ok), sum(r.output_tokens for r in ok)
     d = max(duration, 1e-9)
     summary = {
-        **meta, "request_rate": "inf" if meta.get("request_rate") == float("inf") else meta.get("request_rate"),
-        "num_prompts": len(results), "completed": len(ok), "failed": len(results) - len(ok),
-        "duration_s": duration, "total_input_tokens": inp, "total_output_tokens": out,
-        "request_throughput": len(ok) / d, "input_throughput": inp / d, "output_throughput": out / d,
+        **meta,
+        "request_rate": "inf" if meta.get("request_rate") == float("inf") else meta.get("request_rate"),
+        "num_prompts": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "total_input_tokens": inp,
+        "total_output_tokens": out,
+        "request_throughput": len(ok) / d,
+        "input_throughput": inp / d,
+        "output_throughput": out / d,
         "total_token_throughput": (inp + out) / d,
     }
     summary.update(_stats("ttft", [r.ttft for r in ok]))
@@ -221,20 +260,25 @@ def summarize(results: list[Result], duration: float, **meta) -> dict:
 
 def format_summary(s: dict) -> str:
     w = 50
-    lines = [" Serving Benchmark Result ".center(w, "="),
-             f"{'Backend:':<40}{s['backend']:>10}",
-             f"{'Successful requests:':<40}{s['completed']:>10}",
-             f"{'Failed requests:':<40}{s['failed']:>10}",
-             f"{'Benchmark duration (s):':<40}{s['duration_s']:>10.2f}",
-             f"{'Total input tokens:':<40}{s['total_input_tokens']:>10}",
-             f"{'Total generated tokens:':<40}{s['total_output_tokens']:>10}",
-             f"{'Request throughput (req/s):':<40}{s['request_throughput']:>10.2f}",
-             f"{'Input token throughput (tok/s):':<40}{s['input_throughput']:>10.2f}",
-             f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>10.2f}",
-             f"{'Total token throughput (tok/s):':<40}{s['total_token_throughput']:>10.2f}"]
-    for key, title, label in (("ttft", "Time to First Token", "TTFT"),
-                              ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
-                              ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL")):
+    lines = [
+        " Serving Benchmark Result ".center(w, "="),
+        f"{'Backend:':<40}{s['backend']:>10}",
+        f"{'Successful requests:':<40}{s['completed']:>10}",
+        f"{'Failed requests:':<40}{s['failed']:>10}",
+        f"{'Benchmark duration (s):':<40}{s['duration_s']:>10.2f}",
+        f"{'Total input tokens:':<40}{s['total_input_tokens']:>10}",
+        f"{'Total generated tokens:':<40}{s['total_output_tokens']:>10}",
+        f"{'Request throughput (req/s):':<40}{s['request_throughput']:>10.2f}",
+        f"{'Input token throughput (tok/s):':<40}{s['input_throughput']:>10.2f}",
+        f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>10.2f}",
+        f"{'Total token throughput (tok/s):':<40}{s['total_token_throughput']:>10.2f}",
+    ]
+    for key, title, label in (
+        ("ttft", "Time to First Token", "TTFT"),
+        ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+        ("itl", "Inter-token Latency", "ITL"),
+        ("e2el", "End-to-end Latency", "E2EL"),
+    ):
         lines.append(f" {title} ".center(w, "-"))
         for stat, name in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
             lines.append(f"{f'{name} {label} (ms):':<40}{s[f'{stat}_{key}_ms']:>10.2f}")
@@ -244,9 +288,31 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def run_bench(*, base_url: str, model: str | None, backend: str, prompts: list[Prompt], request_rate: float,
-              max_concurrency: int | None, ignore_eos: bool, api_key: str | None, seed: int,
-              progress: bool) -> dict:
-    summary, _ = asyncio.run(_run(base_url.rstrip("/"), model, backend, prompts, request_rate, max_concurrency,
-                                  ignore_eos, api_key, seed, progress))
+def run_bench(
+    *,
+    base_url: str,
+    model: str | None,
+    backend: str,
+    prompts: list[Prompt],
+    request_rate: float,
+    max_concurrency: int | None,
+    ignore_eos: bool,
+    api_key: str | None,
+    seed: int,
+    progress: bool,
+) -> dict:
+    summary, _ = asyncio.run(
+        _run(
+            base_url.rstrip("/"),
+            model,
+            backend,
+            prompts,
+            request_rate,
+            max_concurrency,
+            ignore_eos,
+            api_key,
+            seed,
+            progress,
+        )
+    )
     return summary

@@ -6,6 +6,7 @@ import typer
 
 from llmkit.cli import batch, bench, plugins_cmd, serve
 
+
 def _help_width() -> None:
     """Rich renders help at 80 columns when piped and squeezes long flag names into
     '--enable-deterministic-infe…'; a floor of 120 columns keeps every name whole."""
@@ -20,8 +21,12 @@ def _help_width() -> None:
 
 
 _help_width()
-app = typer.Typer(name="llmkit", help="llmkit: a plugin-architecture LLM server with an OpenAI API.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    name="llmkit",
+    help="llmkit: a plugin-architecture LLM server with an OpenAI API.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 serve.register(app)
 plugins_cmd.register(app)
 batch.register(app)

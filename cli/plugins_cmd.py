@@ -13,8 +13,9 @@ def register(app: typer.Typer) -> None:
         """List registered plugins (attention backends, models, parsers, storage, grammars)."""
         from llmkit.core.plugins import registry
 
-        rows = [{"kind": e.kind, "name": e.name, "package": e.package, "version": e.version}
-                for e in registry().entries()]
+        rows = [
+            {"kind": e.kind, "name": e.name, "package": e.package, "version": e.version} for e in registry().entries()
+        ]
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return

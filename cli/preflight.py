@@ -25,16 +25,25 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
     """Raise :class:`OptionError` for the first invalid option in ``p`` (serve's parameters)."""
     if check_port and not 1 <= p["port"] <= 65535:
         raise OptionError(f"--port {p['port']} is out of range: use a port from 1 to 65535")
-    for flag, key in (("--page-size", "page_size"), ("--max-running-requests", "max_running_requests"),
-                      ("--max-queued-requests", "max_queued_requests"),
-                      ("--chunked-prefill-size", "chunked_prefill_size"), ("--context-length", "context_length"),
-                      ("--max-total-tokens", "max_total_tokens"), ("--num-threads", "num_threads"),
-                      ("--batch-max-in-flight", "batch_max_in_flight")):
+    for flag, key in (
+        ("--page-size", "page_size"),
+        ("--max-running-requests", "max_running_requests"),
+        ("--max-queued-requests", "max_queued_requests"),
+        ("--chunked-prefill-size", "chunked_prefill_size"),
+        ("--context-length", "context_length"),
+        ("--max-total-tokens", "max_total_tokens"),
+        ("--num-threads", "num_threads"),
+        ("--batch-max-in-flight", "batch_max_in_flight"),
+    ):
         value = p.get(key)
         if value is not None and value < 1:
             raise OptionError(f"{flag} must be at least 1 (got {value})")
-    for flag, key in (("--max-payload-size", "max_payload_size"), ("--max-prompt-size", "max_prompt_size"),
-                      ("--header-timeout", "header_timeout"), ("--keep-alive-timeout", "keep_alive_timeout")):
+    for flag, key in (
+        ("--max-payload-size", "max_payload_size"),
+        ("--max-prompt-size", "max_prompt_size"),
+        ("--header-timeout", "header_timeout"),
+        ("--keep-alive-timeout", "keep_alive_timeout"),
+    ):
         value = p.get(key)
         if value is not None and value <= 0:
             raise OptionError(f"{flag} must be positive (got {value})")
@@ -51,15 +60,18 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
     _check_plugins(p)
     device = _check_device(p["device"])
     if p["quantization"] and device != "cpu":
-        raise OptionError(f"--quantization {p['quantization']} is a CPU decode path; on CUDA leave it out "
-                          "(or add --device cpu)")
+        raise OptionError(
+            f"--quantization {p['quantization']} is a CPU decode path; on CUDA leave it out (or add --device cpu)"
+        )
     if p.get("disable_overlap_schedule") and p.get("enable_overlap_schedule"):
-        raise OptionError("--disable-overlap-schedule and --enable-overlap-schedule contradict each other: "
-                          "give one of them")
+        raise OptionError(
+            "--disable-overlap-schedule and --enable-overlap-schedule contradict each other: give one of them"
+        )
     tp = p.get("tp_size", 1)
     if tp != 1:
-        raise OptionError(f"--tp-size {tp}: tensor parallelism is not available in llmkit yet; serve on one "
-                          "device (--tp-size 1)")
+        raise OptionError(
+            f"--tp-size {tp}: tensor parallelism is not available in llmkit yet; serve on one device (--tp-size 1)"
+        )
     frac = p.get("mem_fraction_static")
     if frac is not None and not 0 < frac < 1:
         raise OptionError(f"--mem-fraction-static {frac} must be between 0 and 1 (e.g. 0.8)")
@@ -75,14 +87,19 @@ def _check_paths(p: dict) -> None:
     if model is not None:
         path = Path(model).expanduser()
         if not path.exists():
-            raise OptionError(f"--model-path '{model}' does not exist: give a .gguf file or a Hugging Face "
-                              "model directory (weights are never downloaded)")
+            raise OptionError(
+                f"--model-path '{model}' does not exist: give a .gguf file or a Hugging Face "
+                "model directory (weights are never downloaded)"
+            )
         if path.is_file() and path.suffix != ".gguf":
-            raise OptionError(f"--model-path '{model}' is a file but not a .gguf: give a .gguf file or a "
-                              "Hugging Face model directory")
+            raise OptionError(
+                f"--model-path '{model}' is a file but not a .gguf: give a .gguf file or a Hugging Face model directory"
+            )
         if path.is_dir() and not (path / "config.json").exists():
-            raise OptionError(f"--model-path '{model}' has no config.json: give a Hugging Face model "
-                              "directory (config.json, safetensors, tokenizer files) or a .gguf file")
+            raise OptionError(
+                f"--model-path '{model}' has no config.json: give a Hugging Face model "
+                "directory (config.json, safetensors, tokenizer files) or a .gguf file"
+            )
     template = p.get("chat_template")
     if template is not None and not Path(template).expanduser().is_file():
         raise OptionError(f"--chat-template '{template}' does not exist: give a Jinja template file")
@@ -92,10 +109,12 @@ def _check_plugins(p: dict) -> None:
     from llmkit.core.plugins import registry
 
     reg = registry()
-    checks = [("--grammar-backend", "grammar", p["grammar_backend"], ("none",), "grammar backend"),
-              ("--reasoning-parser", "reasoning_parser", p["reasoning_parser"], (), "reasoning parser"),
-              ("--tool-call-parser", "tool_parser", p["tool_call_parser"], (), "tool-call parser"),
-              ("--attention", "attention", p["attention"], ("auto",), "attention backend")]
+    checks = [
+        ("--grammar-backend", "grammar", p["grammar_backend"], ("none",), "grammar backend"),
+        ("--reasoning-parser", "reasoning_parser", p["reasoning_parser"], (), "reasoning parser"),
+        ("--tool-call-parser", "tool_parser", p["tool_call_parser"], (), "tool-call parser"),
+        ("--attention", "attention", p["attention"], ("auto",), "attention backend"),
+    ]
     if p.get("batch_storage") not in (None, "none"):
         checks.append(("--batch-storage", "storage", p["batch_storage"], ("none",), "storage backend"))
     for flag, kind, value, extra, what in checks:
@@ -118,12 +137,16 @@ def _check_device(device: str) -> str:
     if device == "cuda" or device.startswith("cuda:"):
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else "unable to see a GPU"
-            raise OptionError(f"--device {device}: CUDA is not available (torch {torch.__version__} is {build}); "
-                              "use --device cpu, or install a CUDA build of torch on a GPU machine")
+            raise OptionError(
+                f"--device {device}: CUDA is not available (torch {torch.__version__} is {build}); "
+                "use --device cpu, or install a CUDA build of torch on a GPU machine"
+            )
         index = device.partition(":")[2]
         if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-            raise OptionError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
-                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+            raise OptionError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+            )
         return "cuda"
     raise OptionError(f"unknown --device '{device}'; valid: auto, cpu, cuda, cuda:N")
 
@@ -133,8 +156,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise OptionError(f"--host '{host}' cannot be resolved ({exc.strerror}): give an IP address or "
-                          "a host name of this machine") from None
+        raise OptionError(
+            f"--host '{host}' cannot be resolved ({exc.strerror}): give an IP address or a host name of this machine"
+        ) from None
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -142,8 +166,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind(addr)
     except OSError as exc:
         sock.close()
-        hint = ("another process is listening there: stop it or choose another --port"
-                if exc.errno == 98 else "choose another --host or --port")
+        hint = (
+            "another process is listening there: stop it or choose another --port"
+            if exc.errno == 98
+            else "choose another --host or --port"
+        )
         raise OptionError(f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from None
     sock.set_inheritable(True)
     return sock

@@ -57,8 +57,11 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     if config.enable_batches:
         from llmkit.core.batches.storage import open_storage, parse_storage_options
 
-        storage = open_storage(config.batch_storage or registry().default("storage"), parse_storage_options(list(config.storage_options)),
-                               file_storage_path=config.file_storage_path)
+        storage = open_storage(
+            config.batch_storage or registry().default("storage"),
+            parse_storage_options(list(config.storage_options)),
+            file_storage_path=config.file_storage_path,
+        )
     client, model_dir = _start_engine(engine_config)
     tok = client.tokenizer
     source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
@@ -68,9 +71,15 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     warn_if_no_tool_support(template, config.tool_call_parser)
     if not config.served_model_name:
         config = replace(config, served_model_name=engine_config.model_path or EMBEDDED_NAME)
-    state = ServerState(client=client, tokenizer=tok, chat_template=template, options=config,
-                        max_context=client.max_context, vocab_size=client.vocab_size,
-                        sampling_defaults=_sampling_defaults(model_dir))
+    state = ServerState(
+        client=client,
+        tokenizer=tok,
+        chat_template=template,
+        options=config,
+        max_context=client.max_context,
+        vocab_size=client.vocab_size,
+        sampling_defaults=_sampling_defaults(model_dir),
+    )
     services, routers = [], []
     if storage is not None:
         services, routers = _batches(state, storage, config.batch_max_in_flight)
@@ -112,6 +121,10 @@ def _batches(state, storage, max_in_flight: int):
     from llmkit.core.batches.files_routes import files_router
     from llmkit.core.batches.runner import BatchRunner
 
-    runner = BatchRunner(storage, make_batch_executor(state), max_in_flight=max_in_flight,
-                         body_validator=protocol_body_validator)
-    return [runner], [files_router(storage, max_upload_bytes=state.options.max_upload_size), batches_router(runner, max_body=state.options.max_payload_size)]
+    runner = BatchRunner(
+        storage, make_batch_executor(state), max_in_flight=max_in_flight, body_validator=protocol_body_validator
+    )
+    return [runner], [
+        files_router(storage, max_upload_bytes=state.options.max_upload_size),
+        batches_router(runner, max_body=state.options.max_payload_size),
+    ]

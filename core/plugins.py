@@ -124,8 +124,10 @@ class Registry:
         """The one plugin of ``kind`` registered with ``default=True`` (grammar, storage)."""
         found = [e.name for e in self._entries[kind].values() if e.meta.get("default")]
         if len(found) != 1:
-            raise PluginError(f"expected one default {kind.replace('_', ' ')} plugin, found {found or 'none'}; "
-                              f"name one explicitly (valid names: {', '.join(self.names(kind))})")
+            raise PluginError(
+                f"expected one default {kind.replace('_', ' ')} plugin, found {found or 'none'}; "
+                f"name one explicitly (valid names: {', '.join(self.names(kind))})"
+            )
         return found[0]
 
     def auto_attention(self, device_type: str) -> list[str]:

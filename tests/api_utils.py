@@ -8,12 +8,13 @@ from pathlib import Path
 import httpx
 
 THINK_TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
-REASONING_ARGS = ["--chat-template", str(THINK_TEMPLATE), "--reasoning-parser", "qwen3",
-                  "--tool-call-parser", "hermes"]
+REASONING_ARGS = ["--chat-template", str(THINK_TEMPLATE), "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"]
 
-WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
-                                                   "unit": {"type": "string", "enum": ["c", "f"]}},
-                  "required": ["city", "unit"]}
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+}
 TIME_SCHEMA = {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}
 
 # Hostile bodies from the reliability catalogue: (raw bytes, content type), each must be a 4xx.
@@ -30,8 +31,7 @@ RAW_BAD_BODIES = [
 
 
 def post_raw(base_url: str, path: str, content: bytes, ctype: str, headers: dict | None = None):
-    return httpx.post(base_url + path, content=content, timeout=60,
-                      headers={"content-type": ctype, **(headers or {})})
+    return httpx.post(base_url + path, content=content, timeout=60, headers={"content-type": ctype, **(headers or {})})
 
 
 def healthy(base_url: str) -> bool:

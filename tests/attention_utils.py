@@ -27,8 +27,14 @@ class Batch:
 
 
 def make_metadata(
-    *, q_lens: list[int], kv_lens: list[int], rows: list[int], req_to_token: torch.Tensor,
-    out_slots: torch.Tensor, page_size: int, deterministic: bool = False,
+    *,
+    q_lens: list[int],
+    kv_lens: list[int],
+    rows: list[int],
+    req_to_token: torch.Tensor,
+    out_slots: torch.Tensor,
+    page_size: int,
+    deterministic: bool = False,
 ) -> AttentionMetadata:
     """AttentionMetadata with every field filled as the engine fills it."""
     dev = req_to_token.device
@@ -37,11 +43,18 @@ def make_metadata(
         starts.append(starts[-1] + n)
     i64 = dict(dtype=torch.int64, device=dev)
     return AttentionMetadata(
-        num_seqs=len(q_lens), q_lens=list(q_lens), kv_lens=list(kv_lens),
-        q_start_loc=torch.tensor(starts, **i64), q_lens_t=torch.tensor(q_lens, **i64),
-        kv_lens_t=torch.tensor(kv_lens, **i64), req_pool_indices=torch.tensor(rows, **i64),
-        req_to_token=req_to_token, out_slots=out_slots.to(dev), page_size=page_size,
-        is_decode=all(n == 1 for n in q_lens), deterministic=deterministic,
+        num_seqs=len(q_lens),
+        q_lens=list(q_lens),
+        kv_lens=list(kv_lens),
+        q_start_loc=torch.tensor(starts, **i64),
+        q_lens_t=torch.tensor(q_lens, **i64),
+        kv_lens_t=torch.tensor(kv_lens, **i64),
+        req_pool_indices=torch.tensor(rows, **i64),
+        req_to_token=req_to_token,
+        out_slots=out_slots.to(dev),
+        page_size=page_size,
+        is_decode=all(n == 1 for n in q_lens),
+        deterministic=deterministic,
     )
 
 
@@ -69,8 +82,15 @@ def build_batch(
     share = share or {}
     max_ctx = max(p + n for p, n in seqs) + page_size
     need = sum(-(-(p + n) // page_size) for p, n in seqs) + 4
-    pool = KVCachePool(num_layers=num_layers, num_pages=need + 1, page_size=page_size,
-                       num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+    pool = KVCachePool(
+        num_layers=num_layers,
+        num_pages=need + 1,
+        page_size=page_size,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=device,
+    )
     # Scramble the free list so neighbouring tokens do not sit in neighbouring pages.
     pages = pool.allocate(pool.capacity_pages)
     pool.free([pages[i] for i in torch.randperm(len(pages), generator=g).tolist()])
@@ -103,8 +123,12 @@ def build_batch(
     k = torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
     v = torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
     md = make_metadata(
-        q_lens=[n for _, n in seqs], kv_lens=[p + n for p, n in seqs], rows=rows,
-        req_to_token=req_pool.table, out_slots=torch.cat(out_slots), page_size=page_size,
+        q_lens=[n for _, n in seqs],
+        kv_lens=[p + n for p, n in seqs],
+        rows=rows,
+        req_to_token=req_pool.table,
+        out_slots=torch.cat(out_slots),
+        page_size=page_size,
         deterministic=deterministic,
     )
     return Batch(pool, req_pool, md, q, k, v)
@@ -113,5 +137,4 @@ def build_batch(
 def backend_kwargs(batch: Batch, num_heads: int) -> dict:
     """Constructor arguments of an AttentionBackend for ``batch``."""
     k = batch.pool.k_buffers[0]
-    return dict(num_heads=num_heads, num_kv_heads=k.shape[1], head_dim=k.shape[2],
-                pool=batch.pool, device=k.device)
+    return dict(num_heads=num_heads, num_kv_heads=k.shape[1], head_dim=k.shape[2], pool=batch.pool, device=k.device)

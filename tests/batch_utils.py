@@ -23,18 +23,29 @@ async def fake_execute(endpoint: str, body: dict) -> tuple[int, dict]:
         return 400, {"error": {"message": "bad line", "type": "invalid_request_error", "code": "bad"}}
     if "boom" in text:
         raise RuntimeError("engine exploded")
-    return 200, {"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                              "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+    return 200, {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": body.get("model"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
 
 
 def jsonl(n: int, contents=None, url: str = "/v1/chat/completions") -> bytes:
     lines = []
     for i in range(n):
         content = contents(i) if contents else f"hello {i}"
-        lines.append(json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": url,
-                                 "body": {"model": "m", "messages": [{"role": "user", "content": content}]}}))
+        lines.append(
+            json.dumps(
+                {
+                    "custom_id": f"r-{i}",
+                    "method": "POST",
+                    "url": url,
+                    "body": {"model": "m", "messages": [{"role": "user", "content": content}]},
+                }
+            )
+        )
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -75,5 +86,3 @@ def make_app(storage, execute, **runner_kw) -> FastAPI:
     app.include_router(files_router(storage, max_upload_bytes=1 << 20))
     app.include_router(batches_router(runner))
     return app
-
-

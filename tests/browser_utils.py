@@ -30,7 +30,12 @@ def start_chromium(browser: str, driver: str, width: int = 1200, height: int = 8
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                f"--window-size={width},{height}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+    ):
         opts.add_argument(arg)
     return webdriver.Chrome(service=Service(executable_path=driver), options=opts)

@@ -24,8 +24,7 @@ class Server:
 
     @property
     def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0,
-                                  timeout=300)
+        return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=0, timeout=300)
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=300)

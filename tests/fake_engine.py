@@ -83,10 +83,19 @@ class FakeEngineClient:
                     detok.flush()
                 lps = [TokenLogprob(tok, -0.5, [(tok, -0.5)][: p.top_logprobs])] if p.logprobs else []
                 yield RequestOutput(
-                    rid=req.rid, text=detok.take_delta(finished), token_ids=[tok], logprobs=lps,
-                    finished=finished, finish_reason=reason, matched_stop=matched,
-                    prompt_tokens=len(req.prompt_ids), completion_tokens=len(ids),
-                    prompt_logprobs=[None] * len(req.prompt_ids) if req.return_prompt_logprobs and len(ids) == 1 else None)
+                    rid=req.rid,
+                    text=detok.take_delta(finished),
+                    token_ids=[tok],
+                    logprobs=lps,
+                    finished=finished,
+                    finish_reason=reason,
+                    matched_stop=matched,
+                    prompt_tokens=len(req.prompt_ids),
+                    completion_tokens=len(ids),
+                    prompt_logprobs=[None] * len(req.prompt_ids)
+                    if req.return_prompt_logprobs and len(ids) == 1
+                    else None,
+                )
         finally:
             if not finished:
                 self.aborted.append(req.rid)
@@ -115,7 +124,12 @@ def fake_app(**config):
     tok = embedded_tokenizer()
     client = FakeEngineClient(tok)
     template = ChatTemplate(tok.chat_template, tok.bos_token or "", tok.eos_token or "")
-    state = ServerState(client=client, tokenizer=tok, chat_template=template,
-                        options=ServerConfig(served_model_name="fake-model", **config),
-                        max_context=client.max_context, vocab_size=client.vocab_size)
+    state = ServerState(
+        client=client,
+        tokenizer=tok,
+        chat_template=template,
+        options=ServerConfig(served_model_name="fake-model", **config),
+        max_context=client.max_context,
+        vocab_size=client.vocab_size,
+    )
     return create_app(state)

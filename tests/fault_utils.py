@@ -32,9 +32,20 @@ def post_json(url: str, body: dict, out: dict, timeout: float = 90) -> None:
 
 def submit_batch(client, n: int, max_tokens: int = 4):
     """A chat batch of ``n`` lines, custom_ids ``line-0`` ..."""
-    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "m", "max_tokens": max_tokens, "temperature": 0,
-                       "messages": [{"role": "user", "content": f"Count to {i}."}]}} for i in range(n)]
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "m",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": f"Count to {i}."}],
+            },
+        }
+        for i in range(n)
+    ]
     data = "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
     f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     return client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")

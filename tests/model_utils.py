@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import torch
 
+from llmkit.core.engine.builder import build_engine_parts
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.loop import Engine
-from llmkit.core.engine.builder import build_engine_parts
 
 
 def tiny_config(arch: str):
     import transformers
 
-    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
     if arch == "llama":
         return transformers.LlamaConfig(**common, rope_theta=10000.0)
     if arch == "qwen2":

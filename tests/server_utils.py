@@ -23,8 +23,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], *, env: dict[str, str] | None = None,
-                 timeout: float = STARTUP_TIMEOUT) -> tuple[subprocess.Popen, str]:
+def start_server(
+    args: list[str], *, env: dict[str, str] | None = None, timeout: float = STARTUP_TIMEOUT
+) -> tuple[subprocess.Popen, str]:
     """Run ``llmkit serve --port PORT *args``; return once ``GET /health`` answers 200.
 
     The server's output goes to a temporary log file (``proc.log_path``), printed if it dies or
@@ -38,8 +39,9 @@ def start_server(args: list[str], *, env: dict[str, str] | None = None,
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="llmkit-serve-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+    )
     proc.log_path = log.name  # type: ignore[attr-defined]
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

@@ -1,11 +1,11 @@
 """The behaviour every storage backend must have. Reuse it for a third-party backend::
 
-    from storage_contract import StorageContract
+from storage_contract import StorageContract
 
-    class TestMyStorage(StorageContract):
-        @pytest.fixture
-        def storage(self, tmp_path):
-            return MyStorage(...)
+class TestMyStorage(StorageContract):
+    @pytest.fixture
+    def storage(self, tmp_path):
+        return MyStorage(...)
 """
 
 from __future__ import annotations
@@ -25,13 +25,31 @@ from llmkit.core.batches.storage import (
     new_file_id,
 )
 
-BAD_IDS = ["", "file-", "file-../../etc/passwd", "../x", "file-" + "A" * 32, "file-" + "0" * 31,
-           "file-" + "0" * 32 + "\x00", "/abs/file-" + "0" * 32, "file-" + "0" * 32 + "/..", 7, None]
+BAD_IDS = [
+    "",
+    "file-",
+    "file-../../etc/passwd",
+    "../x",
+    "file-" + "A" * 32,
+    "file-" + "0" * 31,
+    "file-" + "0" * 32 + "\x00",
+    "/abs/file-" + "0" * 32,
+    "file-" + "0" * 32 + "/..",
+    7,
+    None,
+]
 
 
 def _batch(i: int = 0, status: str = "validating") -> BatchRecord:
-    return BatchRecord(id=new_batch_id(), endpoint="/v1/chat/completions", input_file_id=new_file_id(),
-                       completion_window="24h", created_at=1000 + i, expires_at=90000, status=status)
+    return BatchRecord(
+        id=new_batch_id(),
+        endpoint="/v1/chat/completions",
+        input_file_id=new_file_id(),
+        completion_window="24h",
+        created_at=1000 + i,
+        expires_at=90000,
+        status=status,
+    )
 
 
 class StorageContract:
@@ -68,10 +86,15 @@ class StorageContract:
 
     @pytest.mark.parametrize("bad", BAD_IDS)
     def test_malformed_ids_are_not_found(self, storage, bad):
-        for call in (lambda: storage.get_file(bad), lambda: storage.read_blob(bad),
-                     lambda: storage.delete_blob(bad), lambda: storage.write_blob(bad, [b"x"]),
-                     lambda: storage.get_batch(bad), lambda: storage.delete_file(bad),
-                     lambda: storage.result_indices(bad)):
+        for call in (
+            lambda: storage.get_file(bad),
+            lambda: storage.read_blob(bad),
+            lambda: storage.delete_blob(bad),
+            lambda: storage.write_blob(bad, [b"x"]),
+            lambda: storage.get_batch(bad),
+            lambda: storage.delete_file(bad),
+            lambda: storage.result_indices(bad),
+        ):
             with pytest.raises(NotFoundError):
                 call()
 
@@ -157,9 +180,19 @@ class StorageContract:
         with pytest.raises(NotFoundError):
             storage.get_record("response", key)
 
-    @pytest.mark.parametrize("kind,key", [("response", "../x"), ("response", ""), ("response", "a/b"),
-                                          ("Response", "k"), ("../r", "k"), ("response", "k" * 129),
-                                          ("response", None), (7, "k")])
+    @pytest.mark.parametrize(
+        "kind,key",
+        [
+            ("response", "../x"),
+            ("response", ""),
+            ("response", "a/b"),
+            ("Response", "k"),
+            ("../r", "k"),
+            ("response", "k" * 129),
+            ("response", None),
+            (7, "k"),
+        ],
+    )
     def test_malformed_record_keys_are_not_found(self, storage, kind, key):
         with pytest.raises(NotFoundError):
             storage.put_record(kind, key, {})

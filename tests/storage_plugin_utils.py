@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PLUGIN_SOURCE = '''
+PLUGIN_SOURCE = """
 import json
 import threading
 from llmkit.core.hookspecs import hookimpl
@@ -122,7 +122,7 @@ class MemStorage(StorageBackend):
 @hookimpl
 def llmkit_register_storage_backends(register):
     register("memstore", "llmkit_memstore:MemStorage")
-'''
+"""
 
 
 def install_memstore(tmp: Path) -> Path:

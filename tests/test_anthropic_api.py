@@ -9,12 +9,15 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+
 from api_utils import RAW_BAD_BODIES, REASONING_ARGS, TIME_SCHEMA, WEATHER_SCHEMA, healthy, post_raw
 from server_utils import start_server, stop_server
 
 KEY = "sk-test-key"
-TOOLS = [{"name": "get_weather", "description": "Current weather for a city", "input_schema": WEATHER_SCHEMA},
-         {"name": "get_time", "input_schema": TIME_SCHEMA}]
+TOOLS = [
+    {"name": "get_weather", "description": "Current weather for a city", "input_schema": WEATHER_SCHEMA},
+    {"name": "get_time", "input_schema": TIME_SCHEMA},
+]
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 GREEDY = {"temperature": 0}  # this SDK version has no sampling arguments of its own
 
@@ -49,8 +52,13 @@ def _blocks(msg):
 
 
 def test_create_text(client):
-    r = client.messages.create(model="m", max_tokens=16, extra_body=GREEDY, system="Be brief.",
-                               messages=[{"role": "user", "content": [{"type": "text", "text": "Say hi"}]}])
+    r = client.messages.create(
+        model="m",
+        max_tokens=16,
+        extra_body=GREEDY,
+        system="Be brief.",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say hi"}]}],
+    )
     assert r.type == "message" and r.role == "assistant" and r.model == "m" and r.id.startswith("msg_")
     assert [b.type for b in r.content] == ["text"] and r.content[0].text
     assert r.stop_reason in ("end_turn", "max_tokens") and r.usage.output_tokens <= 16
@@ -64,8 +72,10 @@ def test_streaming_equals_non_streaming(client, thinking):
     assert _blocks(streamed) == _blocks(whole)
     assert (streamed.stop_reason, streamed.stop_sequence) == (whole.stop_reason, whole.stop_sequence)
     assert streamed.usage.output_tokens == whole.usage.output_tokens
-    assert streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens == \
-        whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert (
+        streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens
+        == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    )
     assert events[0] == "message_start" and events[-1] == "message_stop" and "message_delta" in events
     kinds = [b.type for b in whole.content]
     if thinking:  # the template opens <think>: cut by max_tokens, all of it is thinking
@@ -95,14 +105,32 @@ def test_tool_use_round_trip(client, choice):
     if choice["type"] == "tool":
         assert call.name == "get_weather"
         jsonschema.validate(call.input, WEATHER_SCHEMA)
-    follow = client.messages.create(model="m", max_tokens=24, extra_body=GREEDY, tools=TOOLS, messages=[
-        *ASK, {"role": "assistant", "content": whole.content},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                      "content": [{"type": "text", "text": "18 C, sunny"}]}]}])
+    follow = client.messages.create(
+        model="m",
+        max_tokens=24,
+        extra_body=GREEDY,
+        tools=TOOLS,
+        messages=[
+            *ASK,
+            {"role": "assistant", "content": whole.content},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call.id,
+                        "content": [{"type": "text", "text": "18 C, sunny"}],
+                    }
+                ],
+            },
+        ],
+    )
     assert follow.content and follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
     # the tool result reached the prompt: it is longer than the question alone
-    assert follow.usage.input_tokens + follow.usage.cache_read_input_tokens > \
-        whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert (
+        follow.usage.input_tokens + follow.usage.cache_read_input_tokens
+        > whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    )
 
 
 def test_count_tokens(client):
@@ -113,35 +141,43 @@ def test_count_tokens(client):
     assert with_tools > client.messages.count_tokens(model="m", messages=ASK).input_tokens
 
 
-@pytest.mark.parametrize("body,contains", [
-    ({"messages": ASK}, "max_tokens"),
-    ({"max_tokens": 8, "messages": []}, "messages"),
-    ({"max_tokens": 8, "messages": ASK, "bogus": 1}, "bogus"),
-    ({"max_tokens": "8", "messages": ASK}, "max_tokens"),
-    ({"max_tokens": 0, "messages": ASK}, "max_tokens"),
-    ({"max_tokens": 10**12, "messages": ASK}, "context length"),
-    ({"max_tokens": 8, "messages": ASK, "temperature": -1}, "temperature"),
-    ({"max_tokens": 8, "messages": ASK, "temperature": "hot"}, "temperature"),
-    ({"max_tokens": 8, "messages": ASK, "top_k": 0}, "top_k"),
-    ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "between_tools"}}, "thinking"),
-    ({"max_tokens": 8, "messages": {}}, "messages"),
-    ({"max_tokens": 8, "messages": [{"role": "hacker", "content": "x"}]}, "role"),
-    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
-    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "tool_use_id"),
-    ({"max_tokens": 8, "messages": [{"role": "user", "content": "\ud800"}]}, "Unicode"),
-    ({"max_tokens": 8, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
-    ({"max_tokens": 8, "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "nope"),
-    ({"max_tokens": 8, "messages": ASK, "tool_choice": {"type": "any"}}, "Tools cannot be empty"),
-    ({"max_tokens": 8, "messages": ASK, "tools": [TOOLS[0], TOOLS[0]]}, "unique"),
-    ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 8}}, "budget_tokens"),
-    ({"max_tokens": 8, "messages": ASK, "stop_sequences": [""]}, "stop"),
-    ({"max_tokens": 8, "messages": ASK, "stop_sequences": ["x"] * 1000}, "stop"),
-])
+@pytest.mark.parametrize(
+    "body,contains",
+    [
+        ({"messages": ASK}, "max_tokens"),
+        ({"max_tokens": 8, "messages": []}, "messages"),
+        ({"max_tokens": 8, "messages": ASK, "bogus": 1}, "bogus"),
+        ({"max_tokens": "8", "messages": ASK}, "max_tokens"),
+        ({"max_tokens": 0, "messages": ASK}, "max_tokens"),
+        ({"max_tokens": 10**12, "messages": ASK}, "context length"),
+        ({"max_tokens": 8, "messages": ASK, "temperature": -1}, "temperature"),
+        ({"max_tokens": 8, "messages": ASK, "temperature": "hot"}, "temperature"),
+        ({"max_tokens": 8, "messages": ASK, "top_k": 0}, "top_k"),
+        ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "between_tools"}}, "thinking"),
+        ({"max_tokens": 8, "messages": {}}, "messages"),
+        ({"max_tokens": 8, "messages": [{"role": "hacker", "content": "x"}]}, "role"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "tool_use_id"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": "\ud800"}]}, "Unicode"),
+        ({"max_tokens": 8, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+        ({"max_tokens": 8, "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "nope"),
+        ({"max_tokens": 8, "messages": ASK, "tool_choice": {"type": "any"}}, "Tools cannot be empty"),
+        ({"max_tokens": 8, "messages": ASK, "tools": [TOOLS[0], TOOLS[0]]}, "unique"),
+        ({"max_tokens": 8, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 8}}, "budget_tokens"),
+        ({"max_tokens": 8, "messages": ASK, "stop_sequences": [""]}, "stop"),
+        ({"max_tokens": 8, "messages": ASK, "stop_sequences": ["x"] * 1000}, "stop"),
+    ],
+)
 def test_bad_input_is_an_anthropic_400(url, body, contains):
     for stream in (False, True):  # streaming is refused before any event
         # json.dumps escapes the lone surrogate, as a client that sends one would
-        r = post_raw(url, "/v1/messages", json.dumps({"model": "m", "stream": stream, **body}).encode(),
-                     "application/json", headers={"x-api-key": KEY})
+        r = post_raw(
+            url,
+            "/v1/messages",
+            json.dumps({"model": "m", "stream": stream, **body}).encode(),
+            "application/json",
+            headers={"x-api-key": KEY},
+        )
         assert r.status_code == 400, r.text
         err = r.json()
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
@@ -170,8 +206,10 @@ def test_auth(url):
         bad.messages.create(model="m", max_tokens=4, messages=ASK)
     assert exc.value.body["error"]["type"] == "authentication_error"
     body = {"model": "m", "max_tokens": 2, "messages": ASK}
-    assert httpx.post(url + "/v1/messages", json=body, headers={"authorization": f"Bearer {KEY}"},
-                      timeout=60).status_code == 200
+    assert (
+        httpx.post(url + "/v1/messages", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=60).status_code
+        == 200
+    )
     assert httpx.post(url + "/v1/messages", json=body, timeout=60).status_code == 401
     # x-api-key is accepted on the OpenAI routes too, and a wrong one there is OpenAI-shaped
     assert httpx.get(url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200

@@ -9,10 +9,11 @@ import types
 from contextlib import contextmanager
 
 import typer
-from batch_utils import fake_execute, jsonl
 from typer.testing import CliRunner
 
 from llmkit.cli.batch import register
+
+from batch_utils import fake_execute, jsonl
 
 
 def test_batch_run_writes_merged_output_in_input_order(tmp_path, monkeypatch):
@@ -30,8 +31,9 @@ def test_batch_run_writes_merged_output_in_input_order(tmp_path, monkeypatch):
     app = typer.Typer()
     register(app)
     app.command("noop")(lambda: None)  # a group needs two commands to keep the "batch" level
-    res = CliRunner().invoke(app, ["batch", "run", str(src), "-o", str(out), "--no-progress",
-                                   "--model-path", "x", "--device", "cpu"])
+    res = CliRunner().invoke(
+        app, ["batch", "run", str(src), "-o", str(out), "--no-progress", "--model-path", "x", "--device", "cpu"]
+    )
     assert res.exit_code == 0, res.output
     assert seen_args == [["--model-path", "x", "--device", "cpu"]]
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -58,10 +60,12 @@ def test_batch_run_reports_validation_errors(tmp_path, monkeypatch):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys, typer; from llmkit.cli.batch import register; app = typer.Typer(); register(app);"
-            "app.command('noop')(lambda: None)\n"
-            "try: app(['batch', 'run', '--help'])\nexcept SystemExit: pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, typer; from llmkit.cli.batch import register; app = typer.Typer(); register(app);"
+        "app.command('noop')(lambda: None)\n"
+        "try: app(['batch', 'run', '--help'])\nexcept SystemExit: pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "INPUT.jsonl" in res.stdout
@@ -72,15 +76,48 @@ def test_batch_run_with_the_embedded_model(tmp_path):
     import json
     import subprocess
 
-    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "m", "max_tokens": 6, "temperature": 0,
-                       "messages": [{"role": "user", "content": f"Say the number {i}."}]}} for i in range(3)]
-    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": "m", "max_tokens": -5, "messages": [{"role": "user", "content": "x"}]}})
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "m",
+                "max_tokens": 6,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": f"Say the number {i}."}],
+            },
+        }
+        for i in range(3)
+    ]
+    lines.append(
+        {
+            "custom_id": "bad",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": -5, "messages": [{"role": "user", "content": "x"}]},
+        }
+    )
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "batch", "run", str(src), "-o", str(out),
-                           "--no-progress", "--served-model-name", "m"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmkit.cli.main",
+            "batch",
+            "run",
+            str(src),
+            "-o",
+            str(out),
+            "--no-progress",
+            "--served-model-name",
+            "m",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["custom_id"] for r in results] == ["c0", "c1", "c2", "bad"]

@@ -57,7 +57,10 @@ def test_validation_failure_runs_nothing(storage):
         calls.append(body)
         return await fake_execute(endpoint, body)
 
-    data = jsonl(3) + b'{"custom_id": "r-0", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role":"user","content":"x"}]}}\n{bad json\n'
+    data = (
+        jsonl(3)
+        + b'{"custom_id": "r-0", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role":"user","content":"x"}]}}\n{bad json\n'
+    )
     rec, out, err = asyncio.run(run_batch(storage, execute, data=data))
     assert rec.status == "failed" and rec.failed_at and calls == [] and out == err == []
     assert [(e["code"], e["line"]) for e in rec.errors] == [("duplicate_custom_id", 4), ("invalid_json_line", 5)]
@@ -150,8 +153,15 @@ def test_bounded_in_flight_and_live_counts(storage):
         active[0] -= 1
         return await fake_execute(endpoint, body)
 
-    rec, out, _ = asyncio.run(run_batch(storage, execute, n=40, max_in_flight=3,
-                                        on_progress=lambda r: snapshots.append(r.request_counts["completed"])))
+    rec, out, _ = asyncio.run(
+        run_batch(
+            storage,
+            execute,
+            n=40,
+            max_in_flight=3,
+            on_progress=lambda r: snapshots.append(r.request_counts["completed"]),
+        )
+    )
     assert peak[0] == 3 and len(out) == 40
     assert snapshots == sorted(snapshots) and snapshots[0] < 40
 

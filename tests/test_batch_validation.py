@@ -14,8 +14,12 @@ CHAT = "/v1/chat/completions"
 
 
 def line(i=0, **over) -> dict:
-    d = {"custom_id": f"r-{i}", "method": "POST", "url": CHAT,
-         "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
+    d = {
+        "custom_id": f"r-{i}",
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
     d.update(over)
     return d
 
@@ -48,23 +52,29 @@ def test_blank_lines_and_missing_final_newline():
     assert v.errors == [] and v.total == 2
 
 
-@pytest.mark.parametrize("bad, code, param", [
-    (b"{not json", "invalid_json_line", None),
-    (b"[1, 2]", "invalid_json_line", None),
-    (b'"\\ud800 lone surrogate"', "invalid_json_line", None),
-    (b"\xff\xfe garbage", "invalid_json_line", None),
-    (b"[" * 100_000 + b"]" * 100_000, "invalid_json_line", None),
-    (line(1, custom_id=None), "missing_required_parameter", "custom_id"),
-    (line(1, custom_id=""), "missing_required_parameter", "custom_id"),
-    (line(1, custom_id="x" * 600), "invalid_custom_id", "custom_id"),
-    (line(1, method="GET"), "invalid_method", "method"),
-    (line(1, url="/v1/completions"), "invalid_url", "url"),
-    (line(1, url="/v1/embeddings"), "invalid_url", "url"),
-    (line(1, body="text"), "invalid_request", "body"),
-    (line(1, body={"messages": [], "model": "m"}), "invalid_request", "body"),
-    (line(1, body={"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}),
-     "invalid_request", "body.stream"),
-])
+@pytest.mark.parametrize(
+    "bad, code, param",
+    [
+        (b"{not json", "invalid_json_line", None),
+        (b"[1, 2]", "invalid_json_line", None),
+        (b'"\\ud800 lone surrogate"', "invalid_json_line", None),
+        (b"\xff\xfe garbage", "invalid_json_line", None),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid_json_line", None),
+        (line(1, custom_id=None), "missing_required_parameter", "custom_id"),
+        (line(1, custom_id=""), "missing_required_parameter", "custom_id"),
+        (line(1, custom_id="x" * 600), "invalid_custom_id", "custom_id"),
+        (line(1, method="GET"), "invalid_method", "method"),
+        (line(1, url="/v1/completions"), "invalid_url", "url"),
+        (line(1, url="/v1/embeddings"), "invalid_url", "url"),
+        (line(1, body="text"), "invalid_request", "body"),
+        (line(1, body={"messages": [], "model": "m"}), "invalid_request", "body"),
+        (
+            line(1, body={"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}),
+            "invalid_request",
+            "body.stream",
+        ),
+    ],
+)
 def test_bad_line_reports_code_param_and_line(bad, code, param):
     v = validate(dump(line(0), bad, line(2)))
     assert len(v.errors) == 1
@@ -85,8 +95,9 @@ def test_completions_endpoint():
 
 
 def test_custom_body_validator():
-    v = BatchValidator(CHAT, body_validator=lambda ep, body: "max_tokens must be positive"
-                       if body.get("max_tokens", 1) <= 0 else None)
+    v = BatchValidator(
+        CHAT, body_validator=lambda ep, body: "max_tokens must be positive" if body.get("max_tokens", 1) <= 0 else None
+    )
     v.feed(dump(line(0), line(1, body={"messages": [{}], "max_tokens": 0})))
     assert [(e["line"], e["message"]) for e in v.finish()] == [(2, "max_tokens must be positive")]
 

@@ -34,21 +34,30 @@ def wait_done(client, batch_id, timeout=20):
     return b
 
 
-@pytest.mark.parametrize("endpoint, url", [("/v1/chat/completions", "/chat/completions"),
-                                           ("/v1/completions", "/v1/completions")])
+@pytest.mark.parametrize(
+    "endpoint, url", [("/v1/chat/completions", "/chat/completions"), ("/v1/completions", "/v1/completions")]
+)
 def test_openai_client_round_trip(env, endpoint, url):
     http, client, _ = env
     if endpoint == "/v1/completions":
-        data = b"".join(json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": url,
-                                    "body": {"model": "m", "prompt": "p", "messages": [{"role": "user", "content": f"c{i}"}]}}).encode() + b"\n"
-                        for i in range(3))
+        data = b"".join(
+            json.dumps(
+                {
+                    "custom_id": f"r-{i}",
+                    "method": "POST",
+                    "url": url,
+                    "body": {"model": "m", "prompt": "p", "messages": [{"role": "user", "content": f"c{i}"}]},
+                }
+            ).encode()
+            + b"\n"
+            for i in range(3)
+        )
     else:
         data = jsonl(3, url=url)
     f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     assert f.id.startswith("file-") and f.bytes == len(data) and f.purpose == "batch"
     assert client.files.retrieve(f.id).filename == "in.jsonl"
-    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
-                              metadata={"k": "v"})
+    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h", metadata={"k": "v"})
     assert b.status == "validating" and b.request_counts.total == 0 and b.metadata == {"k": "v"}
     b = wait_done(client, b.id)
     assert b.status == "completed" and b.request_counts.completed == 3 and b.request_counts.failed == 0
@@ -63,8 +72,9 @@ def test_openai_client_round_trip(env, endpoint, url):
 def test_failed_validation_reports_errors(env):
     _, client, _ = env
     f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(2, url="/v1/completions"))), purpose="batch")
-    b = wait_done(client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                                completion_window="24h").id)
+    b = wait_done(
+        client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    )
     assert b.status == "failed" and b.output_file_id is None
     assert [(e.code, e.line, e.param) for e in b.errors.data] == [("invalid_url", 1, "url"), ("invalid_url", 2, "url")]
 
@@ -72,8 +82,10 @@ def test_failed_validation_reports_errors(env):
 def test_list_pagination_newest_first(env):
     _, client, _ = env
     f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
-    ids = [client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                 completion_window="24h").id for _ in range(3)]
+    ids = [
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+        for _ in range(3)
+    ]
     page = client.batches.list(limit=2)
     assert len(page.data) == 2 and page.has_more
     assert [x.id for x in client.batches.list()] == ids[::-1]
@@ -106,8 +118,14 @@ def test_unknown_and_malformed_ids_get_the_same_404(env, bad):
 
 def test_upload_rejections(env):
     http, _, _ = env
-    assert _err(http.post("/v1/files", files={"file": ("a.jsonl", b"")}, data={"purpose": "batch"}), 400)["code"] == "empty_file"
-    assert _err(http.post("/v1/files", files={"file": ("a.jsonl", b"x")}, data={"purpose": "fine-tune"}), 400)["param"] == "purpose"
+    assert (
+        _err(http.post("/v1/files", files={"file": ("a.jsonl", b"")}, data={"purpose": "batch"}), 400)["code"]
+        == "empty_file"
+    )
+    assert (
+        _err(http.post("/v1/files", files={"file": ("a.jsonl", b"x")}, data={"purpose": "fine-tune"}), 400)["param"]
+        == "purpose"
+    )
     assert _err(http.post("/v1/files", files={"file": ("a", b"x" * (2 << 20))}, data={"purpose": "batch"}), 413)
     assert _err(http.post("/v1/files", data={"purpose": "batch"}), 400)["param"] == "file"
     assert _err(http.post("/v1/files", content=b"not multipart", headers={"content-type": "text/plain"}), 400)
@@ -130,7 +148,10 @@ def test_create_batch_rejections(env):
     for raw in (b"{", b"[]", b"null", b"[" * 50_000):
         _err(http.post("/v1/batches", content=raw, headers={"content-type": "application/json"}), 400)
     out = client.batches.retrieve(wait_done(client, client.batches.create(**ok).id).id)
-    assert _err(http.post("/v1/batches", json={**ok, "input_file_id": out.output_file_id}), 400)["param"] == "input_file_id"
+    assert (
+        _err(http.post("/v1/batches", json={**ok, "input_file_id": out.output_file_id}), 400)["param"]
+        == "input_file_id"
+    )
 
 
 def test_cancel_through_the_api(tmp_path):

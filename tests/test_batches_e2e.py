@@ -15,7 +15,6 @@ import time
 import pytest
 
 
-
 def _serve_has_batches() -> bool:
     """``llmkit serve`` exists and takes ``--batch-storage`` (cheap: the CLI never imports torch)."""
     if importlib.util.find_spec("llmkit.cli.serve") is None:
@@ -39,16 +38,22 @@ from server_utils import kill_server, start_server, stop_server  # noqa: E402
 FINISHED = ("completed", "failed", "cancelled", "expired")
 
 
-def requests_jsonl(n: int, model: str, *, max_tokens: int = 50, url: str = "/chat/completions",
-                   long: bool = False) -> bytes:
+def requests_jsonl(
+    n: int, model: str, *, max_tokens: int = 50, url: str = "/chat/completions", long: bool = False
+) -> bytes:
     lines = []
     for i in range(n):
         if url.endswith("/completions") and "chat" not in url:
             body = {"model": model, "prompt": f"{i}: Once upon a time", "max_tokens": max_tokens}
         else:
-            msgs = ([{"role": "system", "content": f"{i}: You are a helpful AI assistant"},
-                     {"role": "user", "content": "Write a detailed story about topic. Make it very long."}]
-                    if long else [{"role": "user", "content": f"Say the number {i}."}])
+            msgs = (
+                [
+                    {"role": "system", "content": f"{i}: You are a helpful AI assistant"},
+                    {"role": "user", "content": "Write a detailed story about topic. Make it very long."},
+                ]
+                if long
+                else [{"role": "user", "content": f"Say the number {i}."}]
+            )
             body = {"model": model, "messages": msgs, "max_tokens": max_tokens}
         lines.append(json.dumps({"custom_id": f"request-{i}", "method": "POST", "url": url, "body": body}))
     return ("\n".join(lines) + "\n").encode()
@@ -82,15 +87,25 @@ def model(server):
 
 def test_seed_cell_chat_batch(server, model):
     client = server.client
-    data = b"".join(json.dumps({
-        "custom_id": f"request-{i + 1}", "method": "POST", "url": "/chat/completions",
-        "body": {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 50},
-    }).encode() + b"\n" for i, q in enumerate(["Tell me a joke about programming", "What is Python?"]))
+    data = b"".join(
+        json.dumps(
+            {
+                "custom_id": f"request-{i + 1}",
+                "method": "POST",
+                "url": "/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 50},
+            }
+        ).encode()
+        + b"\n"
+        for i, q in enumerate(["Tell me a joke about programming", "What is Python?"])
+    )
     _, batch = submit(client, data)
     batch = wait_for(client, batch.id)
     assert batch.status == "completed"
     assert batch.request_counts.completed == batch.request_counts.total == 2 and batch.request_counts.failed == 0
-    results = [json.loads(x) for x in client.files.content(batch.output_file_id).read().decode().split("\n") if x.strip()]
+    results = [
+        json.loads(x) for x in client.files.content(batch.output_file_id).read().decode().split("\n") if x.strip()
+    ]
     assert [r["custom_id"] for r in results] == ["request-1", "request-2"]
     body = results[0]["response"]["body"]
     assert results[0]["response"]["status_code"] == 200 and isinstance(body["choices"], list)
@@ -171,9 +186,19 @@ def test_kill9_resume_s3(tmp_path):
 
     with moto_endpoint() as url:
         make_bucket(url, "llmkit-e2e")
-        _kill_and_resume(["--batch-storage", "s3", "--storage-option", "bucket=llmkit-e2e",
-                          "--storage-option", f"endpoint_url={url}", "--storage-option", "prefix=e2e/"],
-                         env=FAKE_CREDENTIALS)
+        _kill_and_resume(
+            [
+                "--batch-storage",
+                "s3",
+                "--storage-option",
+                "bucket=llmkit-e2e",
+                "--storage-option",
+                f"endpoint_url={url}",
+                "--storage-option",
+                "prefix=e2e/",
+            ],
+            env=FAKE_CREDENTIALS,
+        )
 
 
 def test_third_party_storage_plugin(tmp_path):

@@ -13,8 +13,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_bench_gpu_tiny_cpu_smoke(tmp_path):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "benchmarks/bench_gpu.py", "--preset", "tiny", "--device", "cpu", "--attention", "torch",
-           "--num-requests", "3", "--output-len", "8", "--prompt-len", "16", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "benchmarks/bench_gpu.py",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--attention",
+        "torch",
+        "--num-requests",
+        "3",
+        "--output-len",
+        "8",
+        "--prompt-len",
+        "16",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "command: " in proc.stdout and "bench_gpu.py --preset tiny" in proc.stdout

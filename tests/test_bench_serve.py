@@ -32,21 +32,52 @@ def scrape(url: str) -> dict:
 
 def bench(url: str, tmp_path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "bench", "serve", "--base-url", url,
-                           "--json", str(out), "--no-progress", *args], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmkit.cli.main",
+            "bench",
+            "serve",
+            "--base-url",
+            url,
+            "--json",
+            str(out),
+            "--no-progress",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return json.loads(out.read_text()), proc.stdout
 
 
 def success(after, before) -> float:
-    return sum(delta(after, before, "llmkit:request_success_total", model_name=M, finished_reason=r)
-               for r in ("stop", "length", "abort"))
+    return sum(
+        delta(after, before, "llmkit:request_success_total", model_name=M, finished_reason=r)
+        for r in ("stop", "length", "abort")
+    )
 
 
 def test_random_chat_agrees_with_metrics(url, tmp_path):
     before = scrape(url)
-    s, text = bench(url, tmp_path, "--backend", "openai-chat", "--num-prompts", "6", "--random-input-len", "24",
-                    "--random-output-len", "8", "--ignore-eos", "--max-concurrency", "2")
+    s, text = bench(
+        url,
+        tmp_path,
+        "--backend",
+        "openai-chat",
+        "--num-prompts",
+        "6",
+        "--random-input-len",
+        "24",
+        "--random-output-len",
+        "8",
+        "--ignore-eos",
+        "--max-concurrency",
+        "2",
+    )
     after = scrape(url)
     assert "Serving Benchmark Result" in text and "P99 TTFT (ms)" in text
     assert s["model"] == M  # found through /v1/models
@@ -67,8 +98,21 @@ def test_jsonl_completions_count_429s_as_failures(url, tmp_path):
     data.write_text("\n".join(json.dumps({"prompt": f"Count to {i}:", "max_tokens": 24}) for i in range(4)) + "\n")
     before = scrape(url)
     # four at once on a server that holds two: the two that find it full get 429
-    s, _ = bench(url, tmp_path, "--backend", "openai-completions", "--dataset-path", str(data), "--num-prompts", "8",
-                 "--ignore-eos", "--max-concurrency", "4", "--request-rate", "inf")
+    s, _ = bench(
+        url,
+        tmp_path,
+        "--backend",
+        "openai-completions",
+        "--dataset-path",
+        str(data),
+        "--num-prompts",
+        "8",
+        "--ignore-eos",
+        "--max-concurrency",
+        "4",
+        "--request-rate",
+        "inf",
+    )
     after = scrape(url)
     assert s["completed"] + s["failed"] == 8
     assert s["failed"] >= 1 and all("429" in e for e in s["errors"])
@@ -81,18 +125,39 @@ def test_jsonl_completions_count_429s_as_failures(url, tmp_path):
 
 def test_poisson_rate(url, tmp_path):
     before = scrape(url)
-    s, _ = bench(url, tmp_path, "--backend", "openai-completions", "--num-prompts", "4", "--random-input-len", "8",
-                 "--random-output-len", "4", "--request-rate", "20", "--max-concurrency", "1")
+    s, _ = bench(
+        url,
+        tmp_path,
+        "--backend",
+        "openai-completions",
+        "--num-prompts",
+        "4",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--request-rate",
+        "20",
+        "--max-concurrency",
+        "1",
+    )
     after = scrape(url)
     assert s["request_rate"] == 20 and s["completed"] == 4
     assert s["total_output_tokens"] == delta(after, before, "llmkit:generation_tokens_total", model_name=M)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backend", "nope"], "openai-chat"),
-    (["--request-rate", "0"], "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backend", "nope"], "openai-chat"),
+        (["--request-rate", "0"], "must be > 0"),
+    ],
+)
 def test_bad_options_exit_2(args, message):
-    proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "bench", "serve", "--base-url",
-                           "http://127.0.0.1:9", *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmkit.cli.main", "bench", "serve", "--base-url", "http://127.0.0.1:9", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and message in proc.stderr + proc.stdout

@@ -12,11 +12,14 @@ from llmkit.core.server.chat_template import ChatTemplate, TemplateRenderError, 
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("src", [
-    "{{ lipsum.__globals__['os'].system('touch CANARY') }}",
-    "{{ cycler.__init__.__globals__.os.popen('touch CANARY').read() }}",
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "{{ lipsum.__globals__['os'].system('touch CANARY') }}",
+        "{{ cycler.__init__.__globals__.os.popen('touch CANARY').read() }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    ],
+)
 def test_sandbox_escapes_fail(src, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TemplateRenderError):
@@ -24,11 +27,14 @@ def test_sandbox_escapes_fail(src, tmp_path, monkeypatch):
     assert not Path("CANARY").exists()
 
 
-@pytest.mark.parametrize("src", [
-    "{{ 'x' * 10**9 }}",
-    "{% for i in range(10**8) %}x{% endfor %}",
-    "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "{{ 'x' * 10**9 }}",
+        "{% for i in range(10**8) %}x{% endfor %}",
+        "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+    ],
+)
 def test_render_limits(src):
     t0 = time.monotonic()
     with pytest.raises(TemplateRenderError):
@@ -58,29 +64,43 @@ def _embedded_state(tool_call_parser):
     from llmkit.core.server.state import ServerState
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
-    return ServerState(client=None, tokenizer=tok, chat_template=ChatTemplate(tok.chat_template),
-                       options=ServerConfig("m", tool_call_parser=tool_call_parser),
-                       max_context=8192, vocab_size=len(tok))
+    return ServerState(
+        client=None,
+        tokenizer=tok,
+        chat_template=ChatTemplate(tok.chat_template),
+        options=ServerConfig("m", tool_call_parser=tool_call_parser),
+        max_context=8192,
+        vocab_size=len(tok),
+    )
 
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
-@pytest.mark.parametrize("parser, choice, marker", [
-    ("hermes", "auto", "<tool_call>"),
-    ("pythonic", None, "function_name(argument=value"),
-    (None, "required", '[{"name": <function-name>, "parameters"'),
-    (None, "auto", None),
-])
+@pytest.mark.parametrize(
+    "parser, choice, marker",
+    [
+        ("hermes", "auto", "<tool_call>"),
+        ("pythonic", None, "function_name(argument=value"),
+        (None, "required", '[{"name": <function-name>, "parameters"'),
+        (None, "auto", None),
+    ],
+)
 def test_template_without_tools_gets_them_in_the_system_prompt(parser, choice, marker):
     from llmkit.core.server.prompt import render_chat
     from llmkit.core.server.protocol import ChatCompletionRequest
 
     state = _embedded_state(parser)
     assert not state.chat_template.supports_tools
-    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                 tools=[WEATHER], tool_choice=choice)
+    body = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER], tool_choice=choice
+    )
     text = render_chat(state, body, {})
     if marker is None:  # "auto" without a parser cannot call a tool: the prompt is unchanged
         assert "get_weather" not in text

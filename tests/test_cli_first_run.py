@@ -30,20 +30,35 @@ def _one_line_error(res, *needles: str) -> None:
     assert "Serving on" not in res.output
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--port", "99999"], ["--port 99999", "1 to 65535"]),
-    (["--grammar-backend", "nope"], ["unknown grammar backend 'nope'", "xgrammar"]),
-    (["--quantization", "int4"], ["unknown --quantization 'int4'", "int8"]),
-    (["--model-path", "x.gguf"], ["'x.gguf' does not exist"]),
-    (["--reasoning-parser", "nope"], ["unknown reasoning parser 'nope'", "qwen3"]),
-    (["--tool-call-parser", "nope"], ["unknown tool-call parser 'nope'", "hermes"]),
-    (["--chat-template", "missing.jinja"], ["'missing.jinja' does not exist"]),
-    (["--dtype", "fp8"], ["unknown --dtype 'fp8'"]),
-    (["--device", "tpu"], ["unknown --device 'tpu'"]),
-    (["--tp", "2"], ["tensor parallelism is not available"]),
-    (["--tp-size", "1", "--trust-remote-code", "--mem-fraction-static", "1.5"], ["--mem-fraction-static 1.5"]),
-], ids=["port-range", "grammar", "quantization", "missing-gguf", "reasoning", "tool-parser",
-        "template", "dtype", "device", "tp", "mem-fraction"])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--port", "99999"], ["--port 99999", "1 to 65535"]),
+        (["--grammar-backend", "nope"], ["unknown grammar backend 'nope'", "xgrammar"]),
+        (["--quantization", "int4"], ["unknown --quantization 'int4'", "int8"]),
+        (["--model-path", "x.gguf"], ["'x.gguf' does not exist"]),
+        (["--reasoning-parser", "nope"], ["unknown reasoning parser 'nope'", "qwen3"]),
+        (["--tool-call-parser", "nope"], ["unknown tool-call parser 'nope'", "hermes"]),
+        (["--chat-template", "missing.jinja"], ["'missing.jinja' does not exist"]),
+        (["--dtype", "fp8"], ["unknown --dtype 'fp8'"]),
+        (["--device", "tpu"], ["unknown --device 'tpu'"]),
+        (["--tp", "2"], ["tensor parallelism is not available"]),
+        (["--tp-size", "1", "--trust-remote-code", "--mem-fraction-static", "1.5"], ["--mem-fraction-static 1.5"]),
+    ],
+    ids=[
+        "port-range",
+        "grammar",
+        "quantization",
+        "missing-gguf",
+        "reasoning",
+        "tool-parser",
+        "template",
+        "dtype",
+        "device",
+        "tp",
+        "mem-fraction",
+    ],
+)
 def test_mistakes_fail_before_loading_in_one_line(args, needles):
     res, took = _serve(*args)
     _one_line_error(res, *needles)
@@ -62,8 +77,12 @@ def test_port_in_use_fails_before_loading():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line():
-    proc = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "serve", "--device", "cuda"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmkit.cli.main", "serve", "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
@@ -73,8 +92,13 @@ def test_help_shows_whole_flag_names_when_piped():
     res = CliRunner().invoke(app, ["serve", "--help"], terminal_width=80)
     assert res.exit_code == 0
     out = res.output
-    for flag in ("--enable-deterministic-inference", "--disable-overlap-schedule", "--mem-fraction-static",
-                 "--trust-remote-code", "--tp-size"):
+    for flag in (
+        "--enable-deterministic-inference",
+        "--disable-overlap-schedule",
+        "--mem-fraction-static",
+        "--trust-remote-code",
+        "--tp-size",
+    ):
         assert flag in out, flag
     assert "…" not in out
     line = next(x for x in out.splitlines() if "--served-model-name" in x)

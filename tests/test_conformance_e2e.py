@@ -21,15 +21,22 @@ def client(server):
 
 # -- 1. structured output keeps the schema's key order ---------------------------------------------
 
-ORDERED = {"type": "object", "additionalProperties": False, "required": ["reasoning", "answer"],
-           "properties": {"reasoning": {"enum": ["short", "long"]}, "answer": {"enum": ["yes", "no"]}}}
+ORDERED = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["reasoning", "answer"],
+    "properties": {"reasoning": {"enum": ["short", "long"]}, "answer": {"enum": ["yes", "no"]}},
+}
 
 
 def test_json_schema_keeps_property_order(client):
     r = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Is the sky blue? Answer as JSON."}],
-        temperature=0, max_tokens=60,
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": ORDERED, "strict": True}})
+        model="m",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer as JSON."}],
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": ORDERED, "strict": True}},
+    )
     assert list(json.loads(r.choices[0].message.content)) == ["reasoning", "answer"]
 
 
@@ -39,17 +46,27 @@ class Verdict(BaseModel):
 
 
 def test_parse_keeps_model_field_order(client):
-    r = client.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Give a verdict."}],
-                                      response_format=Verdict, temperature=0, max_tokens=60)
+    r = client.chat.completions.parse(
+        model="m",
+        messages=[{"role": "user", "content": "Give a verdict."}],
+        response_format=Verdict,
+        temperature=0,
+        max_tokens=60,
+    )
     assert list(json.loads(r.choices[0].message.content)) == ["zeta", "alpha"]
     assert isinstance(r.choices[0].message.parsed, Verdict)
 
 
 def test_forced_tool_arguments_keep_property_order(client):
     tool = openai.pydantic_function_tool(Verdict, name="verdict")
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Judge."}], tools=[tool],
-                                       tool_choice={"type": "function", "function": {"name": "verdict"}},
-                                       temperature=0, max_tokens=60)
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Judge."}],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "verdict"}},
+        temperature=0,
+        max_tokens=60,
+    )
     args = r.choices[0].message.tool_calls[0].function.arguments
     assert list(json.loads(args)) == ["zeta", "alpha"]
 
@@ -73,26 +90,50 @@ class Company(BaseModel):
 
 
 def test_forced_tool_call_with_defs(client):
-    tools = [openai.pydantic_function_tool(Person, name="person"),
-             openai.pydantic_function_tool(Company, name="company")]
+    tools = [
+        openai.pydantic_function_tool(Person, name="person"),
+        openai.pydantic_function_tool(Company, name="company"),
+    ]
     assert "$defs" in tools[0]["function"]["parameters"]
     for choice in ({"type": "function", "function": {"name": "person"}}, "required"):
         r = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Alice lives in Paris."}], tools=tools,
-            tool_choice=choice, temperature=0, max_tokens=120)
+            model="m",
+            messages=[{"role": "user", "content": "Alice lives in Paris."}],
+            tools=tools,
+            tool_choice=choice,
+            temperature=0,
+            max_tokens=120,
+        )
         for call in r.choices[0].message.tool_calls:
             schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == call.function.name)
             jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
 def test_conflicting_defs_across_tools_are_400(client):
-    a = {"type": "function", "function": {"name": "a", "parameters": {
-        "type": "object", "properties": {"x": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "string"}}}}}
-    b = {"type": "function", "function": {"name": "b", "parameters": {
-        "type": "object", "properties": {"y": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "integer"}}}}}
+    a = {
+        "type": "function",
+        "function": {
+            "name": "a",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"$ref": "#/$defs/T"}},
+                "$defs": {"T": {"type": "string"}},
+            },
+        },
+    }
+    b = {
+        "type": "function",
+        "function": {
+            "name": "b",
+            "parameters": {
+                "type": "object",
+                "properties": {"y": {"$ref": "#/$defs/T"}},
+                "$defs": {"T": {"type": "integer"}},
+            },
+        },
+    }
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=SAY_HI, tools=[a, b], tool_choice="required",
-                                       max_tokens=20)
+        client.chat.completions.create(model="m", messages=SAY_HI, tools=[a, b], tool_choice="required", max_tokens=20)
     assert info.value.param == "tools" and "$defs/T" in info.value.message
 
 
@@ -132,8 +173,7 @@ def test_completion_logprobs_zero_lists_sampled_token(client):
 
 def test_stream_options_without_stream_is_400(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=SAY_HI, max_tokens=4,
-                                       stream_options={"include_usage": True})
+        client.chat.completions.create(model="m", messages=SAY_HI, max_tokens=4, stream_options={"include_usage": True})
     assert info.value.param == "stream_options"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="m", prompt="Hi", max_tokens=4, stream_options={"include_usage": True})
@@ -142,15 +182,21 @@ def test_stream_options_without_stream_is_400(client):
 
 def test_continuous_usage_stats(client):
     opts = {"include_usage": True, "continuous_usage_stats": True}
-    chunks = list(client.chat.completions.create(model="m", messages=SAY_HI, max_tokens=12, temperature=0,
-                                                 stream=True, stream_options=opts))
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=SAY_HI, max_tokens=12, temperature=0, stream=True, stream_options=opts
+        )
+    )
     with_choices = [c for c in chunks[1:] if c.choices]
     assert with_choices and all(c.usage is not None for c in with_choices)
     counts = [c.usage.completion_tokens for c in with_choices]
     assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
     assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in with_choices)
-    chunks = list(client.completions.create(model="m", prompt=["Hi", "Hello there"], max_tokens=5, n=2,
-                                            temperature=0, stream=True, stream_options=opts))
+    chunks = list(
+        client.completions.create(
+            model="m", prompt=["Hi", "Hello there"], max_tokens=5, n=2, temperature=0, stream=True, stream_options=opts
+        )
+    )
     final = chunks[-1].usage
     last = [c for c in chunks if c.choices][-1].usage
     assert (last.prompt_tokens, last.completion_tokens) == (final.prompt_tokens, final.completion_tokens)
@@ -171,7 +217,7 @@ def test_echo_special_tokens_text_tokens_offsets_agree(client):
     assert c.text.startswith("<|im_start|>user\nHello<|im_end|><|im_start|>")
     lp = c.logprobs
     for t, off in zip(lp.tokens, lp.text_offset):
-        assert c.text[off:off + len(t)] == t, (t, off, c.text)
+        assert c.text[off : off + len(t)] == t, (t, off, c.text)
 
 
 # -- 7. SGLang's stop_regex -------------------------------------------------------------------------------
@@ -185,11 +231,17 @@ def test_stop_regex(client):
     c = r.choices[0]
     assert c.finish_reason == "stop" and c.matched_stop == r"\b7\b"
     assert c.text == free[: re.search(r"\b7\b", free).start()]
-    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
-        **kw, stream=True, extra_body={"stop_regex": r"\b7\b"}))
+    streamed = "".join(
+        ch.choices[0].text for ch in client.completions.create(**kw, stream=True, extra_body={"stop_regex": r"\b7\b"})
+    )
     assert streamed == c.text
-    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Count to ten."}],
-                                          temperature=0, max_tokens=60, extra_body={"stop_regex": r"\d"})
+    chat = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Count to ten."}],
+        temperature=0,
+        max_tokens=60,
+        extra_body={"stop_regex": r"\d"},
+    )
     assert not re.search(r"\d", chat.choices[0].message.content)
 
 
@@ -211,8 +263,12 @@ def test_template_without_tools_warns_at_start_up(server):
 
 
 def test_decode_batch_lines_are_logged(client, server):
-    client.completions.create(model="m", prompt="Once upon a time", max_tokens=50, temperature=0,
-                              extra_body={"ignore_eos": True})
-    rates = re.findall(r"Decode batch\. #running-req: \d+, #token: \d+, token usage: [\d.]+, "
-                       r"gen throughput \(token/s\): ([\d.]+)", server.log())
+    client.completions.create(
+        model="m", prompt="Once upon a time", max_tokens=50, temperature=0, extra_body={"ignore_eos": True}
+    )
+    rates = re.findall(
+        r"Decode batch\. #running-req: \d+, #token: \d+, token usage: [\d.]+, "
+        r"gen throughput \(token/s\): ([\d.]+)",
+        server.log(),
+    )
     assert rates and float(rates[-1]) > 0

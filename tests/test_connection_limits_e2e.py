@@ -64,8 +64,11 @@ def test_idle_keep_alive_is_closed_and_busy_ones_are_not(url):
     assert _closed_within(s, 5)  # idle after its response
     s.close()
     # A request slower than the header timeout overall (it is generating) is not cut.
-    r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "Hello", "max_tokens": 40,
-                                                 "ignore_eos": True}, timeout=120)
+    r = httpx.post(
+        url + "/v1/completions",
+        json={"model": "m", "prompt": "Hello", "max_tokens": 40, "ignore_eos": True},
+        timeout=120,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40
 
 
@@ -78,8 +81,11 @@ def test_queue_timeout_is_503():
         out = {}
 
         def long():
-            out["r"] = httpx.post(base + "/v1/completions", json={"model": "m", "prompt": "Once", "max_tokens": 400,
-                                                                  "ignore_eos": True}, timeout=120)
+            out["r"] = httpx.post(
+                base + "/v1/completions",
+                json={"model": "m", "prompt": "Once", "max_tokens": 400, "ignore_eos": True},
+                timeout=120,
+            )
 
         t = threading.Thread(target=long)
         t.start()

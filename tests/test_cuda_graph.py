@@ -22,11 +22,15 @@ def test_buckets_cover_every_batch_size():
 def _greedy(engine, prompts, n=24):
     out, done = {}, threading.Semaphore(0)
     for i, ids in enumerate(prompts):
+
         def sink(o, i=i):
             out.setdefault(i, []).extend(o.token_ids)
             if o.finished:
                 done.release()
-        engine.submit(GenerateRequest(f"g{i}", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
+
+        engine.submit(
+            GenerateRequest(f"g{i}", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink
+        )
     for _ in prompts:
         assert done.acquire(timeout=300)
     return [out[i] for i in range(len(prompts))]
@@ -38,8 +42,14 @@ def test_graph_replay_equals_eager():
     prompts = [[1, 200 + i, 300, 400 + 7 * i] for i in range(5)]  # 5 seqs: replays the bs=8 bucket
     results = []
     for disable in (True, False):
-        engine = start_engine(device="cuda", attention="triton", disable_cuda_graph=disable,
-                              enable_deterministic_inference=True, cuda_graph_max_bs=8, dtype="float32")
+        engine = start_engine(
+            device="cuda",
+            attention="triton",
+            disable_cuda_graph=disable,
+            enable_deterministic_inference=True,
+            cuda_graph_max_bs=8,
+            dtype="float32",
+        )
         try:
             assert (engine.runner.graphs is None) == disable
             results.append(_greedy(engine, prompts))

@@ -4,15 +4,18 @@ and never released, whatever the split."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from llmkit.core.engine.detokenizer import IncrementalDetokenizer
 from llmkit.core.model.source import resolve_model_dir
 
-TEXTS = ["Hello, world! 你好，世界。🙂👍🏽 naïve café — done.",
-         "def f(x):\n    return x ** 2  # ✓\n\n\nEnd",
-         "Zürich → Москва → 東京 🚄🚄🚄"]
+TEXTS = [
+    "Hello, world! 你好，世界。🙂👍🏽 naïve café — done.",
+    "def f(x):\n    return x ** 2  # ✓\n\n\nEnd",
+    "Zürich → Москва → 東京 🚄🚄🚄",
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def test_deltas_are_whole_characters(tok, text):
 def test_stop_strings_never_leak(tok, text, data):
     start = data.draw(st.integers(0, len(text) - 3))
     length = data.draw(st.integers(2, 6))
-    stop = text[start:start + length]
+    stop = text[start : start + length]
     if not stop.strip():
         return
     ids = tok(text, add_special_tokens=False)["input_ids"]

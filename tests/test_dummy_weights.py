@@ -9,12 +9,12 @@ import threading
 import pytest
 import torch
 
+from llmkit.core.engine.builder import build_engine_parts
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.loop import Engine
-from llmkit.core.engine.builder import build_engine_parts
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.source import resolve_model_dir
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 from model_utils import tiny_config
 
@@ -49,8 +49,15 @@ def _generate(engine: Engine, ids: list[int], n: int) -> tuple[list[int], list[f
 
 
 def _build_and_generate(model_dir) -> tuple[list[int], list[float]]:
-    cfg = EngineConfig(grammar_backend="none", model_path=str(model_dir), load_format="dummy", device="cpu", attention="torch",
-                       dtype="float32", max_total_tokens=256)
+    cfg = EngineConfig(
+        grammar_backend="none",
+        model_path=str(model_dir),
+        load_format="dummy",
+        device="cpu",
+        attention="torch",
+        dtype="float32",
+        max_total_tokens=256,
+    )
     parts = build_engine_parts(cfg)
     for m in parts.model.modules():
         if isinstance(m, RMSNorm):

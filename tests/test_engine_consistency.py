@@ -12,8 +12,7 @@ PROMPTS = [f"Write one sentence about the number {i}." for i in range(16)]
 
 
 def _chat(client, prompt, **kw):
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
-                                       max_tokens=24, **kw)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], max_tokens=24, **kw)
     return r.choices[0].message.content
 
 
@@ -21,8 +20,9 @@ async def _concurrent(server, **kw):
     client = server.async_client
 
     async def one(p):
-        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
-                                                 max_tokens=24, **kw)
+        r = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": p}], max_tokens=24, **kw
+        )
         return r.choices[0].message.content
 
     return await asyncio.gather(*(one(p) for p in PROMPTS))
@@ -84,8 +84,14 @@ def test_all_kv_pages_free_after_requests(server):
 
 
 def test_client_disconnect_aborts_and_frees(server):
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 2000, "stream": True, "extra_body": None, "ignore_eos": True}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 2000,
+        "stream": True,
+        "extra_body": None,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=60) as resp:
         n = 0
         for line in resp.iter_lines():
@@ -98,8 +104,12 @@ def test_client_disconnect_aborts_and_frees(server):
 
 
 def test_non_streaming_disconnect_aborts(server):
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 2000, "ignore_eos": True}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 2000,
+        "ignore_eos": True,
+    }
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=1.5)
     info = _wait_idle(server, timeout=10)

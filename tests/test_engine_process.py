@@ -48,9 +48,12 @@ def test_streaming_equals_non_streaming_and_n(proc_server):
     _, url = proc_server
     full = _chat(url, n=2, seed=7, temperature=0.8)
     texts = ["", ""]
-    with httpx.stream("POST", url + "/v1/chat/completions", timeout=120, json={
-            "model": "m", "messages": MSGS, "max_tokens": 24, "temperature": 0.8, "seed": 7, "n": 2,
-            "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": "m", "messages": MSGS, "max_tokens": 24, "temperature": 0.8, "seed": 7, "n": 2, "stream": True},
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 for c in json.loads(line[6:])["choices"]:
@@ -62,8 +65,7 @@ def test_grammar_checks_cross_the_boundary(proc_server):
     _, url = proc_server
     out = _chat(url, regex="(red|green|blue)", max_tokens=8)
     assert out["choices"][0]["message"]["content"] in ("red", "green", "blue")
-    bad = httpx.post(url + "/v1/chat/completions", timeout=60,
-                     json={"model": "m", "messages": MSGS, "regex": "(a*)*b"})
+    bad = httpx.post(url + "/v1/chat/completions", timeout=60, json={"model": "m", "messages": MSGS, "regex": "(a*)*b"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "regex"
 
 
@@ -81,9 +83,12 @@ def test_killed_engine_fails_clients_and_stops_the_server():
         started = threading.Event()
 
         def stream():
-            with httpx.stream("POST", url + "/v1/chat/completions", timeout=60, json={
-                    "model": "m", "messages": MSGS, "max_tokens": 4000, "stream": True,
-                    "ignore_eos": True}) as r:
+            with httpx.stream(
+                "POST",
+                url + "/v1/chat/completions",
+                timeout=60,
+                json={"model": "m", "messages": MSGS, "max_tokens": 4000, "stream": True, "ignore_eos": True},
+            ) as r:
                 for line in r.iter_lines():
                     started.set()
                     events.append(line)

@@ -7,14 +7,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
-from batch_utils import fake_execute, jsonl
-from batch_utils import make_app
 
 from llmkit.core.batches.files_routes import sanitize_filename
 from llmkit.plugins.storage.local import LocalStorage
 
-HOSTILE_NAMES = ["../../x", "/abs/path.jsonl", "C:\\..\\x", "a\x00b", "é" * 300, "..", "", ".",
-                 "../" * 50 + "etc/passwd", "line\nbreak\r.jsonl"]
+from batch_utils import fake_execute, jsonl, make_app
+
+HOSTILE_NAMES = [
+    "../../x",
+    "/abs/path.jsonl",
+    "C:\\..\\x",
+    "a\x00b",
+    "é" * 300,
+    "..",
+    "",
+    ".",
+    "../" * 50 + "etc/passwd",
+    "line\nbreak\r.jsonl",
+]
 
 
 def walk(root) -> set[str]:
@@ -61,7 +71,10 @@ def test_concurrent_creates_cancels_and_reads(tmp_path):
         assert all(r.status_code == 200 for r in cancels + reads)
         for batch_id in ids:
             while (b := http.get(f"/v1/batches/{batch_id}").json())["status"] not in (
-                "completed", "cancelled", "failed"):
+                "completed",
+                "cancelled",
+                "failed",
+            ):
                 pass
             assert b["status"] in ("completed", "cancelled")
             if b["output_file_id"]:

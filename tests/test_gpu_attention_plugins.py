@@ -54,16 +54,21 @@ def test_triton_interpreter_opt_in_sets_triton_interpret(monkeypatch):
     assert triton_backend.os.environ["TRITON_INTERPRET"] == "1"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None,
-                    reason="flashinfer is installed")
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer is installed")
 def test_flashinfer_missing_names_the_extra():
-    from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend
     from llmkit.core.model.kv_pool import KVCachePool
+    from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend
 
     reason = FlashInferAttentionBackend.availability(torch.device("cuda"))
     assert reason is not None and "pip install 'llmkit[flashinfer]'" in reason
-    pool = KVCachePool(num_layers=1, num_pages=2, page_size=1, num_kv_heads=1, head_dim=8,
-                       dtype=torch.float32, device=torch.device("cpu"))
+    pool = KVCachePool(
+        num_layers=1,
+        num_pages=2,
+        page_size=1,
+        num_kv_heads=1,
+        head_dim=8,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     with pytest.raises(RuntimeError, match=r"pip install 'llmkit\[flashinfer\]'"):
-        FlashInferAttentionBackend(num_heads=1, num_kv_heads=1, head_dim=8, pool=pool,
-                                   device=torch.device("cpu"))
+        FlashInferAttentionBackend(num_heads=1, num_kv_heads=1, head_dim=8, pool=pool, device=torch.device("cpu"))

@@ -96,7 +96,11 @@ SCHEMAS = [
                 "type": "array",
                 "minItems": 1,
                 "maxItems": 2,
-                "items": {"type": "object", "properties": {"qty": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["qty"]},
+                "items": {
+                    "type": "object",
+                    "properties": {"qty": {"type": "integer", "minimum": 1, "maximum": 9}},
+                    "required": ["qty"],
+                },
             },
         },
         "required": ["user", "items"],
@@ -217,9 +221,19 @@ def _nested(depth: int) -> dict:
         GrammarSpec("json_schema", _nested(10_000)),
         GrammarSpec("json_schema", "[" * 10_000 + "]" * 10_000, "json_schema"),
         GrammarSpec("json_schema", {"enum": [f"value{i}" for i in range(100_000)]}),
-        GrammarSpec("ebnf", 'root ::= "a"' + " | \"b\"" * 200_000, "ebnf"),
+        GrammarSpec("ebnf", 'root ::= "a"' + ' | "b"' * 200_000, "ebnf"),
     ],
-    ids=["redos", "redos-ws", "redos-pattern", "1mb-regex", "deep-regex", "deep-schema", "deep-json-text", "100k-enum", "big-ebnf"],
+    ids=[
+        "redos",
+        "redos-ws",
+        "redos-pattern",
+        "1mb-regex",
+        "deep-regex",
+        "deep-schema",
+        "deep-json-text",
+        "100k-enum",
+        "big-ebnf",
+    ],
 )
 def test_hostile_inputs_fail_fast(backend, spec):
     start = time.monotonic()
@@ -293,7 +307,9 @@ def test_spec_from_request():
     assert spec_from_request({"response_format": {"type": "text"}}) is None
     assert spec_from_request({"response_format": {"type": "json_object"}}).kind == "json_object"
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    spec = spec_from_request({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+    spec = spec_from_request(
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}}
+    )
     assert (spec.kind, spec.value, spec.param) == ("json_schema", schema, "response_format")
     legacy = {"type": "object", "properties": {"a": {"type": "string"}, "strict": {"type": "boolean"}}}
     spec = spec_from_request({"response_format": {"type": "json_schema", "schema": legacy}})

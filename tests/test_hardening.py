@@ -8,8 +8,9 @@ import asyncio
 import json
 
 import pytest
-from fake_engine import fake_app
 from fastapi.testclient import TestClient
+
+from fake_engine import fake_app
 
 OK_MSG = [{"role": "user", "content": "hi"}]
 
@@ -30,6 +31,7 @@ def http():
 
 # --- 3. every error in OpenAI's shape (Anthropic's on /v1/messages*) ---------------------------
 
+
 def test_unknown_route_is_openai_shaped(http):
     err = _error(http.get("/v1/nope"), 404)
     assert err["code"] == "not_found" and "/v1/nope" in err["message"]
@@ -41,11 +43,14 @@ def test_wrong_method_is_openai_shaped(http):
     assert err["code"] == "method_not_allowed" and "POST" in resp.headers["allow"]
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/separate_reasoning", {"text": 1, "reasoning_parser": "qwen3"}, "text"),
-    ("/separate_reasoning", {"text": "x"}, "reasoning_parser"),
-    ("/parse_function_call", {"text": "x", "tool_call_parser": "hermes", "tools": 5}, "tools"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/separate_reasoning", {"text": 1, "reasoning_parser": "qwen3"}, "text"),
+        ("/separate_reasoning", {"text": "x"}, "reasoning_parser"),
+        ("/parse_function_call", {"text": "x", "tool_call_parser": "hermes", "tools": 5}, "tools"),
+    ],
+)
 def test_parser_routes_validation_is_400_openai_shaped(http, path, body, param):
     err = _error(http.post(path, json=body), 400)
     assert err["param"] == param
@@ -64,8 +69,19 @@ def test_anthropic_routes_keep_anthropic_shape(http):
 
 # --- 2. one body cap, every route, enforced while reading ------------------------------------
 
-@pytest.mark.parametrize("path", ["/separate_reasoning", "/parse_function_call", "/v1/chat/completions",
-                                  "/v1/completions", "/generate", "/tokenize", "/v1/nope"])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/separate_reasoning",
+        "/parse_function_call",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/generate",
+        "/tokenize",
+        "/v1/nope",
+    ],
+)
 def test_declared_large_body_is_413_unread(http, path):
     err = _error(http.post(path, content=b"x" * 5000, headers={"content-type": "application/json"}), 413)
     assert err["code"] == "payload_too_large" and "4096" in err["message"]
@@ -85,10 +101,20 @@ def test_chunked_large_body_is_cut_off_while_reading(path):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
-             "server": ("127.0.0.1", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 413
     assert json.loads(sent[1]["body"])["error"]["code"] == "payload_too_large"
@@ -102,11 +128,15 @@ def test_small_bodies_still_work(http):
 
 # --- 4. a model the server does not serve is a 404 -------------------------------------------
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"model": "gpt-4o", "messages": OK_MSG, "max_tokens": 2}),
-    ("/v1/completions", {"model": "gpt-4o", "prompt": "hi", "max_tokens": 2}),
-    ("/v1/responses", {"model": "gpt-4o", "input": "hi", "max_output_tokens": 2}),
-])
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"model": "gpt-4o", "messages": OK_MSG, "max_tokens": 2}),
+        ("/v1/completions", {"model": "gpt-4o", "prompt": "hi", "max_tokens": 2}),
+        ("/v1/responses", {"model": "gpt-4o", "input": "hi", "max_output_tokens": 2}),
+    ],
+)
 def test_unknown_model_is_404(http, path, body):
     err = _error(http.post(path, json=body), 404)
     assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
@@ -132,13 +162,15 @@ def test_served_model_name_repeats_into_aliases():
     from llmkit.cli.serve import _serve_only_app, build_configs
 
     cmd = typer.main.get_command(_serve_only_app())
-    ctx = cmd.make_context("serve", ["--served-model-name", "main", "--served-model-name", "alias1",
-                                     "--served-model-name", "alias2"])
+    ctx = cmd.make_context(
+        "serve", ["--served-model-name", "main", "--served-model-name", "alias1", "--served-model-name", "alias2"]
+    )
     _, server = build_configs(**ctx.params)
     assert server.served_model_name == "main" and server.served_model_aliases == ("alias1", "alias2")
 
 
 # --- 5. a request that can never fit is a 400; a full queue is a 429 with Retry-After --------
+
 
 def test_request_larger_than_the_queue_is_400(http):
     body = {"model": "m", "prompt": ["hi"] * 256, "n": 16, "max_tokens": 1}
@@ -161,10 +193,14 @@ def test_full_queue_is_429_with_retry_after():
 
 # --- 1. a prompt that cannot fit is refused before the tokenizer runs -------------------------
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {"model": "m", "prompt": "x" * (6 << 20), "max_tokens": 1}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x" * (6 << 20)}]}),
-])
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"model": "m", "prompt": "x" * (6 << 20), "max_tokens": 1}),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x" * (6 << 20)}]}),
+    ],
+)
 def test_huge_prompt_is_rejected_cheaply(path, body):
     """Tokenizing 6 MB without spaces costs seconds of CPU; the character bound answers at once."""
     import time
@@ -181,13 +217,18 @@ def test_max_prompt_size_flag():
     with TestClient(fake_app(max_prompt_size=1000)) as client:
         err = _error(client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 500, "max_tokens": 1}), 400)
         assert "--max-prompt-size" in err["message"] and err["param"] == "prompt"
-        assert client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 300, "max_tokens": 1}).status_code == 200
+        assert (
+            client.post("/v1/completions", json={"model": "m", "prompt": "hi " * 300, "max_tokens": 1}).status_code
+            == 200
+        )
 
 
 # --- 7. a template that runs into its deadline delays only its own request -------------------
 
-SLOW = ("{% if 'slow' in messages[0]['content'] %}{% for i in range(100000) %}{% for j in range(100000) %}"
-        "{% endfor %}{% endfor %}{% endif %}")
+SLOW = (
+    "{% if 'slow' in messages[0]['content'] %}{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{% endfor %}{% endfor %}{% endif %}"
+)
 
 
 def test_slow_template_does_not_stall_other_requests():
@@ -208,17 +249,24 @@ def test_slow_template_does_not_stall_other_requests():
     async def main():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as c:
+
             async def post(path, body, delay=0.0):
                 await asyncio.sleep(delay)
                 t0 = time.monotonic()
                 r = await c.post(path, json=body)
                 return r.status_code, time.monotonic() - t0
 
-            slow = [post("/v1/chat/completions", {"model": "m", "max_tokens": 1,
-                                                  "messages": [{"role": "user", "content": "slow"}]})
-                    for _ in range(n_slow)]
-            fast = [post("/v1/completions", {"model": "m", "prompt": "word " * 1000, "max_tokens": 1}, 0.5),
-                    post("/v1/chat/completions", {"model": "m", "messages": OK_MSG, "max_tokens": 1}, 0.5)]
+            slow = [
+                post(
+                    "/v1/chat/completions",
+                    {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "slow"}]},
+                )
+                for _ in range(n_slow)
+            ]
+            fast = [
+                post("/v1/completions", {"model": "m", "prompt": "word " * 1000, "max_tokens": 1}, 0.5),
+                post("/v1/chat/completions", {"model": "m", "messages": OK_MSG, "max_tokens": 1}, 0.5),
+            ]
             return await asyncio.gather(*slow, *fast)
 
     results = asyncio.run(main())
@@ -229,6 +277,7 @@ def test_slow_template_does_not_stall_other_requests():
 
 # --- operator limits: exact-path auth exemptions; ignored fields ------------------------------
 
+
 def test_only_health_is_open_by_exact_path():
     with TestClient(fake_app(api_key="sk-k")) as client:
         assert client.get("/health").status_code == 200
@@ -238,10 +287,13 @@ def test_only_health_is_open_by_exact_path():
         assert client.get("/health_generate", headers={"Authorization": "Bearer sk-k"}).status_code == 200
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 1, "best_of": 3}, "best_of"),
-    ("/v1/chat/completions", {"model": "m", "messages": OK_MSG, "chat_template": "{{ 'x' }}"}, "chat_template"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 1, "best_of": 3}, "best_of"),
+        ("/v1/chat/completions", {"model": "m", "messages": OK_MSG, "chat_template": "{{ 'x' }}"}, "chat_template"),
+    ],
+)
 def test_fields_that_would_be_ignored_are_400(http, path, body, param):
     err = _error(http.post(path, json=body), 400)
     assert err["param"] == param
@@ -253,6 +305,7 @@ def test_best_of_equal_to_n_is_served(http):
 
 
 # --- the default KV pool follows the context and --max-running-requests ----------------------
+
 
 def test_default_kv_pool_is_sized_from_context_and_running_requests():
     import torch

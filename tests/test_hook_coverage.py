@@ -10,8 +10,7 @@ import pytest
 from llmkit.core import hookspecs
 
 ROOT = Path(__file__).resolve().parent.parent
-HOOKS = sorted(name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-               if name.startswith("llmkit_"))
+HOOKS = sorted(name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("llmkit_"))
 
 
 def test_there_are_hooks():

@@ -12,8 +12,17 @@ import ast
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parent.parent / "core"
-RANK = {"hookspecs": 0, "plugins": 1, "model": 2, "parsing": 2, "grammar": 2, "engine": 3, "server": 4,
-        "batches": 5, "launch": 6}
+RANK = {
+    "hookspecs": 0,
+    "plugins": 1,
+    "model": 2,
+    "parsing": 2,
+    "grammar": 2,
+    "engine": 3,
+    "server": 4,
+    "batches": 5,
+    "launch": 6,
+}
 SERVER_MAY_USE = {"llmkit.core.engine.client", "llmkit.core.engine.messages"}
 
 
@@ -60,8 +69,11 @@ def _violations() -> list[str]:
 
 
 def test_every_core_package_has_a_rank():
-    units = {p.name.removesuffix(".py") for p in CORE.iterdir()
-             if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    units = {
+        p.name.removesuffix(".py")
+        for p in CORE.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")
+    }
     assert units == set(RANK), f"give new packages a rank in RANK: {units ^ set(RANK)}"
 
 

@@ -11,10 +11,20 @@ from fake_engine import fake_app
 from metrics_utils import parse_metrics, value
 
 M = "fake-model"
-HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "request_time_per_output_token_seconds",
-              "e2e_request_latency_seconds", "request_queue_time_seconds"]
-COUNTERS = ["prompt_tokens_total", "generation_tokens_total", "request_success_total", "request_aborted_total",
-            "request_rejected_total"]
+HISTOGRAMS = [
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "request_time_per_output_token_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+]
+COUNTERS = [
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "request_success_total",
+    "request_aborted_total",
+    "request_rejected_total",
+]
 
 
 def _client(**config):
@@ -39,8 +49,10 @@ def test_counts_follow_the_workload():
             assert r.status_code == 200, r.text
             prompt += r.json()["usage"]["prompt_tokens"]
             done += r.json()["usage"]["completion_tokens"]
-        r = client.post("/v1/chat/completions", json={"model": M, "messages": [{"role": "user", "content": "hi"}],
-                                                      "max_tokens": 4, "n": 2})
+        r = client.post(
+            "/v1/chat/completions",
+            json={"model": M, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2},
+        )
         assert r.status_code == 200, r.text
         prompt += 2 * r.json()["usage"]["prompt_tokens"]  # n=2: two engine requests on one prompt
         done += r.json()["usage"]["completion_tokens"]
@@ -89,10 +101,13 @@ def test_disable_metrics():
         assert r.status_code == 200
 
 
-@pytest.mark.parametrize("args, expected", [
-    ([], (True, False, True)),
-    (["--disable-metrics", "--metrics-no-auth", "--disable-web-ui"], (False, True, False)),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([], (True, False, True)),
+        (["--disable-metrics", "--metrics-no-auth", "--disable-web-ui"], (False, True, False)),
+    ],
+)
 def test_serve_flags_reach_the_server_config(args, expected):
     import typer
 

@@ -25,8 +25,9 @@ def url(tmp_path_factory):
     # Two queue slots: a request with n=2 while another runs is refused with 429. Batches
     # stay on (in a temporary directory) for the batch-line gauges.
     storage = tmp_path_factory.mktemp("storage")
-    proc, base = start_server(["--served-model-name", M, "--max-queued-requests", "2",
-                               "--file-storage-path", str(storage)])
+    proc, base = start_server(
+        ["--served-model-name", M, "--max-queued-requests", "2", "--file-storage-path", str(storage)]
+    )
     try:
         yield base
     finally:
@@ -40,14 +41,23 @@ def scrape(url: str) -> dict:
 def test_counters_equal_the_workload(url):
     http = httpx.Client(base_url=url, timeout=300)
     prompt = completion = 0
-    chat = {"model": M, "messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 8,
-            "temperature": 0}
+    chat = {"model": M, "messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 8, "temperature": 0}
     for _ in range(2):  # the same prompt twice: the second finds it in the prefix cache
         usage = http.post("/v1/chat/completions", json=chat).json()["usage"]
         prompt, completion = prompt + usage["prompt_tokens"], completion + usage["completion_tokens"]
-    with http.stream("POST", "/v1/completions", json={
-            "model": M, "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}) as r:
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": M,
+            "prompt": [1, 2, 3, 4, 5, 6],
+            "max_tokens": 5,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     assert '"completion_tokens": 5' in lines[-1]
     prompt, completion = prompt + 6, completion + 5
@@ -55,9 +65,18 @@ def test_counters_equal_the_workload(url):
     # The abort: a long answer whose client leaves after 3 chunks; while it holds a slot, a
     # request with n=2 does not fit the two slots now (429, retry later).
     abort_max = 400
-    with http.stream("POST", "/v1/completions", json={
-            "model": M, "prompt": list(range(100, 110)), "max_tokens": abort_max, "temperature": 0,
-            "ignore_eos": True, "stream": True}) as r:
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": M,
+            "prompt": list(range(100, 110)),
+            "max_tokens": abort_max,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    ) as r:
         got = 0
         for line in r.iter_lines():
             if not line.startswith("data: {"):
@@ -70,14 +89,19 @@ def test_counters_equal_the_workload(url):
                 break
     deadline = time.monotonic() + 60
     # The server counts the abort when the stream closes; the engine frees the request just after.
-    while (s := scrape(url)) and (value(s, "llmkit:request_aborted_total", model_name=M) < 1
-                                  or value(s, "llmkit:num_requests_running", model_name=M) > 0):
+    while (s := scrape(url)) and (
+        value(s, "llmkit:request_aborted_total", model_name=M) < 1
+        or value(s, "llmkit:num_requests_running", model_name=M) > 0
+    ):
         assert time.monotonic() < deadline, "the abort never reached /metrics"
         time.sleep(0.2)
     prompt += 10
 
-    assert value(s, "llmkit:request_success_total", model_name=M, finished_reason="stop") + value(
-        s, "llmkit:request_success_total", model_name=M, finished_reason="length") == 3
+    assert (
+        value(s, "llmkit:request_success_total", model_name=M, finished_reason="stop")
+        + value(s, "llmkit:request_success_total", model_name=M, finished_reason="length")
+        == 3
+    )
     assert value(s, "llmkit:request_success_total", model_name=M, finished_reason="abort") == 1
     assert value(s, "llmkit:request_aborted_total", model_name=M) == 1
     assert value(s, "llmkit:request_rejected_total", model_name=M) == 1

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import Server
+
 from server_utils import start_server, stop_server
 
 MSGS = [{"role": "user", "content": "Name a color."}]
@@ -44,22 +45,25 @@ def test_tokenize_messages_counts_the_chat_prompt(http, srv):
     assert no_gen["count"] < tok["count"] and tok["tokens"][: no_gen["count"]] == no_gen["tokens"]
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": "a", "messages": MSGS}, "prompt"),
-    ("/tokenize", {"messages": []}, "messages"),
-    ("/tokenize", {"prompt": 5}, "prompt"),
-    ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
-    ("/detokenize", {"tokens": [-1]}, "tokens"),
-    ("/generate", {"text": "hi", "input_ids": [1]}, "text"),
-    ("/generate", {"text": ""}, "text"),
-    ("/generate", {"input_ids": [10**9]}, "input_ids"),
-    ("/generate", {"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "max_tokens"),
-    ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, "sampling_params.bogus"),
-    ("/generate", {"text": "hi", "sampling_params": {"regex": "(a+)+$", "ebnf": "x"}}, "regex"),
-    ("/generate", {"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": MSGS}, "prompt"),
+        ("/tokenize", {"messages": []}, "messages"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/generate", {"text": "hi", "input_ids": [1]}, "text"),
+        ("/generate", {"text": ""}, "text"),
+        ("/generate", {"input_ids": [10**9]}, "input_ids"),
+        ("/generate", {"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "max_tokens"),
+        ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, "sampling_params.bogus"),
+        ("/generate", {"text": "hi", "sampling_params": {"regex": "(a+)+$", "ebnf": "x"}}, "regex"),
+        ("/generate", {"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+    ],
+)
 def test_bad_input_is_a_400_naming_the_field(http, path, body, param):
     r = http.post(path, json=body)
     assert r.status_code == 400, r.text
@@ -92,9 +96,14 @@ def test_generate_text_and_ids_agree(http):
 
 
 def test_generate_batch_stop_and_logprobs(http):
-    body = {"text": ["1, 2, 3,", "Hello"], "return_logprob": True, "top_logprobs_num": 2,
-            "logprob_start_len": 0, "return_text_in_logprobs": True,
-            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": [" 5"]}}
+    body = {
+        "text": ["1, 2, 3,", "Hello"],
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop": [" 5"]},
+    }
     out = http.post("/generate", json=body).json()
     assert isinstance(out, list) and len(out) == 2
     m = out[0]["meta_info"]
@@ -108,12 +117,19 @@ def test_generate_batch_stop_and_logprobs(http):
 
 
 def test_generate_constrained(http):
-    r = http.post("/generate", json={"text": "Pick a number:", "sampling_params": {
-        "max_new_tokens": 16, "temperature": 0, "regex": "[0-9]{3}"}}).json()
+    r = http.post(
+        "/generate",
+        json={
+            "text": "Pick a number:",
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0, "regex": "[0-9]{3}"},
+        },
+    ).json()
     assert len(r["text"]) == 3 and r["text"].isdigit()
     schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
-    r = http.post("/generate", json={"text": "JSON:", "sampling_params": {
-        "max_new_tokens": 32, "temperature": 0, "json_schema": schema}}).json()
+    r = http.post(
+        "/generate",
+        json={"text": "JSON:", "sampling_params": {"max_new_tokens": 32, "temperature": 0, "json_schema": schema}},
+    ).json()
     assert isinstance(json.loads(r["text"])["a"], int)
 
 

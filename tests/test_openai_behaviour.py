@@ -18,8 +18,11 @@ def client(server):
 
 def test_chat_stream_equals_non_stream(client):
     full = client.chat.completions.create(model="m", messages=MSG, temperature=0, max_tokens=40)
-    chunks = list(client.chat.completions.create(model="m", messages=MSG, temperature=0, max_tokens=40,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=MSG, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True}
+        )
+    )
     first = chunks[0].choices[0]
     assert first.delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -40,8 +43,11 @@ def test_completion_stream_equals_non_stream(client):
 
 
 def test_n_choices_stream_has_one_finish_per_index(client):
-    chunks = list(client.chat.completions.create(model="m", messages=MSG, max_tokens=12, n=3, seed=7,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=MSG, max_tokens=12, n=3, seed=7, stream=True, stream_options={"include_usage": True}
+        )
+    )
     finishes = {}
     roles = set()
     for c in chunks:
@@ -57,8 +63,9 @@ def test_n_choices_stream_has_one_finish_per_index(client):
 
 
 def test_chat_logprobs(client):
-    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=5, logprobs=True, top_logprobs=5,
-                                       n=2, temperature=0)
+    r = client.chat.completions.create(
+        model="m", messages=MSG, max_tokens=5, logprobs=True, top_logprobs=5, n=2, temperature=0
+    )
     assert len(r.choices) == 2
     for ch in r.choices:
         content = ch.logprobs.content
@@ -76,8 +83,15 @@ def test_chat_logprobs(client):
 def test_completion_grid(client, server, echo, logprobs, token_ids):
     prompts = ["Hello, my name is", "The sky is"]
     tok_prompts = [[t for t in _tokenize(server, p)] for p in prompts]
-    r = client.completions.create(model="m", prompt=tok_prompts if token_ids else prompts, max_tokens=4, n=2,
-                                  echo=echo, logprobs=logprobs, temperature=0)
+    r = client.completions.create(
+        model="m",
+        prompt=tok_prompts if token_ids else prompts,
+        max_tokens=4,
+        n=2,
+        echo=echo,
+        logprobs=logprobs,
+        temperature=0,
+    )
     assert len(r.choices) == 4
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     exact = sum(len(t) for t in tok_prompts)
@@ -107,8 +121,7 @@ def _tokenize(server, text):
 
 
 def test_matched_stop_string_and_length(client):
-    r = client.completions.create(model="m", prompt="Count: 1, 2, 3, 4,", max_tokens=30, temperature=0,
-                                  stop=[" 6"])
+    r = client.completions.create(model="m", prompt="Count: 1, 2, 3, 4,", max_tokens=30, temperature=0, stop=[" 6"])
     c = r.choices[0]
     assert c.finish_reason == "stop" and c.matched_stop == " 6" and " 6" not in c.text
     r = client.completions.create(model="m", prompt="Count: 1, 2, 3, 4,", max_tokens=3, temperature=0)
@@ -123,26 +136,42 @@ def test_stop_string_never_leaks_when_streaming(client):
 
 
 def test_eos_matched_stop_is_token_id(client):
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hi."}],
-                                       temperature=0, max_tokens=200)
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=200
+    )
     assert r.choices[0].finish_reason == "stop" and r.choices[0].matched_stop == 2
 
 
 def test_ignore_eos_and_min_tokens(client):
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hi."}],
-                                       temperature=0, max_tokens=40, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Say hi."}],
+        temperature=0,
+        max_tokens=40,
+        extra_body={"ignore_eos": True},
+    )
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hi."}],
-                                       temperature=0, max_tokens=40, extra_body={"min_tokens": 25})
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Say hi."}],
+        temperature=0,
+        max_tokens=40,
+        extra_body={"min_tokens": 25},
+    )
     assert r.usage.completion_tokens >= 25
 
 
 def test_continue_final_message(client):
     r = client.chat.completions.create(
-        model="m", temperature=0, max_tokens=10,
-        messages=[{"role": "user", "content": "Give me a JSON object describing a product."},
-                  {"role": "assistant", "content": '{\n  "name": "'}],
-        extra_body={"continue_final_message": True})
+        model="m",
+        temperature=0,
+        max_tokens=10,
+        messages=[
+            {"role": "user", "content": "Give me a JSON object describing a product."},
+            {"role": "assistant", "content": '{\n  "name": "'},
+        ],
+        extra_body={"continue_final_message": True},
+    )
     assert r.choices[0].message.content  # continues the prefilled text, no new turn
 
 
@@ -163,8 +192,7 @@ def test_health_endpoints(server):
 
 
 def test_logit_bias_forces_token(client):
-    r = client.completions.create(model="m", prompt="Hello", max_tokens=3, temperature=0,
-                                  logit_bias={"42": 100})
+    r = client.completions.create(model="m", prompt="Hello", max_tokens=3, temperature=0, logit_bias={"42": 100})
     assert r.usage.completion_tokens == 3
 
 

@@ -13,20 +13,32 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from llmkit.core.model.source import resolve_model_dir
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.model.source import resolve_model_dir
+
 from model_utils import start_engine
 from server_utils import start_server, stop_server
 
-TEXTS = ["Describe a cat.", "Describe a dog in detail.", "What is rain?", "Tell me about Mars.",
-         "Why is the sky blue?", "Explain gravity to a child."]
+TEXTS = [
+    "Describe a cat.",
+    "Describe a dog in detail.",
+    "What is rain?",
+    "Tell me about Mars.",
+    "Why is the sky blue?",
+    "Explain gravity to a child.",
+]
 
 
 @pytest.fixture(scope="module")
 def prompts():
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
-    return [tok(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                        tokenize=False), add_special_tokens=False)["input_ids"] for t in TEXTS]
+    return [
+        tok(
+            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for t in TEXTS
+    ]
 
 
 def _params(i: int) -> SamplingParams:
@@ -55,6 +67,7 @@ def _run(engine, prompts) -> list[dict]:
             if out.finished:
                 r["reason"], r["matched"], r["n"] = out.finish_reason, out.matched_stop, out.completion_tokens
                 done.release()
+
         return sink
 
     for i, ids in enumerate(prompts):
@@ -98,8 +111,14 @@ def test_overlap_equals_no_overlap(prompts, reference):
 
 
 def test_overlap_with_preemption_and_small_pages(prompts, reference):
-    engine = start_engine(enable_deterministic_inference=True, overlap_schedule=True, max_total_tokens=160,
-                          max_running_requests=6, page_size=4, chunked_prefill_size=16)
+    engine = start_engine(
+        enable_deterministic_inference=True,
+        overlap_schedule=True,
+        max_total_tokens=160,
+        max_running_requests=6,
+        page_size=4,
+        chunked_prefill_size=16,
+    )
     try:
         assert _run(engine, prompts) == reference
         assert engine.scheduler.num_preemptions > 0
@@ -112,13 +131,19 @@ def test_overlap_with_preemption_and_small_pages(prompts, reference):
 def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
     """The device-table path used on GPUs (scheduler writes a host copy; one copy per step),
     forced on CPU, with preemption so rows are freed and handed out again."""
+    from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.engine.loop import Engine
-    from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.model.kv_pool import ReqToTokenPool
 
-    cfg = EngineConfig(grammar_backend="none", enable_deterministic_inference=True, overlap_schedule=True, max_total_tokens=160,
-                       max_running_requests=6, page_size=4)
+    cfg = EngineConfig(
+        grammar_backend="none",
+        enable_deterministic_inference=True,
+        overlap_schedule=True,
+        max_total_tokens=160,
+        max_running_requests=6,
+        page_size=4,
+    )
     parts = build_engine_parts(cfg)
     old = parts.scheduler.req_pool
     pool = ReqToTokenPool(old.table.shape[0], old.table.shape[1], old.table.device, mirror=True)
@@ -166,8 +191,10 @@ def test_abort_with_a_deferred_token_keeps_its_text(prompts):
             done.set()
 
     try:
-        engine.submit(GenerateRequest("a1", list(prompts[1]), SamplingParams(max_new_tokens=500, temperature=0,
-                                                                     ignore_eos=True)), sink)
+        engine.submit(
+            GenerateRequest("a1", list(prompts[1]), SamplingParams(max_new_tokens=500, temperature=0, ignore_eos=True)),
+            sink,
+        )
         assert some.wait(120)
         engine.abort("a1")
         assert done.wait(30)
@@ -180,8 +207,8 @@ def test_abort_with_a_deferred_token_keeps_its_text(prompts):
 
 
 def test_server_forced_overlap_streaming_equals_non_streaming(server):
-    import openai
     import httpx
+    import openai
 
     # the shared default server runs on CPU: overlap is off there unless forced
     assert httpx.get(server.base_url + "/get_server_info").json()["overlap_schedule"] is False
@@ -190,11 +217,17 @@ def test_server_forced_overlap_streaming_equals_non_streaming(server):
         assert httpx.get(url + "/get_server_info").json()["overlap_schedule"] is True
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         for stop in (["3."], [" and"], None):
-            kw = dict(model="m", messages=[{"role": "user", "content": "List three colors."}], max_tokens=60,
-                      temperature=0, stop=stop)
+            kw = dict(
+                model="m",
+                messages=[{"role": "user", "content": "List three colors."}],
+                max_tokens=60,
+                temperature=0,
+                stop=stop,
+            )
             full = client.chat.completions.create(**kw)
-            text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
-                           if c.choices)
+            text = "".join(
+                c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True) if c.choices
+            )
             assert text == full.choices[0].message.content
     finally:
         stop_server(proc)
@@ -204,6 +237,10 @@ def test_contradicting_overlap_flags_fail_at_start():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "serve", "--enable-overlap-schedule",
-                          "--disable-overlap-schedule"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "llmkit.cli.main", "serve", "--enable-overlap-schedule", "--disable-overlap-schedule"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "contradict" in out.stderr

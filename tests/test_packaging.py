@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MAPPING = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli"}
@@ -29,8 +30,21 @@ def test_every_package_is_listed():
 
 
 def test_wheel_contains_every_module(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+    )
     wheel = next(tmp_path.glob("llmkit-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for top, name in MAPPING.items():

@@ -7,6 +7,7 @@ import json
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+
 from llmkit.core.server.parser_routes import parser_router
 
 
@@ -42,15 +43,11 @@ def test_separate_reasoning_forced_and_prompt(client):
 def test_parse_function_call(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    r = client.post(
-        "/parse_function_call", json={"text": text, "tool_call_parser": "hermes", "tools": tools}
-    )
+    r = client.post("/parse_function_call", json={"text": text, "tool_call_parser": "hermes", "tools": tools})
     assert r.status_code == 200
     out = r.json()
     assert out["normal_text"] == "Checking."
-    assert [(c["name"], json.loads(c["parameters"])) for c in out["calls"]] == [
-        ("get_weather", {"city": "Paris"})
-    ]
+    assert [(c["name"], json.loads(c["parameters"])) for c in out["calls"]] == [("get_weather", {"city": "Paris"})]
     assert out["calls"][0]["tool_index"] == 0
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import Server
+
 from server_utils import start_server, stop_server
 
 TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
@@ -16,8 +16,18 @@ MSG = [{"role": "user", "content": "9.11 and 9.8, which is greater?"}]
 
 @pytest.fixture(scope="module")
 def rserver():
-    proc, url = start_server(["--chat-template", str(TEMPLATE), "--reasoning-parser", "qwen3",
-                              "--tool-call-parser", "hermes", "--batch-storage", "none"])
+    proc, url = start_server(
+        [
+            "--chat-template",
+            str(TEMPLATE),
+            "--reasoning-parser",
+            "qwen3",
+            "--tool-call-parser",
+            "hermes",
+            "--batch-storage",
+            "none",
+        ]
+    )
     try:
         yield Server(proc, url)
     finally:
@@ -26,16 +36,18 @@ def rserver():
 
 def _create(server, thinking, stream=False, **extra):
     body = {"chat_template_kwargs": {"enable_thinking": thinking}, **extra}
-    return server.client.chat.completions.create(model="m", messages=MSG, temperature=0, max_tokens=24,
-                                                 stream=stream, extra_body=body)
+    return server.client.chat.completions.create(
+        model="m", messages=MSG, temperature=0, max_tokens=24, stream=stream, extra_body=body
+    )
 
 
 def _collect(stream):
     reasoning, content, finishes = "", "", []
     for chunk in stream:
         for ch in chunk.choices:
-            reasoning += getattr(ch.delta, "reasoning_content", None) or ch.delta.model_extra.get(
-                "reasoning_content") or ""
+            reasoning += (
+                getattr(ch.delta, "reasoning_content", None) or ch.delta.model_extra.get("reasoning_content") or ""
+            )
             content += ch.delta.content or ""
             if ch.finish_reason:
                 finishes.append(ch.finish_reason)
@@ -84,21 +96,34 @@ def test_stream_reasoning_false_sends_no_reasoning_deltas_early(rserver):
 def test_separate_reasoning_endpoint(rserver):
     import httpx
 
-    r = httpx.post(rserver.base_url + "/separate_reasoning",
-                   json={"text": "<think>hmm</think>The answer", "reasoning_parser": "qwen3"})
+    r = httpx.post(
+        rserver.base_url + "/separate_reasoning",
+        json={"text": "<think>hmm</think>The answer", "reasoning_parser": "qwen3"},
+    )
     assert r.status_code == 200 and r.json() == {"reasoning_text": "hmm", "text": "The answer"}
     r = httpx.post(rserver.base_url + "/separate_reasoning", json={"text": "x", "reasoning_parser": "nope"})
     assert r.status_code == 400 and "error" in r.json()
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
-                   "required": ["city", "unit"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}},
-                                       "required": ["tz"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+    },
+}
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 
 
@@ -112,9 +137,14 @@ def _valid_weather_args(args: str) -> None:
 
 def test_named_tool_choice_returns_valid_call(rserver):
     r = rserver.client.chat.completions.create(
-        model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=64, temperature=0,
+        model="m",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        max_tokens=64,
+        temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls"
     assert ch.message.content is None
@@ -126,9 +156,15 @@ def test_named_tool_choice_returns_valid_call(rserver):
 
 def test_named_tool_choice_streaming(rserver):
     stream = rserver.client.chat.completions.create(
-        model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=64, temperature=0, stream=True,
+        model="m",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        max_tokens=64,
+        temperature=0,
+        stream=True,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     name, args, finishes = None, "", []
     for chunk in stream:
         for ch in chunk.choices:
@@ -145,8 +181,14 @@ def test_named_tool_choice_streaming(rserver):
 
 def test_required_tool_choice(rserver):
     r = rserver.client.chat.completions.create(
-        model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=64, temperature=0, tool_choice="required",
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        model="m",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        max_tokens=64,
+        temperature=0,
+        tool_choice="required",
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     calls = r.choices[0].message.tool_calls
     assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
 
@@ -155,8 +197,9 @@ def test_parse_function_call_endpoint(rserver):
     import httpx
 
     text = 'Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}</tool_call>'
-    r = httpx.post(rserver.base_url + "/parse_function_call",
-                   json={"text": text, "tool_call_parser": "hermes", "tools": [WEATHER]})
+    r = httpx.post(
+        rserver.base_url + "/parse_function_call", json={"text": text, "tool_call_parser": "hermes", "tools": [WEATHER]}
+    )
     body = r.json()
     assert r.status_code == 200 and body["normal_text"] == "Sure."
     assert body["calls"][0]["name"] == "get_weather"

@@ -12,8 +12,15 @@ from llmkit.core.model.radix_cache import RadixCache
 
 
 def _pool(pages=64, page=1):
-    return KVCachePool(num_layers=1, num_pages=pages, page_size=page, num_kv_heads=1, head_dim=4,
-                       dtype=torch.float32, device=torch.device("cpu"))
+    return KVCachePool(
+        num_layers=1,
+        num_pages=pages,
+        page_size=page,
+        num_kv_heads=1,
+        head_dim=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
 
 
 def _store(pool, cache, tokens):

@@ -7,8 +7,9 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llmkit.core.plugins import PluginError, registry
+
 from llmkit.core.parsing.reasoning import create_reasoning_parser, reasoning_parser_class
+from llmkit.core.plugins import PluginError, registry
 
 QWEN_ON = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
 QWEN_OFF = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -255,9 +256,7 @@ FRAGMENTS = [
 
 @settings(max_examples=150, deadline=None)
 @given(
-    name=st.sampled_from(
-        ["qwen3", "qwen3-thinking", "deepseek-r1", "deepseek-v3", "kimi", "gpt-oss"]
-    ),
+    name=st.sampled_from(["qwen3", "qwen3-thinking", "deepseek-r1", "deepseek-v3", "kimi", "gpt-oss"]),
     parts=st.lists(st.sampled_from(FRAGMENTS), max_size=25),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
     prompt=st.sampled_from(["", QWEN_ON, QWEN_OFF, HARMONY_PROMPT]),

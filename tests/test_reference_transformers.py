@@ -8,13 +8,13 @@ import threading
 import pytest
 import torch
 
-from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.engine.builder import build_model
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
 import model_utils
@@ -24,19 +24,38 @@ from model_utils import save_tiny_model, start_engine
 def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
     """Run our model over ``ids`` as one prefill through the paged KV path; logits for every position."""
     n = len(ids)
-    pool = KVCachePool(num_layers=model.num_layers, num_pages=n + 2, page_size=1,
-                       num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
-                       dtype=torch.float32, device=torch.device("cpu"))
+    pool = KVCachePool(
+        num_layers=model.num_layers,
+        num_pages=n + 2,
+        page_size=1,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     req_pool = ReqToTokenPool(2, n + 1, torch.device("cpu"))
     slots = pool.page_slots(pool.allocate(n))
     req_pool.table[0, :n] = slots
-    md = AttentionMetadata(num_seqs=1, q_lens=[n], kv_lens=[n], q_start_loc=torch.tensor([0, n]),
-                           q_lens_t=torch.tensor([n]), kv_lens_t=torch.tensor([n]),
-                           req_pool_indices=torch.tensor([0]), req_to_token=req_pool.table,
-                           out_slots=slots, page_size=1, is_decode=False)
-    attn = TorchAttentionBackend(num_heads=model.config["num_attention_heads"],
-                                 num_kv_heads=model.num_kv_heads, head_dim=model.head_dim, pool=pool,
-                                 device=torch.device("cpu"))
+    md = AttentionMetadata(
+        num_seqs=1,
+        q_lens=[n],
+        kv_lens=[n],
+        q_start_loc=torch.tensor([0, n]),
+        q_lens_t=torch.tensor([n]),
+        kv_lens_t=torch.tensor([n]),
+        req_pool_indices=torch.tensor([0]),
+        req_to_token=req_pool.table,
+        out_slots=slots,
+        page_size=1,
+        is_decode=False,
+    )
+    attn = TorchAttentionBackend(
+        num_heads=model.config["num_attention_heads"],
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        pool=pool,
+        device=torch.device("cpu"),
+    )
     md = attn.prepare_metadata(md)
     with torch.inference_mode():
         hidden = model(torch.tensor(ids), torch.arange(n), ForwardContext(attn, md))
@@ -85,8 +104,12 @@ def _ours(engine, ids: list[int], n: int) -> list[int]:
         if o.finished:
             done.set()
 
-    engine.submit(GenerateRequest(f"ref-{len(ids)}-{ids[-3:]}", ids,
-                          SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
+    engine.submit(
+        GenerateRequest(
+            f"ref-{len(ids)}-{ids[-3:]}", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
+        ),
+        sink,
+    )
     assert done.wait(120)
     return out
 
@@ -98,20 +121,28 @@ def test_greedy_matches_transformers_generate(embedded_reference):
     engine = start_engine()
     try:
         for text in PROMPTS:
-            prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
+            prompt = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
             ids = tok(prompt, add_special_tokens=False)["input_ids"]
             ours = _ours(engine, ids, 32)
             with torch.no_grad():
-                gen = ref.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                                   output_scores=True, return_dict_in_generate=True)
-            theirs = gen.sequences[0, len(ids):].tolist()
+                gen = ref.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=32,
+                    min_new_tokens=32,
+                    do_sample=False,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                )
+            theirs = gen.sequences[0, len(ids) :].tolist()
             if ours == theirs:
                 continue
             k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
             top2 = torch.topk(gen.scores[k][0], 2).values
             assert (top2[0] - top2[1]).item() < 1e-3, (
-                f"diverged at step {k} for {text!r} without a tie: {tok.decode(ours)!r} vs {tok.decode(theirs)!r}")
+                f"diverged at step {k} for {text!r} without a tie: {tok.decode(ours)!r} vs {tok.decode(theirs)!r}"
+            )
     finally:
         engine.shutdown()
 
@@ -138,8 +169,16 @@ def test_real_shape_config_features_match_transformers(arch, tmp_path):
     kw.update(tie_word_embeddings=True)
     if arch == "llama":
         kw.pop("rope_parameters", None)
-        kw.update(rope_theta=10000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                                        high_freq_factor=4.0, original_max_position_embeddings=32))
+        kw.update(
+            rope_theta=10000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            ),
+        )
     cfg = type(model_utils.tiny_config(arch))(**kw)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -148,8 +187,7 @@ def test_real_shape_config_features_match_transformers(arch, tmp_path):
                 p.normal_(0, 0.2)
     ref.save_pretrained(str(tmp_path), safe_serialization=True)
     config = load_config(tmp_path)
-    model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"),
-                        torch.float32)
+    model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"), torch.float32)
     model.load_weights(iter_safetensors(tmp_path))
     assert model.lm_head is None  # tied: logits come from the embedding matrix
     ids = [(37 * i + 11) % 512 for i in range(48)]
@@ -166,10 +204,16 @@ def test_llama31_rope_frequencies_match_transformers():
 
     from llmkit.core.model.layers import _inv_freq
 
-    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=8192, rope_type="llama3")
-    raw = dict(hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072,
-               rope_theta=500000.0, rope_scaling=scaling)
+    scaling = dict(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192, rope_type="llama3"
+    )
+    raw = dict(
+        hidden_size=4096,
+        num_attention_heads=32,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=scaling,
+    )
     theirs, scale = ROPE_INIT_FUNCTIONS["llama3"](transformers.LlamaConfig(**raw), "cpu")
     assert scale == 1.0
     assert torch.allclose(_inv_freq(128, raw).float(), theirs.float(), rtol=1e-6, atol=0)

@@ -9,15 +9,25 @@ import time
 import jsonschema
 import openai
 import pytest
+
 from api_utils import RAW_BAD_BODIES, REASONING_ARGS, WEATHER_SCHEMA, healthy, post_raw
 from server_utils import start_server, stop_server
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
-           "parameters": WEATHER_SCHEMA}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": WEATHER_SCHEMA,
+}
 ASK = "What's the weather in Paris?"
-CITY = {"type": "object", "properties": {"name": {"type": "string"}, "population": {"type": "integer"}},
-        "required": ["name", "population"], "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["name", "population"],
+    "additionalProperties": False,
+}
 NO_THINK = {"effort": "none"}  # the test template thinks by default
+
 
 class Srv:
     def __init__(self, storage: str) -> None:
@@ -25,8 +35,9 @@ class Srv:
         self.start()
 
     def start(self) -> None:
-        self.proc, self.url = start_server([*REASONING_ARGS, "--file-storage-path", self.storage,
-                                            "--context-length", "2048"])
+        self.proc, self.url = start_server(
+            [*REASONING_ARGS, "--file-storage-path", self.storage, "--context-length", "2048"]
+        )
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0, timeout=300)
 
 
@@ -46,8 +57,14 @@ def client(srv):
 
 def _items(resp):
     """Output items without their ids (fresh per call) and the SDK's client-side parsed fields."""
-    return [{k: v for k, v in it.model_dump(exclude_none=True).items()
-             if k not in ("id", "call_id") and not k.startswith("parsed")} for it in resp.output]
+    return [
+        {
+            k: v
+            for k, v in it.model_dump(exclude_none=True).items()
+            if k not in ("id", "call_id") and not k.startswith("parsed")
+        }
+        for it in resp.output
+    ]
 
 
 def _sdk_stream(client, **kw):
@@ -63,8 +80,16 @@ def _raw_stream(client, **kw):
 
 
 def test_create_text(client):
-    r = client.responses.create(model="m", input="Say hi", instructions="Be brief.", max_output_tokens=16,
-                                temperature=0, metadata={"k": "v"}, user="u1", reasoning=NO_THINK)
+    r = client.responses.create(
+        model="m",
+        input="Say hi",
+        instructions="Be brief.",
+        max_output_tokens=16,
+        temperature=0,
+        metadata={"k": "v"},
+        user="u1",
+        reasoning=NO_THINK,
+    )
     assert r.id.startswith("resp_") and r.object == "response" and r.model == "m"
     assert r.output[0].type == "message" and r.output_text and r.metadata == {"k": "v"}
     assert r.status in ("completed", "incomplete")
@@ -94,9 +119,15 @@ def test_streaming_equals_non_streaming_with_reasoning(client, effort):
 
 
 def test_function_call_round_trip_with_previous_response_id(client):
-    kw = {"model": "m", "input": ASK, "tools": [WEATHER], "temperature": 0, "max_output_tokens": 64,
-          "reasoning": NO_THINK,
-          "tool_choice": {"type": "function", "name": "get_weather"}}
+    kw = {
+        "model": "m",
+        "input": ASK,
+        "tools": [WEATHER],
+        "temperature": 0,
+        "max_output_tokens": 64,
+        "reasoning": NO_THINK,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    }
     first = client.responses.create(**kw)
     streamed, types = _sdk_stream(client, **kw)
     assert _items(streamed) == _items(first)
@@ -105,45 +136,82 @@ def test_function_call_round_trip_with_previous_response_id(client):
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id
     jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
     follow = client.responses.create(
-        model="m", previous_response_id=first.id, tools=[WEATHER], temperature=0, max_output_tokens=16,
+        model="m",
+        previous_response_id=first.id,
+        tools=[WEATHER],
+        temperature=0,
+        max_output_tokens=16,
         reasoning=NO_THINK,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}])
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}],
+    )
     assert follow.previous_response_id == first.id and follow.output[0].type == "message"
     # the whole conversation was in the prompt
     assert follow.usage.input_tokens > first.usage.input_tokens + 5
     # the same conversation sent by hand gives the same answer
-    manual = client.responses.create(model="m", tools=[WEATHER], temperature=0, max_output_tokens=16,
-                                     reasoning=NO_THINK, input=[
-        {"role": "user", "content": ASK},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}])
+    manual = client.responses.create(
+        model="m",
+        tools=[WEATHER],
+        temperature=0,
+        max_output_tokens=16,
+        reasoning=NO_THINK,
+        input=[
+            {"role": "user", "content": ASK},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"},
+        ],
+    )
     assert manual.output_text == follow.output_text
 
 
 def test_required_tool_choice(client):
-    r = client.responses.create(model="m", input=ASK, tools=[WEATHER], tool_choice="required", temperature=0,
-                                max_output_tokens=64, reasoning=NO_THINK)
+    r = client.responses.create(
+        model="m",
+        input=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=64,
+        reasoning=NO_THINK,
+    )
     assert [it.type for it in r.output] == ["function_call"] and r.status == "completed"
 
 
 def test_structured_text_format(client):
-    kw = {"model": "m", "input": "Describe Paris as JSON", "temperature": 0, "max_output_tokens": 64,
-          "reasoning": NO_THINK,
-          "text": {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}}
+    kw = {
+        "model": "m",
+        "input": "Describe Paris as JSON",
+        "temperature": 0,
+        "max_output_tokens": 64,
+        "reasoning": NO_THINK,
+        "text": {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+    }
     r = client.responses.create(**kw)
     jsonschema.validate(json.loads(r.output_text), CITY)
     streamed, _ = _sdk_stream(client, **kw)
     assert streamed.output_text == r.output_text
-    obj = client.responses.create(model="m", input="A JSON object:", temperature=0, max_output_tokens=32,
-                                  text={"format": {"type": "json_object"}}, reasoning=NO_THINK)
+    obj = client.responses.create(
+        model="m",
+        input="A JSON object:",
+        temperature=0,
+        max_output_tokens=32,
+        text={"format": {"type": "json_object"}},
+        reasoning=NO_THINK,
+    )
     assert isinstance(json.loads(obj.output_text), dict)
 
 
 def test_retrieve_input_items_delete(client):
-    r = client.responses.create(model="m", input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
-                                                  {"role": "assistant", "content": "Hello!"},
-                                                  {"role": "user", "content": "Name a fruit."}],
-                                max_output_tokens=8, temperature=0, reasoning=NO_THINK)
+    r = client.responses.create(
+        model="m",
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Name a fruit."},
+        ],
+        max_output_tokens=8,
+        temperature=0,
+        reasoning=NO_THINK,
+    )
     got = client.responses.retrieve(r.id)
     assert got.model_dump() == r.model_dump()
     items = client.responses.input_items.list(r.id, order="asc")
@@ -169,15 +237,17 @@ def _wait(client, rid, timeout=120):
 
 
 def test_background_and_cancel(client):
-    r = client.responses.create(model="m", input="Count to three.", background=True, max_output_tokens=8,
-                                temperature=0, reasoning=NO_THINK)
+    r = client.responses.create(
+        model="m", input="Count to three.", background=True, max_output_tokens=8, temperature=0, reasoning=NO_THINK
+    )
     assert r.status == "queued" and r.background
     done = _wait(client, r.id)
     assert done.status in ("completed", "incomplete") and done.output_text
     with pytest.raises(openai.BadRequestError):  # only background responses can be cancelled
         client.responses.cancel(client.responses.create(model="m", input="x", max_output_tokens=2).id)
-    long = client.responses.create(model="m", input="Write a long story.", background=True,
-                                   max_output_tokens=2000, temperature=0)
+    long = client.responses.create(
+        model="m", input="Write a long story.", background=True, max_output_tokens=2000, temperature=0
+    )
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert client.responses.retrieve(long.id).status == "cancelled"
@@ -186,30 +256,35 @@ def test_background_and_cancel(client):
         client.responses.create(model="m", input="x", background=True, max_output_tokens=10**9)
 
 
-@pytest.mark.parametrize("kw,param", [
-    ({"input": "x", "extra_body": {"bogus": 1}}, "bogus"),
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"input": "x", "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
-    ({"input": "x", "tools": [{"type": "mcp", "server_label": "s", "server_url": "http://x"}]}, "tools[0].type"),
-    ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice"),
-    ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
-    ({"input": "x", "tool_choice": "required"}, "tool_choice"),
-    ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-     "input[0].content[0].type"),
-    ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
-    ({"input": [{"role": "hacker", "content": "x"}]}, "input[0].role"),
-    ({"input": []}, "input"),
-    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
-    ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
-    ({"input": "x", "temperature": -1}, "temperature"),
-    ({"input": "x", "top_p": 2}, "top_p"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
-    ({"input": "x", "background": True, "stream": True}, "background"),
-    ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-    ({"input": "x", "truncation": "sometimes"}, "truncation"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        ({"input": "x", "extra_body": {"bogus": 1}}, "bogus"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "x", "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
+        ({"input": "x", "tools": [{"type": "mcp", "server_label": "s", "server_url": "http://x"}]}, "tools[0].type"),
+        ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+        ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            "input[0].content[0].type",
+        ),
+        ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
+        ({"input": [{"role": "hacker", "content": "x"}]}, "input[0].role"),
+        ({"input": []}, "input"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
+        ({"input": "x", "temperature": -1}, "temperature"),
+        ({"input": "x", "top_p": 2}, "top_p"),
+        ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+        ({"input": "x", "background": True, "stream": True}, "background"),
+        ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"input": "x", "truncation": "sometimes"}, "truncation"),
+    ],
+)
 def test_bad_input_is_an_openai_400(srv, kw, param):
     with pytest.raises(openai.BadRequestError) as exc:
         srv.client.responses.create(model="m", **kw)
@@ -228,8 +303,11 @@ def test_unknown_previous_response_is_404(client):
 def test_truncation_auto_drops_the_oldest_turns(client):
     ctx = client.models.list().data[0].model_extra["max_model_len"]
     big = "word " * (ctx * 6 // 10)  # two of these are over the context, one fits
-    conv = [{"role": "user", "content": big}, {"role": "assistant", "content": big},
-            {"role": "user", "content": "Say hi."}]
+    conv = [
+        {"role": "user", "content": big},
+        {"role": "assistant", "content": big},
+        {"role": "user", "content": "Say hi."},
+    ]
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="m", input=conv, max_output_tokens=4)
     r = client.responses.create(model="m", input=conv, max_output_tokens=4, truncation="auto")
@@ -237,8 +315,7 @@ def test_truncation_auto_drops_the_oldest_turns(client):
 
 
 def test_lone_surrogate(srv):
-    r = post_raw(srv.url, "/v1/responses", json.dumps({"model": "m", "input": "\ud800"}).encode(),
-                 "application/json")
+    r = post_raw(srv.url, "/v1/responses", json.dumps({"model": "m", "input": "\ud800"}).encode(), "application/json")
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
 
 
@@ -256,8 +333,9 @@ def test_stored_response_survives_a_restart(srv):
     srv.start()
     got = srv.client.responses.retrieve(r.id)
     assert got.model_dump() == r.model_dump()
-    follow = srv.client.responses.create(model="m", previous_response_id=r.id, input="Which number?",
-                                         max_output_tokens=4, temperature=0)
+    follow = srv.client.responses.create(
+        model="m", previous_response_id=r.id, input="Which number?", max_output_tokens=4, temperature=0
+    )
     assert follow.usage.input_tokens > r.usage.input_tokens
     assert srv.client.responses.input_items.list(r.id).data[0].content[0].text == "Remember the number 7."
 
@@ -270,8 +348,14 @@ def test_stored_responses_on_s3_survive_a_kill(tmp_path):
 
     with moto_endpoint() as endpoint:
         make_bucket(endpoint, "llmkit-responses")
-        args = ["--batch-storage", "s3", "--storage-option", "bucket=llmkit-responses",
-                "--storage-option", f"endpoint_url={endpoint}"]
+        args = [
+            "--batch-storage",
+            "s3",
+            "--storage-option",
+            "bucket=llmkit-responses",
+            "--storage-option",
+            f"endpoint_url={endpoint}",
+        ]
         proc, url = start_server(args)
         try:
             client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)

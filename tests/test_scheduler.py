@@ -8,8 +8,8 @@ import threading
 import pytest
 from transformers import AutoTokenizer
 
-from llmkit.core.model.source import resolve_model_dir
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.model.source import resolve_model_dir
 
 from model_utils import start_engine
 
@@ -17,10 +17,18 @@ from model_utils import start_engine
 @pytest.fixture(scope="module")
 def prompts():
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
-    texts = ["Describe a cat.", "Describe a dog in detail.", "What is rain?", "Tell me about Mars.",
-             "Why is the sky blue?", "Explain gravity to a child."]
-    rendered = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
-                for t in texts]
+    texts = [
+        "Describe a cat.",
+        "Describe a dog in detail.",
+        "What is rain?",
+        "Tell me about Mars.",
+        "Why is the sky blue?",
+        "Explain gravity to a child.",
+    ]
+    rendered = [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in texts
+    ]
     return [tok(r, add_special_tokens=False)["input_ids"] for r in rendered]
 
 
@@ -33,12 +41,18 @@ def _run(engine, prompts, max_new=40):
             if out.finished:
                 results[f"reason{i}"] = out.finish_reason
                 done.release()
+
         return sink
 
     for i, ids in enumerate(prompts):
-        engine.submit(GenerateRequest(f"r{i}-{id(engine)}", list(ids),
-                              SamplingParams(max_new_tokens=max_new, min_new_tokens=max_new, temperature=0)),
-                      sink_for(i))
+        engine.submit(
+            GenerateRequest(
+                f"r{i}-{id(engine)}",
+                list(ids),
+                SamplingParams(max_new_tokens=max_new, min_new_tokens=max_new, temperature=0),
+            ),
+            sink_for(i),
+        )
     for _ in prompts:
         assert done.acquire(timeout=300)
     assert all(results[f"reason{i}"] == "length" for i in range(len(prompts))), results
@@ -85,11 +99,14 @@ def test_online_requests_are_admitted_before_batch_lines(prompts):
             if out.finished:
                 order.append(name)
                 done.release()
+
         return sink
 
     try:
-        reqs = [GenerateRequest(f"batch{i}", list(prompts[0]), SamplingParams(max_new_tokens=3, temperature=0), priority=1)
-                for i in range(3)]
+        reqs = [
+            GenerateRequest(f"batch{i}", list(prompts[0]), SamplingParams(max_new_tokens=3, temperature=0), priority=1)
+            for i in range(3)
+        ]
         reqs.append(GenerateRequest("online", list(prompts[1]), SamplingParams(max_new_tokens=3, temperature=0)))
         # submit all at once: the engine drains its inbox before scheduling
         for r in reqs:
@@ -112,12 +129,16 @@ def test_a_failing_request_fails_alone(prompts):
             if out.finished:
                 results[name] = (out.finish_reason, out.error, out.completion_tokens)
                 done.release()
+
         return sink
 
     try:
-        bad = GenerateRequest("bad", list(prompts[0]), SamplingParams(max_new_tokens=8, min_new_tokens=8,
-                                                             logit_bias={10**9: 1.0}))
-        good = GenerateRequest("good", list(prompts[1]), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0))
+        bad = GenerateRequest(
+            "bad", list(prompts[0]), SamplingParams(max_new_tokens=8, min_new_tokens=8, logit_bias={10**9: 1.0})
+        )
+        good = GenerateRequest(
+            "good", list(prompts[1]), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0)
+        )
         engine._inbox.put(("add", bad, sink_for("bad")))
         engine._inbox.put(("add", good, sink_for("good")))
         for _ in range(2):

@@ -20,8 +20,20 @@ KEY = "sk-test-123456"
 
 @pytest.fixture(scope="module")
 def limited():
-    proc, url = start_server(["--api-key", KEY, "--max-queued-requests", "2", "--max-running-requests", "1",
-                              "--context-length", "1000", "--max-payload-size", "8192"])
+    proc, url = start_server(
+        [
+            "--api-key",
+            KEY,
+            "--max-queued-requests",
+            "2",
+            "--max-running-requests",
+            "1",
+            "--context-length",
+            "1000",
+            "--max-payload-size",
+            "8192",
+        ]
+    )
     try:
         yield url
     finally:
@@ -36,8 +48,12 @@ def test_every_route_needs_the_key(limited):
             continue
         concrete = path.replace("{model_id}", "x").replace("{file_id}", "file-x").replace("{batch_id}", "batch_x")
         for method in methods:
-            for header in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer"},
-                           {"Authorization": "Bearer " + "k" * 10_000}):
+            for header in (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": "Bearer"},
+                {"Authorization": "Bearer " + "k" * 10_000},
+            ):
                 r = httpx.request(method.upper(), limited + concrete, headers=header, timeout=30)
                 assert r.status_code == 401, (method, path, header.keys(), r.status_code)
                 assert r.json()["error"]["type"] == "authentication_error"
@@ -58,8 +74,9 @@ def test_full_queue_answers_429(limited):
 
         async def one():
             try:
-                await client.completions.create(model="m", prompt="Once upon a time", max_tokens=40,
-                                                extra_body={"ignore_eos": True})
+                await client.completions.create(
+                    model="m", prompt="Once upon a time", max_tokens=40, extra_body={"ignore_eos": True}
+                )
                 return 200
             except openai.RateLimitError:
                 return 429
@@ -79,22 +96,33 @@ def test_context_length_flag(limited):
 
 
 def test_payload_too_large(limited):
-    r = httpx.post(limited + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                   json={"model": "m", "prompt": "x" * 20_000, "max_tokens": 1})
+    r = httpx.post(
+        limited + "/v1/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"model": "m", "prompt": "x" * 20_000, "max_tokens": 1},
+    )
     assert r.status_code == 413 and r.json()["error"]["message"].startswith("Payload Too Large")
 
 
 def test_unknown_attention_backend_fails_at_startup():
     port = free_port()
-    out = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(port),
-                          "--attention", "nonexistent"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(port), "--attention", "nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert "nonexistent" in out.stderr and "torch" in out.stderr
 
 
 def test_unknown_reasoning_parser_fails_at_startup():
-    out = subprocess.run([sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(free_port()),
-                          "--reasoning-parser", "nope"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(free_port()), "--reasoning-parser", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "qwen3" in out.stderr
 
 
@@ -104,8 +132,9 @@ def test_sigterm_drains_in_flight_requests():
 
     def long_request():
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
-        r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=60,
-                                      extra_body={"ignore_eos": True})
+        r = client.completions.create(
+            model="m", prompt="Once upon a time", max_tokens=60, extra_body={"ignore_eos": True}
+        )
         result["tokens"] = r.usage.completion_tokens
         result["finish"] = r.choices[0].finish_reason
 

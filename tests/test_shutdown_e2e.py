@@ -50,8 +50,10 @@ def _wait_tokens(url: str, timeout: float = 60) -> None:
 def test_sigterm_drain_answers_what_is_left():
     proc, url = start_server(["--batch-storage", "none", "--shutdown-timeout", "3"])
     plain, streamed = {}, {}
-    threads = [threading.Thread(target=_non_stream, args=(url, plain)),
-               threading.Thread(target=_stream, args=(url, streamed))]
+    threads = [
+        threading.Thread(target=_non_stream, args=(url, plain)),
+        threading.Thread(target=_stream, args=(url, streamed)),
+    ]
     try:
         for t in threads:
             t.start()

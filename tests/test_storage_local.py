@@ -6,10 +6,11 @@ import os
 import stat
 
 import pytest
-from storage_contract import StorageContract
 
 from llmkit.core.batches.storage import FileTooLargeError, new_file_id, open_storage
 from llmkit.plugins.storage.local import LocalStorage
+
+from storage_contract import StorageContract
 
 
 class TestLocalContract(StorageContract):

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+
 from storage_contract import StorageContract
 from storage_plugin_utils import PLUGIN_SOURCE, install_memstore
 
@@ -52,15 +53,20 @@ def test_entry_point_plugin_is_discovered_and_runs_a_batch(tmp_path):
     import json
 
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out == {"status": "completed", "counts": {"total": 4, "completed": 4, "failed": 0},
-                   "ids": ["r-0", "r-1", "r-2", "r-3"]}
+    assert out == {
+        "status": "completed",
+        "counts": {"total": 4, "completed": 4, "failed": 0},
+        "ids": ["r-0", "r-1", "r-2", "r-3"],
+    }
 
 
 def test_autoload_can_be_disabled(tmp_path):
     site = install_memstore(tmp_path)
-    code = ("from llmkit.core.plugins import registry, PluginError\n"
-            "assert 'memstore' not in registry().names('storage')\n"
-            "assert {'local', 's3'} <= set(registry().names('storage'))\n")
+    code = (
+        "from llmkit.core.plugins import registry, PluginError\n"
+        "assert 'memstore' not in registry().names('storage')\n"
+        "assert {'local', 's3'} <= set(registry().names('storage'))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(site), "LLMKIT_DISABLE_PLUGIN_AUTOLOAD": "1"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr

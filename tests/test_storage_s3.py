@@ -6,6 +6,7 @@ import asyncio
 import uuid
 
 import pytest
+
 from s3_utils import make_bucket, moto_endpoint
 from storage_contract import StorageContract
 

@@ -67,14 +67,20 @@ def test_ebnf(client):
 def test_regex_matches_in_full(client, pattern):
     resp = _chat(client, "When and how can I reach you?", extra_body={"regex": pattern})
     assert re.fullmatch(pattern, resp.choices[0].message.content)
-    comp = client.completions.create(model=MODEL, prompt="Contact:", max_tokens=30, temperature=0, extra_body={"regex": pattern})
+    comp = client.completions.create(
+        model=MODEL, prompt="Contact:", max_tokens=30, temperature=0, extra_body={"regex": pattern}
+    )
     assert re.fullmatch(pattern, comp.choices[0].text)
 
 
 def test_completions_json_schema_string(client):
     schema = CASES[0][1]
     comp = client.completions.create(
-        model=MODEL, prompt="A person as JSON:", max_tokens=100, temperature=0, extra_body={"json_schema": json.dumps(schema)}
+        model=MODEL,
+        prompt="A person as JSON:",
+        max_tokens=100,
+        temperature=0,
+        extra_body={"json_schema": json.dumps(schema)},
     )
     jsonschema.validate(json.loads(comp.choices[0].text), schema)
 
@@ -91,7 +97,9 @@ def test_streaming_equals_non_streaming(client):
 
 def test_n_greater_than_one(client):
     schema = CASES[17][1]
-    resp = _chat(client, "Weather report as JSON.", n=3, temperature=0.9, seed=1, response_format=_schema_format(schema))
+    resp = _chat(
+        client, "Weather report as JSON.", n=3, temperature=0.9, seed=1, response_format=_schema_format(schema)
+    )
     assert sorted(c.index for c in resp.choices) == [0, 1, 2]
     for choice in resp.choices:
         jsonschema.validate(json.loads(choice.message.content), schema)
@@ -103,7 +111,9 @@ def test_constrained_and_free_requests_share_a_batch(client):
     schema = CASES[2][1]
     with ThreadPoolExecutor(6) as pool:
         futures = [
-            pool.submit(_chat, client, "Pick a colour.", **({"response_format": _schema_format(schema)} if i % 2 else {}))
+            pool.submit(
+                _chat, client, "Pick a colour.", **({"response_format": _schema_format(schema)} if i % 2 else {})
+            )
             for i in range(6)
         ]
         results = [f.result() for f in futures]
@@ -117,10 +127,21 @@ def test_constrained_and_free_requests_share_a_batch(client):
     [
         ({"regex": "(abc"}, "regex"),
         ({"ebnf": "root ::= nope"}, "ebnf"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+            "response_format",
+        ),
         ({"regex": "(a+)+$"}, "regex"),
         ({"regex": "a" * (1 << 20)}, "regex"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": list(range(100_000))}}}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"enum": list(range(100_000))}},
+                }
+            },
+            "response_format",
+        ),
         ({"regex": "a", "ebnf": 'root ::= "a"'}, None),
     ],
     ids=["bad-regex", "bad-ebnf", "bad-schema", "redos", "1mb-regex", "100k-enum", "two-constraints"],

@@ -9,9 +9,10 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llmkit.core.plugins import PluginError, registry
+
 from llmkit.core.parsing.reasoning import create_reasoning_parser
 from llmkit.core.parsing.tool_parser import ToolCallDelta, create_tool_parser, new_call_id
+from llmkit.core.plugins import PluginError, registry
 
 
 def tool(name):
@@ -218,9 +219,7 @@ def test_gpt_oss_after_reasoning_parser():
         _, c = rp.feed(ch)
         content += tp.feed(c).content
     content += tp.feed(rp.finish("stop")[1]).content + tp.finish().content
-    assert content == "" and [(c.name, c.arguments) for c in tp.calls] == [
-        ("get_weather", '{"city":"SF"}')
-    ]
+    assert content == "" and [(c.name, c.arguments) for c in tp.calls] == [("get_weather", '{"city":"SF"}')]
 
 
 @settings(max_examples=80, deadline=None)

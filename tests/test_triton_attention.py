@@ -26,41 +26,50 @@ HERE = Path(__file__).resolve().parent
 # name: batch spec. seqs = [(cached prefix, new tokens)]; heads = (H, Hkv); share as in build_batch.
 CASES: dict[str, dict] = {
     # extend: ragged prefill, some with cached prefixes, one decode-like row in a mixed batch
-    "extend_ps1_gqa4": dict(seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 2), page_size=1,
-                            head_dim=32),
-    "extend_ps4_mha_shared": dict(seqs=[(12, 6), (14, 17), (9, 3)], heads=(2, 2), page_size=4,
-                                  head_dim=32, share={1: (0, 12), 2: (0, 8)}),
-    "extend_ps16_gqa8_layer1": dict(seqs=[(13, 7), (0, 33)], heads=(8, 1), page_size=16,
-                                    head_dim=16, layers=2),
+    "extend_ps1_gqa4": dict(seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 2), page_size=1, head_dim=32),
+    "extend_ps4_mha_shared": dict(
+        seqs=[(12, 6), (14, 17), (9, 3)], heads=(2, 2), page_size=4, head_dim=32, share={1: (0, 12), 2: (0, 8)}
+    ),
+    "extend_ps16_gqa8_layer1": dict(seqs=[(13, 7), (0, 33)], heads=(8, 1), page_size=16, head_dim=16, layers=2),
     # decode: ragged contexts across page boundaries, shared prefixes, several split-K chunks
-    "decode_ps1_gqa8_shared": dict(seqs=[(40, 1), (3, 1), (70, 1), (0, 1)], heads=(8, 1),
-                                   page_size=1, head_dim=32, share={2: (0, 37)},
-                                   deterministic=True),
-    "decode_ps4_mha_d24": dict(seqs=[(15, 1), (32, 1), (4, 1)], heads=(2, 2), page_size=4,
-                               head_dim=24),
-    "decode_ps16_gqa4_shared": dict(seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16,
-                                    head_dim=32, share={1: (0, 32)}, deterministic=True),
+    "decode_ps1_gqa8_shared": dict(
+        seqs=[(40, 1), (3, 1), (70, 1), (0, 1)],
+        heads=(8, 1),
+        page_size=1,
+        head_dim=32,
+        share={2: (0, 37)},
+        deterministic=True,
+    ),
+    "decode_ps4_mha_d24": dict(seqs=[(15, 1), (32, 1), (4, 1)], heads=(2, 2), page_size=4, head_dim=24),
+    "decode_ps16_gqa4_shared": dict(
+        seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16, head_dim=32, share={1: (0, 32)}, deterministic=True
+    ),
     # wider heads, several query blocks per sequence, prefix shared across a page boundary
-    "extend_ps16_gqa4_d64_shared": dict(seqs=[(40, 37), (35, 20), (0, 1)], heads=(8, 2),
-                                        page_size=16, head_dim=64, share={1: (0, 32)}),
+    "extend_ps16_gqa4_d64_shared": dict(
+        seqs=[(40, 37), (35, 20), (0, 1)], heads=(8, 2), page_size=16, head_dim=64, share={1: (0, 32)}
+    ),
     # Qwen2.5-0.5B's head layout: 14 query heads over 2 KV heads (a group of 7, not a power of 2)
     "extend_ps4_gqa7": dict(seqs=[(6, 11), (0, 3)], heads=(14, 2), page_size=4, head_dim=16),
     "decode_ps4_gqa7": dict(seqs=[(26, 1), (5, 1)], heads=(14, 2), page_size=4, head_dim=16),
 }
 # Real model shapes, compiled on a GPU only (too slow for the interpreter).
 GPU_CASES: dict[str, dict] = {
-    "gpu_extend_llama8b": dict(seqs=[(1000, 300), (0, 513), (64, 64), (1100, 1)],
-                               heads=(32, 8), page_size=16, head_dim=128, share={3: (0, 992)}),
-    "gpu_decode_llama8b": dict(seqs=[(2047, 1), (100, 1), (4000, 1), (0, 1)], heads=(32, 8),
-                               page_size=16, head_dim=128, share={2: (0, 2032)}),
-    "gpu_decode_qwen05b": dict(seqs=[(3000, 1), (17, 1)], heads=(14, 2), page_size=1,
-                               head_dim=64, deterministic=True),
+    "gpu_extend_llama8b": dict(
+        seqs=[(1000, 300), (0, 513), (64, 64), (1100, 1)],
+        heads=(32, 8),
+        page_size=16,
+        head_dim=128,
+        share={3: (0, 992)},
+    ),
+    "gpu_decode_llama8b": dict(
+        seqs=[(2047, 1), (100, 1), (4000, 1), (0, 1)], heads=(32, 8), page_size=16, head_dim=128, share={2: (0, 2032)}
+    ),
+    "gpu_decode_qwen05b": dict(seqs=[(3000, 1), (17, 1)], heads=(14, 2), page_size=1, head_dim=64, deterministic=True),
 }
 # The interpreter runs every case in fp32, and a few in fp16 and in bf16 (bf16 also covers the
 # kernels' upcast-before-tl.dot path that works around triton #11584).
 INTERP_RUNS = [f"{name}:float32" for name in CASES] + [
-    f"{name}:{dt}" for name in ("extend_ps4_mha_shared", "decode_ps1_gqa8_shared")
-    for dt in ("float16", "bfloat16")
+    f"{name}:{dt}" for name in ("extend_ps4_mha_shared", "decode_ps1_gqa8_shared") for dt in ("float16", "bfloat16")
 ]
 GRAPH_CASE = "decode_ps4_gqa4_graph"  # the CUDA-graph hooks' static-buffer path vs eager
 GRAPH_SPEC = dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32)
@@ -70,10 +79,17 @@ TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 def _build(spec: dict, device: str, dtype: torch.dtype, seed: int = 0):
     h, hkv = spec["heads"]
     return build_batch(
-        spec["seqs"], num_heads=h, num_kv_heads=hkv, head_dim=spec["head_dim"],
-        page_size=spec["page_size"], dtype=dtype, device=device,
-        num_layers=spec.get("layers", 1), share=spec.get("share"),
-        deterministic=spec.get("deterministic", False), seed=seed,
+        spec["seqs"],
+        num_heads=h,
+        num_kv_heads=hkv,
+        head_dim=spec["head_dim"],
+        page_size=spec["page_size"],
+        dtype=dtype,
+        device=device,
+        num_layers=spec.get("layers", 1),
+        share=spec.get("share"),
+        deterministic=spec.get("deterministic", False),
+        seed=seed,
     )
 
 
@@ -164,17 +180,20 @@ def _main(runs: list[str]) -> None:
 
 def _run_in_subprocesses(entry: str, jobs: list[list[str]], env: dict[str, str]) -> dict:
     """Run ``test_triton_attention.<entry>(job)`` in one fresh interpreter per job, in parallel."""
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
-            f"import test_triton_attention as t; t.{entry}(sys.argv[1:])")
-    procs = [subprocess.Popen([sys.executable, "-c", code, *job], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for job in jobs]
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_triton_attention as t; t.{entry}(sys.argv[1:])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *job], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for job in jobs
+    ]
     results: dict[str, str] = {}
     for p in procs:
         out, err = p.communicate(timeout=600)
         line = next((s for s in out.splitlines() if s.startswith("RESULTS ")), None)
         if line is None:
             pytest.fail(f"subprocess failed (rc={p.returncode}):\n{err[-3000:]}")
-        results.update(json.loads(line[len("RESULTS "):]))
+        results.update(json.loads(line[len("RESULTS ") :]))
     return results
 
 
@@ -205,35 +224,30 @@ def _compile_main(runs: list[str]) -> None:
     from llmkit.plugins.attention import triton_extend as te
 
     def build(fn, ptrs: dict, consts: dict, arch: int, warps: int) -> None:
-        sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "qk_scale" else "i32")
-               for a in fn.arg_names}
-        src = ASTSource(fn=fn, signature=sig,
-                        constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=warps, num_stages=2))
+        sig = {
+            a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "qk_scale" else "i32") for a in fn.arg_names
+        }
+        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=2))
 
     results = {}
     for run in runs:
         dtype_name, head_dim, arch = run.split(":")
         dtype, d, arch = getattr(torch, dtype_name), int(head_dim), int(arch)
         t = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
-        idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc",
-                             "q_lens", "kv_lens"], "*i64")
-        ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t),
-                "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
+        idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc", "q_lens", "kv_lens"], "*i64")
+        ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t), "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
         upcast, prec = te.dot_options(dtype)
         dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=d)
         try:
-            build(te._store_kv_kernel, ptrs, dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8,
-                                                  BLOCK_D=d), arch, 4)
+            build(te._store_kv_kernel, ptrs, dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=d), arch, 4)
             bm, bn, warps = te.extend_config(d, dtype, False)
-            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots), arch,
-                  warps)
+            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots), arch, warps)
             bn, warps = td.decode_config(d, dtype, False)
-            build(td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16,
-                                                      BLOCK_N=bn, **dots), arch, warps)
-            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8,
-                                                      BLOCK_D=d), arch, 4)
+            build(
+                td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16, BLOCK_N=bn, **dots), arch, warps
+            )
+            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=d), arch, 4)
             results[run] = "ok"
         except Exception as exc:
             results[run] = f"{type(exc).__name__}: {exc}"[:3000]
@@ -257,8 +271,7 @@ def compile_results() -> dict[str, str]:
     reason = _can_compile_for_cuda()
     if reason:
         pytest.skip(reason)
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
-                                                            "LLMKIT_TRITON_INTERPRET")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMKIT_TRITON_INTERPRET")}
     return _run_in_subprocesses("_compile_main", [COMPILE_RUNS[0::2], COMPILE_RUNS[1::2]], env)
 
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from llmkit.core.model.source import resolve_model_dir
+
 from model_utils import save_tiny_model
 from server_utils import server_log, start_server, stop_server
 
@@ -33,17 +34,34 @@ def tiny_llama(tmp_path_factory):
 
 
 def _generate(model_dir, attention: str, env: dict | None = None) -> tuple[list[dict], str]:
-    proc, url = start_server(["--model-path", str(model_dir), "--attention", attention, "--page-size", "4",
-                              "--max-total-tokens", "256", "--batch-storage", "none"], env=env)
+    proc, url = start_server(
+        [
+            "--model-path",
+            str(model_dir),
+            "--attention",
+            attention,
+            "--page-size",
+            "4",
+            "--max-total-tokens",
+            "256",
+            "--batch-storage",
+            "none",
+        ],
+        env=env,
+    )
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
 
         def one(prompt):
-            r = client.completions.create(model="m", prompt=prompt, max_tokens=4, temperature=0, logprobs=1,
-                                          extra_body={"ignore_eos": True})
+            r = client.completions.create(
+                model="m", prompt=prompt, max_tokens=4, temperature=0, logprobs=1, extra_body={"ignore_eos": True}
+            )
             c = r.choices[0]
-            return {"tokens": c.logprobs.tokens, "logprobs": c.logprobs.token_logprobs,
-                    "cached": r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0}
+            return {
+                "tokens": c.logprobs.tokens,
+                "logprobs": c.logprobs.token_logprobs,
+                "cached": r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0,
+            }
 
         first = one(PROMPTS[0])  # fills the radix cache with the shared prefix
         with ThreadPoolExecutor(2) as ex:  # then a batch of two: one extend over cached pages

@@ -19,17 +19,39 @@ TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
 KEY = "playground-key"
 M = "web-model"
 PATHS = chromium_paths()
-pytestmark = pytest.mark.skipif(PATHS is None, reason="chromium and chromedriver are not installed "
-                                                       "(apt-get install chromium chromium-driver)")
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+pytestmark = pytest.mark.skipif(
+    PATHS is None, reason="chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
 def url():
-    proc, base = start_server(["--served-model-name", M, "--chat-template", str(TEMPLATE), "--reasoning-parser",
-                               "qwen3", "--tool-call-parser", "hermes", "--api-key", KEY, "--batch-storage", "none"])
+    proc, base = start_server(
+        [
+            "--served-model-name",
+            M,
+            "--chat-template",
+            str(TEMPLATE),
+            "--reasoning-parser",
+            "qwen3",
+            "--tool-call-parser",
+            "hermes",
+            "--api-key",
+            KEY,
+            "--batch-storage",
+            "none",
+        ]
+    )
     try:
         yield base
     finally:
@@ -64,8 +86,7 @@ def wait_for(cond, timeout: float = 120.0, poll: float = 0.05):
 
 def setting(page, element_id: str, value_: str) -> None:
     el = page.find_element("id", element_id)
-    page.execute_script("arguments[0].value = arguments[1];"
-                        "arguments[0].dispatchEvent(new Event('input'))", el, value_)
+    page.execute_script("arguments[0].value = arguments[1];arguments[0].dispatchEvent(new Event('input'))", el, value_)
 
 
 def check(page, element_id: str, on: bool) -> None:

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
-from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
 from llmkit.core.batches.files_routes import int_param, not_found, paginate
+from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
+from llmkit.core.batches.storage import NotFoundError, check_file_id
+from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
 from llmkit.core.server.body import read_json
 from llmkit.core.server.errors import APIError, error_response
-from llmkit.core.batches.storage import NotFoundError, check_file_id
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
@@ -25,8 +25,10 @@ def _check_metadata(metadata: Any) -> str | None:
         return f"metadata must be an object with at most {MAX_METADATA_PAIRS} pairs."
     for k, v in metadata.items():
         if not isinstance(v, str) or len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
-            return (f"metadata keys are strings of at most {MAX_METADATA_KEY} characters and "
-                    f"values strings of at most {MAX_METADATA_VALUE}.")
+            return (
+                f"metadata keys are strings of at most {MAX_METADATA_KEY} characters and "
+                f"values strings of at most {MAX_METADATA_VALUE}."
+            )
     return None
 
 
@@ -48,8 +50,9 @@ def protocol_body_validator(endpoint: str, body: dict) -> str | None:
     return None
 
 
-def batches_router(runner: BatchRunner, *, max_body: int = 32 << 20,
-                   endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS) -> APIRouter:
+def batches_router(
+    runner: BatchRunner, *, max_body: int = 32 << 20, endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS
+) -> APIRouter:
     """The ``/v1/batches`` endpoints; ``endpoints`` lists the batch endpoints the server serves."""
     router = APIRouter()
     storage = runner.storage
@@ -65,10 +68,15 @@ def batches_router(runner: BatchRunner, *, max_body: int = 32 << 20,
             return error_response(status=400, message="input_file_id is required.", param="input_file_id")
         endpoint, window = body.get("endpoint"), body.get("completion_window")
         if endpoint not in endpoints:
-            return error_response(status=400, message=f"endpoint must be one of {', '.join(endpoints)}.", param="endpoint")
+            return error_response(
+                status=400, message=f"endpoint must be one of {', '.join(endpoints)}.", param="endpoint"
+            )
         if window not in COMPLETION_WINDOWS:
-            return error_response(status=400, message=f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}.",
-                                param="completion_window")
+            return error_response(
+                status=400,
+                message=f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}.",
+                param="completion_window",
+            )
         if problem := _check_metadata(body.get("metadata")):
             return error_response(status=400, message=problem, param="metadata")
         try:
@@ -76,7 +84,9 @@ def batches_router(runner: BatchRunner, *, max_body: int = 32 << 20,
         except NotFoundError:
             return not_found("File", param="input_file_id")
         if record.purpose != "batch":
-            return error_response(status=400, message="The input file must have purpose 'batch'.", param="input_file_id")
+            return error_response(
+                status=400, message="The input file must have purpose 'batch'.", param="input_file_id"
+            )
         batch = await runner.create(input_file_id, endpoint, window, body.get("metadata"))
         return batch.to_openai()
 
@@ -86,8 +96,9 @@ def batches_router(runner: BatchRunner, *, max_body: int = 32 << 20,
         if isinstance(limit, JSONResponse):
             return limit
         records = await runner.list()
-        return paginate([r.to_openai() for r in records], [r.id for r in records],
-                        request.query_params.get("after"), limit)
+        return paginate(
+            [r.to_openai() for r in records], [r.id for r in records], request.query_params.get("after"), limit
+        )
 
     @router.post("/v1/batches/{batch_id:path}/cancel")
     async def cancel_batch(batch_id: str):

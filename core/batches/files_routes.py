@@ -15,9 +15,6 @@ from fastapi import APIRouter, Request, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from llmkit.core.batches.validation import MAX_FILE_BYTES
-from llmkit.core.server.limits import PayloadTooLarge
-from llmkit.core.server.errors import error_response
 from llmkit.core.batches.storage import (
     BLOB_CHUNK,
     FileRecord,
@@ -27,6 +24,9 @@ from llmkit.core.batches.storage import (
     check_file_id,
     new_file_id,
 )
+from llmkit.core.batches.validation import MAX_FILE_BYTES
+from llmkit.core.server.errors import error_response
+from llmkit.core.server.limits import PayloadTooLarge
 
 UPLOAD_PURPOSES = ("batch",)  # batch_output files are made by the server, never uploaded
 MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
@@ -70,7 +70,8 @@ def paginate(items: list, ids: list[str], after: str | None, limit: int) -> dict
     page = items[start : start + limit]
     page_ids = ids[start : start + limit]
     return {
-        "object": "list", "data": page,
+        "object": "list",
+        "data": page,
         "first_id": page_ids[0] if page_ids else None,
         "last_id": page_ids[-1] if page_ids else None,
         "has_more": start + limit < len(items),
@@ -85,8 +86,12 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
     async def upload_file(request: Request):
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > max_upload_bytes + MULTIPART_SLACK:
-            return error_response(status=413, message=f"File is larger than {max_upload_bytes} bytes.", param="file",
-                                code="file_too_large")
+            return error_response(
+                status=413,
+                message=f"File is larger than {max_upload_bytes} bytes.",
+                param="file",
+                code="file_too_large",
+            )
         try:
             form = await request.form(max_files=1, max_fields=8)
         except PayloadTooLarge:  # the server's body cap, hit while the form was read
@@ -100,8 +105,9 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
         if isinstance(upload, str):  # a part without a filename arrives as a plain field
             upload = UploadFile(io.BytesIO(upload.encode()), filename="")
         if purpose not in UPLOAD_PURPOSES:
-            return error_response(status=400, message=f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}.",
-                                param="purpose")
+            return error_response(
+                status=400, message=f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}.", param="purpose"
+            )
         file_id = new_file_id()
 
         def chunks():
@@ -111,16 +117,25 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
         try:
             size = await run_in_threadpool(storage.write_blob, file_id, chunks(), max_bytes=max_upload_bytes)
         except FileTooLargeError:
-            return error_response(status=413, message=f"File is larger than {max_upload_bytes} bytes.", param="file",
-                                code="file_too_large")
+            return error_response(
+                status=413,
+                message=f"File is larger than {max_upload_bytes} bytes.",
+                param="file",
+                code="file_too_large",
+            )
         finally:
             await upload.close()
         if size == 0:
             await run_in_threadpool(storage.delete_blob, file_id)
             return error_response(status=400, message="The file is empty.", param="file", code="empty_file")
-        record = FileRecord(id=file_id, bytes=size, created_at=int(time.time()),
-                            filename=sanitize_filename(upload.filename), purpose=purpose,
-                            created_ns=time.time_ns())
+        record = FileRecord(
+            id=file_id,
+            bytes=size,
+            created_at=int(time.time()),
+            filename=sanitize_filename(upload.filename),
+            purpose=purpose,
+            created_ns=time.time_ns(),
+        )
         await run_in_threadpool(storage.put_file, record)
         return record.to_openai()
 
@@ -135,8 +150,9 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
         records = await run_in_threadpool(storage.list_files, purpose=request.query_params.get("purpose"))
         if order == "asc":
             records.reverse()
-        return paginate([r.to_openai() for r in records], [r.id for r in records],
-                        request.query_params.get("after"), limit)
+        return paginate(
+            [r.to_openai() for r in records], [r.id for r in records], request.query_params.get("after"), limit
+        )
 
     # ``:path`` so that ids with encoded slashes still reach the handler and get the OpenAI 404.
     @router.get("/v1/files/{file_id:path}/content")

@@ -19,7 +19,8 @@ def output_line(batch_id: str, index: int, custom_id: str, status: int, body: di
     line_id = "batch_req_" + secrets.token_hex(16)
     if status == 200:
         data: dict[str, Any] = {
-            "id": line_id, "custom_id": custom_id,
+            "id": line_id,
+            "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": f"{batch_id}-req_{index}", "body": body},
             "error": None,
         }
@@ -33,7 +34,9 @@ def output_line(batch_id: str, index: int, custom_id: str, status: int, body: di
 
 def error_line(batch_id: str, index: int, custom_id: str, code: str, message: str) -> BatchResult:
     data = {
-        "id": "batch_req_" + secrets.token_hex(16), "custom_id": custom_id, "response": None,
+        "id": "batch_req_" + secrets.token_hex(16),
+        "custom_id": custom_id,
+        "response": None,
         "error": {"code": code, "message": message},
     }
     return BatchResult(index, "error", json.dumps(data, ensure_ascii=False))
@@ -65,14 +68,21 @@ def write_output_files(storage: StorageBackend, batch: BatchRecord) -> None:
         if counts[kind] == 0:
             storage.delete_blob(file_id)
             continue
-        storage.put_file(FileRecord(
-            id=file_id, bytes=size, created_at=int(time.time()),
-            filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output", created_ns=time.time_ns(),
-        ))
+        storage.put_file(
+            FileRecord(
+                id=file_id,
+                bytes=size,
+                created_at=int(time.time()),
+                filename=f"{batch.id}_{suffix}.jsonl",
+                purpose="batch_output",
+                created_ns=time.time_ns(),
+            )
+        )
         setattr(batch, f"{suffix}_file_id", file_id)
     batch.request_counts = {
         "total": batch.request_counts.get("total", 0),
-        "completed": counts["output"], "failed": counts["error"],
+        "completed": counts["output"],
+        "failed": counts["error"],
     }
     batch.usage = usage
 

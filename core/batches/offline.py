@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from llmkit.core.batches.runner import BatchRunner, Executor
-from llmkit.core.plugins import registry
-from llmkit.core.batches.validation import iter_lines, normalize_url
 from llmkit.core.batches.storage import BLOB_CHUNK, BatchRecord, FileRecord, new_file_id, open_storage
+from llmkit.core.batches.validation import iter_lines, normalize_url
+from llmkit.core.plugins import registry
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:
@@ -38,8 +38,13 @@ def detect_endpoint(path: Path) -> str:
 
 
 async def run_batch_file(
-    input_path: Path, output_path: Path, execute: Executor, *, endpoint: str | None = None,
-    max_in_flight: int = 64, on_progress: Callable[[BatchRecord], None] | None = None,
+    input_path: Path,
+    output_path: Path,
+    execute: Executor,
+    *,
+    endpoint: str | None = None,
+    max_in_flight: int = 64,
+    on_progress: Callable[[BatchRecord], None] | None = None,
 ) -> BatchRecord:
     """Run ``input_path`` and write every result line to ``output_path``; return the batch."""
     endpoint = endpoint or detect_endpoint(input_path)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
 from llmkit.core.batches.lines import error_line, output_line, write_output_files
-from llmkit.core.batches.validation import BatchValidator, BodyValidator, iter_lines
 from llmkit.core.batches.storage import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -32,6 +31,7 @@ from llmkit.core.batches.storage import (
     new_batch_id,
     new_file_id,
 )
+from llmkit.core.batches.validation import BatchValidator, BodyValidator, iter_lines
 
 Executor = Callable[[str, dict], Awaitable[tuple[int, dict]]]
 """``await execute(endpoint, body) -> (status_code, json_body)``, the same body the HTTP endpoint
@@ -100,23 +100,33 @@ class BatchRunner:
 
     def line_counts(self) -> dict:
         """Lines of running batches handed to the engine, and those still to hand over."""
-        left = sum(a.record.request_counts["total"] - a.record.request_counts["completed"]
-                   - a.record.request_counts["failed"]
-                   for a in self._active.values() if a.record.status == "in_progress")
+        left = sum(
+            a.record.request_counts["total"] - a.record.request_counts["completed"] - a.record.request_counts["failed"]
+            for a in self._active.values()
+            if a.record.status == "in_progress"
+        )
         return {"batch_lines_in_flight": self._in_flight, "batch_lines_queued": max(0, left - self._in_flight)}
 
     # -- the API -------------------------------------------------------------------------------
     async def create(
-        self, input_file_id: str, endpoint: str, completion_window: str,
+        self,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
         metadata: dict[str, str] | None = None,
     ) -> BatchRecord:
         """Create a batch (arguments already checked by the caller) and start it."""
         now = int(time.time())
         rec = BatchRecord(
-            id=new_batch_id(), endpoint=endpoint, input_file_id=input_file_id,
-            completion_window=completion_window, created_at=now,
-            expires_at=now + COMPLETION_WINDOWS[completion_window], metadata=metadata,
-            pinned_input_id=new_file_id(), created_ns=time.time_ns(),
+            id=new_batch_id(),
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            created_at=now,
+            expires_at=now + COMPLETION_WINDOWS[completion_window],
+            metadata=metadata,
+            pinned_input_id=new_file_id(),
+            created_ns=time.time_ns(),
         )
         await asyncio.to_thread(self.storage.put_batch, rec)
         log.info("batch %s: created from %s for %s", rec.id, input_file_id, endpoint)
@@ -206,8 +216,12 @@ class BatchRunner:
             raise  # the runner is stopping; the stored state resumes on the next start
         except Exception:
             log.exception("batch %s: internal error", rec.id)
-            err = {"code": "internal_error", "message": "The batch failed inside the server.",
-                   "param": None, "line": None}
+            err = {
+                "code": "internal_error",
+                "message": "The batch failed inside the server.",
+                "param": None,
+                "line": None,
+            }
             await self._transition(a, "failed", errors=[err])
         finally:
             if self._active.get(rec.id) is a:
@@ -233,8 +247,14 @@ class BatchRunner:
             await asyncio.to_thread(copy_and_validate)
             errors = validator.finish()
         except NotFoundError:
-            errors = [{"code": "invalid_input_file", "param": "input_file_id", "line": None,
-                       "message": f"The input file {rec.input_file_id} no longer exists."}]
+            errors = [
+                {
+                    "code": "invalid_input_file",
+                    "param": "input_file_id",
+                    "line": None,
+                    "message": f"The input file {rec.input_file_id} no longer exists.",
+                }
+            ]
         except _Aborted:
             if a.abort.is_set() and rec.status != "cancelling":
                 raise asyncio.CancelledError from None  # stopping
@@ -321,8 +341,9 @@ class BatchRunner:
         if now - a.last_log >= self.log_interval:
             a.last_log = now
             c = a.record.request_counts
-            log.info("batch %s: %d/%d done (%d failed)", a.record.id, c["completed"] + c["failed"],
-                     c["total"], c["failed"])
+            log.info(
+                "batch %s: %d/%d done (%d failed)", a.record.id, c["completed"] + c["failed"], c["total"], c["failed"]
+            )
 
     async def _finalize(self, a: _Active, final: str) -> None:
         rec = a.record

@@ -128,9 +128,15 @@ class FileRecord(_Record):
 
     def to_openai(self) -> dict[str, Any]:
         return {
-            "id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
-            "filename": self.filename, "purpose": self.purpose, "status": "processed",
-            "status_details": None, "expires_at": None,
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+            "expires_at": None,
         }
 
 
@@ -161,12 +167,8 @@ class BatchRecord(_Record):
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
-    request_counts: dict[str, int] = field(
-        default_factory=lambda: {"total": 0, "completed": 0, "failed": 0}
-    )
-    usage: dict[str, int] = field(
-        default_factory=lambda: {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-    )
+    request_counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
+    usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0})
     # The batch's own copy of its input, taken while validating, so deleting the input file
     # mid-batch cannot change or break the batch.
     pinned_input_id: str | None = None
@@ -187,8 +189,10 @@ class BatchRecord(_Record):
         d["errors"] = {"object": "list", "data": self.errors} if self.errors is not None else None
         u = self.usage
         d["usage"] = {
-            "input_tokens": u["input_tokens"], "output_tokens": u["output_tokens"],
-            "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": u["input_tokens"],
+            "output_tokens": u["output_tokens"],
+            "total_tokens": u["total_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0},
         }
         return d

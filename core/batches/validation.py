@@ -159,7 +159,9 @@ class BatchValidator:
         if not isinstance(cid, str) or not cid:
             self._error("missing_required_parameter", "custom_id must be a non-empty string.", line_no, "custom_id")
         elif len(cid) > MAX_CUSTOM_ID_CHARS:
-            self._error("invalid_custom_id", f"custom_id is longer than {MAX_CUSTOM_ID_CHARS} characters.", line_no, "custom_id")
+            self._error(
+                "invalid_custom_id", f"custom_id is longer than {MAX_CUSTOM_ID_CHARS} characters.", line_no, "custom_id"
+            )
         elif cid in self._custom_ids:
             self._error("duplicate_custom_id", f"The custom_id '{cid}' is used more than once.", line_no, "custom_id")
         else:

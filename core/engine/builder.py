@@ -13,19 +13,18 @@ from typing import Any
 import torch
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.engine.model_runner import ModelRunner
-from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
-from llmkit.core.plugins import PluginError, registry
+from llmkit.core.engine.scheduler import Scheduler
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.prefix_cache import NoPrefixCache
 from llmkit.core.model.radix_cache import RadixCache
-from llmkit.core.engine.scheduler import Scheduler
+from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.plugins import PluginError, registry
 
 log = logging.getLogger("llmkit")
 
 # --load-format values: "auto" loads the checkpoint; "dummy" fills random weights (benchmarks).
 LOAD_FORMATS = ("auto", "dummy")
-
 
 
 @dataclass
@@ -52,8 +51,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         # bf16 math is slow on CPUs without AVX512-BF16/AMX; fp32 is the fast path there.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-             "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }
     if name not in table:
         raise ValueError(f"unknown dtype '{name}'; valid: auto, {', '.join(sorted(table))}")
     return table[name]
@@ -93,8 +98,6 @@ def _usable(reg, name: str, device: torch.device) -> bool:
         return False
 
 
-
-
 def architecture_of(hf_config: dict) -> str:
     archs = hf_config.get("architectures")
     if archs:
@@ -104,8 +107,9 @@ def architecture_of(hf_config: dict) -> str:
     model_type = hf_config.get("model_type", "?")
     arch = registry().architecture_for_model_type(model_type)
     if arch is None:
-        raise ValueError(f"config.json names no 'architectures' and no model plugin declares its model_type "
-                         f"'{model_type}'")
+        raise ValueError(
+            f"config.json names no 'architectures' and no model plugin declares its model_type '{model_type}'"
+        )
     return arch
 
 
@@ -127,8 +131,9 @@ def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, device=None,
-                 weight_bytes: int = 0) -> int:
+def _pool_tokens(
+    config: EngineConfig, bytes_per_token: int, max_context: int, device=None, weight_bytes: int = 0
+) -> int:
     if config.max_total_tokens:
         return config.max_total_tokens
     try:
@@ -140,12 +145,15 @@ def _pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, d
             total = torch.cuda.mem_get_info(device)[1]
         budget = int(total * config.mem_fraction_static) - weight_bytes
         if budget < bytes_per_token * min(max_context, 4096):
-            raise ValueError(f"--mem-fraction-static {config.mem_fraction_static} leaves too little memory for "
-                             "the KV pool after the weights; raise it or use --max-total-tokens")
+            raise ValueError(
+                f"--mem-fraction-static {config.mem_fraction_static} leaves too little memory for "
+                "the KV pool after the weights; raise it or use --max-total-tokens"
+            )
         return budget // bytes_per_token
     by_memory = int(total * 0.2) // bytes_per_token
-    return max(min(65536, by_memory, default_pool_tokens(max_context, config.max_running_requests)),
-               min(max_context, 4096))
+    return max(
+        min(65536, by_memory, default_pool_tokens(max_context, config.max_running_requests)), min(max_context, 4096)
+    )
 
 
 TOKENS_PER_RUNNING_REQUEST = 512
@@ -205,44 +213,77 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     head_dim, n_kv, n_layers = model.head_dim, model.num_kv_heads, model.num_layers
     kv_dtype = dtype
     bytes_per_token = 2 * n_layers * n_kv * head_dim * torch.tensor([], dtype=kv_dtype).element_size()
-    weight_bytes = (sum(t.numel() * t.element_size() for t in model.state_dict().values())
-                    if config.mem_fraction_static else 0)
+    weight_bytes = (
+        sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
+    )
     tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
     page = config.page_size
-    pool = KVCachePool(num_layers=n_layers, num_pages=tokens // page + 1, page_size=page,
-                       num_kv_heads=n_kv, head_dim=head_dim, dtype=kv_dtype, device=device)
+    pool = KVCachePool(
+        num_layers=n_layers,
+        num_pages=tokens // page + 1,
+        page_size=page,
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+        dtype=kv_dtype,
+        device=device,
+    )
     req_pool = ReqToTokenPool(config.max_running_requests + 1, max_context + page, device)
     cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
     scheduler = Scheduler(config, pool, req_pool, cache, max_context)
-    attn = attn_cls(num_heads=hf_config["num_attention_heads"], num_kv_heads=n_kv, head_dim=head_dim,
-                    pool=pool, device=device)
+    attn = attn_cls(
+        num_heads=hf_config["num_attention_heads"], num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device
+    )
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
     if device.type == "cuda" and attn.supports_cuda_graph and not config.disable_cuda_graph:
         from llmkit.core.engine.cuda_graph import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner(
-            model, attn, max_bs=min(config.cuda_graph_max_bs or 256, config.max_running_requests),
-            max_context=max_context + page, device=device,
-            deterministic=config.enable_deterministic_inference)
+            model,
+            attn,
+            max_bs=min(config.cuda_graph_max_bs or 256, config.max_running_requests),
+            max_context=max_context + page,
+            device=device,
+            deterministic=config.enable_deterministic_inference,
+        )
         runner.graphs.capture()
     log.info(
         "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
-        arch, model_dir, device, time.monotonic() - t0, str(dtype).removeprefix("torch."),
+        arch,
+        model_dir,
+        device,
+        time.monotonic() - t0,
+        str(dtype).removeprefix("torch."),
         ", dummy weights" if config.load_format == "dummy" else "",
-        f" + {config.quantization} weights" if config.quantization else "", attn_name,
-        tokens, tokens * bytes_per_token / 1e9, max_context,
+        f" + {config.quantization} weights" if config.quantization else "",
+        attn_name,
+        tokens,
+        tokens * bytes_per_token / 1e9,
+        max_context,
     )
     if not config.max_total_tokens:
-        how = (f"--mem-fraction-static {config.mem_fraction_static}" if config.mem_fraction_static else
-               f"max(2 x context, {TOKENS_PER_RUNNING_REQUEST} x --max-running-requests {config.max_running_requests})"
-               ", at most 65,536 tokens or 20% of RAM")
-        log.info("KV pool: %d tokens (%.2f GB) from %s; set it with --max-total-tokens N", tokens,
-                 tokens * bytes_per_token / 1e9, how)
+        how = (
+            f"--mem-fraction-static {config.mem_fraction_static}"
+            if config.mem_fraction_static
+            else f"max(2 x context, {TOKENS_PER_RUNNING_REQUEST} x --max-running-requests {config.max_running_requests})"
+            ", at most 65,536 tokens or 20% of RAM"
+        )
+        log.info(
+            "KV pool: %d tokens (%.2f GB) from %s; set it with --max-total-tokens N",
+            tokens,
+            tokens * bytes_per_token / 1e9,
+            how,
+        )
     vocab_size = int(hf_config["vocab_size"])
     eos_ids = _eos_ids(model_dir, hf_config, tokenizer)
     return EngineParts(
-        model_dir=model_dir, hf_config=hf_config, tokenizer=tokenizer, model=model,
-        scheduler=scheduler, runner=runner, vocab_size=vocab_size, eos_token_ids=eos_ids,
+        model_dir=model_dir,
+        hf_config=hf_config,
+        tokenizer=tokenizer,
+        model=model,
+        scheduler=scheduler,
+        runner=runner,
+        vocab_size=vocab_size,
+        eos_token_ids=eos_ids,
         max_context=max_context,
         grammar=build_grammar_backend(grammar_name, tokenizer, vocab_size, eos_ids),
     )
@@ -254,7 +295,6 @@ def build_grammar_backend(name: str, tokenizer, vocab_size: int, eos_ids):
         return None
     from llmkit.core.grammar.contract import create_grammar_backend
 
-    backend = create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size,
-                                     stop_token_ids=sorted(eos_ids))
+    backend = create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_ids))
     backend.warmup()  # start the compile workers now, not on the first constrained request
     return backend

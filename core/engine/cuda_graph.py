@@ -28,8 +28,16 @@ def batch_buckets(max_bs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, model: CausalLM, attn: AttentionBackend, *, max_bs: int, max_context: int,
-                 device: torch.device, deterministic: bool = False) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        attn: AttentionBackend,
+        *,
+        max_bs: int,
+        max_context: int,
+        device: torch.device,
+        deterministic: bool = False,
+    ) -> None:
         if not attn.supports_cuda_graph:
             raise ValueError(f"{type(attn).__name__} does not support CUDA graphs")
         self.model, self.attn, self.device = model, attn, device

@@ -28,11 +28,18 @@ class IncrementalDetokenizer:
     # output costs a bounded amount per token.
     REGEX_WINDOW = 4096
 
-    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool,
-                 stop: tuple[str, ...] = (), keep_stop: bool = False, stop_regex: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        prompt_ids: list[int],
+        skip_special_tokens: bool,
+        stop: tuple[str, ...] = (),
+        keep_stop: bool = False,
+        stop_regex: tuple[str, ...] = (),
+    ) -> None:
         self.tok = tokenizer
         self.skip = skip_special_tokens
-        self.ids: list[int] = list(prompt_ids[-self.CONTEXT:])
+        self.ids: list[int] = list(prompt_ids[-self.CONTEXT :])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""  # all decoded output text (stop-trimmed once matched)

@@ -251,8 +251,13 @@ class Engine:
             self.output.finish(stream, "stop", tok)
         elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_new_tokens:
             self.output.finish(stream, "stop", tok)
-        elif (self.overlap and req.reasoning_end is None and n_out < p.max_new_tokens
-              and req.seq_len < self.max_context and not (req.grammar_active and req.grammar.is_terminated())):
+        elif (
+            self.overlap
+            and req.reasoning_end is None
+            and n_out < p.max_new_tokens
+            and req.seq_len < self.max_context
+            and not (req.grammar_active and req.grammar.is_terminated())
+        ):
             self.output.defer(stream, tok)  # nothing but the text can end it now: look next step
         else:
             self.output.process(stream, tok)
@@ -264,11 +269,18 @@ class Engine:
         pool, cache = sched.pool, sched.cache
         free, cached = pool.num_free_pages, cache.evictable_pages
         return {
-            "num_running_reqs": len(sched.running), "num_waiting_reqs": len(sched.waiting),
-            "kv_pages_total": pool.capacity_pages, "kv_pages_free": free, "kv_pages_cached": cached,
-            "kv_pages_in_use": pool.capacity_pages - free - cached, "page_size": pool.page_size,
-            "steps": self.steps, "last_step_age_s": time.monotonic() - self.last_step,
-            "preemptions": sched.num_preemptions, "overlap_schedule": self.overlap,
+            "num_running_reqs": len(sched.running),
+            "num_waiting_reqs": len(sched.waiting),
+            "kv_pages_total": pool.capacity_pages,
+            "kv_pages_free": free,
+            "kv_pages_cached": cached,
+            "kv_pages_in_use": pool.capacity_pages - free - cached,
+            "page_size": pool.page_size,
+            "steps": self.steps,
+            "last_step_age_s": time.monotonic() - self.last_step,
+            "preemptions": sched.num_preemptions,
+            "overlap_schedule": self.overlap,
             "token_usage": sched.token_usage(),
-            "prefix_cache_queries": sched.prefix_cache_queries, "prefix_cache_hits": sched.prefix_cache_hits,
+            "prefix_cache_queries": sched.prefix_cache_queries,
+            "prefix_cache_hits": sched.prefix_cache_hits,
         }

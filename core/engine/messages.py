@@ -102,20 +102,35 @@ def from_wire(cls: type, data: dict) -> Any:
     if cls is GenerateRequest:
         g = data.get("grammar")
         return GenerateRequest(
-            **{**data, "prompt_ids": list(data["prompt_ids"]),
-               "params": from_wire(SamplingParams, data["params"]),
-               "grammar": GrammarSpec(**g) if g is not None else None,
-               "grammar_after": tuple(data.get("grammar_after", ()))})
+            **{
+                **data,
+                "prompt_ids": list(data["prompt_ids"]),
+                "params": from_wire(SamplingParams, data["params"]),
+                "grammar": GrammarSpec(**g) if g is not None else None,
+                "grammar_after": tuple(data.get("grammar_after", ())),
+            }
+        )
     if cls is SamplingParams:
         bias = data.get("logit_bias")
-        return SamplingParams(**{**data, "stop": tuple(data["stop"]), "stop_token_ids": tuple(data["stop_token_ids"]),
-                                 "stop_regex": tuple(data.get("stop_regex", ())),
-                                 "logit_bias": {int(k): float(v) for k, v in bias.items()} if bias else None})
+        return SamplingParams(
+            **{
+                **data,
+                "stop": tuple(data["stop"]),
+                "stop_token_ids": tuple(data["stop_token_ids"]),
+                "stop_regex": tuple(data.get("stop_regex", ())),
+                "logit_bias": {int(k): float(v) for k, v in bias.items()} if bias else None,
+            }
+        )
     if cls is TokenLogprob:
         return TokenLogprob(data["token_id"], data["logprob"], [tuple(t) for t in data["top"]])
     if cls is RequestOutput:
         lp = lambda d: None if d is None else from_wire(TokenLogprob, d)  # noqa: E731
         prompt = data.get("prompt_logprobs")
-        return RequestOutput(**{**data, "logprobs": [lp(d) for d in data["logprobs"]],
-                                "prompt_logprobs": None if prompt is None else [lp(d) for d in prompt]})
+        return RequestOutput(
+            **{
+                **data,
+                "logprobs": [lp(d) for d in data["logprobs"]],
+                "prompt_logprobs": None if prompt is None else [lp(d) for d in prompt],
+            }
+        )
     raise TypeError(f"not an engine message type: {cls!r}")

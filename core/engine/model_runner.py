@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
-from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.engine.scheduler import ScheduledBatch
+from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 
 
 @dataclass
@@ -21,8 +21,15 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, attn: AttentionBackend, pool: KVCachePool,
-                 req_pool: ReqToTokenPool, device: torch.device, deterministic: bool) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        attn: AttentionBackend,
+        pool: KVCachePool,
+        req_pool: ReqToTokenPool,
+        device: torch.device,
+        deterministic: bool,
+    ) -> None:
         self.model = model
         self.attn = attn
         self.pool = pool
@@ -89,7 +96,9 @@ class ModelRunner:
         for i, s in enumerate(batch.segments):
             if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
                 prompt_logits[s.req.rid] = (
-                    s.start, self.model.compute_logits(hidden[offsets[i] : offsets[i + 1]], self.deterministic))
+                    s.start,
+                    self.model.compute_logits(hidden[offsets[i] : offsets[i + 1]], self.deterministic),
+                )
         if sample_idx is not None:
             logits = self.model.compute_logits(hidden.index_select(0, sample_idx), self.deterministic)
         else:

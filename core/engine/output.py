@@ -44,8 +44,9 @@ class OutputProcessor:
 
     def open(self, req: Request, sink: Sink) -> None:
         p = req.params
-        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, p.skip_special_tokens, p.stop, p.no_stop_trim,
-                                       stop_regex=p.stop_regex)
+        detok = IncrementalDetokenizer(
+            self.tokenizer, req.prompt_ids, p.skip_special_tokens, p.stop, p.no_stop_trim, stop_regex=p.stop_regex
+        )
         self.streams[req.rid] = Stream(req, sink, detok)
 
     def get(self, rid: str) -> Stream | None:

@@ -54,8 +54,7 @@ class ProcessEngineClient:
         self._in.bind(ipc.outbox_address(self._ipc_dir))
         self._out = self._ctx.socket(zmq.PUSH)
         self._out.connect(ipc.inbox_address(self._ipc_dir))
-        cmd = [sys.executable, "-m", "llmkit.core.engine.worker", json.dumps(dataclasses.asdict(config)),
-               self._ipc_dir]
+        cmd = [sys.executable, "-m", "llmkit.core.engine.worker", json.dumps(dataclasses.asdict(config)), self._ipc_dir]
         self.proc = subprocess.Popen(cmd)
         try:
             ready = self._wait_ready(startup_timeout)

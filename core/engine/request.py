@@ -62,8 +62,14 @@ class Request:
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, eos_token_ids: frozenset[int]) -> "Request":
-        return cls(rid=msg.rid, prompt_ids=list(msg.prompt_ids), params=msg.params, priority=msg.priority,
-                   eos_token_ids=eos_token_ids, return_prompt_logprobs=msg.return_prompt_logprobs)
+        return cls(
+            rid=msg.rid,
+            prompt_ids=list(msg.prompt_ids),
+            params=msg.params,
+            priority=msg.priority,
+            eos_token_ids=eos_token_ids,
+            return_prompt_logprobs=msg.return_prompt_logprobs,
+        )
 
     @property
     def all_ids(self) -> list[int]:

@@ -70,7 +70,9 @@ class Sampler:
     def _needs_processing(r: Request) -> bool:
         p = r.params
         return bool(
-            p.logit_bias or p.needs_penalties or r.grammar_active
+            p.logit_bias
+            or p.needs_penalties
+            or r.grammar_active
             or (p.min_new_tokens and len(r.output_ids) < p.min_new_tokens)
         )
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.request import Request, Status
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.prefix_cache import PrefixCache
-from llmkit.core.engine.request import Request, Status
 
 
 @dataclass
@@ -47,8 +47,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: KVCachePool, req_pool: ReqToTokenPool,
-                 cache: PrefixCache, max_context: int) -> None:
+    def __init__(
+        self, config: EngineConfig, pool: KVCachePool, req_pool: ReqToTokenPool, cache: PrefixCache, max_context: int
+    ) -> None:
         self.config = config
         self.pool = pool
         self.req_pool = req_pool

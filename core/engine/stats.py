@@ -26,8 +26,13 @@ class EngineStats:
             log.info(
                 "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, cache hit rate: %.2f%%, "
                 "token usage: %.2f, #running-req: %d, #queue-req: %d",
-                batch.num_new_prefill_seqs, batch.num_prefill_tokens, batch.num_cached_tokens, rate,
-                sched.token_usage(), batch.num_running_before, len(sched.waiting),
+                batch.num_new_prefill_seqs,
+                batch.num_prefill_tokens,
+                batch.num_cached_tokens,
+                rate,
+                sched.token_usage(),
+                batch.num_running_before,
+                len(sched.waiting),
             )
         self._decode_tokens += n_decode
         if n_decode:
@@ -38,6 +43,11 @@ class EngineStats:
             n_tok = sum(r.seq_len for r in sched.running)
             log.info(
                 "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, "
-                "#queue-req: %d", len(sched.running), n_tok, sched.token_usage(), tps, len(sched.waiting),
+                "#queue-req: %d",
+                len(sched.running),
+                n_tok,
+                sched.token_usage(),
+                tps,
+                len(sched.waiting),
             )
             self._decode_tokens, self._decode_steps, self._decode_since = 0, 0, now

@@ -51,8 +51,17 @@ def main(argv: list[str]) -> int:
         ctl.close(linger=2000)
         return 2
     engine.start()
-    ctl.send(ipc.pack("ready", {"max_context": parts.max_context, "vocab_size": parts.vocab_size,
-                                "model_dir": str(parts.model_dir), "pid": os.getpid()}))
+    ctl.send(
+        ipc.pack(
+            "ready",
+            {
+                "max_context": parts.max_context,
+                "vocab_size": parts.vocab_size,
+                "model_dir": str(parts.model_dir),
+                "pid": os.getpid(),
+            },
+        )
+    )
     stop = threading.Event()
 
     def publish_stats() -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 try:  # CPython's regex parser, used only to inspect the structure of a pattern.
-    from re import _constants as _sre_c, _parser as _sre_parse  # type: ignore[attr-defined]
+    from re import _constants as _sre_c  # type: ignore[attr-defined]
+    from re import _parser as _sre_parse
 except ImportError:  # pragma: no cover - Python < 3.11
     import sre_constants as _sre_c  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]

@@ -35,9 +35,7 @@ class CausalLM(nn.Module, ABC):
         self.config = config
 
     @abstractmethod
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Return final hidden states ``[T, hidden]`` for the batch's T new tokens."""
 
     @abstractmethod

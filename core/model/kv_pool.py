@@ -78,8 +78,7 @@ class ReqToTokenPool:
     waits on the device, and can run while the previous step is still computing.
     """
 
-    def __init__(self, max_requests: int, max_context: int, device: torch.device,
-                 mirror: bool | None = None) -> None:
+    def __init__(self, max_requests: int, max_context: int, device: torch.device, mirror: bool | None = None) -> None:
         """``mirror``: keep a separate host copy (default: when ``device`` is not the CPU)."""
         self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
         on_host = not mirror if mirror is not None else self.table.device.type == "cpu"

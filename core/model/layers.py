@@ -20,8 +20,13 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias):
     # On CPU, oneDNN's fp32 GEMM beats F.linear's MKL path for decode-sized row counts (measured:
     # 1.15x for one row, 1.3x for 16), while MKL is a few percent faster for long prefills.
-    if (_ONEDNN and x.shape[0] < 256 and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32):
+    if (
+        _ONEDNN
+        and x.shape[0] < 256
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+    ):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

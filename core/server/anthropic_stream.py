@@ -27,9 +27,12 @@ def stop_reason(result: ChatResult, body: MessagesRequest) -> tuple[str, str | N
 
 def usage(result: ChatResult) -> dict:
     # Anthropic counts cache reads apart from input_tokens.
-    return {"input_tokens": result.prompt_tokens - result.cached_tokens,
-            "output_tokens": result.completion_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": result.cached_tokens}
+    return {
+        "input_tokens": result.prompt_tokens - result.cached_tokens,
+        "output_tokens": result.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": result.cached_tokens,
+    }
 
 
 def message_object(result: ChatResult, body: MessagesRequest, mid: str) -> dict:
@@ -41,8 +44,16 @@ def message_object(result: ChatResult, body: MessagesRequest, mid: str) -> dict:
     for c in result.tool_calls:
         content.append({"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": tool_input(c.arguments)})
     reason, seq = stop_reason(result, body)
-    return {"id": mid, "type": "message", "role": "assistant", "model": body.model, "content": content,
-            "stop_reason": reason, "stop_sequence": seq, "usage": usage(result)}
+    return {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": body.model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": seq,
+        "usage": usage(result),
+    }
 
 
 def _tool_id(call_id: str) -> str:
@@ -54,9 +65,16 @@ def _event(kind: str, data: dict) -> str:
 
 
 async def stream_message(events: AsyncIterator[ChatEvent], body: MessagesRequest, mid: str):
-    start = {"id": mid, "type": "message", "role": "assistant", "model": body.model, "content": [],
-             "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": 0, "output_tokens": 0}}  # the totals come in message_delta
+    start = {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": body.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }  # the totals come in message_delta
     yield _event("message_start", {"message": start})
     yield _event("ping", {})
     index, open_kind = -1, None
@@ -73,8 +91,7 @@ async def stream_message(events: AsyncIterator[ChatEvent], body: MessagesRequest
             return ""
         out = ""
         if open_kind == "thinking":  # Anthropic ends a thinking block with its signature
-            out = _event("content_block_delta", {"index": index, "delta": {
-                "type": "signature_delta", "signature": ""}})
+            out = _event("content_block_delta", {"index": index, "delta": {"type": "signature_delta", "signature": ""}})
         open_kind = None
         return out + _event("content_block_stop", {"index": index})
 
@@ -87,24 +104,33 @@ async def stream_message(events: AsyncIterator[ChatEvent], body: MessagesRequest
             if ev.reasoning:
                 if open_kind != "thinking":
                     yield open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                yield _event("content_block_delta", {"index": index, "delta": {
-                    "type": "thinking_delta", "thinking": ev.reasoning}})
+                yield _event(
+                    "content_block_delta",
+                    {"index": index, "delta": {"type": "thinking_delta", "thinking": ev.reasoning}},
+                )
             elif ev.content:
                 if open_kind != "text":
                     yield open_block("text", {"type": "text", "text": ""})
-                yield _event("content_block_delta", {"index": index, "delta": {
-                    "type": "text_delta", "text": ev.content}})
+                yield _event(
+                    "content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": ev.content}}
+                )
             elif ev.tool_start is not None:
-                yield open_block("tool_use", {"type": "tool_use", "id": _tool_id(ev.tool_start.id),
-                                              "name": ev.tool_start.name, "input": {}})
+                yield open_block(
+                    "tool_use",
+                    {"type": "tool_use", "id": _tool_id(ev.tool_start.id), "name": ev.tool_start.name, "input": {}},
+                )
             elif ev.tool_args:
-                yield _event("content_block_delta", {"index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": ev.tool_args}})
+                yield _event(
+                    "content_block_delta",
+                    {"index": index, "delta": {"type": "input_json_delta", "partial_json": ev.tool_args}},
+                )
             elif ev.finished is not None:
                 yield close_block()
                 reason, seq = stop_reason(ev.finished, body)
-                yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
-                                               "usage": usage(ev.finished)})
+                yield _event(
+                    "message_delta",
+                    {"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage(ev.finished)},
+                )
                 yield _event("message_stop", {})
     finally:
         await events.aclose()

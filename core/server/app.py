@@ -8,20 +8,21 @@ import hmac
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
-from llmkit.core.server.model_names import model_not_found, served_names
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
-from llmkit.core.server.shutdown import DrainMiddleware
+from llmkit.core.server.model_names import model_not_found, served_names
 from llmkit.core.server.parser_routes import parser_router
 from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmkit.core.server.serving_chat import create_chat_completion
 from llmkit.core.server.serving_completions import create_completion
+from llmkit.core.server.shutdown import DrainMiddleware
 from llmkit.core.server.state import ServerState, new_id
 
 log = logging.getLogger("llmkit")
@@ -37,8 +38,9 @@ class _APIKeyMiddleware:
     """Bearer-key check as plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client
     disconnects from the endpoints, which need them to abort generation)."""
 
-    def __init__(self, app, key_digest: bytes, open_exact: frozenset[str] = OPEN_PATHS,
-                 open_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, app, key_digest: bytes, open_exact: frozenset[str] = OPEN_PATHS, open_prefixes: tuple[str, ...] = ()
+    ) -> None:
         self.app = app
         self.key_digest = key_digest
         self.open_exact = open_exact
@@ -46,8 +48,12 @@ class _APIKeyMiddleware:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if (scope["type"] != "http" or scope["method"] == "OPTIONS" or path in self.open_exact
-                or (self.open_prefixes and path.startswith(self.open_prefixes))):
+        if (
+            scope["type"] != "http"
+            or scope["method"] == "OPTIONS"
+            or path in self.open_exact
+            or (self.open_prefixes and path.startswith(self.open_prefixes))
+        ):
             return await self.app(scope, receive, send)
         auth, x_key = "", None
         for name, value in scope.get("headers", []):
@@ -58,7 +64,8 @@ class _APIKeyMiddleware:
         given = auth[7:] if auth[:7].lower() == "bearer " else ""
         # Compare fixed-length digests in constant time, whatever the key's length.
         if hmac.compare_digest(_digest(given), self.key_digest) | hmac.compare_digest(
-                _digest(x_key or ""), self.key_digest):
+            _digest(x_key or ""), self.key_digest
+        ):
             return await self.app(scope, receive, send)
         resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
         if scope["path"].startswith("/v1/messages"):
@@ -94,8 +101,11 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     key_digest = _digest(state.options.api_key) if state.options.api_key else None
 
     # The key check wraps the body cap (added last = outermost): no body is read without the key.
-    app.add_middleware(BodyLimitMiddleware, limit=state.options.max_payload_size,
-                       upload_limit=state.options.max_upload_size + (64 << 10))  # + multipart headers
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=state.options.max_payload_size,
+        upload_limit=state.options.max_upload_size + (64 << 10),
+    )  # + multipart headers
     app.add_middleware(DrainMiddleware, state=state)  # 503 for new requests once SIGTERM came
     if key_digest is not None:
         from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
@@ -105,8 +115,12 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         # only on request.
         open_exact = OPEN_PATHS | ({"/metrics"} if opts.metrics_no_auth else set())
         open_exact |= WEB_OPEN_EXACT if opts.enable_web_ui else set()
-        app.add_middleware(_APIKeyMiddleware, key_digest=key_digest, open_exact=frozenset(open_exact),
-                           open_prefixes=WEB_OPEN_PATHS if opts.enable_web_ui else ())
+        app.add_middleware(
+            _APIKeyMiddleware,
+            key_digest=key_digest,
+            open_exact=frozenset(open_exact),
+            open_prefixes=WEB_OPEN_PATHS if opts.enable_web_ui else (),
+        )
     install_error_handlers(app)
 
     @app.exception_handler(APIError)
@@ -134,8 +148,15 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     def model_card() -> dict:
         name = state.options.served_model_name
-        return {"id": name, "object": "model", "created": int(state.started), "owned_by": "llmkit",
-                "root": name, "parent": None, "max_model_len": state.max_context}
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(state.started),
+            "owned_by": "llmkit",
+            "root": name,
+            "parent": None,
+            "max_model_len": state.max_context,
+        }
 
     @app.get("/v1/models")
     async def models():
@@ -159,7 +180,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     async def health_generate():
         if state.client.draining or not state.client.alive():
             return error_response("the engine is not running", 503)
-        req = GenerateRequest(rid=new_id("health-"), prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0))
+        req = GenerateRequest(
+            rid=new_id("health-"), prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0)
+        )
         try:
             async with asyncio.timeout(20):
                 async for _ in state.client.generate(req):
@@ -170,13 +193,20 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     @app.get("/get_model_info")
     async def model_info():
-        return {"model_path": state.options.served_model_name, "tokenizer_path": state.options.served_model_name,
-                "is_generation": True, "max_model_len": state.max_context}
+        return {
+            "model_path": state.options.served_model_name,
+            "tokenizer_path": state.options.served_model_name,
+            "is_generation": True,
+            "max_model_len": state.max_context,
+        }
 
     @app.get("/get_server_info")
     async def server_info():
-        return {"served_model_name": state.options.served_model_name, "max_model_len": state.max_context,
-                **state.client.stats()}
+        return {
+            "served_model_name": state.options.served_model_name,
+            "max_model_len": state.max_context,
+            **state.client.stats(),
+        }
 
     from llmkit.core.server.anthropic_api import anthropic_router
     from llmkit.core.server.generate_api import generate_router

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi.responses import Response
+
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.protocol import ChatCompletionRequest, StreamOptions
 from llmkit.core.server.serving_chat import create_chat_completion
@@ -69,11 +70,17 @@ async def complete_chat(state, body: ChatCompletionRequest, raw) -> ChatResult |
     data = json.loads(resp.body)
     choice = data["choices"][0]
     msg = choice["message"]
-    calls = [ToolCallResult(c["id"], c["function"]["name"], c["function"]["arguments"])
-             for c in msg.get("tool_calls") or []]
-    return ChatResult(reasoning=msg.get("reasoning_content") or "", content=msg.get("content") or "",
-                      tool_calls=calls, finish_reason=choice["finish_reason"],
-                      matched_stop=choice.get("matched_stop"), usage=data.get("usage") or {})
+    calls = [
+        ToolCallResult(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []
+    ]
+    return ChatResult(
+        reasoning=msg.get("reasoning_content") or "",
+        content=msg.get("content") or "",
+        tool_calls=calls,
+        finish_reason=choice["finish_reason"],
+        matched_stop=choice.get("matched_stop"),
+        usage=data.get("usage") or {},
+    )
 
 
 @dataclass
@@ -92,8 +99,7 @@ async def start_chat_stream(state, body: ChatCompletionRequest) -> AsyncIterator
     """Start a streaming chat completion (validation errors raise here, before any response is
     sent) and return its events. Closing the iterator aborts the generation."""
     # usage arrives in the last chunk; model_copy does not validate, so pass the model itself
-    body = body.model_copy(update={"stream": True, "n": 1,
-                                   "stream_options": StreamOptions(include_usage=True)})
+    body = body.model_copy(update={"stream": True, "n": 1, "stream_options": StreamOptions(include_usage=True)})
     resp = await create_chat_completion(state, body, None, http=True)
     return _events(resp.body_iterator)
 

@@ -20,9 +20,21 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 RENDER_DEADLINE_S = 5.0
 MAX_OUTPUT_CHARS = 8 << 20
 # chat_template_kwargs may only carry scalars, and never override the renderer's own arguments.
-RESERVED_KWARGS = {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-                   "tokenize", "chat_template", "return_dict", "return_tensors", "padding",
-                   "truncation", "max_length", "tokenizer_kwargs"}
+RESERVED_KWARGS = {
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "chat_template",
+    "return_dict",
+    "return_tensors",
+    "padding",
+    "truncation",
+    "max_length",
+    "tokenizer_kwargs",
+}
 
 
 class TemplateRenderError(Exception):
@@ -70,10 +82,15 @@ class ChatTemplate:
         self.supports_tools = "tools" in meta.find_undeclared_variables(env.parse(source))
         self.special = {"bos_token": bos_token, "eos_token": eos_token}
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool, tools=None,
-               extra: dict[str, Any] | None = None) -> str:
-        variables = {**self.special, **(extra or {}), "messages": messages,
-                     "add_generation_prompt": add_generation_prompt}
+    def render(
+        self, messages: list[dict], *, add_generation_prompt: bool, tools=None, extra: dict[str, Any] | None = None
+    ) -> str:
+        variables = {
+            **self.special,
+            **(extra or {}),
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+        }
         if tools:
             variables["tools"] = tools
         deadline = time.monotonic() + RENDER_DEADLINE_S
@@ -91,8 +108,16 @@ class ChatTemplate:
             raise TemplateRenderError(f"chat template rendering exceeded {RENDER_DEADLINE_S:.0f} s") from None
         except TemplateRenderError:
             raise
-        except (TemplateError, TypeError, ValueError, OverflowError, AttributeError,
-                KeyError, IndexError, RecursionError) as exc:
+        except (
+            TemplateError,
+            TypeError,
+            ValueError,
+            OverflowError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            RecursionError,
+        ) as exc:
             raise TemplateRenderError(f"chat template error: {exc}") from None
         finally:
             sys.settrace(old)

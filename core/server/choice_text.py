@@ -20,16 +20,27 @@ class ChoiceDelta:
 
 
 class ChoiceProcessor:
-    def __init__(self, *, reasoning_parser: str | None, tool_parser: str | None, tools: list | None,
-                 prompt_text: str, template_kwargs: dict, stream_reasoning: bool) -> None:
+    def __init__(
+        self,
+        *,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        tools: list | None,
+        prompt_text: str,
+        template_kwargs: dict,
+        stream_reasoning: bool,
+    ) -> None:
         self.reasoning = None
         self.tools = None
         if reasoning_parser:
             from llmkit.core.parsing.reasoning import create_reasoning_parser
 
             self.reasoning = create_reasoning_parser(
-                reasoning_parser, prompt_text=prompt_text, chat_template_kwargs=template_kwargs,
-                stream_reasoning=stream_reasoning)
+                reasoning_parser,
+                prompt_text=prompt_text,
+                chat_template_kwargs=template_kwargs,
+                stream_reasoning=stream_reasoning,
+            )
         if tool_parser and tools:
             from llmkit.core.parsing.tool_parser import create_tool_parser
 
@@ -76,8 +87,10 @@ class ChoiceProcessor:
     def final_tool_calls(self) -> list[dict]:
         if self.tools is None:
             return []
-        return [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-                for cid, name, args in (_call_tuple(c) for c in self.tools.calls)]
+        return [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            for cid, name, args in (_call_tuple(c) for c in self.tools.calls)
+        ]
 
 
 def _call_delta(x) -> dict:

@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
+from pydantic import ConfigDict
+
 from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.prompt import tokenize_text
@@ -21,7 +23,6 @@ from llmkit.core.server.protocol import _Model
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.state import new_id, start_generation
 from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
-from pydantic import ConfigDict
 
 
 class GenerateSampling(_Model):
@@ -88,8 +89,7 @@ async def _prompts(state, body: GenerateRequest) -> tuple[list[list[int]], bool]
     for p in prompts:
         bad = [t for t in p if not 0 <= t < state.vocab_size]
         if bad:
-            raise APIError(f"input_ids {bad[:10]} are out of vocabulary (size {state.vocab_size})",
-                           param="input_ids")
+            raise APIError(f"input_ids {bad[:10]} are out of vocabulary (size {state.vocab_size})", param="input_ids")
     return prompts, batch
 
 
@@ -117,9 +117,14 @@ def _lp_triple(tok, token_id: int, lp: float | None, with_text: bool):
 
 def _meta(state, body: GenerateRequest, item: _Item, started: float, prompt_ids: list[int]) -> dict:
     fin = item.final
-    meta: dict[str, Any] = {"id": item.rid, "prompt_tokens": item.prompt_len,
-                            "completion_tokens": len(item.ids), "cached_tokens": 0, "finish_reason": None,
-                            "e2e_latency": time.monotonic() - started}
+    meta: dict[str, Any] = {
+        "id": item.rid,
+        "prompt_tokens": item.prompt_len,
+        "completion_tokens": len(item.ids),
+        "cached_tokens": 0,
+        "finish_reason": None,
+        "e2e_latency": time.monotonic() - started,
+    }
     if fin is not None:
         meta["cached_tokens"] = fin.cached_tokens
         if fin.finish_reason == "length":
@@ -134,7 +139,8 @@ def _meta(state, body: GenerateRequest, item: _Item, started: float, prompt_ids:
             start = min(body.logprob_start_len, len(prompt_ids))
             meta["input_token_logprobs"] = [
                 _lp_triple(tok, prompt_ids[i], None if x is None else x.logprob, wt)
-                for i, x in enumerate(item.prompt_lps[start:], start)]
+                for i, x in enumerate(item.prompt_lps[start:], start)
+            ]
     return meta
 
 
@@ -172,13 +178,23 @@ def generate_router(state) -> APIRouter:
         reqs, items, prompt_of = [], [], []
         for pi, (ids, s) in enumerate(zip(prompts, sps)):
             params = build_sampling_params(
-                s, prompt_len=len(ids), max_context=state.max_context, vocab_size=state.vocab_size,
-                max_tokens=s.max_new_tokens, logprobs=body.return_logprob,
-                top_logprobs=body.top_logprobs_num, defaults=state.sampling_defaults)
+                s,
+                prompt_len=len(ids),
+                max_context=state.max_context,
+                vocab_size=state.vocab_size,
+                max_tokens=s.max_new_tokens,
+                logprobs=body.return_logprob,
+                top_logprobs=body.top_logprobs_num,
+                defaults=state.sampling_defaults,
+            )
             group = []
             for k in range(s.n):
-                r = EngineRequest(rid=f"{rid}-{pi}-{k}", prompt_ids=ids, params=seed_for_choice(params, k),
-                            return_prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0)
+                r = EngineRequest(
+                    rid=f"{rid}-{pi}-{k}",
+                    prompt_ids=ids,
+                    params=seed_for_choice(params, k),
+                    return_prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0,
+                )
                 group.append(r)
                 items.append(_Item(r.rid, len(ids)))
                 prompt_of.append(ids)
@@ -189,11 +205,11 @@ def generate_router(state) -> APIRouter:
 
         def result(i: int) -> dict:
             it = items[i]
-            out = {"text": it.text, "output_ids": it.ids,
-                   "meta_info": _meta(state, body, it, started, prompt_of[i])}
+            out = {"text": it.text, "output_ids": it.ids, "meta_info": _meta(state, body, it, started, prompt_of[i])}
             return {**out, "index": i} if many and body.stream else out
 
         if body.stream:
+
             async def events():
                 try:
                     async for i, out in gen.outputs():

@@ -20,8 +20,11 @@ UPLOAD_PATH = "/v1/files"  # batch input files are larger than request bodies (O
 
 class PayloadTooLarge(APIError):
     def __init__(self, limit: int) -> None:
-        super().__init__(f"Payload Too Large: the request body is over the limit of {limit} bytes "
-                         "(--max-payload-size)", status=413, code="payload_too_large")
+        super().__init__(
+            f"Payload Too Large: the request body is over the limit of {limit} bytes (--max-payload-size)",
+            status=413,
+            code="payload_too_large",
+        )
 
 
 def shaped_error(path: str, message: str, status: int, *, param=None, code=None, headers=None):
@@ -52,8 +55,7 @@ class BodyLimitMiddleware:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if value.isdigit() and int(value) > limit:
-                    resp = shaped_error(scope["path"], PayloadTooLarge(limit).message, 413,
-                                        code="payload_too_large")
+                    resp = shaped_error(scope["path"], PayloadTooLarge(limit).message, 413, code="payload_too_large")
                     return await resp(scope, receive, send)
         received = 0
         started = False

@@ -13,14 +13,17 @@ def chat_logprobs(tokenizer, lps: list[TokenLogprob]) -> list[dict]:
     out = []
     for lp in lps:
         tok = _text(tokenizer, lp.token_id)
-        out.append({
-            "token": tok, "bytes": list(tok.encode("utf-8", "replace")), "logprob": lp.logprob,
-            "top_logprobs": [
-                {"token": (t := _text(tokenizer, tid)), "bytes": list(t.encode("utf-8", "replace")),
-                 "logprob": v}
-                for tid, v in lp.top
-            ],
-        })
+        out.append(
+            {
+                "token": tok,
+                "bytes": list(tok.encode("utf-8", "replace")),
+                "logprob": lp.logprob,
+                "top_logprobs": [
+                    {"token": (t := _text(tokenizer, tid)), "bytes": list(t.encode("utf-8", "replace")), "logprob": v}
+                    for tid, v in lp.top
+                ],
+            }
+        )
     return out
 
 

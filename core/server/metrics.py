@@ -27,12 +27,74 @@ PREFIX = "llmkit:"
 FINISH_REASONS = ("stop", "length", "abort")
 
 # vLLM's buckets, so its dashboards' quantiles read the same.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 StatsSource = Callable[[], dict]
@@ -55,21 +117,28 @@ class ServerMetrics:
             return Counter(PREFIX + name, doc, labels, registry=r).labels(m)
 
         self.ttft = hist("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
-        self.itl = hist("inter_token_latency_seconds", "Time between successive outputs of a request.",
-                        ITL_BUCKETS)
-        self.tpot = hist("request_time_per_output_token_seconds",
-                         "Per request: (end-to-end - time to first token) / (output tokens - 1).", ITL_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "Time between successive outputs of a request.", ITL_BUCKETS)
+        self.tpot = hist(
+            "request_time_per_output_token_seconds",
+            "Per request: (end-to-end - time to first token) / (output tokens - 1).",
+            ITL_BUCKETS,
+        )
         self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS)
-        self.queue = hist("request_queue_time_seconds", "Time waiting in the engine before first scheduled.",
-                          LATENCY_BUCKETS)
+        self.queue = hist(
+            "request_queue_time_seconds", "Time waiting in the engine before first scheduled.", LATENCY_BUCKETS
+        )
         self.prompt_len = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.gen_len = hist("request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS)
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens (aborted requests included).")
         self.aborted = counter("request_aborted", "Requests aborted (client gone, stop button, engine error).")
         self.rejected = counter("request_rejected", "Requests refused with 429 (queue full).")
-        self.success = Counter(PREFIX + "request_success", "Finished requests by finished_reason.",
-                               ["model_name", "finished_reason"], registry=r)
+        self.success = Counter(
+            PREFIX + "request_success",
+            "Finished requests by finished_reason.",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
         self.finished = {reason: self.success.labels(m, reason) for reason in FINISH_REASONS}
         r.register(_LiveCollector(self))
 
@@ -166,14 +235,17 @@ class _LiveCollector:
             if key not in stats:
                 continue
             family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
-                PREFIX + name, doc, labels=["model_name"])
+                PREFIX + name, doc, labels=["model_name"]
+            )
             family.add_metric(labels, float(stats[key]))
             yield family
         queries, hits = stats.get("prefix_cache_queries"), stats.get("prefix_cache_hits")
         if queries is not None:
-            family = GaugeMetricFamily(PREFIX + "prefix_cache_hit_rate",
-                                       "Prompt tokens found in the prefix cache / looked up, since start.",
-                                       labels=["model_name"])
+            family = GaugeMetricFamily(
+                PREFIX + "prefix_cache_hit_rate",
+                "Prompt tokens found in the prefix cache / looked up, since start.",
+                labels=["model_name"],
+            )
             family.add_metric(labels, hits / queries if queries else 0.0)
             yield family
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
-from llmkit.core.plugins import PluginError
-from llmkit.core.parsing.reasoning import create_reasoning_parser
-from llmkit.core.parsing.tool_parser import create_tool_parser
 from pydantic import BaseModel, Field
 
+from llmkit.core.parsing.reasoning import create_reasoning_parser
+from llmkit.core.parsing.tool_parser import create_tool_parser
+from llmkit.core.plugins import PluginError
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import error_response
 
@@ -78,9 +78,7 @@ def parser_router(max_body: int = 32 << 20) -> APIRouter:
             return error_response(str(exc), 400, param="tool_call_parser")
         text, calls = await asyncio.to_thread(parser.parse, req.text)
         items = [
-            FunctionCallItem(
-                tool_index=_tool_index(req.tools, c.name), name=c.name, parameters=c.arguments
-            )
+            FunctionCallItem(tool_index=_tool_index(req.tools, c.name), name=c.name, parameters=c.arguments)
             for c in calls
         ]
         return ParseFunctionCallResponse(normal_text=text, calls=items)

@@ -28,12 +28,18 @@ def check_prompt_size(state, chars: int, param: str, *, context: bool = True) ->
     """The cheap bound, checked on a character count before any rendering or tokenizing
     (``context=False``: only --max-prompt-size, for endpoints that count tokens)."""
     if chars > state.options.max_prompt_size:
-        raise APIError(f"the prompt is longer than {state.options.max_prompt_size} characters (--max-prompt-size)",
-                       param=param, code="context_length_exceeded")
+        raise APIError(
+            f"the prompt is longer than {state.options.max_prompt_size} characters (--max-prompt-size)",
+            param=param,
+            code="context_length_exceeded",
+        )
     if context and chars > state.max_context * _chars_per_token(state.tokenizer):
-        raise APIError(f"The input ({chars} characters, so more than {state.max_context} tokens) is longer than "
-                       f"the model's context length ({state.max_context} tokens).", param=param,
-                       code="context_length_exceeded")
+        raise APIError(
+            f"The input ({chars} characters, so more than {state.max_context} tokens) is longer than "
+            f"the model's context length ({state.max_context} tokens).",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def message_chars(body) -> int:
@@ -57,8 +63,10 @@ def message_dicts(body) -> list[dict]:
             texts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise APIError(f"content part type '{part.type}' is not supported by this text-only "
-                                   "model", param=f"messages[{i}].content")
+                    raise APIError(
+                        f"content part type '{part.type}' is not supported by this text-only model",
+                        param=f"messages[{i}].content",
+                    )
                 texts.append(part.text)
             content = "".join(texts)
         d["content"] = content if content is not None else ""
@@ -79,8 +87,7 @@ def message_dicts(body) -> list[dict]:
                         args = json.loads(args) if args else {}
                     except json.JSONDecodeError:
                         pass
-                calls.append({"id": c.id, "type": "function",
-                              "function": {"name": c.function.name, "arguments": args}})
+                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
             d["tool_calls"] = calls
         out.append(d)
     return out
@@ -88,8 +95,10 @@ def message_dicts(body) -> list[dict]:
 
 def render_chat(state, body, kwargs: dict) -> str:
     if state.chat_template is None:
-        raise APIError("this model has no chat template; start the server with --chat-template FILE "
-                       "or use /v1/completions", param="messages")
+        raise APIError(
+            "this model has no chat template; start the server with --chat-template FILE or use /v1/completions",
+            param="messages",
+        )
     messages = message_dicts(body)
     tools = None
     if body.tools and body.tool_choice != "none":
@@ -112,8 +121,10 @@ def render_chat(state, body, kwargs: dict) -> str:
         final = messages[-1]["content"]
         pos = text.rfind(final) if final else -1
         if pos == -1:
-            raise APIError("continue_final_message: the final message's content was not found in the "
-                           "rendered template", param="messages")
+            raise APIError(
+                "continue_final_message: the final message's content was not found in the rendered template",
+                param="messages",
+            )
         text = text[: pos + len(final)]
     return text
 

@@ -22,18 +22,31 @@ def _finite(name: str, value: float | None) -> None:
         raise APIError(f"{name} must be a finite number", param=name)
 
 
-def build_sampling_params(req, *, prompt_len: int, max_context: int, vocab_size: int,
-                          max_tokens: int | None, logprobs: bool, top_logprobs: int,
-                          defaults: dict | None = None) -> SamplingParams:
+def build_sampling_params(
+    req,
+    *,
+    prompt_len: int,
+    max_context: int,
+    vocab_size: int,
+    max_tokens: int | None,
+    logprobs: bool,
+    top_logprobs: int,
+    defaults: dict | None = None,
+) -> SamplingParams:
     d = defaults or {}
     temperature = req.temperature if req.temperature is not None else d.get("temperature", 1.0)
     top_p = req.top_p if req.top_p is not None else d.get("top_p", 1.0)
     top_k = req.top_k if req.top_k is not None else d.get("top_k", -1)
     min_p = req.min_p if req.min_p is not None else d.get("min_p", 0.0)
     rep = req.repetition_penalty if req.repetition_penalty is not None else d.get("repetition_penalty", 1.0)
-    for name, v in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p),
-                    ("frequency_penalty", req.frequency_penalty),
-                    ("presence_penalty", req.presence_penalty), ("repetition_penalty", rep)):
+    for name, v in (
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("min_p", min_p),
+        ("frequency_penalty", req.frequency_penalty),
+        ("presence_penalty", req.presence_penalty),
+        ("repetition_penalty", rep),
+    ):
         _finite(name, v)
     if temperature < 0:
         raise APIError("temperature must be a non-negative finite number", param="temperature")
@@ -55,8 +68,10 @@ def build_sampling_params(req, *, prompt_len: int, max_context: int, vocab_size:
 
     if prompt_len >= max_context:
         raise APIError(
-            f"The input ({prompt_len} tokens) is longer than the model's context length "
-            f"({max_context} tokens).", param="messages", code="context_length_exceeded")
+            f"The input ({prompt_len} tokens) is longer than the model's context length ({max_context} tokens).",
+            param="messages",
+            code="context_length_exceeded",
+        )
     if max_tokens is not None:
         if max_tokens <= 0:
             raise APIError("max_tokens must be positive", param="max_tokens")
@@ -66,7 +81,9 @@ def build_sampling_params(req, *, prompt_len: int, max_context: int, vocab_size:
                 f"tokens. You requested a total of {prompt_len + max_tokens} tokens: {prompt_len} tokens "
                 f"from the input messages and {max_tokens} tokens for the completion. Please reduce the "
                 "number of tokens in the input messages or the completion to fit within the limit.",
-                param="max_tokens", code="context_length_exceeded")
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         max_new = max_tokens
     else:
         max_new = max_context - prompt_len
@@ -95,29 +112,43 @@ def build_sampling_params(req, *, prompt_len: int, max_context: int, vocab_size:
                 continue
             bias[tid] = float(v)
         if bad:
-            raise APIError(f"logit_bias has invalid entries {bad}: keys must be token ids in "
-                           f"[0, {vocab_size - 1}] and biases in [-100, 100]", param="logit_bias")
+            raise APIError(
+                f"logit_bias has invalid entries {bad}: keys must be token ids in "
+                f"[0, {vocab_size - 1}] and biases in [-100, 100]",
+                param="logit_bias",
+            )
 
     stop_regex = _stop_regexes(req)
 
     stop_ids = tuple(req.stop_token_ids or ())
     bad_ids = [t for t in stop_ids if not 0 <= t < vocab_size]
     if bad_ids:
-        raise APIError(f"stop_token_ids {bad_ids} are out of vocabulary (size {vocab_size})",
-                       param="stop_token_ids")
+        raise APIError(f"stop_token_ids {bad_ids} are out of vocabulary (size {vocab_size})", param="stop_token_ids")
 
     seed = req.seed
     if seed is not None and not -(2**63) <= seed < 2**64:
         raise APIError("seed must fit in 64 bits", param="seed")
 
     return SamplingParams(
-        max_new_tokens=max_new, min_new_tokens=req.min_tokens, temperature=float(temperature),
-        top_p=float(top_p), top_k=int(top_k), min_p=float(min_p),
-        presence_penalty=float(req.presence_penalty), frequency_penalty=float(req.frequency_penalty),
-        repetition_penalty=float(rep), logit_bias=bias,
-        seed=None if seed is None else seed % (2**63), stop=tuple(stops), stop_token_ids=stop_ids,
-        ignore_eos=req.ignore_eos, logprobs=logprobs, top_logprobs=top_logprobs,
-        skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim, stop_regex=stop_regex,
+        max_new_tokens=max_new,
+        min_new_tokens=req.min_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=int(top_k),
+        min_p=float(min_p),
+        presence_penalty=float(req.presence_penalty),
+        frequency_penalty=float(req.frequency_penalty),
+        repetition_penalty=float(rep),
+        logit_bias=bias,
+        seed=None if seed is None else seed % (2**63),
+        stop=tuple(stops),
+        stop_token_ids=stop_ids,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        skip_special_tokens=req.skip_special_tokens,
+        no_stop_trim=req.no_stop_trim,
+        stop_regex=stop_regex,
     )
 
 

@@ -7,19 +7,25 @@ import time
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.engine.messages import GenerateRequest
+from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import chat_logprobs
+from llmkit.core.server.model_names import check_model
 from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest
 from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import start_generation, ServerState, new_id, usage, wants_stream_usage
-from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
-                                          watch_disconnect)
+from llmkit.core.server.state import ServerState, new_id, start_generation, usage, wants_stream_usage
+from llmkit.core.server.streaming import (
+    check_stream_options,
+    continuous_usage,
+    sse,
+    sse_done,
+    sse_response,
+    watch_disconnect,
+)
 
 
 def _validate_tools(body: ChatCompletionRequest) -> None:
@@ -32,20 +38,26 @@ def _validate_tools(body: ChatCompletionRequest) -> None:
     if isinstance(tc, dict):
         name = (tc.get("function") or {}).get("name")
         if not names:
-            raise APIError("Tools cannot be empty if tool choice is set to a specific tool.",
-                           param="tool_choice")
+            raise APIError("Tools cannot be empty if tool choice is set to a specific tool.", param="tool_choice")
         if name not in names:
             raise APIError(f"Tool '{name}' not found in tools list.", param="tool_choice")
 
 
-async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: HTTPRequest | None,
-                                priority: int = 0, http: bool | None = None):
+async def create_chat_completion(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    raw: HTTPRequest | None,
+    priority: int = 0,
+    http: bool | None = None,
+):
     """``http``: whether this serves an HTTP client (drained on shutdown, queue timeout); by
     default, whether there is a ``raw`` request (batch lines have none)."""
     check_model(state.options, body)
     if "chat_template" in (body.model_extra or {}):  # templates are the operator's, never a request's
-        raise APIError("chat_template in a request is not supported; the server's template is set with "
-                       "--chat-template", param="chat_template")
+        raise APIError(
+            "chat_template in a request is not supported; the server's template is set with --chat-template",
+            param="chat_template",
+        )
     if not body.messages:
         raise APIError("Messages cannot be empty.", param="messages")
     check_stream_options(body)
@@ -67,9 +79,15 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = build_sampling_params(
-        body, prompt_len=len(prompt_ids), max_context=state.max_context, vocab_size=state.vocab_size,
-        max_tokens=max_tokens, logprobs=body.logprobs, top_logprobs=top_lp,
-        defaults=state.sampling_defaults)
+        body,
+        prompt_len=len(prompt_ids),
+        max_context=state.max_context,
+        vocab_size=state.vocab_size,
+        max_tokens=max_tokens,
+        logprobs=body.logprobs,
+        top_logprobs=top_lp,
+        defaults=state.sampling_defaults,
+    )
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if body.tool_choice != "none" else None
     if params.skip_special_tokens and _needs_special_tokens(state, body, tools):
         from dataclasses import replace
@@ -77,8 +95,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         params = replace(params, skip_special_tokens=False)  # parser markers are special tokens
 
     cid = new_id("chatcmpl-")
-    reqs = [GenerateRequest(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i),
-                    priority=priority) for i in range(body.n)]
+    reqs = [
+        GenerateRequest(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i), priority=priority)
+        for i in range(body.n)
+    ]
     from llmkit.core.server.structured import attach_grammar
 
     constraint = await attach_grammar(state, body, reqs, prompt_text)
@@ -89,17 +109,22 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     def processor():
         return ChoiceProcessor(
             reasoning_parser=state.options.reasoning_parser if body.separate_reasoning else None,
-            tool_parser=tool_parser, tools=tools, prompt_text=prompt_text,
+            tool_parser=tool_parser,
+            tools=tools,
+            prompt_text=prompt_text,
             # Non-streaming buffers reasoning: a block the template opened that ends with "stop"
             # and no end tag is then returned as the answer instead of being lost as reasoning.
-            template_kwargs=kwargs, stream_reasoning=body.stream_reasoning and body.stream)
+            template_kwargs=kwargs,
+            stream_reasoning=body.stream_reasoning and body.stream,
+        )
 
     procs = [processor() for _ in reqs]
-    gen = start_generation(state, reqs, http=raw is not None if http is None else http)  # starts now: queue slots are held until each ends
+    gen = start_generation(
+        state, reqs, http=raw is not None if http is None else http
+    )  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
-        return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created,
-                                         wants_stream_usage(state, body)))
+        return sse_response(gen, _stream(state, gen, body, reqs, procs, cid, created, wants_stream_usage(state, body)))
     return await watch_disconnect(raw, _complete(state, gen, body, reqs, procs, cid, created))
 
 
@@ -121,10 +146,15 @@ def _finish_reason(proc: ChoiceProcessor, reason: str | None) -> str | None:
 def _chat_usage(state, finals, procs) -> dict:
     """One prompt shared by every choice; completions add up. Reasoning tokens are the separated
     reasoning re-tokenized (exact up to merges at the tag edges)."""
-    reasoning = sum(len(state.tokenizer(p.reasoning_text, add_special_tokens=False)["input_ids"])
-                    for p in procs if p.reasoning_text)
-    return usage(finals[0].prompt_tokens, sum(f.completion_tokens for f in finals),
-                 max(f.cached_tokens for f in finals), reasoning)
+    reasoning = sum(
+        len(state.tokenizer(p.reasoning_text, add_special_tokens=False)["input_ids"]) for p in procs if p.reasoning_text
+    )
+    return usage(
+        finals[0].prompt_tokens,
+        sum(f.completion_tokens for f in finals),
+        max(f.cached_tokens for f in finals),
+        reasoning,
+    )
 
 
 async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse:
@@ -144,18 +174,31 @@ async def _complete(state, gen, body, reqs, procs, cid, created) -> JSONResponse
         proc.finish(fin.finish_reason)
         calls = proc.final_tool_calls()
         reason = _finish_reason(proc, fin.finish_reason)
-        msg = {"role": "assistant",
-               "content": (proc.content_text or None) if calls else proc.content_text,
-               "reasoning_content": proc.reasoning_text or None,
-               "tool_calls": calls or None}
-        choices.append({
-            "index": i, "message": msg,
-            "logprobs": {"content": chat_logprobs(state.tokenizer, lps[i])} if body.logprobs else None,
-            "finish_reason": reason,
-            "matched_stop": None if reason in ("length", "tool_calls") else fin.matched_stop,
-        })
-    return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
-                         "model": body.model, "choices": choices, "usage": _chat_usage(state, finals, procs)})
+        msg = {
+            "role": "assistant",
+            "content": (proc.content_text or None) if calls else proc.content_text,
+            "reasoning_content": proc.reasoning_text or None,
+            "tool_calls": calls or None,
+        }
+        choices.append(
+            {
+                "index": i,
+                "message": msg,
+                "logprobs": {"content": chat_logprobs(state.tokenizer, lps[i])} if body.logprobs else None,
+                "finish_reason": reason,
+                "matched_stop": None if reason in ("length", "tool_calls") else fin.matched_stop,
+            }
+        )
+    return JSONResponse(
+        {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": body.model,
+            "choices": choices,
+            "usage": _chat_usage(state, finals, procs),
+        }
+    )
 
 
 async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
@@ -222,8 +265,15 @@ def _content_logprobs(out) -> list:
     """The output's logprobs without the stop token's: a matched stop token id is not part of
     the message (OpenAI does not return its logprob either)."""
     lps = out.logprobs
-    if (out.finished and lps and out.finish_reason == "stop" and isinstance(out.matched_stop, int)
-            and out.token_ids and out.token_ids[-1] == out.matched_stop and lps[-1].token_id == out.matched_stop):
+    if (
+        out.finished
+        and lps
+        and out.finish_reason == "stop"
+        and isinstance(out.matched_stop, int)
+        and out.token_ids
+        and out.token_ids[-1] == out.matched_stop
+        and lps[-1].token_id == out.matched_stop
+    ):
         return lps[:-1]
     return list(lps)
 
@@ -248,5 +298,3 @@ def _delta_dict(d) -> dict:
     if d.tool_calls:
         out["tool_calls"] = d.tool_calls
     return out
-
-

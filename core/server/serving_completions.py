@@ -9,14 +9,20 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.model_names import check_model
 from llmkit.core.server.logprobs import CompletionLogprobs
+from llmkit.core.server.model_names import check_model
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.state import start_generation, ServerState, new_id, usage, wants_stream_usage
-from llmkit.core.server.streaming import (check_stream_options, continuous_usage, sse, sse_done, sse_response,
-                                          watch_disconnect)
+from llmkit.core.server.state import ServerState, new_id, start_generation, usage, wants_stream_usage
+from llmkit.core.server.streaming import (
+    check_stream_options,
+    continuous_usage,
+    sse,
+    sse_done,
+    sse_response,
+    watch_disconnect,
+)
 
 
 async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
@@ -43,18 +49,19 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
                 raise APIError("Prompt cannot be empty", param="prompt")
             bad = [t for t in item if not 0 <= t < state.vocab_size]
             if bad:
-                raise APIError(f"prompt token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})",
-                               param="prompt")
+                raise APIError(
+                    f"prompt token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})", param="prompt"
+                )
             out.append((None, list(item)))
     return out
 
 
-async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None,
-                           priority: int = 0):
+async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None, priority: int = 0):
     check_model(state.options, body)
     if body.best_of is not None and body.best_of != body.n:
-        raise APIError("best_of is not supported (no server-side ranking): leave it out, or set it equal to n",
-                       param="best_of")
+        raise APIError(
+            "best_of is not supported (no server-side ranking): leave it out, or set it equal to n", param="best_of"
+        )
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
     check_stream_options(body)
@@ -66,16 +73,27 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     reqs, echoes = [], []
     for pi, (text, ids) in enumerate(prompts):
         params = build_sampling_params(
-            body, prompt_len=len(ids), max_context=state.max_context, vocab_size=state.vocab_size,
-            max_tokens=body.max_tokens, logprobs=body.logprobs is not None, top_logprobs=n_lp,
-            defaults=state.sampling_defaults)
+            body,
+            prompt_len=len(ids),
+            max_context=state.max_context,
+            vocab_size=state.vocab_size,
+            max_tokens=body.max_tokens,
+            logprobs=body.logprobs is not None,
+            top_logprobs=n_lp,
+            defaults=state.sampling_defaults,
+        )
         if text is None:
             # Echo shows a token prompt as given, special tokens included (as vLLM does), so the
             # text agrees with logprobs.tokens and text_offset, which list every prompt token.
             text = state.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         for s in range(body.n):
-            r = GenerateRequest(rid=f"{cid}-{pi}-{s}", prompt_ids=ids, params=seed_for_choice(params, s),
-                        return_prompt_logprobs=body.echo and body.logprobs is not None, priority=priority)
+            r = GenerateRequest(
+                rid=f"{cid}-{pi}-{s}",
+                prompt_ids=ids,
+                params=seed_for_choice(params, s),
+                return_prompt_logprobs=body.echo and body.logprobs is not None,
+                priority=priority,
+            )
             reqs.append(r)
             echoes.append(text if body.echo else "")
     from llmkit.core.server.structured import attach_grammar
@@ -84,8 +102,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     gen = start_generation(state, reqs, http=raw is not None)  # starts now: queue slots are held until each ends
     created = int(time.time())
     if body.stream:
-        return sse_response(gen, _stream(state, gen, body, reqs, echoes, cid, created,
-                                         wants_stream_usage(state, body), len(prompts)))
+        return sse_response(
+            gen, _stream(state, gen, body, reqs, echoes, cid, created, wants_stream_usage(state, body), len(prompts))
+        )
     return await watch_disconnect(raw, _complete(state, gen, body, reqs, echoes, cid, created, len(prompts)))
 
 
@@ -106,8 +125,13 @@ def _add_output_lps(acc: CompletionLogprobs, out) -> None:
     """The generated tokens' logprobs, without a matched stop token: it is not in the text, so
     its entry would point past the end of it."""
     pairs = list(zip(out.token_ids, out.logprobs))
-    if (out.finished and pairs and out.finish_reason == "stop" and isinstance(out.matched_stop, int)
-            and pairs[-1][0] == out.matched_stop):
+    if (
+        out.finished
+        and pairs
+        and out.finish_reason == "stop"
+        and isinstance(out.matched_stop, int)
+        and pairs[-1][0] == out.matched_stop
+    ):
         pairs.pop()
     for tid, lp in pairs:
         acc.add(tid, lp)
@@ -135,13 +159,26 @@ async def _complete(state, gen, body, reqs, echoes, cid, created, n_prompts):
             _add_output_lps(acc, out)
         if out.finished:
             finals[i] = out
-    choices = [{
-        "index": i, "text": texts[i], "logprobs": accs[i].take() if accs[i] else None,
-        "finish_reason": f.finish_reason,
-        "matched_stop": None if f.finish_reason == "length" else f.matched_stop,
-    } for i, f in enumerate(finals)]
-    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": body.model,
-                         "choices": choices, "usage": _usage(reqs, finals, n_prompts)})
+    choices = [
+        {
+            "index": i,
+            "text": texts[i],
+            "logprobs": accs[i].take() if accs[i] else None,
+            "finish_reason": f.finish_reason,
+            "matched_stop": None if f.finish_reason == "length" else f.matched_stop,
+        }
+        for i, f in enumerate(finals)
+    ]
+    return JSONResponse(
+        {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": body.model,
+            "choices": choices,
+            "usage": _usage(reqs, finals, n_prompts),
+        }
+    )
 
 
 async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n_prompts):
@@ -168,8 +205,12 @@ async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n
             if out.finished:
                 finals[i] = out
             if text or out.finished or (acc is not None and acc.data["tokens"]):
-                choice = {"index": i, "text": text, "logprobs": acc.take() if acc else None,
-                          "finish_reason": out.finish_reason if out.finished else None}
+                choice = {
+                    "index": i,
+                    "text": text,
+                    "logprobs": acc.take() if acc else None,
+                    "finish_reason": out.finish_reason if out.finished else None,
+                }
                 if out.finished:
                     choice["matched_stop"] = None if out.finish_reason == "length" else out.matched_stop
                 extra = {}

@@ -24,8 +24,7 @@ FLUSH_S = 1.0  # time for the answers of aborted requests to reach their clients
 
 
 def shutting_down() -> APIError:
-    return APIError("the server is shutting down; retry on another instance", status=503,
-                    code="server_shutting_down")
+    return APIError("the server is shutting down; retry on another instance", status=503, code="server_shutting_down")
 
 
 class DrainMiddleware:
@@ -56,8 +55,12 @@ def make_server(config, state, shutdown_timeout: float):
             if self._drain_task is not None or self.should_exit:
                 log.warning("second %s: exiting now", signal.Signals(sig).name)
                 os._exit(1)  # batches are checkpointed per line, so nothing is lost
-            log.info("%s: draining (new requests get 503, /health 503); waiting up to %s s for %d in-flight "
-                     "requests", signal.Signals(sig).name, shutdown_timeout, len(state.in_flight))
+            log.info(
+                "%s: draining (new requests get 503, /health 503); waiting up to %s s for %d in-flight requests",
+                signal.Signals(sig).name,
+                shutdown_timeout,
+                len(state.in_flight),
+            )
             state.client.draining = True
             loop = asyncio.get_event_loop()
             self._drain_task = True  # a signal handler may run anywhere in the loop: start from the loop

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.messages import GenerateRequest as Request
+from llmkit.core.engine.messages import RequestOutput
 from llmkit.core.server.chat_template import ChatTemplate
 from llmkit.core.server.config import ServerConfig
 from llmkit.core.server.render_pool import render_pool
-from llmkit.core.engine.messages import GenerateRequest as Request, RequestOutput
 
 
 @dataclass
@@ -32,9 +33,12 @@ class ServerState:
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
     """The ``usage`` object of chat and completions responses."""
-    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-         "total_tokens": prompt_tokens + completion_tokens,
-         "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    u = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
     if reasoning_tokens:
         u["reasoning_tokens"] = reasoning_tokens
     return u
@@ -42,8 +46,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reason
 
 def wants_stream_usage(state: "ServerState", body) -> bool:
     """Whether a stream ends with a usage chunk (request option or server default)."""
-    return state.options.stream_include_usage_default or bool(
-        body.stream_options and body.stream_options.include_usage)
+    return state.options.stream_include_usage_default or bool(body.stream_options and body.stream_options.include_usage)
 
 
 def new_id(prefix: str) -> str:
@@ -60,15 +63,19 @@ class Generation:
 
     _DONE = object()
 
-    def __init__(self, client, reqs: list[Request], registry: set | None = None,
-                 queue_timeout: float | None = None, metrics=None) -> None:
+    def __init__(
+        self, client, reqs: list[Request], registry: set | None = None, queue_timeout: float | None = None, metrics=None
+    ) -> None:
         if len(reqs) > client.max_queued:
             # Never fits, however long the client waits: a 400 saying why, not a 429 to retry forever.
             from llmkit.core.server.errors import APIError
 
-            raise APIError(f"this request needs {len(reqs)} engine requests (prompts x n) but the server holds "
-                           f"at most {client.max_queued} at once (--max-queued-requests); split it up",
-                           param="n", code="request_too_large")
+            raise APIError(
+                f"this request needs {len(reqs)} engine requests (prompts x n) but the server holds "
+                f"at most {client.max_queued} at once (--max-queued-requests); split it up",
+                param="n",
+                code="request_too_large",
+            )
         try:
             client.check_capacity(len(reqs))  # reserves the slots, or raises QueueFullError
         except QueueFullError:
@@ -127,8 +134,13 @@ class Generation:
         if not self.started:
             from llmkit.core.server.errors import APIError
 
-            self.fail(APIError(f"the request waited more than {seconds:g} s in the queue (--queue-timeout); "
-                               "retry later", status=503, code="queue_timeout"))
+            self.fail(
+                APIError(
+                    f"the request waited more than {seconds:g} s in the queue (--queue-timeout); retry later",
+                    status=503,
+                    code="queue_timeout",
+                )
+            )
 
     def cancel(self) -> None:
         for t in self.tasks:

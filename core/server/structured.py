@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from llmkit.core.server.errors import APIError
 
+
 def tool_choice_schema(body) -> dict | None:
     """A JSON schema forcing ``[{"name", "parameters"}, ...]`` for required or named tool_choice."""
     tc = getattr(body, "tool_choice", None)
@@ -20,9 +21,14 @@ def tool_choice_schema(body) -> dict | None:
     hoisted: dict[str, dict] = {}
     for t in tools:
         params = _hoist_defs(t.function.name, t.function.parameters or {"type": "object"}, hoisted)
-        variants.append({"type": "object",
-                         "properties": {"name": {"const": t.function.name}, "parameters": params},
-                         "required": ["name", "parameters"], "additionalProperties": False})
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "parameters": params},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
     item = variants[0] if len(variants) == 1 else {"anyOf": variants}
     schema = {"type": "array", "items": item, "minItems": 1}
     if isinstance(tc, dict) or not body.parallel_tool_calls:
@@ -57,7 +63,9 @@ def _hoist_defs(tool: str, params, hoisted: dict) -> dict:
             if name in seen and seen[name][0] != definition:
                 raise APIError(
                     f"tools '{seen[name][1]}' and '{tool}' define different schemas under the same name "
-                    f"{key}/{name}; rename one of them to force a tool call", param="tools")
+                    f"{key}/{name}; rename one of them to force a tool call",
+                    param="tools",
+                )
             seen.setdefault(name, (definition, tool))
     return params
 

@@ -14,11 +14,12 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
+
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.prompt import message_dicts, render_chat
-from llmkit.core.server.render_pool import run_render
 from llmkit.core.server.protocol import ChatCompletionRequest, _Model
+from llmkit.core.server.render_pool import run_render
 
 
 class TokenizeRequest(_Model):
@@ -40,24 +41,28 @@ class DetokenizeRequest(_Model):
 
 def _render(state, body: TokenizeRequest) -> str:
     if body.add_generation_prompt and body.continue_final_message:
-        raise APIError("add_generation_prompt and continue_final_message cannot both be true",
-                       param="continue_final_message")
+        raise APIError(
+            "add_generation_prompt and continue_final_message cannot both be true", param="continue_final_message"
+        )
     try:
         kwargs = check_template_kwargs(body.chat_template_kwargs)
     except ValueError as exc:
         raise APIError(str(exc), param="chat_template_kwargs") from None
     from llmkit.core.server.body import parse_model
 
-    chat = parse_model(ChatCompletionRequest, {"messages": body.messages, "tools": body.tools,
-                                               "continue_final_message": body.continue_final_message})
+    chat = parse_model(
+        ChatCompletionRequest,
+        {"messages": body.messages, "tools": body.tools, "continue_final_message": body.continue_final_message},
+    )
     try:
         if body.add_generation_prompt or body.continue_final_message:
             return render_chat(state, chat, kwargs)  # the chat endpoint's own rendering
         if state.chat_template is None:
             return render_chat(state, chat, kwargs)  # raises the "no chat template" error
         tools = [t.model_dump(exclude_none=True) for t in chat.tools or []]
-        return state.chat_template.render(message_dicts(chat), add_generation_prompt=False,
-                                          tools=tools or None, extra=kwargs)
+        return state.chat_template.render(
+            message_dicts(chat), add_generation_prompt=False, tools=tools or None, extra=kwargs
+        )
     except TemplateRenderError as exc:
         raise APIError(str(exc), param="messages") from None
 
@@ -96,8 +101,7 @@ def tokenize_router(state) -> APIRouter:
         body = await parse(raw, DetokenizeRequest)
         bad = [t for t in body.tokens if not 0 <= t < state.vocab_size]
         if bad:
-            raise APIError(f"token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})",
-                           param="tokens")
+            raise APIError(f"token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})", param="tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
 
     for prefix in ("", "/v1"):

@@ -23,12 +23,16 @@ CALL_FORMATS = {
     "mistral": '[TOOL_CALLS] [{"name": <function-name>, "arguments": <args-json-object>}]',
     "json_array": '[{"name": <function-name>, "parameters": <args-json-object>}]',
     "pythonic": "[function_name(argument=value, ...), ...]",
-    "deepseekv3": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜><function-name>\n"
-                   "```json\n<args-json-object>\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-    "kimi_k2": ("<|tool_calls_section_begin|><|tool_call_begin|>functions.<function-name>:0"
-                "<|tool_call_argument_begin|><args-json-object><|tool_call_end|><|tool_calls_section_end|>"),
+    "deepseekv3": (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜><function-name>\n"
+        "```json\n<args-json-object>\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    ),
+    "kimi_k2": (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.<function-name>:0"
+        "<|tool_call_argument_begin|><args-json-object><|tool_call_end|><|tool_calls_section_end|>"
+    ),
     "gpt-oss": "<|start|>assistant<|channel|>commentary to=functions.<function-name> <|constrain|>json"
-               "<|message|><args-json-object><|call|>",
+    "<|message|><args-json-object><|call|>",
 }
 GENERIC_FORMAT = '{"name": <function-name>, "arguments": <args-json-object>}'
 
@@ -43,12 +47,17 @@ def warn_if_no_tool_support(template, tool_call_parser: str | None) -> None:
     if template is None or template_supports_tools(template):
         return
     if tool_call_parser:
-        log.warning("The chat template has no tool support: request tools are described in the system "
-                    "prompt in the %s call format instead.", tool_call_parser)
+        log.warning(
+            "The chat template has no tool support: request tools are described in the system "
+            "prompt in the %s call format instead.",
+            tool_call_parser,
+        )
     else:
-        log.warning("The chat template has no tool support and no --tool-call-parser is set: tool_choice "
-                    "\"auto\" cannot call tools; \"required\" and named tool_choice still work (the tools "
-                    "are then described in the system prompt).")
+        log.warning(
+            "The chat template has no tool support and no --tool-call-parser is set: tool_choice "
+            '"auto" cannot call tools; "required" and named tool_choice still work (the tools '
+            "are then described in the system prompt)."
+        )
 
 
 def call_format(parser_name: str) -> str:
@@ -65,9 +74,11 @@ def call_format(parser_name: str) -> str:
 
 def tool_system_prompt(tools: list[dict], parser_name: str) -> str:
     lines = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query. The available "
-            f"functions, as JSON signatures:\n<tools>\n{lines}\n</tools>\n\nTo call a function, reply "
-            f"with:\n{call_format(parser_name)}")
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query. The available "
+        f"functions, as JSON signatures:\n<tools>\n{lines}\n</tools>\n\nTo call a function, reply "
+        f"with:\n{call_format(parser_name)}"
+    )
 
 
 def inject_tools(messages: list[dict], tools: list[dict], parser_name: str) -> list[dict]:

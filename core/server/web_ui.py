@@ -15,8 +15,13 @@ from pathlib import Path
 WEB_DIR = Path(__file__).resolve().parent / "web"
 WEB_OPEN_PATHS = ("/web/",)
 WEB_OPEN_EXACT = frozenset({"/"})
-MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-               ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
 CONFIG_MARK = "<!--llmkit-config-->"
 
 
@@ -30,8 +35,11 @@ def web_router(state):
     files = {p.name: p for p in WEB_DIR.iterdir() if p.suffix in MEDIA_TYPES and p.name != "index.html"}
     # What the page cannot learn without the key: whether to ask for one.
     config = json.dumps({"auth": bool(state.options.api_key)})
-    index = (WEB_DIR / "index.html").read_text().replace(
-        CONFIG_MARK, f'<script type="application/json" id="llmkit-config">{config}</script>')
+    index = (
+        (WEB_DIR / "index.html")
+        .read_text()
+        .replace(CONFIG_MARK, f'<script type="application/json" id="llmkit-config">{config}</script>')
+    )
 
     @router.get("/", include_in_schema=False)
     async def page():
@@ -42,7 +50,6 @@ def web_router(state):
         path = files.get(name)  # only the shipped files: no path ever reaches the file system
         if path is None:
             return error_response(f"no such file: {name}", 404)
-        return Response(path.read_bytes(), media_type=MEDIA_TYPES[path.suffix],
-                        headers={"Cache-Control": "no-cache"})
+        return Response(path.read_bytes(), media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
     return router

@@ -19,10 +19,7 @@ import torch
 
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 
-MISSING = (
-    "the flashinfer attention backend needs the 'flashinfer' package: "
-    "pip install 'llmkit[flashinfer]'"
-)
+MISSING = "the flashinfer attention backend needs the 'flashinfer' package: pip install 'llmkit[flashinfer]'"
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
@@ -41,9 +38,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
         # Large or odd GQA groups (e.g. 7) run on the tensor-core decode path, as SGLang does.
         group = self.num_heads // self.num_kv_heads
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=group >= 4
-        )
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=group >= 4)
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -70,17 +65,28 @@ class FlashInferAttentionBackend(AttentionBackend):
         common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
         # plan() syncs with the host once per forward; run() is then reused by every layer.
         if md.is_decode:
-            self._decode.plan(indptr, indices, last_page_len, self.num_heads, self.num_kv_heads,
-                              self.head_dim, ps, **common)
+            self._decode.plan(
+                indptr, indices, last_page_len, self.num_heads, self.num_kv_heads, self.head_dim, ps, **common
+            )
         else:
-            self._prefill.plan(md.q_start_loc.to(torch.int32), indptr, indices, last_page_len,
-                               self.num_heads, self.num_kv_heads, self.head_dim, ps,
-                               causal=True, **common)
+            self._prefill.plan(
+                md.q_start_loc.to(torch.int32),
+                indptr,
+                indices,
+                last_page_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                ps,
+                causal=True,
+                **common,
+            )
         md.extra["flashinfer_decode"] = md.is_decode
         return md
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                md: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+    ) -> torch.Tensor:
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         k_buf.index_copy_(0, md.out_slots, k.to(k_buf.dtype))
         v_buf.index_copy_(0, md.out_slots, v.to(v_buf.dtype))

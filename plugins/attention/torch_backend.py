@@ -56,8 +56,13 @@ class TorchAttentionBackend(AttentionBackend):
                 # send it to the unfused math path (3x slower for a 512-token prefill).
                 ks, vs = ks.repeat_interleave(group, dim=1), vs.repeat_interleave(group, dim=1)
             o = F.scaled_dot_product_attention(
-                qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0), attn_mask=mask,
-                is_causal=causal, scale=self.scale)
+                qs,
+                ks.transpose(0, 1).unsqueeze(0),
+                vs.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=causal,
+                scale=self.scale,
+            )
             out[start:end] = o[0].transpose(0, 1)
         return out
 

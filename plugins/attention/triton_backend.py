@@ -120,21 +120,40 @@ class TritonAttentionBackend(AttentionBackend):
             md.extra["triton"] = _Plan(False, max(md.q_lens, default=0))
         return md
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                md: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+    ) -> torch.Tensor:
         plan: _Plan = md.extra["triton"]
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
         o = torch.empty_like(q)
         if plan.decode:
             self._decode.decode_attention(
-                q, o, k_buf, v_buf, md.req_to_token, md.req_pool_indices, md.kv_lens_t,
-                plan.mid_o, plan.mid_lse, plan.num_splits, self.scale,
+                q,
+                o,
+                k_buf,
+                v_buf,
+                md.req_to_token,
+                md.req_pool_indices,
+                md.kv_lens_t,
+                plan.mid_o,
+                plan.mid_lse,
+                plan.num_splits,
+                self.scale,
             )
         elif plan.max_q_len > 0:
             self._extend.extend_attention(
-                q, o, k_buf, v_buf, md.req_to_token, md.req_pool_indices, md.q_start_loc,
-                md.q_lens_t, md.kv_lens_t, plan.max_q_len, self.scale,
+                q,
+                o,
+                k_buf,
+                v_buf,
+                md.req_to_token,
+                md.req_pool_indices,
+                md.q_start_loc,
+                md.q_lens_t,
+                md.kv_lens_t,
+                plan.max_q_len,
+                self.scale,
             )
         return o
 
@@ -142,16 +161,12 @@ class TritonAttentionBackend(AttentionBackend):
     # It also gets its own compact slot table (row i = the i-th sequence of the batch): replay
     # copies the rows in use from the engine's table, so the graph never depends on which
     # req_to_token rows the scheduler picked, nor on the engine's table object.
-    def init_capture_graph(
-        self, max_bs: int, max_context: int, deterministic: bool = False
-    ) -> None:
+    def init_capture_graph(self, max_bs: int, max_context: int, deterministic: bool = False) -> None:
         """Allocate static buffers; ``deterministic`` fixes the split count for every batch size."""
         dev, i64 = self.device, torch.int64
         self._graph_deterministic = deterministic
         splits = self._num_splits(1, deterministic)  # the largest count any batch size uses
-        mid_o, mid_lse = self._decode.alloc_split_buffers(
-            max_bs, self.num_heads, self.head_dim, splits, dev
-        )
+        mid_o, mid_lse = self._decode.alloc_split_buffers(max_bs, self.num_heads, self.head_dim, splits, dev)
         self._graph = {
             "req_to_token": torch.zeros((max_bs, max_context), dtype=i64, device=dev),
             "req_pool_indices": torch.arange(max_bs, dtype=i64, device=dev),
@@ -168,10 +183,17 @@ class TritonAttentionBackend(AttentionBackend):
         splits = self._num_splits(bs, self._graph_deterministic)
         plan = _Plan(True, 1, splits, g["mid_o"][:bs, :, :splits], g["mid_lse"][:bs, :, :splits])
         return AttentionMetadata(
-            num_seqs=bs, q_lens=[1] * bs, kv_lens=[1] * bs, q_start_loc=g["q_start_loc"][: bs + 1],
-            q_lens_t=g["q_lens"][:bs], kv_lens_t=g["kv_lens"][:bs],
-            req_pool_indices=g["req_pool_indices"][:bs], req_to_token=g["req_to_token"],
-            out_slots=g["out_slots"][:bs], page_size=self.pool.page_size, is_decode=True,
+            num_seqs=bs,
+            q_lens=[1] * bs,
+            kv_lens=[1] * bs,
+            q_start_loc=g["q_start_loc"][: bs + 1],
+            q_lens_t=g["q_lens"][:bs],
+            kv_lens_t=g["kv_lens"][:bs],
+            req_pool_indices=g["req_pool_indices"][:bs],
+            req_to_token=g["req_to_token"],
+            out_slots=g["out_slots"][:bs],
+            page_size=self.pool.page_size,
+            is_decode=True,
             extra={"triton": plan},
         )
 

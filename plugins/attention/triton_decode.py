@@ -21,13 +21,33 @@ from llmkit.plugins.attention.triton_extend import LOG2E, dot_options, is_interp
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_buf, V_buf, req_to_token, req_pool_indices, kv_lens, Mid_O, Mid_LSE,
+    Q,
+    K_buf,
+    V_buf,
+    req_to_token,
+    req_pool_indices,
+    kv_lens,
+    Mid_O,
+    Mid_LSE,
     qk_scale,  # softmax scale * log2(e)
-    stride_qb, stride_qh, stride_bs, stride_bh, stride_r2t,
-    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    stride_qb,
+    stride_qh,
+    stride_bs,
+    stride_bh,
+    stride_r2t,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     # Grid: (sequence, KV head, split).
     b = tl.program_id(0)
@@ -46,8 +66,11 @@ def _decode_split_kernel(
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     if UPCAST:  # bf16 under the interpreter: its tl.dot on bf16 is wrong (triton #11584)
         q = q.to(tl.float32)
 
@@ -68,8 +91,9 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_off = slot[:, None] * stride_bs + kv_head * stride_bh + offs_d[None, :]  # [N, D]
         v = tl.load(V_buf + v_off, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PREC, out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC, out_dtype=tl.float32
+        )
         m_i = m_new
 
     # An empty split stores lse = -inf and a zero partial; stage 2 gives it weight 0.
@@ -77,17 +101,26 @@ def _decode_split_kernel(
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     part = acc / tl.where(has, l_i, 1.0)[:, None]
     mo = Mid_O + b.to(tl.int64) * stride_mob + split * stride_mos
-    tl.store(mo + heads[:, None] * stride_moh + offs_d[None, :], part,
-             mask=h_mask[:, None] & d_mask[None, :])
+    tl.store(mo + heads[:, None] * stride_moh + offs_d[None, :], part, mask=h_mask[:, None] & d_mask[None, :])
     tl.store(Mid_LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
 
 
 @triton.jit
 def _decode_merge_kernel(
-    Mid_O, Mid_LSE, O,
-    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    Mid_O,
+    Mid_LSE,
+    O,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # Grid: (sequence, query head). Split 0 is never empty (kv_len >= 1), so the max is finite.
     b = tl.program_id(0).to(tl.int64)
@@ -96,11 +129,13 @@ def _decode_merge_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + offs_s, mask=s_mask,
-                  other=float("-inf"))
+    lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))
-    part = tl.load(Mid_O + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos
-                   + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    part = tl.load(
+        Mid_O + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
@@ -112,19 +147,27 @@ def decode_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[
     return (64, 4) if block_d <= 128 and dtype.itemsize <= 2 else (32, 4)
 
 
-def alloc_split_buffers(batch: int, num_heads: int, head_dim: int, num_splits: int,
-                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def alloc_split_buffers(
+    batch: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial outputs ``[B, H, S, D]`` and log-sum-exps ``[B, H, S]`` for stage 1."""
-    mid_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32,
-                        device=device)
+    mid_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device)
     mid_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device)
     return mid_o, mid_lse
 
 
 def decode_attention(
-    q: torch.Tensor, o: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, kv_lens: torch.Tensor,
-    mid_o: torch.Tensor, mid_lse: torch.Tensor, num_splits: int, scale: float,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    kv_lens: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    num_splits: int,
+    scale: float,
 ) -> None:
     """Attention of one query per sequence ``q`` ``[B, H, D]`` over its paged context into ``o``.
 
@@ -140,19 +183,51 @@ def decode_attention(
     block_n, warps = decode_config(block_d, q.dtype, is_interpreted())
     upcast, prec = dot_options(q.dtype)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_buf, v_buf, req_to_token, req_pool_indices, kv_lens, mid_o, mid_lse,
+        q,
+        k_buf,
+        v_buf,
+        req_to_token,
+        req_pool_indices,
+        kv_lens,
+        mid_o,
+        mid_lse,
         scale * LOG2E,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        req_to_token.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
         # tl.dot needs at least 16 rows on tensor cores; unused head rows are masked.
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        UPCAST=upcast, DOT_PREC=prec, num_warps=warps, num_stages=2,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        UPCAST=upcast,
+        DOT_PREC=prec,
+        num_warps=warps,
+        num_stages=2,
     )
     _decode_merge_kernel[(batch, num_heads)](
-        mid_o, mid_lse, o,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        o.stride(0), o.stride(1),
-        HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
+        mid_o,
+        mid_lse,
+        o,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d,
+        num_warps=4,
     )

@@ -21,10 +21,21 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _store_kv_kernel(
-    K, V, K_buf, V_buf, slots,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_bs, stride_bh,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    K,
+    V,
+    K_buf,
+    V_buf,
+    slots,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_bs,
+    stride_bh,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # One program per new token: copy its [heads, dim] K and V rows into the pool slot.
     t = tl.program_id(0).to(tl.int64)
@@ -41,12 +52,30 @@ def _store_kv_kernel(
 
 @triton.jit
 def _extend_kernel(
-    Q, O, K_buf, V_buf, req_to_token, req_pool_indices, q_start_loc, q_lens, kv_lens,
+    Q,
+    O,
+    K_buf,
+    V_buf,
+    req_to_token,
+    req_pool_indices,
+    q_start_loc,
+    q_lens,
+    kv_lens,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2 is the fast path)
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bs, stride_bh, stride_r2t,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bs,
+    stride_bh,
+    stride_r2t,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     # Grid: (sequence, query head, block of BLOCK_M new tokens).
     b = tl.program_id(0)
@@ -67,8 +96,11 @@ def _extend_kernel(
     m_mask = offs_m < q_len
     d_mask = offs_d < HEAD_DIM
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     if UPCAST:  # bf16 under the interpreter: its tl.dot on bf16 is wrong (triton #11584)
         q = q.to(tl.float32)
     q_pos = prefix_len + offs_m
@@ -96,14 +128,16 @@ def _extend_kernel(
         v_off = slot[:, None] * stride_bs + kv_head * stride_bh + offs_d[None, :]  # [N, D]
         v = tl.load(V_buf + v_off, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PREC,
-                                            out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PREC, out_dtype=tl.float32)
         m_i = m_new
 
     out = acc / l_i[:, None]
     o_rows = (q_start + offs_m).to(tl.int64)
-    tl.store(O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(
+        O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
 
 
 def is_interpreted() -> bool:
@@ -129,25 +163,43 @@ def extend_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[
     return 32, 32, 4  # fp32 or wide heads: shared memory stays under ~100 KB (sm_86/89)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-             slots: torch.Tensor) -> None:
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor) -> None:
     """Write ``k``/``v`` ``[T, Hkv, D]`` into the pool buffers at ``slots`` ``[T]``."""
     t, hkv, d = k.shape
     if t == 0:
         return
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_buf.stride(-1) == 1
     _store_kv_kernel[(t,)](
-        k, v, k_buf, v_buf, slots,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_buf.stride(0), k_buf.stride(1),
-        NUM_KV_HEADS=hkv, HEAD_DIM=d,
-        BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d),
+        k,
+        v,
+        k_buf,
+        v_buf,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        NUM_KV_HEADS=hkv,
+        HEAD_DIM=d,
+        BLOCK_H=triton.next_power_of_2(hkv),
+        BLOCK_D=triton.next_power_of_2(d),
     )
 
 
 def extend_attention(
-    q: torch.Tensor, o: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, q_start_loc: torch.Tensor,
-    q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q_len: int, scale: float,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    q_start_loc: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    max_q_len: int,
+    scale: float,
 ) -> None:
     """Causal attention of ragged new tokens ``q`` ``[T, H, D]`` over their paged context.
 
@@ -162,10 +214,30 @@ def extend_attention(
     upcast, prec = dot_options(q.dtype)
     grid = (num_seqs, num_heads, triton.cdiv(max_q_len, block_m))
     _extend_kernel[grid](
-        q, o, k_buf, v_buf, req_to_token, req_pool_indices, q_start_loc, q_lens, kv_lens,
+        q,
+        o,
+        k_buf,
+        v_buf,
+        req_to_token,
+        req_pool_indices,
+        q_start_loc,
+        q_lens,
+        kv_lens,
         scale * LOG2E,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1), k_buf.stride(0), k_buf.stride(1),
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
         req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        UPCAST=upcast, DOT_PREC=prec, num_warps=warps, num_stages=2,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        UPCAST=upcast,
+        DOT_PREC=prec,
+        num_warps=warps,
+        num_stages=2,
     )

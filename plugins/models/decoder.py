@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model.layers import Linear, RMSNorm, RotaryEmbedding, linear
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.layers import Linear, RMSNorm, RotaryEmbedding, linear
 
 
 class Attention(nn.Module):
@@ -43,7 +43,9 @@ class Attention(nn.Module):
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         else:
             q = self.q_norm(qkv[:, : self.q_size].reshape(-1, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].reshape(-1, self.num_kv_heads, self.head_dim))
+            k = self.k_norm(
+                qkv[:, self.q_size : self.q_size + self.kv_size].reshape(-1, self.num_kv_heads, self.head_dim)
+            )
             q, k = RotaryEmbedding.rotate(q, rope), RotaryEmbedding.rotate(k, rope)
         o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata)
         return self.o_proj(o.reshape(-1, self.q_size), det)
@@ -92,15 +94,12 @@ class DecoderLM(CausalLM):
         self.embed_tokens.weight.requires_grad_(False)
         qkv_bias = bool(config.get("attention_bias", self.qkv_bias))
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm)
-            for i in range(self.num_layers)
+            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm) for i in range(self.num_layers)
         )
         self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
         self.tie = bool(config.get("tie_word_embeddings", False))
         self.lm_head = None if self.tie else Linear(hidden, vocab)
-        self.rotary = RotaryEmbedding(
-            self.head_dim, int(config.get("max_position_embeddings", 4096)), config
-        )
+        self.rotary = RotaryEmbedding(self.head_dim, int(config.get("max_position_embeddings", 4096)), config)
 
     def forward(self, input_ids, positions, ctx):
         x, residual = self.embed_tokens(input_ids), None
@@ -127,8 +126,13 @@ class DecoderLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        fused = {
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", 1),
+            "v_proj": ("qkv_proj", 2),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", 1),
+        }
         loaded = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")

@@ -21,7 +21,6 @@ import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from llmkit.core.hookspecs import hookimpl
 from llmkit.core.batches.storage import (
     BLOB_CHUNK,
     BatchRecord,
@@ -34,6 +33,7 @@ from llmkit.core.batches.storage import (
     check_file_id,
     check_record_key,
 )
+from llmkit.core.hookspecs import hookimpl
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, created INTEGER, purpose TEXT, data TEXT);
@@ -57,9 +57,7 @@ class LocalStorage(StorageBackend):
         for leftover in self._tmp.iterdir():  # writes interrupted by a crash
             leftover.unlink(missing_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            self.root / "llmkit.sqlite3", check_same_thread=False, isolation_level=None
-        )
+        self._db = sqlite3.connect(self.root / "llmkit.sqlite3", check_same_thread=False, isolation_level=None)
         os.chmod(self.root / "llmkit.sqlite3", 0o600)
         # WAL with synchronous=NORMAL survives a killed process (not necessarily a power cut).
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -170,9 +168,7 @@ class LocalStorage(StorageBackend):
             return cur.rowcount > 0
 
     def result_indices(self, batch_id: str) -> dict[int, str]:
-        rows = self._exec(
-            "SELECT idx, kind FROM results WHERE batch_id = ?", (check_batch_id(batch_id),)
-        )
+        rows = self._exec("SELECT idx, kind FROM results WHERE batch_id = ?", (check_batch_id(batch_id),))
         return {idx: kind for idx, kind in rows}
 
     def iter_results(self, batch_id: str, kind: str | None = None) -> Iterator[BatchResult]:
@@ -195,8 +191,7 @@ class LocalStorage(StorageBackend):
 
     # -- records -------------------------------------------------------------------------------
     def put_record(self, kind: str, key: str, data: dict) -> None:
-        self._exec("INSERT OR REPLACE INTO records VALUES (?, ?, ?)",
-                   (*check_record_key(kind, key), json.dumps(data)))
+        self._exec("INSERT OR REPLACE INTO records VALUES (?, ?, ?)", (*check_record_key(kind, key), json.dumps(data)))
 
     def get_record(self, kind: str, key: str) -> dict:
         rows = self._exec("SELECT data FROM records WHERE kind = ? AND key = ?", check_record_key(kind, key))

@@ -24,7 +24,6 @@ import json
 import tempfile
 from typing import Any, Iterable, Iterator
 
-from llmkit.core.hookspecs import hookimpl
 from llmkit.core.batches.storage import (
     BLOB_CHUNK,
     BatchRecord,
@@ -38,6 +37,7 @@ from llmkit.core.batches.storage import (
     check_file_id,
     check_record_key,
 )
+from llmkit.core.hookspecs import hookimpl
 
 _SPOOL_IN_MEMORY = 8 << 20
 
@@ -56,9 +56,7 @@ class S3Storage(StorageBackend):
             import boto3
             from botocore.exceptions import ClientError
         except ImportError as exc:
-            raise StorageError(
-                "the s3 storage backend needs boto3: pip install 'llmkit[s3]'"
-            ) from exc
+            raise StorageError("the s3 storage backend needs boto3: pip install 'llmkit[s3]'") from exc
         if not bucket:
             raise StorageError("the s3 storage backend needs --storage-option bucket=NAME")
         self.bucket = bucket
@@ -191,7 +189,7 @@ class S3Storage(StorageBackend):
         prefix = self._result_prefix(batch_id)
         out: dict[int, str] = {}
         for key in self._keys(prefix):
-            idx, _, kind = key[len(prefix):].partition(".")
+            idx, _, kind = key[len(prefix) :].partition(".")
             out.setdefault(int(idx), kind)
         return out
 
@@ -199,7 +197,7 @@ class S3Storage(StorageBackend):
         prefix = self._result_prefix(batch_id)
         seen: set[int] = set()
         for key in self._keys(prefix):  # zero-padded names list in index order
-            idx_s, _, k = key[len(prefix):].partition(".")
+            idx_s, _, k = key[len(prefix) :].partition(".")
             idx = int(idx_s)
             if idx in seen or (kind is not None and k != kind):
                 continue

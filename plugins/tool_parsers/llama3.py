@@ -67,4 +67,3 @@ class Llama3ToolParser(StreamingToolParser):
         if hint == "wait":
             return False
         return self._to("calls" if hint == "done" else "text")
-

@@ -19,16 +19,31 @@ from llmkit.core.server.state import new_id
 def skeleton(body: ResponsesRequest, rid: str, status: str) -> dict:
     """The response object before any output (``created_at`` is set here, once)."""
     return {
-        "id": rid, "object": "response", "created_at": int(time.time()), "status": status,
-        "background": body.background, "error": None, "incomplete_details": None,
-        "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-        "model": body.model, "output": [], "output_text": "", "parallel_tool_calls": body.parallel_tool_calls,
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "background": body.background,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "model": body.model,
+        "output": [],
+        "output_text": "",
+        "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
-        "store": body.store, "temperature": body.temperature,
+        "store": body.store,
+        "temperature": body.temperature,
         "text": body.text or {"format": {"type": "text"}},
-        "tool_choice": body.tool_choice or "auto", "tools": body.tools or [], "top_p": body.top_p,
-        "truncation": body.truncation, "usage": None, "user": body.user, "metadata": body.metadata or {},
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "top_p": body.top_p,
+        "truncation": body.truncation,
+        "usage": None,
+        "user": body.user,
+        "metadata": body.metadata or {},
     }
 
 
@@ -46,18 +61,31 @@ class ItemIds:
 
 
 def reasoning_item(rid: str, text: str, status: str = "completed") -> dict:
-    return {"type": "reasoning", "id": rid, "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}] if text else []}
+    return {
+        "type": "reasoning",
+        "id": rid,
+        "summary": [],
+        "status": status,
+        "content": [{"type": "reasoning_text", "text": text}] if text else [],
+    }
 
 
 def message_item(mid: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    content = (
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    )
     return {"type": "message", "id": mid, "role": "assistant", "status": status, "content": content}
 
 
 def call_item(fid: str, call, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": fid, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if status == "completed" else "", "status": status}
+    return {
+        "type": "function_call",
+        "id": fid,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if status == "completed" else "",
+        "status": status,
+    }
 
 
 def finish(resp: dict, result: ChatResult, ids: ItemIds) -> dict:
@@ -71,13 +99,18 @@ def finish(resp: dict, result: ChatResult, ids: ItemIds) -> dict:
         output.append(call_item(ids.call(k), c))
     incomplete = result.finish_reason == "length"
     resp.update(
-        status="incomplete" if incomplete else "completed", output=output, output_text=result.content,
+        status="incomplete" if incomplete else "completed",
+        output=output,
+        output_text=result.content,
         incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-        usage={"input_tokens": result.prompt_tokens,
-               "input_tokens_details": {"cached_tokens": result.cached_tokens},
-               "output_tokens": result.completion_tokens,
-               "output_tokens_details": {"reasoning_tokens": result.reasoning_tokens},
-               "total_tokens": result.prompt_tokens + result.completion_tokens})
+        usage={
+            "input_tokens": result.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": result.cached_tokens},
+            "output_tokens": result.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": result.reasoning_tokens},
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        },
+    )
     return resp
 
 
@@ -104,20 +137,28 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
         if kind == "reasoning":
             where["item_id"] = ids.reasoning
             part = {"type": "reasoning_text", "text": text}
-            out = (ev("response.reasoning_text.done", **where, content_index=0, text=text)
-                   + ev("response.content_part.done", **where, content_index=0, part=part)
-                   + ev("response.output_item.done", output_index=index, item=reasoning_item(ids.reasoning, text)))
+            out = (
+                ev("response.reasoning_text.done", **where, content_index=0, text=text)
+                + ev("response.content_part.done", **where, content_index=0, part=part)
+                + ev("response.output_item.done", output_index=index, item=reasoning_item(ids.reasoning, text))
+            )
         elif kind == "message":
             where["item_id"] = ids.message
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            out = (ev("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
-                   + ev("response.content_part.done", **where, content_index=0, part=part)
-                   + ev("response.output_item.done", output_index=index, item=message_item(ids.message, text)))
+            out = (
+                ev("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+                + ev("response.content_part.done", **where, content_index=0, part=part)
+                + ev("response.output_item.done", output_index=index, item=message_item(ids.message, text))
+            )
         elif kind == "call":
             fid = ids.call(call_k)
-            out = (ev("response.function_call_arguments.done", item_id=fid, output_index=index,
-                      name=current_call.name, arguments=current_call.arguments)
-                   + ev("response.output_item.done", output_index=index, item=call_item(fid, current_call)))
+            out = ev(
+                "response.function_call_arguments.done",
+                item_id=fid,
+                output_index=index,
+                name=current_call.name,
+                arguments=current_call.arguments,
+            ) + ev("response.output_item.done", output_index=index, item=call_item(fid, current_call))
         kind, text = None, ""
         return out
 
@@ -127,8 +168,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
         index, kind = index + 1, new_kind
         out += ev("response.output_item.added", output_index=index, item=item)
         if part is not None:
-            out += ev("response.content_part.added", item_id=item["id"], output_index=index,
-                      content_index=0, part=part)
+            out += ev("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=part)
         return out
 
     yield ev("response.created", response=dict(resp))
@@ -144,25 +184,46 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
                 return
             if e.reasoning:
                 if kind != "reasoning":
-                    yield open_item("reasoning", reasoning_item(ids.reasoning, "", "in_progress"),
-                                    {"type": "reasoning_text", "text": ""})
+                    yield open_item(
+                        "reasoning",
+                        reasoning_item(ids.reasoning, "", "in_progress"),
+                        {"type": "reasoning_text", "text": ""},
+                    )
                 text += e.reasoning
-                yield ev("response.reasoning_text.delta", item_id=ids.reasoning, output_index=index,
-                         content_index=0, delta=e.reasoning)
+                yield ev(
+                    "response.reasoning_text.delta",
+                    item_id=ids.reasoning,
+                    output_index=index,
+                    content_index=0,
+                    delta=e.reasoning,
+                )
             elif e.content:
                 if kind != "message":
-                    yield open_item("message", message_item(ids.message, "", "in_progress"),
-                                    {"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                    yield open_item(
+                        "message",
+                        message_item(ids.message, "", "in_progress"),
+                        {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                    )
                 text += e.content
-                yield ev("response.output_text.delta", item_id=ids.message, output_index=index,
-                         content_index=0, delta=e.content, logprobs=[])
+                yield ev(
+                    "response.output_text.delta",
+                    item_id=ids.message,
+                    output_index=index,
+                    content_index=0,
+                    delta=e.content,
+                    logprobs=[],
+                )
             elif e.tool_start is not None:
                 call_k += 1
                 current_call = e.tool_start
                 yield open_item("call", call_item(ids.call(call_k), e.tool_start, "in_progress"), None)
             elif e.tool_args:
-                yield ev("response.function_call_arguments.delta", item_id=ids.call(call_k),
-                         output_index=index, delta=e.tool_args)
+                yield ev(
+                    "response.function_call_arguments.delta",
+                    item_id=ids.call(call_k),
+                    output_index=index,
+                    delta=e.tool_args,
+                )
             elif e.finished is not None:
                 yield close()
                 finish(resp, e.finished, ids)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.state import new_id
-from pydantic import BaseModel, ConfigDict
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -48,8 +49,10 @@ def _text(content, where: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise APIError(f"{where}[{j}]: content part type '{kind}' is not supported by this text-only "
-                           "model", param=f"{where}[{j}].type")
+            raise APIError(
+                f"{where}[{j}]: content part type '{kind}' is not supported by this text-only model",
+                param=f"{where}[{j}].type",
+            )
         out.append(part["text"])
     return "".join(out)
 
@@ -57,8 +60,15 @@ def _text(content, where: str) -> str:
 def normalize_input(body: ResponsesRequest) -> list[dict]:
     """The request's input as stored input items (each with an id), validated."""
     if isinstance(body.input, str):
-        return [{"type": "message", "id": new_id("msg_"), "role": "user", "status": "completed",
-                 "content": [{"type": "input_text", "text": body.input}]}]
+        return [
+            {
+                "type": "message",
+                "id": new_id("msg_"),
+                "role": "user",
+                "status": "completed",
+                "content": [{"type": "input_text", "text": body.input}],
+            }
+        ]
     if not body.input:
         raise APIError("input cannot be empty", param="input")
     items = []
@@ -71,22 +81,43 @@ def normalize_input(body: ResponsesRequest) -> list[dict]:
                 raise APIError(f"{where}.role must be user, system, developer or assistant", param=f"{where}.role")
             ptype = "output_text" if role == "assistant" else "input_text"
             text = _text(item.get("content"), f"{where}.content")
-            items.append({"type": "message", "id": item.get("id") or new_id("msg_"), "role": role,
-                          "status": "completed", "content": [{"type": ptype, "text": text}]})
+            items.append(
+                {
+                    "type": "message",
+                    "id": item.get("id") or new_id("msg_"),
+                    "role": role,
+                    "status": "completed",
+                    "content": [{"type": ptype, "text": text}],
+                }
+            )
         elif kind == "function_call":
             for k in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(k), str):
                     raise APIError(f"{where}.{k} must be a string", param=f"{where}.{k}")
-            items.append({"type": "function_call", "id": item.get("id") or new_id("fc_"),
-                          "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"],
-                          "status": "completed"})
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": item.get("id") or new_id("fc_"),
+                    "call_id": item["call_id"],
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                    "status": "completed",
+                }
+            )
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise APIError(f"{where}.call_id must be a string", param=f"{where}.call_id")
             output = item.get("output")
             output = output if isinstance(output, str) else _text(output, f"{where}.output")
-            items.append({"type": "function_call_output", "id": item.get("id") or new_id("fco_"),
-                          "call_id": item["call_id"], "output": output, "status": "completed"})
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "id": item.get("id") or new_id("fco_"),
+                    "call_id": item["call_id"],
+                    "output": output,
+                    "status": "completed",
+                }
+            )
         elif kind == "reasoning":
             items.append(item)  # earlier output handed back; not part of the prompt
         else:
@@ -102,8 +133,11 @@ def items_to_messages(items: list[dict]) -> list[dict]:
         if kind == "message":
             msgs.append({"role": it["role"], "content": "".join(p.get("text", "") for p in it["content"])})
         elif kind == "function_call":
-            call = {"id": it["call_id"], "type": "function",
-                    "function": {"name": it["name"], "arguments": it["arguments"]}}
+            call = {
+                "id": it["call_id"],
+                "type": "function",
+                "function": {"name": it["name"], "arguments": it["arguments"]},
+            }
             if msgs and msgs[-1]["role"] == "assistant" and "tool_calls" in msgs[-1]:
                 msgs[-1]["tool_calls"].append(call)
             elif msgs and msgs[-1]["role"] == "assistant":
@@ -122,8 +156,9 @@ def _tools(body: ResponsesRequest) -> list[dict] | None:
     out = []
     for i, t in enumerate(body.tools):
         if t.get("type") != "function":
-            raise APIError(f"tools[{i}].type '{t.get('type')}' is not supported; only function tools are",
-                           param=f"tools[{i}].type")
+            raise APIError(
+                f"tools[{i}].type '{t.get('type')}' is not supported; only function tools are", param=f"tools[{i}].type"
+            )
         unknown = set(t) - {"type", "name", "description", "parameters", "strict"}
         if unknown:
             raise APIError(f"tools[{i}]: unknown field(s) {sorted(unknown)}", param=f"tools[{i}]")
@@ -154,8 +189,10 @@ def _response_format(text: dict | None) -> dict | None:
     if fmt.get("type") == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
             raise APIError("text.format.schema is required for json_schema", param="text.format.schema")
-        return {"type": "json_schema", "json_schema": {
-            "name": fmt.get("name") or "schema", "schema": fmt["schema"], "strict": fmt.get("strict")}}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": fmt.get("name") or "schema", "schema": fmt["schema"], "strict": fmt.get("strict")},
+        }
     raise APIError(f"text.format.type '{fmt.get('type')}' is not supported", param="text.format.type")
 
 
@@ -169,12 +206,17 @@ def to_chat_body(body: ResponsesRequest, messages: list[dict]) -> dict:
         raise APIError("background responses must be stored (store: true)", param="store")
     if body.text and body.text.get("verbosity") not in (None, "medium"):
         raise APIError("text.verbosity is not supported", param="text.verbosity")
-    chat: dict[str, Any] = {"model": body.model, "messages": messages, "tools": _tools(body),
-                            "tool_choice": _tool_choice(body.tool_choice),
-                            "parallel_tool_calls": body.parallel_tool_calls,
-                            "response_format": _response_format(body.text),
-                            "max_tokens": body.max_output_tokens, "temperature": body.temperature,
-                            "top_p": body.top_p}
+    chat: dict[str, Any] = {
+        "model": body.model,
+        "messages": messages,
+        "tools": _tools(body),
+        "tool_choice": _tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "response_format": _response_format(body.text),
+        "max_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+    }
     if "model" not in body.model_fields_set:
         del chat["model"]  # left out: served by the one model (see server/model_names.py)
     effort = (body.reasoning or {}).get("effort")
@@ -187,4 +229,3 @@ def to_chat_body(body: ResponsesRequest, messages: list[dict]) -> dict:
         chat["chat_template_kwargs"] = {"enable_thinking": effort != "none"}
         chat["reasoning_effort"] = effort
     return {k: v for k, v in chat.items() if v is not None}
-

@@ -9,6 +9,7 @@ import logging
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from llmkit.core.server.chat_bridge import chat_request, complete_chat, start_chat_stream
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.responses.objects import ItemIds, failed, finish, skeleton, stream_events
@@ -24,8 +25,12 @@ from llmkit.core.server.state import new_id
 log = logging.getLogger("llmkit")
 LIVE = ("queued", "in_progress")
 # chat field names in errors -> the Responses field the client sent
-PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
-          "chat_template_kwargs": "reasoning"}
+PARAMS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "chat_template_kwargs": "reasoning",
+}
 
 
 async def _with_truncation(body: ResponsesRequest, msgs: list[dict], run):
@@ -98,6 +103,7 @@ def responses_router(state, storage=None) -> APIRouter:
             tasks[resp["id"]] = asyncio.create_task(run_background(events, record))
             return JSONResponse(resp)
         if body.stream:
+
             async def save(final: dict) -> None:
                 if body.store:
                     await store.put(record)
@@ -137,10 +143,15 @@ def responses_router(state, storage=None) -> APIRouter:
             pos = next((i for i, it in enumerate(items) if it.get("id") == after), None)
             if pos is None:
                 raise APIError(f"no input item with id '{after}'", param="after")
-            items = items[pos + 1:]
+            items = items[pos + 1 :]
         page = items[:limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
 
     @router.delete("/v1/responses/{rid}")
     async def delete(rid: str):

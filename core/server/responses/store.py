@@ -34,8 +34,9 @@ class ResponseStore:
         try:
             await asyncio.to_thread(self.storage.put_record, KIND, rid, record)
         except NotImplementedError:
-            raise APIError("this server's storage backend cannot store responses; send store: false",
-                           param="store") from None
+            raise APIError(
+                "this server's storage backend cannot store responses; send store: false", param="store"
+            ) from None
 
     async def get(self, rid: str, param: str | None = None) -> dict:
         try:
@@ -43,8 +44,7 @@ class ResponseStore:
                 return self.memory[rid]
             return await asyncio.to_thread(self.storage.get_record, KIND, rid)
         except (KeyError, NotImplementedError):  # a storage NotFoundError is a KeyError
-            raise APIError(f"Response with id '{rid}' not found.", status=404, param=param,
-                           code="not_found") from None
+            raise APIError(f"Response with id '{rid}' not found.", status=404, param=param, code="not_found") from None
 
     async def delete(self, rid: str) -> bool:
         if self.storage is None:
