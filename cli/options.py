@@ -179,6 +179,18 @@ TpSize = Annotated[
         "--tp-size", "--tp", "--tensor-parallel-size", help="Tensor parallelism: only 1 (one device) for now."
     ),
 ]
+DpSize = Annotated[
+    int,
+    typer.Option(
+        "--dp-size",
+        "--dp",
+        "--data-parallel-size",
+        envvar="LLMKIT_DP_SIZE",
+        min=1,
+        help="Data parallelism: this many engine replicas, each in its own process, behind one server; "
+        "requests go to the least loaded replica, or to the one holding their prompt's prefix.",
+    ),
+]
 MemFractionStatic = Annotated[
     Optional[float],
     typer.Option(

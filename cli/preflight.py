@@ -72,6 +72,14 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         raise OptionError(
             f"--tp-size {tp}: tensor parallelism is not available in llmkit yet; serve on one device (--tp-size 1)"
         )
+    dp = p.get("dp_size", 1)
+    if dp > 1 and device == "cuda":
+        import torch
+
+        if p["device"].startswith("cuda:"):
+            raise OptionError(f"--dp-size {dp} puts replica i on cuda:i; give --device cuda (or auto), not one GPU")
+        if torch.cuda.device_count() < dp:
+            raise OptionError(f"--dp-size {dp} needs {dp} GPUs (one per replica); {torch.cuda.device_count()} visible")
     frac = p.get("mem_fraction_static")
     if frac is not None and not 0 < frac < 1:
         raise OptionError(f"--mem-fraction-static {frac} must be between 0 and 1 (e.g. 0.8)")

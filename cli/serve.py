@@ -22,6 +22,7 @@ from llmkit.cli.options import (
     DisableOverlap,
     DisableRadix,
     DisableWebUI,
+    DpSize,
     Dtype,
     EnableOverlap,
     EngineProcess,
@@ -145,6 +146,7 @@ def serve(
     ] = 4,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
     tp_size: TpSize = 1,
+    dp_size: DpSize = 1,
     mem_fraction_static: MemFractionStatic = None,
     trust_remote_code: TrustRemoteCode = False,
     disable_metrics: DisableMetrics = False,
@@ -240,6 +242,7 @@ def build_configs(
     batch_max_in_flight,
     log_level,
     tp_size,
+    dp_size,
     mem_fraction_static,
     trust_remote_code,
     disable_metrics,
@@ -275,7 +278,8 @@ def build_configs(
         load_format=load_format,
         grammar_backend=grammar_backend,
         mem_fraction_static=mem_fraction_static,
-        engine_process=engine_process,
+        engine_process=engine_process or dp_size > 1,
+        dp_size=dp_size,
         overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
     )
     server = ServerConfig(

@@ -97,8 +97,13 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
 
 
 def _start_engine(config: EngineConfig):
-    """The engine and its client: on a thread of this process, or in its own process
-    (``--engine-process``). Returns the client and the model directory."""
+    """The engine and its client: on a thread of this process, in its own process
+    (``--engine-process``), or as ``--dp-size`` replicas in their own processes. Returns the client and the model directory."""
+    if config.dp_size > 1:
+        from llmkit.core.engine.dp_client import DataParallelClient, start_replicas
+
+        client = DataParallelClient(start_replicas(config, config.dp_size), config.max_queued_requests)
+        return client, client.model_dir
     if config.engine_process:
         from llmkit.core.engine.process_client import ProcessEngineClient
 

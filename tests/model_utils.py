@@ -48,6 +48,18 @@ def save_tiny_model(arch: str, path) -> "torch.nn.Module":
     return model.eval()
 
 
+def copy_embedded_tokenizer(path) -> None:
+    """The embedded model's tokenizer files into ``path``, so a saved tiny model can be served."""
+    import shutil
+    from pathlib import Path
+
+    from llmkit.core.model.source import resolve_model_dir
+
+    for f in resolve_model_dir(None).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, Path(path) / f.name)
+
+
 def start_engine(**kwargs) -> Engine:
     kwargs.setdefault("grammar_backend", "none")  # no compiler workers unless a test needs them
     cfg = EngineConfig(**kwargs)

@@ -8,15 +8,12 @@ steps run the split-K kernel; page size 4 puts sequences across page boundaries.
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
-from llmkit.core.model.source import resolve_model_dir
-
-from model_utils import save_tiny_model
+from model_utils import copy_embedded_tokenizer, save_tiny_model
 from server_utils import server_log, start_server, stop_server
 
 PREFIX = [(29 * i + 5) % 500 + 3 for i in range(13)]
@@ -27,9 +24,7 @@ PROMPTS = [PREFIX + [7, 8, 9], PREFIX + [100, 200]]
 def tiny_llama(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-llama")
     save_tiny_model("llama", d)
-    for f in resolve_model_dir(None).iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, d / f.name)
+    copy_embedded_tokenizer(d)
     return d
 
 

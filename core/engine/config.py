@@ -33,6 +33,8 @@ class EngineConfig:
     grammar_backend: str | None = None
     # Run the engine in its own process (ZeroMQ + msgpack to the server), not on a server thread.
     engine_process: bool = False
+    # Data parallelism: this many engine processes behind one server (implies engine_process).
+    dp_size: int = 1
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
     # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
     mem_fraction_static: float | None = None

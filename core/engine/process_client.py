@@ -34,10 +34,12 @@ from llmkit.core.engine.messages import GenerateRequest, RequestOutput, from_wir
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
 
 log = logging.getLogger("llmkit")
+_IMPORT_LOCK = threading.Lock()
 
 
 class ProcessEngineClient:
-    def __init__(self, config: EngineConfig, max_queued: int, *, startup_timeout: float = 900.0) -> None:
+    def __init__(self, config: EngineConfig, max_queued: int, *, rank: int = 0, startup_timeout: float = 900.0) -> None:
+        self.rank = rank  # the data-parallel replica this engine is (0 without --dp-size)
         self.max_queued = max_queued
         self.draining = False
         self.active = 0
@@ -54,14 +56,22 @@ class ProcessEngineClient:
         self._in.bind(ipc.outbox_address(self._ipc_dir))
         self._out = self._ctx.socket(zmq.PUSH)
         self._out.connect(ipc.inbox_address(self._ipc_dir))
-        cmd = [sys.executable, "-m", "llmkit.core.engine.worker", json.dumps(dataclasses.asdict(config)), self._ipc_dir]
+        cmd = [
+            sys.executable,
+            "-m",
+            "llmkit.core.engine.worker",
+            json.dumps(dataclasses.asdict(config)),
+            self._ipc_dir,
+            str(rank),
+        ]
         self.proc = subprocess.Popen(cmd)
         try:
             ready = self._wait_ready(startup_timeout)
         except BaseException:
             self._kill()
             raise
-        from transformers import AutoTokenizer
+        with _IMPORT_LOCK:  # transformers' lazy imports are not thread-safe (--dp-size starts replicas at once)
+            from transformers import AutoTokenizer
 
         self.model_dir = Path(ready["model_dir"])
         self.max_context = int(ready["max_context"])
@@ -70,7 +80,7 @@ class ProcessEngineClient:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self._reader = threading.Thread(target=self._read, name="llmkit-engine-reader", daemon=True)
         self._reader.start()
-        log.info("Engine process started (pid %d, rank 0)", self.engine_pid)
+        log.info("Engine process started (pid %d, rank %d)", self.engine_pid, rank)
 
     def _wait_ready(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
@@ -82,7 +92,9 @@ class ProcessEngineClient:
                 if kind == "failed":
                     raise ValueError(payload["error"])
             elif self.proc.poll() is not None:
-                raise RuntimeError(f"the engine process exited with code {self.proc.returncode} while starting")
+                raise RuntimeError(
+                    f"the engine process (rank {self.rank}) exited with code {self.proc.returncode} while starting"
+                )
         raise TimeoutError(f"the engine process was not ready after {timeout:.0f} s")
 
     # -- EngineClient ------------------------------------------------------------------------------
@@ -182,7 +194,7 @@ class ProcessEngineClient:
     def _on_engine_death(self) -> None:
         code = self.proc.returncode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        self.dead = f"the engine process (rank 0, pid {self.proc.pid}) died: {how}"
+        self.dead = f"the engine process (rank {self.rank}, pid {self.proc.pid}) died: {how}"
         log.error("%s; failing %d in-flight request(s) and shutting the server down", self.dead, len(self._streams))
         for rid, (loop, q) in list(self._streams.items()):
             loop.call_soon_threadsafe(q.put_nowait, self._death_output(rid))

@@ -1,6 +1,6 @@
 """The engine in its own process (``llmkit serve --engine-process``).
 
-``python -m llmkit.core.engine.worker CONFIG_JSON IPC_DIR``: builds the engine from the
+``python -m llmkit.core.engine.worker CONFIG_JSON IPC_DIR [RANK]``: builds the engine from the
 EngineConfig given as JSON, runs it on its thread exactly as in-process, and speaks the frames of
 :mod:`llmkit.core.engine.ipc`. ZeroMQ sockets are single-threaded, so each thread that sends owns
 one: the engine thread sends outputs, this thread sends replies, a small thread sends stats.
@@ -29,7 +29,10 @@ COMPILE_TIMEOUT_S = 5.0
 def main(argv: list[str]) -> int:
     config = EngineConfig(**json.loads(argv[0]))
     ipc_dir = argv[1]
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s engine] %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    rank = int(argv[2]) if len(argv) > 2 else 0  # the data-parallel replica, for the log lines
+    logging.basicConfig(
+        level=logging.INFO, format=f"[%(asctime)s engine rank {rank}] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"
+    )
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.bind(ipc.inbox_address(ipc_dir))

@@ -1,0 +1,177 @@
+"""``llmkit serve --dp-size 2``: two engine processes behind one server. The router's choices
+(unit), then a tiny random-weight Llama served with DP=2 against DP=1: 32 concurrent requests
+spread over both replicas with the same outputs, a shared-prefix workload stays on one replica,
+and a killed replica fails its clients and stops the server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from llmkit.core.engine.dp_router import PrefixRouter
+
+from model_utils import copy_embedded_tokenizer, save_tiny_model
+from server_utils import server_log, start_server, stop_server
+
+# --- the router -------------------------------------------------------------------------------
+
+
+def test_router_sends_new_prompts_to_the_least_loaded():
+    router = PrefixRouter(3, block=4)
+    assert router.route([1, 2], [2, 0, 1]) == 1
+    assert router.route([1, 2], [0, 0, 5]) in (0, 1)
+
+
+def test_router_rotates_ties():
+    router = PrefixRouter(2, block=4)
+    assert {router.route([i], [0, 0]) for i in range(4)} == {0, 1}
+
+
+def test_router_keeps_a_shared_prefix_on_its_replica_unless_much_busier():
+    router = PrefixRouter(2, block=4, slack=2)
+    system = list(range(100, 116))  # four blocks
+    first = router.route(system + [1, 2, 3, 4], [0, 0])
+    other = 1 - first
+    loads = [0, 0]
+    loads[first] = 2  # busier, within the slack: the prefix wins
+    assert router.route(system + [9, 9, 9, 9], loads) == first
+    loads[first] = 3  # past the slack: the least loaded wins
+    assert router.route(system + [8, 8, 8, 8], loads) == other
+    # the longest remembered prefix decides: [8, 8, 8, 8] went to the other replica last
+    assert router.route(system + [8, 8, 8, 8, 7], [0, 0]) == other
+    assert router.route(system + [1, 2, 3, 4], [1, 0]) == first
+
+
+def test_router_table_is_bounded():
+    router = PrefixRouter(2, block=2, capacity=10)
+    for i in range(100):
+        router.route([i] * 20, [0, 0])
+    assert len(router._owner) <= 10
+
+
+# --- the server -------------------------------------------------------------------------------
+
+COMMON = ["--batch-storage", "none", "--enable-deterministic-inference", "--num-threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_model("llama", d)
+    copy_embedded_tokenizer(d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def dp2(model_dir):
+    proc, url = start_server(["--model-path", model_dir, "--dp-size", "2", *COMMON])
+    try:
+        yield proc, url
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def dp1(model_dir):
+    proc, url = start_server(["--model-path", model_dir, *COMMON])
+    try:
+        yield url
+    finally:
+        stop_server(proc)
+
+
+def _replicas(url: str) -> list[dict]:
+    info = httpx.get(url + "/get_server_info", timeout=30).json()
+    assert info["dp_size"] == 2
+    return info["replicas"]
+
+
+async def _complete_all(url: str, prompts: list[list[int]]) -> list[list[str]]:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    rs = await asyncio.gather(
+        *[
+            client.completions.create(
+                model="m", prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}, logprobs=1
+            )
+            for p in prompts
+        ]
+    )
+    return [r.choices[0].logprobs.tokens for r in rs]
+
+
+def test_32_concurrent_requests_use_both_replicas_and_match_dp1(dp2, dp1):
+    proc, url = dp2
+    before = [r["routed"] for r in _replicas(url)]
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + i % 7)] for i in range(32)]
+    mine = asyncio.run(_complete_all(url, prompts))
+    theirs = asyncio.run(_complete_all(dp1, prompts))
+    assert mine == theirs
+    after = _replicas(url)
+    served = [a["routed"] - b for a, b in zip(after, before)]
+    assert sum(served) == 32 and min(served) > 0, served
+    assert {r["pid"] for r in after}.isdisjoint({proc.pid}) and len({r["pid"] for r in after}) == 2
+
+
+def test_shared_prefix_stays_on_one_replica(dp2):
+    _, url = dp2
+    system = [(13 * j) % 500 + 3 for j in range(160)]  # a long "system prompt" (5 router blocks)
+    before = [r["routed"] for r in _replicas(url)]
+    hits_before = httpx.get(url + "/get_server_info", timeout=30).json()["prefix_cache_hits"]
+    for i in range(6):
+        r = httpx.post(
+            url + "/v1/completions",
+            timeout=120,
+            json={"model": "m", "prompt": system + [i + 3, i + 4], "max_tokens": 2, "temperature": 0},
+        )
+        assert r.status_code == 200, r.text
+    served = [r["routed"] - b for r, b in zip(_replicas(url), before)]
+    assert sorted(served) == [0, 6], served
+    # the replica's radix cache served the shared prefix to the five that followed the first
+    # (engine processes publish their counters a few times a second)
+    deadline = time.monotonic() + 10
+    while (hits := httpx.get(url + "/get_server_info", timeout=30).json()["prefix_cache_hits"] - hits_before) < 750:
+        assert time.monotonic() < deadline, hits
+        time.sleep(0.1)
+
+
+def test_killed_replica_fails_its_clients_and_stops_the_server(model_dir):
+    # One running request per replica and a queue behind it, so the replica is busy when killed.
+    proc, url = start_server(["--model-path", model_dir, "--dp-size", "2", "--max-running-requests", "1", *COMMON])
+    try:
+        streams: list[list[str]] = [[] for _ in range(8)]
+        started = threading.Event()
+
+        def stream(events: list[str], i: int):
+            body = {"model": "m", "prompt": [5, 6, i + 7], "max_tokens": 240, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", url + "/v1/completions", timeout=60, json=body) as r:
+                for line in r.iter_lines():
+                    started.set()
+                    events.append(line)
+
+        threads = [threading.Thread(target=stream, args=(ev, i), daemon=True) for i, ev in enumerate(streams)]
+        for t in threads:
+            t.start()
+        assert started.wait(60)
+        busy = max(_replicas(url), key=lambda r: r["outstanding"])
+        assert busy["outstanding"] > 0
+        rank, pid = busy["rank"], busy["pid"]
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        for t in threads:
+            t.join(max(0.1, 10 - (time.monotonic() - killed)))
+        assert not any(t.is_alive() for t in threads), "a client was left waiting"
+        failed = [ev for ev in streams if any('"error"' in e and f"rank {rank}" in e for e in ev)]
+        assert failed, [ev[-3:] for ev in streams]
+        proc.wait(timeout=max(1.0, 10 - (time.monotonic() - killed)))
+        assert proc.returncode != 0
+        assert re.search(rf"engine process \(rank {rank}, pid {pid}\) died: killed by signal 9", server_log(proc))
+    finally:
+        stop_server(proc)
