@@ -42,7 +42,8 @@ def _scrape(client, **headers) -> dict:
 
 def test_counts_follow_the_workload():
     with _client() as client:
-        client.app.state.llmkit.client.max_queued = 2  # n=3 cannot fit: one 429
+        fake = client.app.state.llmkit.client
+        fake.max_queued = 2
         prompt, done = 0, 0
         for max_tokens in (3, 5):
             r = client.post("/v1/completions", json={"model": M, "prompt": "Hello there", "max_tokens": max_tokens})
@@ -56,8 +57,10 @@ def test_counts_follow_the_workload():
         assert r.status_code == 200, r.text
         prompt += 2 * r.json()["usage"]["prompt_tokens"]  # n=2: two engine requests on one prompt
         done += r.json()["usage"]["completion_tokens"]
-        r = client.post("/v1/completions", json={"model": M, "prompt": "x", "max_tokens": 2, "n": 3})
+        fake.active += 1  # one slot held by "another request": n=2 does not fit now, one 429
+        r = client.post("/v1/completions", json={"model": M, "prompt": "x", "max_tokens": 2, "n": 2})
         assert r.status_code == 429
+        fake.active -= 1
         s = _scrape(client)
     assert done == 3 + 5 + 8
     assert value(s, "llmkit:prompt_tokens_total", model_name=M) == prompt
