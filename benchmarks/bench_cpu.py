@@ -1,7 +1,7 @@
 """llmkit against transformers on the embedded model, measured interleaved in one run.
 
     python benchmarks/bench_cpu.py [--rounds 3] [--update-readme] [-- extra llmkit serve flags]
-    python benchmarks/bench_cpu.py --metrics-overhead | --engine-process-overhead [--rounds 3]
+    python benchmarks/bench_cpu.py --metrics-overhead | --engine-process-overhead | --dp-compare [--rounds 3]
     python benchmarks/bench_cpu.py --update-readme -- --quantization int8
     python benchmarks/bench_cpu.py --metrics-overhead [--rounds 3]
 
@@ -68,7 +68,7 @@ def llmkit_single(client) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def llmkit_concurrent(base_url: str) -> float:
+def llmkit_concurrent(base_url: str, copies: int = 1) -> float:
     import openai
 
     async def run():
@@ -86,7 +86,7 @@ def llmkit_concurrent(base_url: str) -> float:
                 return r.usage.completion_tokens
 
             t0 = time.perf_counter()
-            counts = await asyncio.gather(*(one(p) for p in PROMPTS))
+            counts = await asyncio.gather(*(one(p) for p in PROMPTS * copies))
             return sum(counts) / (time.perf_counter() - t0)
 
     return asyncio.run(run())
@@ -168,8 +168,11 @@ def metrics_cost_per_output(n: int = 200_000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def compare_servers(rounds: int, serve_args: list[str], variants: dict[str, list[str]]) -> dict[str, float]:
-    """(a) and (b) on one server per variant (extra serve flags), interleaved; medians of ``rounds``."""
+def compare_servers(
+    rounds: int, serve_args: list[str], variants: dict[str, list[str]], copies: int = 1
+) -> dict[str, float]:
+    """(a) and (b) on one server per variant (extra serve flags), interleaved; medians of ``rounds``.
+    ``copies``: (b) sends each of its 16 prompts this many times at once."""
     import openai
 
     from server_utils import start_server, stop_server
@@ -182,7 +185,7 @@ def compare_servers(rounds: int, serve_args: list[str], variants: dict[str, list
         for r in range(rounds + 1):  # round 0 warms every server up
             for name, (_, url) in servers.items():
                 client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
-                single, concurrent = llmkit_single(client), llmkit_concurrent(url)
+                single, concurrent = llmkit_single(client), llmkit_concurrent(url, copies)
                 if r:
                     res[f"single_{name}"].append(single)
                     res[f"concurrent_{name}"].append(concurrent)
@@ -194,11 +197,13 @@ def compare_servers(rounds: int, serve_args: list[str], variants: dict[str, list
     return {k: statistics.median(v) for k, v in res.items()}
 
 
-def print_comparison(med: dict[str, float], a: str, b: str, heads: tuple[str, str], rounds: int) -> None:
+def print_comparison(
+    med: dict[str, float], a: str, b: str, heads: tuple[str, str], rounds: int, copies: int = 1
+) -> None:
     print(f"| metric | {heads[0]} | {heads[1]} | ratio |\n|---|---:|---:|---:|")
     for k, title in (
         ("single", "(a) single-stream greedy, 128 tokens (tok/s)"),
-        ("concurrent", "(b) 16 concurrent chat requests x 128 tokens (total tok/s)"),
+        ("concurrent", f"(b) {len(PROMPTS) * copies} concurrent chat requests x 128 tokens (total tok/s)"),
     ):
         print(f"| {title} | {med[f'{k}_{a}']:.1f} | {med[f'{k}_{b}']:.1f} | {med[f'{k}_{a}'] / med[f'{k}_{b}']:.3f} |")
     print(f"{rounds} rounds, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
@@ -221,6 +226,14 @@ def engine_process_overhead(rounds: int, serve_args: list[str]) -> None:
     print_comparison(med, "process", "thread", ("--engine-process", "engine thread"), rounds)
 
 
+def dp_compare(rounds: int, serve_args: list[str]) -> None:
+    """(a) and 32 concurrent requests: two data-parallel replicas (one thread each) against one
+    engine with every thread."""
+    threads = str(max(1, (os.cpu_count() or 2) // 2))
+    med = compare_servers(rounds, serve_args, {"dp2": ["--dp-size", "2", "--num-threads", threads], "dp1": []}, 2)
+    print_comparison(med, "dp2", "dp1", (f"--dp-size 2 ({threads} thread each)", "one engine, all threads"), rounds, 2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -235,12 +248,19 @@ def main() -> None:
         action="store_true",
         help="compare --engine-process with the in-thread engine instead of transformers",
     )
+    ap.add_argument(
+        "--dp-compare",
+        action="store_true",
+        help="compare --dp-size 2 with one engine (32 concurrent requests) instead of transformers",
+    )
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
     if args.metrics_overhead:
         return metrics_overhead(args.rounds, args.serve_args)
     if args.engine_process_overhead:
         return engine_process_overhead(args.rounds, args.serve_args)
+    if args.dp_compare:
+        return dp_compare(args.rounds, args.serve_args)
 
     import openai
 
