@@ -113,8 +113,9 @@ class FakeEngineClient:
         pass
 
 
-def fake_app(**config):
-    """The real OpenAI app over a :class:`FakeEngineClient` (use with ``fastapi.testclient``)."""
+def fake_app(storage=None, **config):
+    """The real OpenAI app over a :class:`FakeEngineClient` (use with ``fastapi.testclient``);
+    ``storage`` keeps stored Responses (None: in memory)."""
     from llmkit.core.server.app import create_app
     from llmkit.core.server.chat_template import ChatTemplate
     from llmkit.core.server.config import ServerConfig
@@ -132,4 +133,4 @@ def fake_app(**config):
         max_context=client.max_context,
         vocab_size=client.vocab_size,
     )
-    return create_app(state)
+    return create_app(state, storage=storage)

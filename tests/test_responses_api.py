@@ -371,3 +371,25 @@ def test_stored_responses_on_s3_survive_a_kill(tmp_path):
                 client.responses.retrieve(r.id)
         finally:
             stop_server(proc)
+
+
+def test_store_on_a_backend_without_records_is_refused_before_generating(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from llmkit.core.batches.storage import StorageBackend
+    from llmkit.plugins.storage.local import LocalStorage
+
+    from fake_engine import fake_app
+
+    class FilesOnly(LocalStorage):  # a backend written before records existed
+        put_record = StorageBackend.put_record
+        get_record = StorageBackend.get_record
+
+    app = fake_app(storage=FilesOnly(str(tmp_path)))
+    with TestClient(app) as http:
+        for extra in ({}, {"store": True}, {"background": True}):
+            r = http.post("/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 2, **extra})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "store", r.text
+        assert app.state.llmkit.client.submitted == []  # nothing was generated
+        r = http.post("/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 2, "store": False})
+        assert r.status_code == 200, r.text

@@ -82,6 +82,8 @@ def responses_router(state, storage=None) -> APIRouter:
         from llmkit.core.server.model_names import check_model
 
         check_model(state.options, body)
+        if body.store or body.background:
+            store.check_can_store()
         items = normalize_input(body)
         context: list[dict] = []
         if body.previous_response_id is not None:

@@ -23,6 +23,18 @@ class ResponseStore:
         self.storage = storage
         self.memory: OrderedDict[str, dict] = OrderedDict()
 
+    @property
+    def can_store(self) -> bool:
+        """Whether records can be kept (a backend written before records existed cannot)."""
+        from llmkit.core.batches.storage import StorageBackend
+
+        return self.storage is None or type(self.storage).put_record is not StorageBackend.put_record
+
+    def check_can_store(self) -> None:
+        """Refuse ``store: true`` up front rather than after generating the answer."""
+        if not self.can_store:
+            raise APIError("this server's storage backend cannot store responses; send store: false", param="store")
+
     async def put(self, record: dict) -> None:
         rid = record["response"]["id"]
         if self.storage is None:
@@ -33,7 +45,7 @@ class ResponseStore:
             return
         try:
             await asyncio.to_thread(self.storage.put_record, KIND, rid, record)
-        except NotImplementedError:
+        except NotImplementedError:  # a backend that overrides put_record but still cannot
             raise APIError(
                 "this server's storage backend cannot store responses; send store: false", param="store"
             ) from None
