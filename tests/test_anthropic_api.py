@@ -84,6 +84,16 @@ def test_streaming_equals_non_streaming(client, thinking):
         assert "thinking" not in kinds
 
 
+def test_message_start_reports_the_prompt_size(client):
+    kw = {"model": "m", "extra_body": GREEDY, "max_tokens": 4, "messages": ASK}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        start = next(e for e in stream if e.type == "message_start")
+        stream.until_done()
+    prompt = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert start.message.usage.input_tokens == prompt > 0
+
+
 def test_stop_sequence(client):
     free = client.messages.create(model="m", max_tokens=24, extra_body=GREEDY, messages=ASK)
     words = free.content[0].text.split()

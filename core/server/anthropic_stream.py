@@ -65,6 +65,8 @@ def _event(kind: str, data: dict) -> str:
 
 
 async def stream_message(events: AsyncIterator[ChatEvent], body: MessagesRequest, mid: str):
+    first = await anext(events, None)  # the prompt's size, for message_start's usage
+    input_tokens = first.prompt_tokens if first is not None and first.prompt_tokens is not None else 0
     start = {
         "id": mid,
         "type": "message",
@@ -73,8 +75,8 @@ async def stream_message(events: AsyncIterator[ChatEvent], body: MessagesRequest
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0},
-    }  # the totals come in message_delta
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }  # the final counts (cache reads apart) come in message_delta
     yield _event("message_start", {"message": start})
     yield _event("ping", {})
     index, open_kind = -1, None
@@ -95,8 +97,14 @@ async def stream_message(events: AsyncIterator[ChatEvent], body: MessagesRequest
         open_kind = None
         return out + _event("content_block_stop", {"index": index})
 
-    try:
+    async def all_events():
+        if first is not None and first.prompt_tokens is None:
+            yield first
         async for ev in events:
+            yield ev
+
+    try:
+        async for ev in all_events():
             if ev.error is not None:
                 yield close_block()
                 yield _event("error", {"error": {"type": "api_error", "message": ev.error.message}})

@@ -93,13 +93,16 @@ class ChatEvent:
     tool_args: str = ""  # arguments fragment of the newest call
     error: APIError | None = None
     finished: ChatResult | None = None
+    prompt_tokens: int | None = None  # first, once the request is accepted: the prompt's size
 
 
 async def start_chat_stream(state, body: ChatCompletionRequest) -> AsyncIterator[ChatEvent]:
     """Start a streaming chat completion (validation errors raise here, before any response is
     sent) and return its events. Closing the iterator aborts the generation."""
     # usage arrives in the last chunk; model_copy does not validate, so pass the model itself
-    body = body.model_copy(update={"stream": True, "n": 1, "stream_options": StreamOptions(include_usage=True)})
+    # continuous usage: the role chunk tells the prompt's size before anything is generated
+    options = StreamOptions(include_usage=True, continuous_usage_stats=True)
+    body = body.model_copy(update={"stream": True, "n": 1, "stream_options": options})
     resp = await create_chat_completion(state, body, None, http=True)
     return _events(resp.body_iterator)
 
@@ -119,6 +122,8 @@ async def _events(chunks) -> AsyncIterator[ChatEvent]:
                 result.usage = data["usage"]
             for ch in data.get("choices") or []:
                 d = ch.get("delta") or {}
+                if "role" in d and data.get("usage"):
+                    yield ChatEvent(prompt_tokens=data["usage"]["prompt_tokens"])
                 if d.get("reasoning_content"):
                     result.reasoning += d["reasoning_content"]
                     yield ChatEvent(reasoning=d["reasoning_content"])

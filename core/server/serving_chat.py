@@ -222,8 +222,9 @@ async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
         return sse({**base, "choices": [c], **extra})
 
     try:
-        for i in range(len(reqs)):
-            yield chunk(i, {"role": "assistant", "content": ""})
+        for i in range(len(reqs)):  # continuous usage starts with the prompt's size, as vLLM's
+            first = usage(len(reqs[i].prompt_ids), 0, 0) if continuous else None
+            yield chunk(i, {"role": "assistant", "content": ""}, usage=first)
         finals = {}
         # Logprobs of tokens that produced no delta yet (a held stop-string prefix, a partial
         # character, a parser marker) ride on the next chunk that has one: no empty deltas.
