@@ -13,7 +13,7 @@ import asyncio
 from functools import lru_cache
 from typing import AsyncIterator
 
-from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.client import QueueSlots
 from llmkit.core.engine.detokenizer import IncrementalDetokenizer
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput, TokenLogprob
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
@@ -31,26 +31,16 @@ def embedded_tokenizer():
     return AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
 
 
-class FakeEngineClient:
+class FakeEngineClient(QueueSlots):
     def __init__(self, tokenizer, *, max_context: int = 8192, max_queued: int = 1024) -> None:
+        super().__init__(max_queued)
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.vocab_size = len(tokenizer)
-        self.max_queued = max_queued
-        self.draining = False
         self.dead = None
-        self.active = 0
         self.word_ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS]
         self.submitted: list[GenerateRequest] = []
         self.aborted: list[str] = []
-
-    def check_capacity(self, n: int = 1) -> None:
-        if self.active + n > self.max_queued:
-            raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
-        self.active += n
-
-    def release(self, n: int = 1) -> None:
-        self.active -= n
 
     async def check_grammar(self, spec: GrammarSpec) -> None:
         try:  # the cheap limits only: the fake does not constrain its output

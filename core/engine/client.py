@@ -58,16 +58,14 @@ class EngineClient(Protocol):
         """Stop the engine after the server has drained; blocking."""
 
 
-class InProcessEngineClient:
-    def __init__(self, engine, max_queued: int) -> None:
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.max_context = engine.max_context
-        self.vocab_size = engine.vocab_size
+class QueueSlots:
+    """The queue limit every EngineClient keeps on the server side: ``check_capacity`` and
+    ``release`` as the protocol describes, and the ``draining`` flag."""
+
+    def __init__(self, max_queued: int) -> None:
         self.max_queued = max_queued
         self.draining = False
         self.active = 0  # requests reserved or running (event-loop thread only)
-        self._stopped = False
 
     def check_capacity(self, n: int = 1) -> None:
         if self.active + n > self.max_queued:
@@ -76,6 +74,16 @@ class InProcessEngineClient:
 
     def release(self, n: int = 1) -> None:
         self.active -= n
+
+
+class InProcessEngineClient(QueueSlots):
+    def __init__(self, engine, max_queued: int) -> None:
+        super().__init__(max_queued)
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_context = engine.max_context
+        self.vocab_size = engine.vocab_size
+        self._stopped = False
 
     async def check_grammar(self, spec: GrammarSpec) -> None:
         if self.engine.grammar is None:

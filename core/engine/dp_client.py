@@ -15,7 +15,7 @@ import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.client import QueueSlots
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.dp_router import PrefixRouter
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
@@ -72,31 +72,21 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-class DataParallelClient:
+class DataParallelClient(QueueSlots):
     def __init__(self, replicas: list, max_queued: int, router: PrefixRouter | None = None) -> None:
+        super().__init__(max_queued)  # one limit over all replicas
         first = replicas[0]
         self.replicas = replicas
         self.tokenizer = first.tokenizer
         self.max_context = first.max_context
         self.vocab_size = first.vocab_size
         self.model_dir = first.model_dir
-        self.max_queued = max_queued
-        self.draining = False
-        self.active = 0  # reserved or running, over all replicas (event-loop thread only)
         self.outstanding = [0] * len(replicas)  # running on each replica now: the router's load
         self.routed = [0] * len(replicas)  # requests each replica was given since start
         self.router = router or PrefixRouter(len(replicas))
         self._where: dict[str, int] = {}
 
     # -- EngineClient ------------------------------------------------------------------------------
-    def check_capacity(self, n: int = 1) -> None:
-        if self.active + n > self.max_queued:
-            raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
-        self.active += n
-
-    def release(self, n: int = 1) -> None:
-        self.active -= n
-
     async def check_grammar(self, spec: GrammarSpec) -> None:
         await self.replicas[0].check_grammar(spec)  # the same backend and checks on every replica
 

@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator
 import zmq
 
 from llmkit.core.engine import ipc
-from llmkit.core.engine.client import QueueFullError
+from llmkit.core.engine.client import QueueSlots
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput, from_wire, to_wire
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
@@ -37,12 +37,10 @@ log = logging.getLogger("llmkit")
 _IMPORT_LOCK = threading.Lock()
 
 
-class ProcessEngineClient:
+class ProcessEngineClient(QueueSlots):
     def __init__(self, config: EngineConfig, max_queued: int, *, rank: int = 0, startup_timeout: float = 900.0) -> None:
+        super().__init__(max_queued)
         self.rank = rank  # the data-parallel replica this engine is (0 without --dp-size)
-        self.max_queued = max_queued
-        self.draining = False
-        self.active = 0
         self.dead: str | None = None  # why the engine process is gone
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._calls: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
@@ -98,14 +96,6 @@ class ProcessEngineClient:
         raise TimeoutError(f"the engine process was not ready after {timeout:.0f} s")
 
     # -- EngineClient ------------------------------------------------------------------------------
-    def check_capacity(self, n: int = 1) -> None:
-        if self.active + n > self.max_queued:
-            raise QueueFullError(f"the server is at its limit of {self.max_queued} queued requests")
-        self.active += n
-
-    def release(self, n: int = 1) -> None:
-        self.active -= n
-
     async def check_grammar(self, spec: GrammarSpec) -> None:
         loop = asyncio.get_running_loop()
         call_id = uuid.uuid4().hex
