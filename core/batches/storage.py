@@ -285,6 +285,11 @@ class StorageBackend(abc.ABC):
 
     # -- records (optional) --------------------------------------------------------------------
     # Not abstract, so backends written before records existed keep working for files and batches.
+    @property
+    def stores_records(self) -> bool:
+        """Whether this backend implements the record methods below."""
+        return type(self).put_record is not StorageBackend.put_record
+
     def put_record(self, kind: str, key: str, data: dict[str, Any]) -> None:
         """Insert or replace the JSON object ``data`` under ``(kind, key)`` (atomically), after
         :func:`check_record_key`."""

@@ -26,9 +26,7 @@ class ResponseStore:
     @property
     def can_store(self) -> bool:
         """Whether records can be kept (a backend written before records existed cannot)."""
-        from llmkit.core.batches.storage import StorageBackend
-
-        return self.storage is None or type(self.storage).put_record is not StorageBackend.put_record
+        return self.storage is None or getattr(self.storage, "stores_records", True)
 
     def check_can_store(self) -> None:
         """Refuse ``store: true`` up front rather than after generating the answer."""
