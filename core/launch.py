@@ -131,5 +131,5 @@ def _batches(state, storage, max_in_flight: int):
     )
     return [runner], [
         files_router(storage, max_upload_bytes=state.options.max_upload_size),
-        batches_router(runner, max_body=state.options.max_payload_size),
+        batches_router(runner),
     ]

@@ -50,9 +50,7 @@ def protocol_body_validator(endpoint: str, body: dict) -> str | None:
     return None
 
 
-def batches_router(
-    runner: BatchRunner, *, max_body: int = 32 << 20, endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS
-) -> APIRouter:
+def batches_router(runner: BatchRunner, *, endpoints: tuple[str, ...] = SUPPORTED_ENDPOINTS) -> APIRouter:
     """The ``/v1/batches`` endpoints; ``endpoints`` lists the batch endpoints the server serves."""
     router = APIRouter()
     storage = runner.storage
@@ -60,7 +58,7 @@ def batches_router(
     @router.post("/v1/batches")
     async def create_batch(request: Request):
         try:
-            body = await read_json(request, max_body)
+            body = await read_json(request)
         except APIError as exc:
             return exc.response()
         input_file_id = body.get("input_file_id")

@@ -209,7 +209,7 @@ def anthropic_router(state) -> APIRouter:
     async def parse(raw: HTTPRequest, cls):
         from llmkit.core.server.body import parse_model, read_json
 
-        return parse_model(cls, await read_json(raw, state.options.max_payload_size))
+        return parse_model(cls, await read_json(raw))
 
     def guarded(handler):
         """Every error leaves in Anthropic's shape."""

@@ -138,12 +138,12 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     @app.post("/v1/chat/completions")
     async def chat(raw: HTTPRequest):
-        body = parse_model(ChatCompletionRequest, await read_json(raw, state.options.max_payload_size))
+        body = parse_model(ChatCompletionRequest, await read_json(raw))
         return await create_chat_completion(state, body, raw)
 
     @app.post("/v1/completions")
     async def completions(raw: HTTPRequest):
-        body = parse_model(CompletionRequest, await read_json(raw, state.options.max_payload_size))
+        body = parse_model(CompletionRequest, await read_json(raw))
         return await create_completion(state, body, raw)
 
     def model_card() -> dict:
@@ -217,7 +217,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.include_router(generate_router(state))
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))
-    app.include_router(parser_router(state.options.max_payload_size))
+    app.include_router(parser_router())
     if state.options.enable_metrics:
         from llmkit.core.server.metrics import ServerMetrics, metrics_router
 

@@ -14,20 +14,13 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(raw: HTTPRequest, limit: int) -> dict:
-    """Read and parse a JSON object body, enforcing the size cap before reading it all."""
+async def read_json(raw: HTTPRequest) -> dict:
+    """Read and parse a JSON object body. Its size is capped while it is read by
+    :class:`~llmkit.core.server.limits.BodyLimitMiddleware`, which wraps every route."""
     ctype = raw.headers.get("content-type", "")
     if ctype and "json" not in ctype:
         raise APIError("Unsupported Media Type: Only 'application/json' is allowed", status=415)
-    length = raw.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError("Payload Too Large", status=413)
-    chunks, size = [], 0
-    async for chunk in raw.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError("Payload Too Large", status=413)
-        chunks.append(chunk)
+    chunks = [chunk async for chunk in raw.stream()]
     data = b"".join(chunks)
     try:
         text = data.decode("utf-8")

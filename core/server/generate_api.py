@@ -164,7 +164,7 @@ def generate_router(state) -> APIRouter:
         from llmkit.core.server.structured import attach_grammar
 
         started = time.monotonic()
-        body = parse_model(GenerateRequest, await read_json(raw, state.options.max_payload_size))
+        body = parse_model(GenerateRequest, await read_json(raw))
         prompts, batch = await _prompts(state, body)
         sp = body.sampling_params
         sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})] * len(prompts)

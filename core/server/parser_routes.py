@@ -50,14 +50,14 @@ class ParseFunctionCallResponse(BaseModel):
     calls: list[FunctionCallItem]
 
 
-def parser_router(max_body: int = 32 << 20) -> APIRouter:
+def parser_router() -> APIRouter:
     """The router serving both endpoints; the server includes it in its app. Bodies go through
     the server's one reader (size cap, OpenAI-shaped 400s), not FastAPI's model parsing."""
     router = APIRouter()
 
     @router.post("/separate_reasoning", response_model=SeparateReasoningResponse)
     async def separate_reasoning(raw: HTTPRequest):
-        req = parse_model(SeparateReasoningRequest, await read_json(raw, max_body))
+        req = parse_model(SeparateReasoningRequest, await read_json(raw))
         try:
             state = create_reasoning_parser(
                 req.reasoning_parser,
@@ -71,7 +71,7 @@ def parser_router(max_body: int = 32 << 20) -> APIRouter:
 
     @router.post("/parse_function_call", response_model=ParseFunctionCallResponse)
     async def parse_function_call(raw: HTTPRequest):
-        req = parse_model(ParseFunctionCallRequest, await read_json(raw, max_body))
+        req = parse_model(ParseFunctionCallRequest, await read_json(raw))
         try:
             parser = create_tool_parser(req.tool_call_parser, tools=req.tools)
         except PluginError as exc:

@@ -73,7 +73,7 @@ def tokenize_router(state) -> APIRouter:
     async def parse(raw: HTTPRequest, cls):
         from llmkit.core.server.body import parse_model, read_json
 
-        return parse_model(cls, await read_json(raw, state.options.max_payload_size))
+        return parse_model(cls, await read_json(raw))
 
     async def tokenize(raw: HTTPRequest):
         body = await parse(raw, TokenizeRequest)

@@ -78,7 +78,7 @@ def responses_router(state, storage=None) -> APIRouter:
     async def create(raw: HTTPRequest):
         from llmkit.core.server.body import parse_model, read_json
 
-        body = parse_model(ResponsesRequest, await read_json(raw, state.options.max_payload_size))
+        body = parse_model(ResponsesRequest, await read_json(raw))
         from llmkit.core.server.model_names import check_model
 
         check_model(state.options, body)
