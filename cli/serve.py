@@ -251,12 +251,11 @@ def build_configs(
     engine_process,
 ):
     """The engine and server configs from ``llmkit serve``'s options (keyword-only: every option
-    is named once here, and a new option that is not placed in a config fails loudly)."""
+    is named once here, and a new option that is not placed in a config fails loudly). The
+    options are checked first, by ``check_serve_options``."""
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.server.config import ServerConfig
 
-    if disable_overlap_schedule and enable_overlap_schedule:
-        raise ValueError("--disable-overlap-schedule and --enable-overlap-schedule contradict each other")
     engine = EngineConfig(
         model_path=model_path,
         dtype=dtype,
