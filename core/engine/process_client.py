@@ -34,7 +34,7 @@ from llmkit.core.engine.messages import GenerateRequest, RequestOutput, from_wir
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
 
 log = logging.getLogger("llmkit")
-_IMPORT_LOCK = threading.Lock()
+_TOKENIZER_LOCK = threading.Lock()
 
 
 class ProcessEngineClient(QueueSlots):
@@ -68,14 +68,15 @@ class ProcessEngineClient(QueueSlots):
         except BaseException:
             self._kill()
             raise
-        with _IMPORT_LOCK:  # transformers' lazy imports are not thread-safe (--dp-size starts replicas at once)
-            from transformers import AutoTokenizer
 
         self.model_dir = Path(ready["model_dir"])
         self.max_context = int(ready["max_context"])
         self.vocab_size = int(ready["vocab_size"])
         self.engine_pid = int(ready["pid"])
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        with _TOKENIZER_LOCK:  # transformers' lazy imports are not thread-safe (--dp-size starts replicas at once)
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self._reader = threading.Thread(target=self._read, name="llmkit-engine-reader", daemon=True)
         self._reader.start()
         log.info("Engine process started (pid %d, rank %d)", self.engine_pid, rank)
