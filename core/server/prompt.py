@@ -129,12 +129,14 @@ def render_chat(state, body, kwargs: dict) -> str:
     return text
 
 
-async def tokenize_text(state, text: str, param: str, *, context: bool = True) -> list[int]:
+async def tokenize_text(
+    state, text: str, param: str, *, context: bool = True, add_special_tokens: bool = False
+) -> list[int]:
     check_prompt_size(state, len(text), param, context=context)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise APIError("the text contains invalid Unicode (a lone surrogate)", param=param) from None
     if len(text) < 2048:
-        return state.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    return await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

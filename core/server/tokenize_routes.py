@@ -7,7 +7,6 @@ renders them, so ``count`` is the prompt size a chat request would have.
 
 from __future__ import annotations
 
-import asyncio
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
@@ -17,7 +16,7 @@ from fastapi import Request as HTTPRequest
 
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.prompt import message_dicts, render_chat
+from llmkit.core.server.prompt import message_dicts, render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest, _Model
 from llmkit.core.server.render_pool import run_render
 
@@ -86,14 +85,8 @@ def tokenize_router(state) -> APIRouter:
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         else:
             text, special = body.prompt, body.add_special_tokens is not False
-        limit = state.options.max_prompt_size  # counting only: no context bound
-        if len(text) > limit:
-            raise APIError(f"the prompt is longer than {limit} characters (--max-prompt-size)", param="prompt")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise APIError("the text contains invalid Unicode (a lone surrogate)", param="prompt") from None
-        ids = await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=special)["input_ids"])
+        # counting only: --max-prompt-size, no context bound
+        ids = await tokenize_text(state, text, "prompt", context=False, add_special_tokens=special)
         strs = state.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.max_context, "tokens": ids, "token_strs": strs}
 
