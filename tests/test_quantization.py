@@ -5,19 +5,23 @@ from __future__ import annotations
 import torch
 
 from llmkit.core.engine.builder import architecture_of, build_model
-from llmkit.core.model.layers import INT8_MAX_ROWS, linear, quantize_int8
+from llmkit.core.model.linear import Linear
 from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.model.weight_formats import INT8_MAX_ROWS, Int8Format
 from llmkit.core.plugins import registry
 
 
 def test_int8_linear_close_to_fp32():
     torch.manual_seed(0)
     w, x = torch.randn(256, 128) * 0.05, torch.randn(4, 128)
-    ref = linear(x, w)
-    out = linear(x, w, q=quantize_int8(w))
+    layer = Linear(128, 256)
+    layer.load(w)
+    big = torch.randn(INT8_MAX_ROWS + 1, 128)
+    ref, ref_big = layer(x), layer(big)
+    layer.set_format(Int8Format())
+    out = layer(x)
     assert ((out - ref).norm() / ref.norm()).item() < 0.02
-    big = torch.randn(INT8_MAX_ROWS + 1, 128)  # beyond the threshold the fp32 weights are used
-    assert torch.equal(linear(big, w, q=quantize_int8(w)), linear(big, w))
+    assert torch.equal(layer(big), ref_big)  # beyond the threshold the fp32 weights are used
 
 
 def test_quantized_embedded_model_logits_close():

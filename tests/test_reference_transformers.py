@@ -189,7 +189,7 @@ def test_real_shape_config_features_match_transformers(arch, tmp_path):
     config = load_config(tmp_path)
     model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"), torch.float32)
     model.load_weights(iter_safetensors(tmp_path))
-    assert model.lm_head is None  # tied: logits come from the embedding matrix
+    assert model.lm_head.tied is model.embed_tokens  # tied: logits come from the embedding matrix
     ids = [(37 * i + 11) % 512 for i in range(48)]
     ours = _prefill_logits(model, ids)
     with torch.no_grad():

@@ -166,13 +166,16 @@ def default_pool_tokens(max_context: int, max_running: int) -> int:
     return max(2 * max_context, TOKENS_PER_RUNNING_REQUEST * max_running)
 
 
-def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.dtype):
-    """Instantiate a model plugin with parameters of ``dtype`` on ``device`` (weights not loaded)."""
+def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.dtype, tp=None):
+    """Instantiate a model plugin with parameters of ``dtype`` on ``device`` (weights not loaded);
+    ``tp``: the tensor-parallel group it shards over (a plugin without ``supports_tp`` is refused)."""
+    if tp is not None and tp.size > 1 and not getattr(model_cls, "supports_tp", False):
+        raise ValueError(f"{model_cls.__name__} does not support tensor parallelism (--tp-size {tp.size})")
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = model_cls(hf_config)
+            model = model_cls(hf_config, tp=tp) if tp is not None and tp.size > 1 else model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
     return model.eval()
@@ -204,13 +207,15 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         fill_dummy_weights(model)
     else:
         model.load_weights(iter_safetensors(model_dir))
+    if hasattr(model, "finalize_weights"):
+        model.finalize_weights()
     if config.quantization:
         if device.type != "cpu":
             raise ValueError("--quantization int8 is a CPU decode path; on CUDA use the model's dtype")
         model.quantize(config.quantization)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
-    head_dim, n_kv, n_layers = model.head_dim, model.num_kv_heads, model.num_layers
+    head_dim, n_kv, n_layers = model.head_dim, model.local_kv_heads, model.num_layers
     kv_dtype = dtype
     bytes_per_token = 2 * n_layers * n_kv * head_dim * torch.tensor([], dtype=kv_dtype).element_size()
     weight_bytes = (
@@ -230,9 +235,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     req_pool = ReqToTokenPool(config.max_running_requests + 1, max_context + page, device)
     cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
     scheduler = Scheduler(config, pool, req_pool, cache, max_context)
-    attn = attn_cls(
-        num_heads=hf_config["num_attention_heads"], num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device
-    )
+    attn = attn_cls(num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device)
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
     if device.type == "cuda" and attn.supports_cuda_graph and not config.disable_cuda_graph:
         from llmkit.core.engine.cuda_graph import CudaGraphRunner

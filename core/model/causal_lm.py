@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.parallel import SINGLE, TPGroup
 
 
 @dataclass
@@ -27,12 +28,17 @@ class ForwardContext:
 class CausalLM(nn.Module, ABC):
     """A decoder-only LM whose attention layers go through an :class:`AttentionBackend`.
 
-    ``config`` is the model's HF ``config.json`` as a dict.
+    ``config`` is the model's HF ``config.json`` as a dict. ``tp`` is this process's place in a
+    tensor-parallel group; a plugin that shards its layers over it sets ``supports_tp``.
     """
 
-    def __init__(self, config: dict) -> None:
+    #: whether the plugin shards its layers over ``tp`` (``--tp-size`` > 1 is refused otherwise)
+    supports_tp: bool = False
+
+    def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp or SINGLE
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -46,14 +52,24 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the module's parameters."""
 
+    def finalize_weights(self) -> None:
+        """Let every linear layer pack its weight once loading is done."""
+        from llmkit.core.model.linear import Linear
+
+        for module in list(self.modules()):
+            if isinstance(module, Linear):
+                module.finalize()
+
     def quantize(self, method: str) -> None:
-        """Add quantized weight copies (``"int8"``: weight-only, per channel) to every layer that
-        supports it; plugins with other layers override this."""
-        if method != "int8":
-            raise ValueError(f"quantization '{method}' is not supported; supported: int8")
-        for module in self.modules():
-            if module is not self and hasattr(module, "quantize_int8"):
-                module.quantize_int8()
+        """Convert the dense weights of every linear layer (and the LM head) to the weight format
+        ``method`` names (``--quantization``)."""
+        from llmkit.core.model.linear import Linear, LMHead
+        from llmkit.core.model.weight_formats import weight_format
+
+        fmt = weight_format(method)
+        for module in list(self.modules()):
+            if isinstance(module, (Linear, LMHead)):
+                module.set_format(fmt)
 
     @property
     def num_layers(self) -> int:
@@ -62,6 +78,16 @@ class CausalLM(nn.Module, ABC):
     @property
     def num_kv_heads(self) -> int:
         return int(self.config.get("num_key_value_heads") or self.config["num_attention_heads"])
+
+    @property
+    def local_heads(self) -> int:
+        """Query heads this rank computes (all of them without tensor parallelism)."""
+        return int(self.config["num_attention_heads"])
+
+    @property
+    def local_kv_heads(self) -> int:
+        """KV heads this rank caches."""
+        return self.num_kv_heads
 
     @property
     def head_dim(self) -> int:

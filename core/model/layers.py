@@ -1,4 +1,5 @@
-"""Building blocks shared by model plugins: linear, RMSNorm, rotary embeddings."""
+"""Building blocks shared by model plugins: RMSNorm and rotary embeddings (linear layers live in
+``linear.py``)."""
 
 from __future__ import annotations
 
@@ -7,74 +8,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-# Rows per GEMM call in deterministic mode. MKL picks different kernels (and summation orders)
-# for different row counts, so a row's result depends on its batch-mates; multiplying fixed,
-# zero-padded tiles of rows makes every row's result independent of the batch.
-DETERMINISTIC_TILE = 16
-
-
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def _gemm(x: torch.Tensor, weight: torch.Tensor, bias):
-    # On CPU, oneDNN's fp32 GEMM beats F.linear's MKL path for decode-sized row counts (measured:
-    # 1.15x for one row, 1.3x for 16), while MKL is a few percent faster for long prefills.
-    if (
-        _ONEDNN
-        and x.shape[0] < 256
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-    ):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
-# Weight-only int8 (--quantization int8): per-output-channel scales, bf16 activations. It halves
-# the bytes a decode step reads, but torch's int8 kernel is slower than fp32 GEMM beyond a few
-# dozen rows, so larger batches (prefill) keep using the fp32 weights.
-INT8_MAX_ROWS = 16
-
-
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8 weights and their bf16 scales."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q.contiguous(), scale.to(torch.bfloat16)
-
-
-def _int8_gemm(x: torch.Tensor, q: tuple[torch.Tensor, torch.Tensor], bias):
-    out = torch._weight_int8pack_mm(x.to(torch.bfloat16), q[0], q[1]).to(x.dtype)
-    return out if bias is None else out + bias
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, deterministic: bool = False, q=None):
-    if q is not None and x.shape[0] <= INT8_MAX_ROWS and not deterministic:
-        return _int8_gemm(x, q, bias)
-    if not deterministic:
-        return _gemm(x, weight, bias)
-    m = x.shape[0]
-    pad = (-m) % DETERMINISTIC_TILE
-    if pad:
-        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    out = torch.cat([_gemm(t, weight, bias) for t in x.split(DETERMINISTIC_TILE)])
-    return out[:m]
-
-
-class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        self.q: tuple[torch.Tensor, torch.Tensor] | None = None  # int8 copy, when quantized
-
-    def quantize_int8(self) -> None:
-        self.q = quantize_int8(self.weight)
-
-    def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, deterministic, self.q)
 
 
 class RMSNorm(nn.Module):

@@ -2,6 +2,8 @@
 
 The variants differ only in QKV bias (Qwen2) and per-head Q/K RMSNorm (Qwen3). Q/K/V and
 gate/up projections are fused into single weights so a step runs two GEMMs per block instead of five.
+Under tensor parallelism QKV and gate/up are column-parallel (split by heads and channels), O and
+down row-parallel, and the embedding and LM head split by vocabulary rows.
 """
 
 from __future__ import annotations
@@ -13,21 +15,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.layers import Linear, RMSNorm, RotaryEmbedding, linear
+from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
+from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+from llmkit.core.model.parallel import TPGroup
 
 
 class Attention(nn.Module):
-    def __init__(self, config: dict, layer_id: int, head_dim: int, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, config: dict, layer_id: int, head_dim: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup):
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads = config["num_attention_heads"]
-        self.num_kv_heads = config.get("num_key_value_heads") or self.num_heads
+        heads = config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads") or heads
+        hidden = config["hidden_size"]
+        q, kv = heads * head_dim, kv_heads * head_dim
+        self.qkv_proj = Linear(
+            hidden,
+            q + 2 * kv,
+            bias=qkv_bias,
+            parallel="column",
+            parts=[(q, heads), (kv, kv_heads), (kv, kv_heads)],
+            tp=tp,
+        )
+        self.o_proj = Linear(q, hidden, parallel="row", in_units=heads, tp=tp)
+        # this rank's heads
+        self.num_heads = heads * self.o_proj.local_in // q
+        self.num_kv_heads = (self.qkv_proj.local_out - self.num_heads * head_dim) // (2 * head_dim)
         self.head_dim = head_dim
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
-        hidden = config["hidden_size"]
-        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = Linear(self.q_size, hidden)
         eps = config.get("rms_norm_eps", 1e-6)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
@@ -52,11 +67,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
+    def __init__(self, hidden: int, inter: int, tp: TPGroup):
         super().__init__()
-        self.inter = inter
-        self.gate_up_proj = Linear(hidden, 2 * inter)
-        self.down_proj = Linear(inter, hidden)
+        self.gate_up_proj = Linear(hidden, 2 * inter, parallel="column", parts=[(inter, inter)] * 2, tp=tp)
+        self.down_proj = Linear(inter, hidden, parallel="row", tp=tp)
+        self.inter = self.down_proj.local_in
 
     def forward(self, x, det: bool):
         gate, up = self.gate_up_proj(x, det).split(self.inter, dim=-1)
@@ -64,13 +79,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm):
+    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps)
-        self.self_attn = Attention(config, layer_id, head_dim, qkv_bias, qk_norm)
+        self.self_attn = Attention(config, layer_id, head_dim, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
-        self.mlp = MLP(config["hidden_size"], config["intermediate_size"])
+        self.mlp = MLP(config["hidden_size"], config["intermediate_size"], tp)
 
     def forward(self, x, residual, rope, ctx):
         if residual is None:
@@ -86,20 +101,29 @@ class DecoderLayer(nn.Module):
 class DecoderLM(CausalLM):
     qkv_bias = False
     qk_norm = False
+    supports_tp = True
 
-    def __init__(self, config: dict) -> None:
-        super().__init__(config)
+    def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
+        super().__init__(config, tp)
+        tp = self.tp
         hidden, vocab = config["hidden_size"], config["vocab_size"]
-        self.embed_tokens = nn.Embedding(vocab, hidden)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
         qkv_bias = bool(config.get("attention_bias", self.qkv_bias))
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm) for i in range(self.num_layers)
+            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm, tp) for i in range(self.num_layers)
         )
         self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
         self.tie = bool(config.get("tie_word_embeddings", False))
-        self.lm_head = None if self.tie else Linear(hidden, vocab)
+        self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
         self.rotary = RotaryEmbedding(self.head_dim, int(config.get("max_position_embeddings", 4096)), config)
+
+    @property
+    def local_kv_heads(self) -> int:
+        return self.layers[0].self_attn.num_kv_heads
+
+    @property
+    def local_heads(self) -> int:
+        return self.layers[0].self_attn.num_heads
 
     def forward(self, input_ids, positions, ctx):
         x, residual = self.embed_tokens(input_ids), None
@@ -110,21 +134,10 @@ class DecoderLM(CausalLM):
         return x
 
     def compute_logits(self, hidden, deterministic=False):
-        if not self.tie:
-            return self.lm_head(hidden, deterministic).float()
-        w = self.embed_tokens.weight
-        return linear(hidden.to(w.dtype), w, None, deterministic, self._tied_q).float()
-
-    _tied_q = None
-
-    def quantize(self, method: str) -> None:
-        super().quantize(method)
-        if self.tie:  # the tied head is the embedding matrix: give it its own int8 copy
-            from llmkit.core.model.layers import quantize_int8
-
-            self._tied_q = quantize_int8(self.embed_tokens.weight)
+        return self.lm_head(hidden, deterministic)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         fused = {
             "q_proj": ("qkv_proj", 0),
@@ -141,26 +154,34 @@ class DecoderLM(CausalLM):
             if self.tie and name == "lm_head.weight":
                 continue
             parts = name.split(".")
+            owner, leaf = ".".join(parts[:-1]), parts[-1]
+            part = 0
             if len(parts) >= 2 and parts[-2] in fused:
-                target, shard = fused[parts[-2]]
-                pname = ".".join(parts[:-2] + [target, parts[-1]])
-                param = params[pname]
-                lo, hi = self._shard_range(target, shard)
-                param.data[lo:hi].copy_(tensor)
-                loaded.add(f"{pname}#{shard}")
-                continue
-            if name not in params:
+                target, part = fused[parts[-2]]
+                owner = ".".join(parts[:-2] + [target])
+            module = modules.get(owner)
+            if isinstance(module, Linear) and leaf in ("weight", "bias"):
+                module.load(tensor, part)
+            elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
+                module.load(tensor)
+            elif name in params:
+                params[name].data.copy_(tensor)
+            else:
                 raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-            params[name].data.copy_(tensor)
-            loaded.add(name)
-        missing = [n for n in params if n not in loaded and not any(k.startswith(n + "#") for k in loaded)]
+            loaded.add((owner, leaf, part))
+        expected = set()
+        for mname, module in modules.items():
+            if isinstance(module, Linear):
+                n_parts = len(module._row_map)
+                expected |= {(mname, "weight", p) for p in range(n_parts)}
+                if module.bias is not None:
+                    expected |= {(mname, "bias", p) for p in range(n_parts)}
+            elif isinstance(module, VocabEmbedding) and not mname.endswith(".proj"):
+                expected.add((mname, "weight", 0))
+            elif isinstance(module, LMHead) and module.tied is None:
+                expected.add((mname, "weight", 0))
+            elif isinstance(module, RMSNorm):
+                expected.add((mname, "weight", 0))
+        missing = sorted(f"{m}.{leaf}" for m, leaf, _ in expected - loaded)
         if missing:
             raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
-
-    def _shard_range(self, target: str, shard: int) -> tuple[int, int]:
-        if target == "gate_up_proj":
-            inter = self.config["intermediate_size"]
-            return shard * inter, (shard + 1) * inter
-        q = self.config["num_attention_heads"] * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][shard]
