@@ -42,7 +42,7 @@ def _one_line_error(res, *needles: str) -> None:
         (["--chat-template", "missing.jinja"], ["'missing.jinja' does not exist"]),
         (["--dtype", "fp8"], ["unknown --dtype 'fp8'"]),
         (["--device", "tpu"], ["unknown --device 'tpu'"]),
-        (["--tp", "2"], ["tensor parallelism is not available"]),
+        (["--tp", "3", "--nnodes", "2"], ["--tp-size 3 must be a multiple of --nnodes 2"]),
         (["--tp-size", "1", "--trust-remote-code", "--mem-fraction-static", "1.5"], ["--mem-fraction-static 1.5"]),
     ],
     ids=[
