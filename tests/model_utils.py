@@ -9,7 +9,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.loop import Engine
 
 
-def tiny_config(arch: str):
+def tiny_config(arch: str, **overrides):
     import transformers
 
     common = dict(
@@ -23,21 +23,27 @@ def tiny_config(arch: str):
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     )
+    common.update(overrides)
     if arch == "llama":
         return transformers.LlamaConfig(**common, rope_theta=10000.0)
     if arch == "qwen2":
         return transformers.Qwen2Config(**common, rope_theta=1000000.0)
     if arch == "qwen3":
         return transformers.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)
+    if arch == "qwen3_moe":
+        # layer 0 sparse, layer 1 dense (mlp_only_layers); 4 experts, top-2, renormalised
+        moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+        moe.update(decoder_sparse_step=1, mlp_only_layers=[1])
+        return transformers.Qwen3MoeConfig(**{**common, **moe, **overrides}, head_dim=32, rope_theta=1000000.0)
     raise ValueError(arch)
 
 
-def save_tiny_model(arch: str, path) -> "torch.nn.Module":
+def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
     """A random-weight HF model saved as safetensors, with the embedded model's tokenizer files."""
     import transformers
 
     torch.manual_seed(0)
-    cfg = tiny_config(arch)
+    cfg = tiny_config(arch, **overrides)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # random init is tiny; widen it so logits differ meaningfully
         for p in model.parameters():

@@ -237,7 +237,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     scheduler = Scheduler(config, pool, req_pool, cache, max_context)
     attn = attn_cls(num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device)
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
-    if device.type == "cuda" and attn.supports_cuda_graph and not config.disable_cuda_graph:
+    graphs = attn.supports_cuda_graph and getattr(model, "supports_cuda_graph", True)
+    if device.type == "cuda" and attn.supports_cuda_graph and not graphs and not config.disable_cuda_graph:
+        log.info("CUDA graphs off: %s's forward cannot be captured (it sizes work on the host)", arch)
+    if device.type == "cuda" and graphs and not config.disable_cuda_graph:
         from llmkit.core.engine.cuda_graph import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner(

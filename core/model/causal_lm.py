@@ -34,6 +34,9 @@ class CausalLM(nn.Module, ABC):
 
     #: whether the plugin shards its layers over ``tp`` (``--tp-size`` > 1 is refused otherwise)
     supports_tp: bool = False
+    #: whether a decode step may be captured in a CUDA graph (False: a step reads data-dependent
+    #: sizes back to the host, as the torch MoE path's per-expert grouping does)
+    supports_cuda_graph: bool = True
 
     def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
         super().__init__()
