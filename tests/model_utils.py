@@ -35,6 +35,11 @@ def tiny_config(arch: str, **overrides):
         moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
         moe.update(decoder_sparse_step=1, mlp_only_layers=[1])
         return transformers.Qwen3MoeConfig(**{**common, **moe, **overrides}, head_dim=32, rope_theta=1000000.0)
+    if arch == "gpt_oss":
+        # layer 0 sliding (window 16, so the tests' prompts outgrow it), layer 1 full; YaRN rope
+        kw = dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=16)
+        kw.update(max_position_embeddings=512, rms_norm_eps=1e-5, swiglu_limit=1.0)  # a limit that clamps
+        return transformers.GptOssConfig(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 
@@ -46,9 +51,11 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
     cfg = tiny_config(arch, **overrides)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # random init is tiny; widen it so logits differ meaningfully
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
+            elif arch == "gpt_oss" and "norm" not in name:  # biases and sinks start at ~0: make them count
+                p.normal_(0, 1.0 if name.endswith("sinks") else 0.2)
     # small shards: loading must walk a sharded checkpoint
     model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
     return model.eval()
@@ -72,3 +79,66 @@ def start_engine(**kwargs) -> Engine:
     engine = Engine(cfg, build_engine_parts(cfg))
     engine.start()
     return engine
+
+
+def load_ours(path, dtype=torch.float32):
+    """Our model plugin for the checkpoint at ``path``, weights loaded, on CPU."""
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model.source import iter_safetensors, load_config
+    from llmkit.core.plugins import registry
+
+    config = load_config(path)
+    model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"), dtype)
+    model.load_weights(iter_safetensors(path))
+    model.finalize_weights()
+    return model
+
+
+def _greedy(engine, rid: str, ids: list[int], n: int) -> tuple[list[int], int]:
+    """Greedy tokens (EOS banned, as min_new_tokens does) and the prompt tokens the prefix cache served."""
+    import threading
+
+    from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+
+    done, out, cached = threading.Event(), [], []
+
+    def sink(o):
+        out.extend(o.token_ids)
+        if o.finished:
+            cached.append(o.cached_tokens)
+            done.set()
+
+    engine.submit(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
+    assert done.wait(300)
+    return out, cached[0]
+
+
+def assert_greedy_matches_generate(ref, model_dir, prompts: list[list[int]], n: int = 32, **engine_kw) -> list[int]:
+    """Run ``prompts`` one after another through the real engine on ``model_dir`` (page size 16,
+    prefill chunks of 16 tokens, radix cache) and compare ``n`` greedy tokens with transformers'
+    ``generate`` on ``ref``: equal, or diverging only where the reference's top-2 logits tie.
+    Returns the cached prompt tokens of each request."""
+    kw = dict(page_size=16, chunked_prefill_size=16, max_total_tokens=1024, device="cpu", **engine_kw)
+    engine = start_engine(model_path=str(model_dir), **kw)
+    cached_counts = []
+    try:
+        for i, ids in enumerate(prompts):
+            ours, cached = _greedy(engine, f"greedy-{i}", ids, n)
+            cached_counts.append(cached)
+            with torch.no_grad():
+                gen = ref.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                )
+            theirs = gen.sequences[0, len(ids) :].tolist()
+            if ours != theirs:
+                step = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+                top2 = torch.topk(gen.scores[step][0], 2).values
+                assert (top2[0] - top2[1]).item() < 1e-3, f"prompt {i} diverged at step {step} without a tie"
+    finally:
+        engine.shutdown()
+    return cached_counts

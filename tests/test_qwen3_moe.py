@@ -4,18 +4,15 @@ greedy generation through the real engine; the batched experts against a per-tok
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.moe import FusedExperts, softmax_topk
 from llmkit.core.model.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
-from model_utils import copy_embedded_tokenizer, save_tiny_model, start_engine
+from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
 from paged_runner import PagedRunner
 
 # A: layer 0 sparse, layer 1 dense, renormalised top-2; B: every 2nd layer sparse, raw softmax weights
@@ -24,14 +21,6 @@ VARIANTS = {
     "B": dict(decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=False),
 }
 IDS = [(37 * i + 11) % 512 for i in range(52)]
-
-
-def _load(path):
-    config = load_config(path)
-    model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"), torch.float32)
-    model.load_weights(iter_safetensors(path))
-    model.finalize_weights()
-    return model
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -50,7 +39,7 @@ def _close(ours, theirs):
 
 def test_sparse_layers_follow_the_config(tiny):
     variant, d, _, _ = tiny
-    model = _load(d)
+    model = load_ours(d)
     kinds = [type(layer.mlp).__name__ for layer in model.layers]
     assert kinds == (["SparseMoeBlock", "MLP"] if variant == "A" else ["MLP", "SparseMoeBlock"])
 
@@ -58,7 +47,7 @@ def test_sparse_layers_follow_the_config(tiny):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_prefill_logits_match_transformers(tiny, page_size):
     _, d, _, full = tiny
-    runner = PagedRunner(_load(d), page_size)
+    runner = PagedRunner(load_ours(d), page_size)
     (ours,) = runner.step([(runner.new_seq(), IDS)])
     _close(ours, full)
 
@@ -69,7 +58,7 @@ def test_cached_prefix_chunked_prefill_and_decode_match_transformers(tiny, page_
     17 in chunks of 7 (each chunk batched with one of sequence 1's decode steps), then both decode
     together; every step's logits equal transformers' over the whole sequence."""
     _, d, ref, full = tiny
-    runner = PagedRunner(_load(d), page_size)
+    runner = PagedRunner(load_ours(d), page_size)
     a = runner.new_seq()
     (la,) = runner.step([(a, IDS[:32])])
     _close(la, full[:32])
@@ -146,47 +135,10 @@ def test_missing_expert_weight_is_named(tmp_path):
         model.load_weights(weights)
 
 
-def _generate(engine, rid: str, ids: list[int], n: int) -> tuple[list[int], int]:
-    """Greedy tokens and the prompt tokens the prefix cache served."""
-    done, out, cached = threading.Event(), [], []
-
-    def sink(o):
-        out.extend(o.token_ids)
-        if o.finished:
-            cached.append(o.cached_tokens)
-            done.set()
-
-    engine.submit(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink)
-    assert done.wait(300)
-    return out, cached[0]
-
-
 def test_greedy_32_tokens_equal_transformers_generate(tmp_path):
     """Through the real engine (page size 16, prefill chunks of 16, radix cache): two prompts
     sharing a 32-token prefix, the second run after the first so its prefix comes from the cache."""
     ref = save_tiny_model("qwen3_moe", tmp_path)
     copy_embedded_tokenizer(tmp_path)
-    prompts = [IDS[:40], IDS[:32] + [401, 7, 99, 250, 3]]
-    engine = start_engine(
-        model_path=str(tmp_path), page_size=16, chunked_prefill_size=16, max_total_tokens=512, device="cpu"
-    )
-    try:
-        for i, ids in enumerate(prompts):
-            ours, cached = _generate(engine, f"g{i}", ids, 32)
-            assert cached == (32 if i == 1 else 0)  # the second prompt's prefix came from the cache
-            with torch.no_grad():
-                gen = ref.generate(
-                    torch.tensor([ids]),
-                    max_new_tokens=32,
-                    min_new_tokens=32,
-                    do_sample=False,
-                    output_scores=True,
-                    return_dict_in_generate=True,
-                )
-            theirs = gen.sequences[0, len(ids) :].tolist()
-            if ours != theirs:
-                step = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-                top2 = torch.topk(gen.scores[step][0], 2).values
-                assert (top2[0] - top2[1]).item() < 1e-3, f"prompt {i} diverged at step {step} without a tie"
-    finally:
-        engine.shutdown()
+    cached = assert_greedy_matches_generate(ref, tmp_path, [IDS[:40], IDS[:32] + [401, 7, 99, 250, 3]])
+    assert cached == [0, 32]

@@ -199,6 +199,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     hf_config = load_config(model_dir)
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
+    needed = frozenset(getattr(model_cls, "attention_features", ()))
+    if config.attention == "auto" and not needed <= attn_cls.features:
+        log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)
+        attn_name, attn_cls = select_attention("torch", device)
+    attn_cls.check_features(needed, attn_name)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype)
     if config.load_format == "dummy":

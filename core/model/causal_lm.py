@@ -37,6 +37,9 @@ class CausalLM(nn.Module, ABC):
     #: whether a decode step may be captured in a CUDA graph (False: a step reads data-dependent
     #: sizes back to the host, as the torch MoE path's per-expert grouping does)
     supports_cuda_graph: bool = True
+    #: attention features (``llmkit.core.model.attention.ATTENTION_FEATURES``) the layers pass to
+    #: the backend; a backend without one of them is refused at start-up
+    attention_features: frozenset[str] = frozenset()
 
     def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
         super().__init__()

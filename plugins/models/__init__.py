@@ -10,3 +10,4 @@ def llmkit_register_models(register):
     register("Qwen2ForCausalLM", "llmkit.plugins.models.qwen2:Qwen2ForCausalLM", model_types=("qwen2",))
     register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM", model_types=("qwen3",))
     register("Qwen3MoeForCausalLM", "llmkit.plugins.models.qwen3_moe:Qwen3MoeForCausalLM", model_types=("qwen3_moe",))
+    register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
