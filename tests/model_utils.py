@@ -40,6 +40,13 @@ def tiny_config(arch: str, **overrides):
         kw = dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=16)
         kw.update(max_position_embeddings=512, rms_norm_eps=1e-5, swiglu_limit=1.0)  # a limit that clamps
         return transformers.GptOssConfig(**{**common, **kw, **overrides})
+    if arch == "deepseek_v3":
+        # MLA with a q LoRA; layer 0 dense, layer 1 MoE: 8 experts in 4 groups, top-2 of the best 2
+        # groups, one shared expert; V3's default interleaved rope
+        kw = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8)
+        kw.update(v_head_dim=12, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4)
+        kw.update(topk_group=2, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=2.5)
+        return transformers.DeepseekV3Config(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 
@@ -56,6 +63,10 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
                 p.normal_(0, 0.2)
             elif arch == "gpt_oss" and "norm" not in name:  # biases and sinks start at ~0: make them count
                 p.normal_(0, 1.0 if name.endswith("sinks") else 0.2)
+        if arch == "deepseek_v3":  # the routing bias is a buffer, zero at init
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.e_score_correction_bias.normal_(0, 0.5)
     # small shards: loading must walk a sharded checkpoint
     model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
     return model.eval()

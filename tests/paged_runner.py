@@ -17,21 +17,27 @@ class PagedRunner:
 
         self.model, self.ps = model, page_size
         cpu = torch.device("cpu")
+        k_dim, v_dim = model.kv_cache_dims  # as the engine builder sizes the pool and the backend
         self.pool = KVCachePool(
             num_layers=model.num_layers,
             num_pages=max_tokens // page_size + 2,
             page_size=page_size,
             num_kv_heads=model.local_kv_heads,
-            head_dim=model.head_dim,
+            head_dim=k_dim,
             dtype=torch.float32,
             device=cpu,
+            v_head_dim=v_dim,
         )
+        if model.attention_scale:
+            backend_kw.setdefault("scale", model.attention_scale)
+        if model.attention_v_dim != k_dim:
+            backend_kw.setdefault("v_head_dim", model.attention_v_dim)
         self.req_pool = ReqToTokenPool(8, max_tokens + page_size, cpu)
         cls = backend_cls or TorchAttentionBackend
         self.attn = cls(
             num_heads=model.local_heads,
             num_kv_heads=model.local_kv_heads,
-            head_dim=model.head_dim,
+            head_dim=k_dim,
             pool=self.pool,
             device=cpu,
             **backend_kw,

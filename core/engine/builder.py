@@ -220,9 +220,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         model.quantize(config.quantization)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
-    head_dim, n_kv, n_layers = model.head_dim, model.local_kv_heads, model.num_layers
+    n_kv, n_layers = model.local_kv_heads, model.num_layers
+    head_dim, v_dim = getattr(model, "kv_cache_dims", (model.head_dim, model.head_dim))
     kv_dtype = dtype
-    bytes_per_token = 2 * n_layers * n_kv * head_dim * torch.tensor([], dtype=kv_dtype).element_size()
+    bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * torch.tensor([], dtype=kv_dtype).element_size()
     weight_bytes = (
         sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
     )
@@ -236,11 +237,19 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         head_dim=head_dim,
         dtype=kv_dtype,
         device=device,
+        v_head_dim=v_dim,
     )
     req_pool = ReqToTokenPool(config.max_running_requests + 1, max_context + page, device)
     cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
     scheduler = Scheduler(config, pool, req_pool, cache, max_context)
-    attn = attn_cls(num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device)
+    # the optional arguments only where a model needs them (backends without the features never get them)
+    extra = {"scale": model.attention_scale} if getattr(model, "attention_scale", None) else {}
+    out_dim = getattr(model, "attention_v_dim", v_dim)
+    if out_dim != head_dim:
+        extra["v_head_dim"] = out_dim
+    attn = attn_cls(
+        num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device, **extra
+    )
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
     graphs = attn.supports_cuda_graph and getattr(model, "supports_cuda_graph", True)
     if device.type == "cuda" and attn.supports_cuda_graph and not graphs and not config.disable_cuda_graph:

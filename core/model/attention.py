@@ -18,6 +18,9 @@ backend lacks, at start-up):
 - ``sliding_window``: a query at position p sees only keys at positions ``> p - window``;
 - ``sinks``: a learned per-head logit that joins every softmax's denominator without a value
   (gpt-oss), so a head can attend to "nothing".
+- ``latent_kv``: ``v`` is None and the values are the first ``v_head_dim`` channels of the keys
+  (the pool keeps no V buffers). MLA's absorbed form is MQA over one cached latent per token
+  (``kv_lora_rank + qk_rope_head_dim`` channels), its values the ``kv_lora_rank`` ones.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import torch
 
 SLIDING_WINDOW = "sliding_window"
 SINKS = "sinks"
-ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS)
+LATENT_KV = "latent_kv"
+ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV)
 
 if TYPE_CHECKING:
     from llmkit.core.model.kv_pool import KVCachePool
@@ -76,10 +80,12 @@ class AttentionBackend(ABC):
         pool: "KVCachePool",
         device: torch.device,
         scale: float | None = None,
+        v_head_dim: int | None = None,
     ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim  # the output's head size
         self.pool = pool
         self.device = device
         self.scale = scale if scale is not None else head_dim**-0.5
@@ -105,7 +111,7 @@ class AttentionBackend(ABC):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Write ``k``/``v`` to the pool at ``metadata.out_slots`` and return ``[T, H, D]`` outputs.
+        """Write ``k``/``v`` to the pool at ``metadata.out_slots`` and return ``[T, H, v_head_dim]`` outputs.
 
         ``sliding_window`` and ``sinks`` (``[H]`` fp32 logits, this rank's heads) are passed only
         by models that need them, and only to a backend whose :attr:`features` name them."""

@@ -96,6 +96,23 @@ class CausalLM(nn.Module, ABC):
         return self.num_kv_heads
 
     @property
+    def kv_cache_dims(self) -> tuple[int, int]:
+        """Per KV head and token, the channels the pool stores for keys and for values (0: the
+        values are a prefix of the keys, see ``latent_kv`` in ``llmkit.core.model.attention``)."""
+        return self.head_dim, self.head_dim
+
+    @property
+    def attention_v_dim(self) -> int:
+        """The head size of the attention output (the values')."""
+        k, v = self.kv_cache_dims
+        return v or k
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The softmax scale (None: ``head_dim ** -0.5``)."""
+        return None
+
+    @property
     def head_dim(self) -> int:
         c = self.config
         return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])

@@ -41,6 +41,36 @@ def softmax_topk(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch
     return weights, ids
 
 
+def grouped_topk(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    correction_bias: torch.Tensor | None = None,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's routing ("noaux_tc"): sigmoid scores; experts are chosen by score plus
+    ``correction_bias`` within the ``topk_group`` groups (of ``n_group``) whose two best biased
+    scores sum highest; their weights are the unbiased scores, renormalised when ``renormalize``,
+    times ``scale`` (``routed_scaling_factor``). Returns fp32 weights and ids, ``[T, k]``."""
+    scores = logits.float().sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    t, e = choice.shape
+    per = e // n_group
+    if n_group > 1 and topk_group < n_group:
+        group_scores = choice.view(t, n_group, per).topk(min(2, per), dim=-1).values.sum(dim=-1)
+        groups = group_scores.topk(topk_group, dim=-1, sorted=False).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    ids = choice.topk(k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
 class FusedExperts(nn.Module):
     """``num_experts`` gated MLPs stored as batched weights ``w13 [E, 2I_local, H]`` (gate rows then
     up rows) and ``w2 [E, H, I_local]``, with optional biases.

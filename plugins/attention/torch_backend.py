@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmkit.core.model.attention import SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
 
 
 def _with_sink(bias: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -37,7 +37,7 @@ def _zero_key(x: torch.Tensor) -> torch.Tensor:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    features = frozenset({SLIDING_WINDOW, SINKS})
+    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
 
     def prepare_metadata(self, md: AttentionMetadata) -> AttentionMetadata:
         if md.is_decode and not md.deterministic:
@@ -65,16 +65,20 @@ class TorchAttentionBackend(AttentionBackend):
         return md
 
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
-        kbuf, vbuf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        kbuf = self.pool.k_buffers[layer_id]
         kbuf.index_copy_(0, md.out_slots, k.to(kbuf.dtype))
-        vbuf.index_copy_(0, md.out_slots, v.to(vbuf.dtype))
+        vbuf = None  # latent KV: the values are the keys' first v_head_dim channels
+        if v is not None:
+            vbuf = self.pool.v_buffers[layer_id]
+            vbuf.index_copy_(0, md.out_slots, v.to(vbuf.dtype))
         if "torch_slots" in md.extra:
             return self._decode(q, kbuf, vbuf, md, sliding_window, sinks)
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
         group = self.num_heads // self.num_kv_heads
         for i, (start, end, slots, mask, causal) in enumerate(md.extra["torch_seqs"]):
             qs = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]: 4-D for the fused kernel
-            ks, vs = kbuf.index_select(0, slots).to(q.dtype), vbuf.index_select(0, slots).to(q.dtype)
+            ks = kbuf.index_select(0, slots).to(q.dtype)
+            vs = ks[..., : self.v_head_dim] if vbuf is None else vbuf.index_select(0, slots).to(q.dtype)
             if group > 1:
                 # Expanding K/V heads keeps SDPA on its fused CPU kernel; enable_gqa=True would
                 # send it to the unfused math path (3x slower for a 512-token prefill).
@@ -112,7 +116,10 @@ class TorchAttentionBackend(AttentionBackend):
         # index_select gathers ~4x faster than advanced indexing on CPU
         flat = slots.view(-1)
         ks = kbuf.index_select(0, flat).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
-        vs = vbuf.index_select(0, flat).view(b, -1, hkv, d).transpose(1, 2)
+        if vbuf is None:
+            vs = ks[..., : self.v_head_dim]
+        else:
+            vs = vbuf.index_select(0, flat).view(b, -1, hkv, self.v_head_dim).transpose(1, 2)
         if ks.dtype != q.dtype:
             ks, vs = ks.to(q.dtype), vs.to(q.dtype)
         if window:
@@ -128,4 +135,4 @@ class TorchAttentionBackend(AttentionBackend):
         # A query head group attends like a short query sequence to its shared KV head, so one
         # fused SDPA call covers GQA without copying K/V per query head.
         o = F.scaled_dot_product_attention(q.view(b, hkv, group, d), ks, vs, attn_mask=bias, scale=self.scale)
-        return o.reshape(b, self.num_heads, d)
+        return o.reshape(b, self.num_heads, self.v_head_dim)

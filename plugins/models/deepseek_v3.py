@@ -1,0 +1,304 @@
+"""``DeepseekV3ForCausalLM``: DeepSeek-V3 / V3.1 / R1 and Kimi-K2 (same class).
+
+Multi-head latent attention (MLA). Per token and layer the KV cache holds only the compressed
+latent: ``kv_lora_rank`` normalised channels plus the ``qk_rope_head_dim`` rotated key channels
+shared by every head (576 numbers for V3, against 128 heads x (192 + 128) for decompressed K/V).
+Attention runs in the *absorbed* form: each head's key up-projection ``W_UK`` is folded into its
+query (``q_nope @ W_UK`` lives in latent space) and its value up-projection ``W_UV`` is applied to
+the attention output, so attention itself is multi-query attention over the latent cache, its
+values the latent's first ``kv_lora_rank`` channels (the ``latent_kv`` backend feature). Prefill
+uses the same form (exact, and it reuses a cached prefix's latents as they are); a decompressed
+prefill kernel would be faster for long prompts and is not written yet.
+
+MoE: sigmoid scores with ``e_score_correction_bias``, grouped top-k (``n_group``/``topk_group``),
+renormalised weights times ``routed_scaling_factor``, plus ``n_shared_experts`` always-on experts;
+the first ``first_k_dense_replace`` layers (and those off ``moe_layer_freq``) are dense.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from llmkit.core.model.attention import LATENT_KV
+from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, _rope_params, _yarn_mscale
+from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
+from llmkit.core.model.parallel import TPGroup
+from llmkit.plugins.models.decoder import MLP
+
+log = logging.getLogger("llmkit")
+
+REQUIRED = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
+
+
+def check_config(config: dict) -> None:
+    """Refuse, naming the field, the variants this implementation does not run."""
+    for field in REQUIRED:
+        if not config.get(field):
+            raise ValueError(
+                f"{field} is missing from config.json: DeepseekV3ForCausalLM needs MLA ({', '.join(REQUIRED)})"
+            )
+    if config.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ValueError(f"topk_method '{config['topk_method']}' is not supported; supported: noaux_tc (DeepSeek-V3)")
+    if config.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ValueError(f"scoring_func '{config['scoring_func']}' is not supported; supported: sigmoid")
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    if quant:
+        raise ValueError(
+            f"quantization_config.quant_method '{quant}' is not supported for DeepseekV3ForCausalLM; "
+            "supported: unquantized (bf16/fp32) checkpoints"
+        )
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act '{config['hidden_act']}' is not supported; supported: silu")
+
+
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    # DeepSeek's rotary pairs are adjacent channels (x0, x1), (x2, x3)...; regrouping them as
+    # [evens, odds] makes them the rotate-half layout (and keeps dot products between q and k).
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+class MLAttention(nn.Module):
+    def __init__(self, config: dict, layer_id: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        self.nope, self.rope = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
+        self.v_dim, self.rank = int(config["v_head_dim"]), int(config["kv_lora_rank"])
+        qk = self.nope + self.rope
+        bias = bool(config.get("attention_bias", False))
+        eps = config.get("rms_norm_eps", 1e-6)
+        self.q_lora_rank = config.get("q_lora_rank")
+        if self.q_lora_rank:
+            self.q_a_proj = Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
+            self.q_b_proj = Linear(self.q_lora_rank, heads * qk, parallel="column", parts=[(heads * qk, heads)], tp=tp)
+        else:  # V2-Lite style: one full-rank query projection
+            self.q_proj = Linear(hidden, heads * qk, parallel="column", parts=[(heads * qk, heads)], tp=tp)
+        self.kv_a_proj_with_mqa = Linear(hidden, self.rank + self.rope, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, eps)
+        kv_out = heads * (self.nope + self.v_dim)
+        self.kv_b_proj = Linear(self.rank, kv_out, parallel="column", parts=[(kv_out, heads)], tp=tp)
+        self.o_proj = Linear(heads * self.v_dim, hidden, bias=bias, parallel="row", in_units=heads, tp=tp)
+        self.num_heads = self.o_proj.local_in // self.v_dim
+        self.interleaved = bool(config.get("rope_interleave", True))
+        # filled by absorb() once the weights are loaded: W_UK [h, nope, rank], W_UV [h, v, rank]
+        self.register_buffer("w_uk", torch.empty(self.num_heads, self.nope, self.rank), persistent=False)
+        self.register_buffer("w_uv", torch.empty(self.num_heads, self.v_dim, self.rank), persistent=False)
+
+    def absorb(self) -> None:
+        w = self.kv_b_proj.format.dense_weight(self.kv_b_proj).detach()
+        w = w.view(self.num_heads, self.nope + self.v_dim, self.rank)
+        self.w_uk.copy_(w[:, : self.nope])
+        self.w_uv.copy_(w[:, self.nope :])
+
+    def forward(self, x: torch.Tensor, rope, ctx: ForwardContext) -> torch.Tensor:
+        det = ctx.deterministic
+        if self.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x, det)), det)
+        else:
+            q = self.q_proj(x, det)
+        q = q.view(-1, self.num_heads, self.nope + self.rope)
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x, det).split([self.rank, self.rope], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        k_pe = k_pe.reshape(-1, 1, self.rope)
+        if self.interleaved:
+            q_pe, k_pe = _deinterleave(q_pe), _deinterleave(k_pe)
+        q_pe, k_pe = RotaryEmbedding.rotate(q_pe, rope), RotaryEmbedding.rotate(k_pe, rope)
+        q_latent = torch.einsum("thn,hnr->thr", q_nope, self.w_uk)
+        query = torch.cat([q_latent, q_pe], dim=-1)
+        key = torch.cat([latent.unsqueeze(1), k_pe], dim=-1)  # [T, 1, rank + rope]: the cached latent
+        o = ctx.attn.forward(query, key, None, self.layer_id, ctx.metadata)  # [T, h, rank]
+        o = torch.einsum("thr,hvr->thv", o, self.w_uv)
+        return self.o_proj(o.reshape(-1, self.num_heads * self.v_dim), det)
+
+
+class MoE(nn.Module):
+    def __init__(self, config: dict, tp: TPGroup) -> None:
+        super().__init__()
+        hidden, e = config["hidden_size"], int(config["n_routed_experts"])
+        self.top_k = int(config["num_experts_per_tok"])
+        self.n_group, self.topk_group = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
+        if e % self.n_group:
+            raise ValueError(f"n_group ({self.n_group}) does not divide n_routed_experts ({e})")
+        if self.top_k > e or self.topk_group > self.n_group:
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) or topk_group ({self.topk_group}) is out of range")
+        self.renormalize = bool(config.get("norm_topk_prob", True))
+        self.scale = float(config.get("routed_scaling_factor", 1.0))
+        inter = int(config["moe_intermediate_size"])
+        self.gate = Linear(hidden, e)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+        self.experts = FusedExperts(e, hidden, inter, tp=tp)
+        shared = int(config.get("n_shared_experts") or 0)
+        self.shared_experts = MLP(hidden, inter * shared, tp) if shared else None
+
+    def forward(self, x: torch.Tensor, det: bool) -> torch.Tensor:
+        w, ids = grouped_topk(
+            self.gate(x, det),
+            self.top_k,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            renormalize=self.renormalize,
+            correction_bias=self.e_score_correction_bias,
+            scale=self.scale,
+        )
+        y = self.experts(x, w, ids, det)
+        return y if self.shared_experts is None else y + self.shared_experts(x, det)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: dict, layer_id: int, tp: TPGroup) -> None:
+        super().__init__()
+        eps = config.get("rms_norm_eps", 1e-6)
+        hidden = config["hidden_size"]
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = MLAttention(config, layer_id, tp)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        freq = int(config.get("moe_layer_freq") or 1)
+        sparse = (
+            int(config.get("n_routed_experts") or 0) > 0
+            and layer_id >= int(config.get("first_k_dense_replace") or 0)
+            and layer_id % freq == 0
+        )
+        self.mlp = MoE(config, tp) if sparse else MLP(hidden, config["intermediate_size"], tp)
+
+    def forward(self, x, residual, rope, ctx):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h, ctx.deterministic), residual
+
+
+class DeepseekV3ForCausalLM(CausalLM):
+    supports_tp = True
+    supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
+    attention_features = frozenset({LATENT_KV})
+
+    def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
+        check_config(config)
+        super().__init__(config, tp)
+        tp = self.tp
+        hidden, vocab = config["hidden_size"], config["vocab_size"]
+        self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(self.num_layers))
+        self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
+        self.tie = bool(config.get("tie_word_embeddings", False))
+        self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
+        rope = int(config["qk_rope_head_dim"])
+        self.rotary = RotaryEmbedding(rope, int(config.get("max_position_embeddings", 4096)), config)
+
+    # The cache: one latent "KV head" of kv_lora_rank + qk_rope_head_dim channels, no separate V.
+    @property
+    def head_dim(self) -> int:
+        return int(self.config["kv_lora_rank"]) + int(self.config["qk_rope_head_dim"])
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int]:
+        return self.head_dim, 0
+
+    @property
+    def attention_v_dim(self) -> int:
+        return int(self.config["kv_lora_rank"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return 1
+
+    @property
+    def local_kv_heads(self) -> int:
+        return 1
+
+    @property
+    def local_heads(self) -> int:
+        return self.layers[0].self_attn.num_heads
+
+    @property
+    def attention_scale(self) -> float:
+        c = self.config
+        scale = (int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"])) ** -0.5
+        params = _rope_params(c)
+        if params.get("rope_type", params.get("type", "default")) not in (None, "default"):
+            if params.get("mscale_all_dim"):  # YaRN's softmax correction, squared (q and k)
+                m = _yarn_mscale(float(params["factor"]), float(params["mscale_all_dim"]))
+                scale *= m * m
+        return scale
+
+    def forward(self, input_ids, positions, ctx):
+        x, residual = self.embed_tokens(input_ids), None
+        rope = self.rotary.table(positions, x.dtype)
+        for layer in self.layers:
+            x, residual = layer(x, residual, rope, ctx)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden, deterministic=False):
+        return self.lm_head(hidden, deterministic)
+
+    def finalize_weights(self) -> None:
+        super().finalize_weights()
+        for layer in self.layers:
+            layer.self_attn.absorb()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        modules = dict(self.named_modules())
+        params = dict(self.named_parameters())
+        fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        loaded: set[str] = set()
+        skipped = 0
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            parts = name.split(".")
+            if parts[0] == "layers" and int(parts[1]) >= self.num_layers:
+                skipped += 1  # the multi-token-prediction layer(s) V3 ships after the last one
+                continue
+            if self.tie and name == "lm_head.weight":
+                continue
+            name = name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")  # a router buffer
+            parts = name.split(".")
+            owner, leaf = ".".join(parts[:-1]), parts[-1]
+            if "experts" in parts and "shared_experts" not in parts:
+                i = parts.index("experts")
+                experts = modules.get(".".join(parts[: i + 1]))
+                if not isinstance(experts, FusedExperts) or len(parts) != i + 4 or parts[i + 2] not in _PROJ:
+                    raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
+                experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
+                continue
+            part = 0
+            if len(parts) >= 2 and parts[-2] in fused:
+                target, part = fused[parts[-2]]
+                owner = ".".join(parts[:-2] + [target])
+            module = modules.get(owner)
+            if isinstance(module, Linear) and leaf in ("weight", "bias"):
+                module.load(tensor, part)
+            elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
+                module.load(tensor)
+            elif name in params:
+                params[name].data.copy_(tensor)
+            else:
+                raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
+            loaded.add(f"{owner}.{leaf}.{part}")
+        if skipped:
+            log.info("DeepSeek-V3: skipped %d tensors of layers past num_hidden_layers (MTP)", skipped)
+        missing = []
+        for mname, module in modules.items():
+            if isinstance(module, FusedExperts):
+                missing += [f"{mname}.{m}" for m in module.missing()]
+            elif isinstance(module, Linear):
+                missing += [
+                    f"{mname}.weight" for p in range(len(module._row_map)) if f"{mname}.weight.{p}" not in loaded
+                ]
+            elif isinstance(module, RMSNorm) and f"{mname}.weight.0" not in loaded:
+                missing.append(f"{mname}.weight")
+        if missing:
+            raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
