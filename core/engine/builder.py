@@ -211,7 +211,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
 
         fill_dummy_weights(model)
     else:
-        model.load_weights(iter_safetensors(model_dir))
+        try:
+            model.load_weights(iter_safetensors(model_dir))
+        except KeyError as exc:  # a missing or unknown tensor: the checkpoint does not fit the class
+            raise ValueError(f"the checkpoint in {model_dir} does not fit {arch}: {exc.args[0]}") from None
     if hasattr(model, "finalize_weights"):
         model.finalize_weights()
     if config.quantization:

@@ -25,6 +25,23 @@ def num_experts(config: dict) -> int:
     return int(config.get("num_experts", config.get("num_local_experts")) or 0)
 
 
+def check_config(config: dict) -> None:
+    """Refuse, naming the field, what this implementation does not run."""
+    if num_experts(config) and not config.get("moe_intermediate_size"):
+        raise ValueError("moe_intermediate_size is missing from config.json (Qwen3MoeForCausalLM's expert width)")
+    if num_experts(config) and not config.get("num_experts_per_tok"):
+        raise ValueError("num_experts_per_tok is missing from config.json (Qwen3MoeForCausalLM's top-k)")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act '{act}' is not supported for Qwen3MoeForCausalLM; supported: silu")
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    if quant:
+        raise ValueError(
+            f"quantization_config.quant_method '{quant}' is not supported for Qwen3MoeForCausalLM; "
+            "supported: unquantized checkpoints"
+        )
+
+
 class SparseMoeBlock(nn.Module):
     def __init__(self, config: dict, tp) -> None:
         super().__init__()
@@ -47,9 +64,7 @@ class Qwen3MoeForCausalLM(DecoderLM):
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
 
     def __init__(self, config: dict, tp=None) -> None:
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act '{act}' is not supported for {type(self).__name__}; supported: silu")
+        check_config(config)
         super().__init__(config, tp)
 
     def build_mlp(self, layer_id: int) -> nn.Module | None:
