@@ -47,6 +47,13 @@ def tiny_config(arch: str, **overrides):
         kw.update(v_head_dim=12, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4)
         kw.update(topk_group=2, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=2.5)
         return transformers.DeepseekV3Config(**{**common, **kw, **overrides})
+    if arch == "deepseek_v2":
+        # V2-Lite's layout (no q LoRA), group-limited softmax routing over 4 groups, a shared expert
+        kw = dict(num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8)
+        kw.update(v_head_dim=12, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4)
+        kw.update(topk_group=2, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=1.5)
+        kw.update(topk_method="group_limited_greedy")
+        return transformers.DeepseekV2Config(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 

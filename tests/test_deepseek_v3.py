@@ -25,17 +25,21 @@ YARN = dict(
     rope_theta=10000.0,
 )
 VARIANTS = {
-    "v3": {},
+    "v3": ("deepseek_v3", {}),
     # no q LoRA (V2-Lite's layout), YaRN as V3 ships it, plain (non-interleaved) rope
-    "yarn-no-q-lora": dict(q_lora_rank=None, rope_parameters=YARN, rope_interleave=False),
+    "v3-yarn-no-q-lora": ("deepseek_v3", dict(q_lora_rank=None, rope_parameters=YARN, rope_interleave=False)),
+    # DeepseekV2ForCausalLM: V2-Lite's layout, group-limited softmax routing; then V2's q LoRA, greedy
+    "v2-lite": ("deepseek_v2", {}),
+    "v2-greedy-yarn": ("deepseek_v2", dict(q_lora_rank=24, topk_method="greedy", rope_parameters=YARN)),
 }
 IDS = [(37 * i + 11) % 512 for i in range(52)]
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def tiny(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp(f"dsv3-{request.param}")
-    ref = save_tiny_model("deepseek_v3", d, **VARIANTS[request.param])
+    arch, overrides = VARIANTS[request.param]
+    d = tmp_path_factory.mktemp(f"deepseek-{request.param}")
+    ref = save_tiny_model(arch, d, **overrides)
     with torch.no_grad():
         full = ref(torch.tensor([IDS])).logits[0]
     return d, ref, full
@@ -113,6 +117,43 @@ def test_grouped_topk_matches_transformers_router():
         renormalize=True,
         correction_bias=router.e_score_correction_bias,
         scale=2.5,
+    )
+    order, order_ref = ids.sort(dim=-1), ids_ref.sort(dim=-1)
+    assert torch.equal(order.values, order_ref.values)
+    torch.testing.assert_close(w.gather(1, order.indices), w_ref.gather(1, order_ref.indices))
+
+
+@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy"])
+def test_v2_softmax_routing_matches_transformers_router(method):
+    import transformers
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    torch.manual_seed(4)
+    cfg = transformers.DeepseekV2Config(
+        hidden_size=16,
+        num_attention_heads=4,
+        n_routed_experts=16,
+        num_experts_per_tok=3,
+        n_group=4,
+        topk_group=2,
+        topk_method=method,
+    )
+    cfg.routed_scaling_factor = 1.5
+    router = DeepseekV2TopkRouter(cfg)
+    with torch.no_grad():
+        router.weight.normal_()
+    x = torch.randn(41, 16)
+    with torch.no_grad():
+        _, w_ref, ids_ref = router(x)
+    grouped = method != "greedy"
+    w, ids = grouped_topk(
+        x @ router.weight.T,
+        3,
+        n_group=4 if grouped else 1,
+        topk_group=2 if grouped else 1,
+        renormalize=False,
+        scale=1.5,
+        scoring="softmax",
     )
     order, order_ref = ids.sort(dim=-1), ids_ref.sort(dim=-1)
     assert torch.equal(order.values, order_ref.values)

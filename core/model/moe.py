@@ -50,17 +50,23 @@ def grouped_topk(
     renormalize: bool,
     correction_bias: torch.Tensor | None = None,
     scale: float = 1.0,
+    scoring: str = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3's routing ("noaux_tc"): sigmoid scores; experts are chosen by score plus
+    """DeepSeek's routing. V3 ("noaux_tc", ``scoring="sigmoid"``): experts are chosen by score plus
     ``correction_bias`` within the ``topk_group`` groups (of ``n_group``) whose two best biased
-    scores sum highest; their weights are the unbiased scores, renormalised when ``renormalize``,
-    times ``scale`` (``routed_scaling_factor``). Returns fp32 weights and ids, ``[T, k]``."""
-    scores = logits.float().sigmoid()
+    scores sum highest. V2 (``scoring="softmax"``, "greedy" / "group_limited_greedy"): softmax
+    scores, groups ranked by their best score. The weights are the unbiased scores, renormalised
+    when ``renormalize``, times ``scale`` (``routed_scaling_factor``). Returns fp32 ``[T, k]``
+    weights and ids."""
+    scores = logits.float().sigmoid() if scoring == "sigmoid" else logits.float().softmax(dim=-1)
     choice = scores if correction_bias is None else scores + correction_bias.float()
     t, e = choice.shape
     per = e // n_group
     if n_group > 1 and topk_group < n_group:
-        group_scores = choice.view(t, n_group, per).topk(min(2, per), dim=-1).values.sum(dim=-1)
+        if scoring == "sigmoid":
+            group_scores = choice.view(t, n_group, per).topk(min(2, per), dim=-1).values.sum(dim=-1)
+        else:
+            group_scores = choice.view(t, n_group, per).max(dim=-1).values
         groups = group_scores.topk(topk_group, dim=-1, sorted=False).indices
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
         choice = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))

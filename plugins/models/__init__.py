@@ -17,3 +17,8 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.deepseek_v3:DeepseekV3ForCausalLM",
         model_types=("deepseek_v3", "kimi_k2"),
     )
+    register(
+        "DeepseekV2ForCausalLM",
+        "llmkit.plugins.models.deepseek_v3:DeepseekV2ForCausalLM",
+        model_types=("deepseek_v2",),
+    )

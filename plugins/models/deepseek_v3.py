@@ -37,21 +37,25 @@ REQUIRED = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"
 _PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
 
 
-def check_config(config: dict) -> None:
+# per version: the routing methods and the scoring it runs (the first method is the default)
+VARIANTS = {"v3": (("noaux_tc",), "sigmoid"), "v2": (("greedy", "group_limited_greedy"), "softmax")}
+
+
+def check_config(config: dict, version: str, cls: str) -> None:
     """Refuse, naming the field, the variants this implementation does not run."""
     for field in REQUIRED:
         if not config.get(field):
-            raise ValueError(
-                f"{field} is missing from config.json: DeepseekV3ForCausalLM needs MLA ({', '.join(REQUIRED)})"
-            )
-    if config.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise ValueError(f"topk_method '{config['topk_method']}' is not supported; supported: noaux_tc (DeepSeek-V3)")
-    if config.get("scoring_func", "sigmoid") != "sigmoid":
-        raise ValueError(f"scoring_func '{config['scoring_func']}' is not supported; supported: sigmoid")
+            raise ValueError(f"{field} is missing from config.json: {cls} needs MLA ({', '.join(REQUIRED)})")
+    methods, scoring = VARIANTS[version]
+    method = config.get("topk_method", methods[0])
+    if method not in methods:
+        raise ValueError(f"topk_method '{method}' is not supported for {cls}; supported: {', '.join(methods)}")
+    if config.get("scoring_func", scoring) != scoring:
+        raise ValueError(f"scoring_func '{config['scoring_func']}' is not supported for {cls}; supported: {scoring}")
     quant = (config.get("quantization_config") or {}).get("quant_method")
     if quant:
         raise ValueError(
-            f"quantization_config.quant_method '{quant}' is not supported for DeepseekV3ForCausalLM; "
+            f"quantization_config.quant_method '{quant}' is not supported for {cls}; "
             "supported: unquantized (bf16/fp32) checkpoints"
         )
     if config.get("hidden_act", "silu") != "silu":
@@ -121,8 +125,11 @@ class MLAttention(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, config: dict, tp: TPGroup) -> None:
+    def __init__(self, config: dict, tp: TPGroup, version: str) -> None:
         super().__init__()
+        methods, self.scoring = VARIANTS[version]
+        # V2's "greedy" ignores the groups; V3 always ranks them
+        self.grouped = config.get("topk_method", methods[0]) != "greedy"
         hidden, e = config["hidden_size"], int(config["n_routed_experts"])
         self.top_k = int(config["num_experts_per_tok"])
         self.n_group, self.topk_group = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
@@ -130,11 +137,13 @@ class MoE(nn.Module):
             raise ValueError(f"n_group ({self.n_group}) does not divide n_routed_experts ({e})")
         if self.top_k > e or self.topk_group > self.n_group:
             raise ValueError(f"num_experts_per_tok ({self.top_k}) or topk_group ({self.topk_group}) is out of range")
-        self.renormalize = bool(config.get("norm_topk_prob", True))
+        self.renormalize = bool(config.get("norm_topk_prob", version == "v3"))
         self.scale = float(config.get("routed_scaling_factor", 1.0))
         inter = int(config["moe_intermediate_size"])
         self.gate = Linear(hidden, e)
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False) if version == "v3" else None
+        )
         self.experts = FusedExperts(e, hidden, inter, tp=tp)
         shared = int(config.get("n_shared_experts") or 0)
         self.shared_experts = MLP(hidden, inter * shared, tp) if shared else None
@@ -143,18 +152,19 @@ class MoE(nn.Module):
         w, ids = grouped_topk(
             self.gate(x, det),
             self.top_k,
-            n_group=self.n_group,
-            topk_group=self.topk_group,
+            n_group=self.n_group if self.grouped else 1,
+            topk_group=self.topk_group if self.grouped else 1,
             renormalize=self.renormalize,
             correction_bias=self.e_score_correction_bias,
             scale=self.scale,
+            scoring=self.scoring,
         )
         y = self.experts(x, w, ids, det)
         return y if self.shared_experts is None else y + self.shared_experts(x, det)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: dict, layer_id: int, tp: TPGroup) -> None:
+    def __init__(self, config: dict, layer_id: int, tp: TPGroup, version: str) -> None:
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         hidden = config["hidden_size"]
@@ -167,7 +177,7 @@ class DecoderLayer(nn.Module):
             and layer_id >= int(config.get("first_k_dense_replace") or 0)
             and layer_id % freq == 0
         )
-        self.mlp = MoE(config, tp) if sparse else MLP(hidden, config["intermediate_size"], tp)
+        self.mlp = MoE(config, tp, version) if sparse else MLP(hidden, config["intermediate_size"], tp)
 
     def forward(self, x, residual, rope, ctx):
         if residual is None:
@@ -184,14 +194,17 @@ class DeepseekV3ForCausalLM(CausalLM):
     supports_tp = True
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
     attention_features = frozenset({LATENT_KV})
+    version = "v3"
 
     def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
-        check_config(config)
+        if self.version == "v2":
+            config = {**config, "rope_interleave": True}  # V2 rotates adjacent pairs (as complex numbers)
+        check_config(config, self.version, type(self).__name__)
         super().__init__(config, tp)
         tp = self.tp
         hidden, vocab = config["hidden_size"], config["vocab_size"]
         self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(self.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp, self.version) for i in range(self.num_layers))
         self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
         self.tie = bool(config.get("tie_word_embeddings", False))
         self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
@@ -300,5 +313,16 @@ class DeepseekV3ForCausalLM(CausalLM):
                 ]
             elif isinstance(module, RMSNorm) and f"{mname}.weight.0" not in loaded:
                 missing.append(f"{mname}.weight")
+            elif isinstance(module, MoE) and module.e_score_correction_bias is not None:
+                if f"{mname}.e_score_correction_bias.0" not in loaded:
+                    missing.append(f"{mname}.gate.e_score_correction_bias")
         if missing:
             raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
+
+
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V2 / V2-Lite: the same MLA (V2-Lite without a query LoRA), softmax routing
+    ("greedy", or "group_limited_greedy" over groups ranked by their best expert), no correction
+    bias, weights renormalised only when ``norm_topk_prob``."""
+
+    version = "v2"
