@@ -13,7 +13,11 @@ import torch
 
 # GGUF architectures whose tensors this converter maps to the HF llama layout. The config it writes
 # names only the model_type; the model plugin that declares that type serves it.
-_ARCHS = ("llama", "qwen2", "qwen3")
+_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
+# GGUF architecture -> HF model_type, where they differ
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
+# stacked expert tensors [E, out, in], split into the HF per-expert names
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -27,6 +31,7 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",  # the MoE router
 }
 
 
@@ -48,7 +53,7 @@ def gguf_config(reader) -> dict:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     cfg = {
-        "model_type": arch,
+        "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
         "intermediate_size": int(_field(reader, p + "feed_forward_length")),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
@@ -66,6 +71,16 @@ def gguf_config(reader) -> dict:
     }
     if arch == "qwen2":
         cfg["attention_bias"] = True
+    if arch == "qwen3moe":
+        # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
+        cfg.update(
+            num_experts=int(_field(reader, p + "expert_count")),
+            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+            moe_intermediate_size=int(_field(reader, p + "expert_feed_forward_length")),
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     return cfg
 
 
@@ -92,6 +107,13 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
             hf = "lm_head.weight"
         elif name.startswith("blk."):
             _, idx, kind, suffix = name.split(".", 3)
+            if kind in _EXPERT_NAMES:
+                for e in range(w.shape[0]):
+                    yield (
+                        f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}",
+                        torch.from_numpy(w[e].copy()),
+                    )
+                continue
             if kind not in _LAYER_NAMES:
                 continue
             hf = f"model.layers.{idx}.{_LAYER_NAMES[kind]}.{suffix}"

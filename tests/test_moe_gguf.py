@@ -1,0 +1,86 @@
+"""Qwen3-MoE from GGUF (llama.cpp's ``qwen3moe`` architecture): a GGUF written here from a tiny
+random transformers model, with llama.cpp's names and its stacked ``ffn_*_exps`` expert tensors,
+converts to a config and HF-named tensors our model loads; its logits equal transformers'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from llmkit.core.engine.builder import build_model
+from llmkit.core.plugins import registry
+
+from model_utils import save_tiny_model
+from paged_runner import PagedRunner
+
+gguf = pytest.importorskip("gguf")
+
+IDS = [(37 * i + 11) % 512 for i in range(30)]
+_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate": "ffn_gate_inp",
+}
+
+
+def _write_gguf(ref, path) -> None:
+    cfg = ref.config
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_vocab_size(cfg.vocab_size)
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for hf, name in _LAYER.items():
+            w.add_tensor(f"blk.{i}.{name}.weight", sd[p + hf + ".weight"])
+        gate_up = sd[p + "mlp.experts.gate_up_proj"]  # [E, 2I, H] in transformers' memory layout
+        inter = gate_up.shape[1] // 2
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :inter]))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, inter:]))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", sd[p + "mlp.experts.down_proj"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_qwen3moe_gguf_matches_transformers(tmp_path):
+    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+
+    # llama.cpp's qwen3moe: every layer sparse, top-k renormalised
+    ref = save_tiny_model("qwen3_moe", tmp_path / "hf", mlp_only_layers=[], norm_topk_prob=True)
+    _write_gguf(ref, tmp_path / "tiny.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    config = gguf_config(reader)
+    assert config["model_type"] == "qwen3_moe" and config["num_experts"] == 4
+    assert registry().architecture_for_model_type("qwen3_moe") == "Qwen3MoeForCausalLM"
+    model = build_model(registry().model("Qwen3MoeForCausalLM"), config, torch.device("cpu"), torch.float32)
+    model.load_weights(gguf_tensors(reader, config))
+    model.finalize_weights()
+    with torch.no_grad():
+        full = ref(torch.tensor([IDS])).logits[0]
+    runner = PagedRunner(model, 16)
+    (ours,) = runner.step([(runner.new_seq(), IDS)])
+    assert torch.allclose(ours, full, atol=1e-4, rtol=1e-4), (ours - full).abs().max()
