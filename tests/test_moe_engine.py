@@ -13,6 +13,8 @@ from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 from model_utils import copy_embedded_tokenizer, save_tiny_model, start_engine
 
+pytestmark = pytest.mark.slow  # ~30 s: three engines under pressure
+
 N = 24
 PROMPTS = [[(31 * i + 7 * j) % 500 + 3 for j in range(20 + 3 * i)] for i in range(6)]
 

@@ -14,6 +14,8 @@ import torch.multiprocessing as mp
 
 from model_utils import save_tiny_model
 
+pytestmark = pytest.mark.slow  # ~20 s: two spawned processes per model
+
 IDS = [(37 * i + 11) % 512 for i in range(40)]
 
 
