@@ -1,6 +1,7 @@
-"""Qwen3-MoE from GGUF (llama.cpp's ``qwen3moe`` architecture): a GGUF written here from a tiny
-random transformers model, with llama.cpp's names and its stacked ``ffn_*_exps`` expert tensors,
-converts to a config and HF-named tensors our model loads; its logits equal transformers'."""
+"""The MoE families from GGUF (llama.cpp's ``qwen3moe`` and ``gpt-oss`` architectures): a GGUF
+written here from a tiny random transformers model, with llama.cpp's names and its stacked
+``ffn_*_exps`` expert tensors (MXFP4 for gpt-oss, as its published GGUFs are), converts to a config
+and HF-named tensors our model loads; its logits equal transformers' on the same weights."""
 
 from __future__ import annotations
 
@@ -83,4 +84,89 @@ def test_qwen3moe_gguf_matches_transformers(tmp_path):
         full = ref(torch.tensor([IDS])).logits[0]
     runner = PagedRunner(model, 16)
     (ours,) = runner.step([(runner.new_seq(), IDS)])
+    assert torch.allclose(ours, full, atol=1e-4, rtol=1e-4), (ours - full).abs().max()
+
+
+def _write_gpt_oss_gguf(ref, path) -> None:
+    """llama.cpp's layout: gate and up de-interleaved, experts [E, out, in] in MXFP4, biases f32;
+    the reference model gets the dequantized experts so both sides run the same weights."""
+    from gguf.quants import dequantize, quantize
+
+    cfg = ref.config
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    rope = cfg.rope_parameters
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.intermediate_size)
+    w.add_vocab_size(cfg.vocab_size)
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    mx = gguf.GGMLQuantizationType.MXFP4
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for hf, name in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            w.add_tensor(f"blk.{i}.{name}.weight", sd[f"{p}self_attn.{hf}.weight"])
+            w.add_tensor(f"blk.{i}.{name}.bias", sd[f"{p}self_attn.{hf}.bias"])
+        w.add_tensor(f"blk.{i}.attn_sinks.weight", sd[f"{p}self_attn.sinks"])
+        w.add_tensor(f"blk.{i}.attn_norm.weight", sd[f"{p}input_layernorm.weight"])
+        w.add_tensor(f"blk.{i}.post_attention_norm.weight", sd[f"{p}post_attention_layernorm.weight"])
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", sd[f"{p}mlp.router.weight"])
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.bias", sd[f"{p}mlp.router.bias"])
+        gate_up, gu_bias = sd[f"{p}mlp.experts.gate_up_proj"], sd[f"{p}mlp.experts.gate_up_proj_bias"]
+        dense = {}
+        for name, t in (
+            ("ffn_gate_exps", gate_up[:, :, 0::2].transpose(0, 2, 1)),  # [E, I, H]
+            ("ffn_up_exps", gate_up[:, :, 1::2].transpose(0, 2, 1)),
+            ("ffn_down_exps", sd[f"{p}mlp.experts.down_proj"].transpose(0, 2, 1)),  # [E, H, I]
+        ):
+            q = quantize(np.ascontiguousarray(t), mx)
+            w.add_tensor(f"blk.{i}.{name}.weight", q, raw_dtype=mx)
+            dense[name] = dequantize(q, mx).reshape(t.shape)
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(gu_bias[:, 0::2]))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(gu_bias[:, 1::2]))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.bias", sd[f"{p}mlp.experts.down_proj_bias"])
+        with torch.no_grad():
+            experts = ref.model.layers[i].mlp.experts
+            experts.gate_up_proj[:, :, 0::2] = torch.from_numpy(dense["ffn_gate_exps"].transpose(0, 2, 1).copy())
+            experts.gate_up_proj[:, :, 1::2] = torch.from_numpy(dense["ffn_up_exps"].transpose(0, 2, 1).copy())
+            experts.down_proj.copy_(torch.from_numpy(dense["ffn_down_exps"].transpose(0, 2, 1).copy()))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gpt_oss_mxfp4_gguf_matches_transformers(tmp_path):
+    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+
+    ref = save_tiny_model("gpt_oss", tmp_path / "hf", swiglu_limit=7.0)  # llama.cpp's fixed clamp
+    _write_gpt_oss_gguf(ref, tmp_path / "tiny.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    config = gguf_config(reader)
+    assert config["model_type"] == "gpt_oss" and config["rope_scaling"]["rope_type"] == "yarn"
+    model = build_model(registry().model("GptOssForCausalLM"), config, torch.device("cpu"), torch.float32)
+    model.load_weights(gguf_tensors(reader, config))
+    model.finalize_weights()
+    assert [layer.self_attn.sliding_window for layer in model.layers] == [16, None]
+    ids = [(37 * i + 11) % 512 for i in range(40)]  # past the 16-token window
+    with torch.no_grad():
+        full = ref(torch.tensor([ids])).logits[0]
+    runner = PagedRunner(model, 16)
+    (ours,) = runner.step([(runner.new_seq(), ids)])
     assert torch.allclose(ours, full, atol=1e-4, rtol=1e-4), (ours - full).abs().max()

@@ -13,9 +13,9 @@ import torch
 
 # GGUF architectures whose tensors this converter maps to the HF llama layout. The config it writes
 # names only the model_type; the model plugin that declares that type serves it.
-_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
+_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss")
 # GGUF architecture -> HF model_type, where they differ
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
 # stacked expert tensors [E, out, in], split into the HF per-expert names
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
@@ -33,6 +33,8 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate_inp": "mlp.gate",  # the MoE router
 }
+# gpt-oss names a few of them differently
+_GPT_OSS_NAMES = {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm"}
 
 
 def _field(reader, key, default=None):
@@ -71,6 +73,27 @@ def gguf_config(reader) -> dict:
     }
     if arch == "qwen2":
         cfg["attention_bias"] = True
+    if arch == "gpt-oss":
+        # llama.cpp's gpt-oss: YaRN rope, sliding window on even layers, SwiGLU clamp 7 / alpha 1.702
+        cfg.update(
+            num_local_experts=int(_field(reader, p + "expert_count")),
+            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+            intermediate_size=int(_field(reader, p + "expert_feed_forward_length")),
+            sliding_window=int(_field(reader, p + "attention.sliding_window", 128)),
+            attention_bias=True,
+            swiglu_limit=7.0,
+            rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        )
+        factor = _field(reader, p + "rope.scaling.factor")
+        if factor:
+            cfg["rope_scaling"] = dict(
+                rope_type="yarn",
+                factor=float(factor),
+                original_max_position_embeddings=int(_field(reader, p + "rope.scaling.original_context_length")),
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+            )
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -95,6 +118,7 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
     from gguf.quants import dequantize
 
     permute = config["model_type"] == "llama"
+    names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
     for t in reader.tensors:
         w = dequantize(t.data, t.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
@@ -114,9 +138,12 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
                         torch.from_numpy(w[e].copy()),
                     )
                 continue
-            if kind not in _LAYER_NAMES:
+            if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
+                hf = f"model.layers.{idx}.self_attn.sinks"
+            elif kind not in names:
                 continue
-            hf = f"model.layers.{idx}.{_LAYER_NAMES[kind]}.{suffix}"
+            else:
+                hf = f"model.layers.{idx}.{names[kind]}.{suffix}"
             if permute and kind == "attn_q" and suffix == "weight":
                 w = _unpermute(w, config["num_attention_heads"])
             elif permute and kind == "attn_k" and suffix == "weight":

@@ -29,6 +29,7 @@ from llmkit.core.model.parallel import TPGroup
 log = logging.getLogger("llmkit")
 
 QUANT_METHODS = ("mxfp4",)
+_PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
@@ -189,6 +190,10 @@ class GptOssForCausalLM(CausalLM):
                 modules[owner].load(tensor, qkv[parts[-2]])
             elif leaf == "sinks" and isinstance(modules.get(owner), Attention):
                 modules[owner].load_sinks(tensor)
+            elif len(parts) > 3 and parts[-4] == "experts" and parts[-2] in _PROJ:
+                # per-expert tensors [out, in] (the GGUF conversion's layout): experts.E.gate_proj.weight
+                owner = ".".join(parts[:-3])
+                modules[owner].load(tensor, int(parts[-3]), _PROJ[parts[-2]])
             elif isinstance(modules.get(owner), FusedExperts):
                 if leaf.endswith(("_blocks", "_scales")):
                     base, kind = leaf.rsplit("_", 1)
