@@ -1,4 +1,4 @@
-"""``DeepseekV3ForCausalLM``: DeepSeek-V3 / V3.1 / R1 and Kimi-K2 (same class).
+"""``DeepseekV3ForCausalLM`` (DeepSeek-V3 / V3.1 / R1, Kimi-K2) and ``DeepseekV2ForCausalLM`` (V2, V2-Lite).
 
 Multi-head latent attention (MLA). Per token and layer the KV cache holds only the compressed
 latent: ``kv_lora_rank`` normalised channels plus the ``qk_rope_head_dim`` rotated key channels
