@@ -24,6 +24,7 @@ _EXPORTS = {
     "CausalLM": "llmkit.core.model.causal_lm",
     "ForwardContext": "llmkit.core.model.causal_lm",
     "KVCachePool": "llmkit.core.model.kv_pool",
+    "FusedExperts": "llmkit.core.model.moe",
     "Linear": "llmkit.core.model.layers",
     "RMSNorm": "llmkit.core.model.layers",
     "RotaryEmbedding": "llmkit.core.model.layers",
