@@ -13,7 +13,7 @@ import torch
 
 # GGUF architectures whose tensors this converter maps to the HF llama layout. The config it writes
 # names only the model_type; the model plugin that declares that type serves it.
-_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss")
+_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "deepseek2")
 # GGUF architecture -> HF model_type, where they differ
 _MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -35,6 +35,20 @@ _LAYER_NAMES = {
 }
 # gpt-oss names a few of them differently
 _GPT_OSS_NAMES = {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm"}
+# DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
+# joined again in gguf_tensors)
+_DEEPSEEK_NAMES = {
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "exp_probs_b": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 
 
 def _field(reader, key, default=None):
@@ -94,6 +108,8 @@ def gguf_config(reader) -> dict:
                 beta_slow=1.0,
                 truncate=False,
             )
+    if arch == "deepseek2":
+        cfg.update(_deepseek_config(reader, p))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -103,6 +119,49 @@ def gguf_config(reader) -> dict:
             norm_topk_prob=True,
             decoder_sparse_step=1,
             mlp_only_layers=[],
+        )
+    return cfg
+
+
+def _deepseek_config(reader, p: str) -> dict:
+    # expert_gating_func 2 (sigmoid) is V3's routing, 1 (softmax) V2's
+    sigmoid = int(_field(reader, p + "expert_gating_func", 1)) == 2
+    rope = int(_field(reader, p + "rope.dimension_count"))
+    key = _field(reader, p + "attention.key_length_mla") or _field(reader, p + "attention.key_length")
+    value = _field(reader, p + "attention.value_length_mla") or _field(reader, p + "attention.value_length")
+    groups = int(_field(reader, p + "expert_group_count", 1) or 1)
+    cfg = {
+        "model_type": "deepseek_v3" if sigmoid else "deepseek_v2",
+        "q_lora_rank": int(_field(reader, p + "attention.q_lora_rank", 0)) or None,
+        "kv_lora_rank": int(_field(reader, p + "attention.kv_lora_rank")),
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": int(key) - rope,
+        "v_head_dim": int(value),
+        "n_routed_experts": int(_field(reader, p + "expert_count")),
+        "num_experts_per_tok": int(_field(reader, p + "expert_used_count")),
+        "moe_intermediate_size": int(_field(reader, p + "expert_feed_forward_length")),
+        "n_shared_experts": int(_field(reader, p + "expert_shared_count", 0)),
+        "first_k_dense_replace": int(_field(reader, p + "leading_dense_block_count", 0)),
+        "routed_scaling_factor": float(_field(reader, p + "expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(_field(reader, p + "expert_weights_norm", False)),
+        "n_group": groups,
+        "topk_group": int(_field(reader, p + "expert_group_used_count", 1) or 1),
+        "topk_method": "noaux_tc" if sigmoid else ("group_limited_greedy" if groups > 1 else "greedy"),
+        "scoring_func": "sigmoid" if sigmoid else "softmax",
+        "rope_interleave": True,  # llama.cpp's deepseek2 rotates adjacent pairs, as the checkpoints do
+    }
+    factor = _field(reader, p + "rope.scaling.factor")
+    if factor and float(factor) > 1:
+        # llama.cpp keeps 0.1 * mscale_all_dim as yarn_log_multiplier
+        mscale = float(_field(reader, p + "rope.scaling.yarn_log_multiplier", 0.1)) / 0.1
+        cfg["rope_scaling"] = dict(
+            type="yarn",
+            factor=float(factor),
+            original_max_position_embeddings=int(_field(reader, p + "rope.scaling.original_context_length")),
+            beta_fast=32,
+            beta_slow=1,
+            mscale=mscale,
+            mscale_all_dim=mscale,
         )
     return cfg
 
@@ -119,6 +178,9 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
 
     permute = config["model_type"] == "llama"
     names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
+    if config["model_type"] in ("deepseek_v2", "deepseek_v3"):
+        names.update(_DEEPSEEK_NAMES)
+    split_kv_b: dict[str, dict[str, np.ndarray]] = {}  # layer -> attn_k_b / attn_v_b seen so far
     for t in reader.tensors:
         w = dequantize(t.data, t.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
@@ -140,6 +202,18 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
                 continue
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
+            elif kind == "exp_probs_b":  # a bias without a weight: no suffix in HF's name
+                hf = f"model.layers.{idx}.{names[kind]}"
+            elif kind in ("attn_k_b", "attn_v_b"):
+                # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
+                halves = split_kv_b.setdefault(idx, {})
+                halves[kind] = w
+                if len(halves) < 2:
+                    continue
+                del split_kv_b[idx]
+                kb, vb = halves["attn_k_b"].transpose(0, 2, 1), halves["attn_v_b"]
+                w = np.concatenate([kb, vb], axis=1).reshape(-1, vb.shape[-1])
+                hf = f"model.layers.{idx}.self_attn.kv_b_proj.weight"
             elif kind not in names:
                 continue
             else:
