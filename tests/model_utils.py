@@ -101,12 +101,12 @@ def start_engine(**kwargs) -> Engine:
 
 def load_ours(path, dtype=torch.float32):
     """Our model plugin for the checkpoint at ``path``, weights loaded, on CPU."""
-    from llmkit.core.engine.builder import build_model
+    from llmkit.core.engine.builder import architecture_of, build_model
     from llmkit.core.model.source import iter_safetensors, load_config
     from llmkit.core.plugins import registry
 
     config = load_config(path)
-    model = build_model(registry().model(config["architectures"][0]), config, torch.device("cpu"), dtype)
+    model = build_model(registry().model(architecture_of(config)), config, torch.device("cpu"), dtype)
     model.load_weights(iter_safetensors(path))
     model.finalize_weights()
     return model

@@ -269,3 +269,30 @@ def test_deepseek2_gguf_matches_transformers(tmp_path, arch, cls):
     runner = PagedRunner(model, 16)
     (ours,) = runner.step([(runner.new_seq(), IDS)])
     assert torch.allclose(ours, full, atol=1e-4, rtol=1e-4), (ours - full).abs().max()
+
+
+def test_deepseek2_gguf_serves_with_the_tokenizer_beside_it(tmp_path, monkeypatch):
+    """transformers cannot rebuild a deepseek2 tokenizer from GGUF metadata: the conversion takes
+    the tokenizer files next to the .gguf (and says so when there are none)."""
+    from llmkit.core.model.source import resolve_model_dir
+
+    from model_utils import copy_embedded_tokenizer
+
+    monkeypatch.setenv("LLMKIT_CACHE_DIR", str(tmp_path / "cache"))
+    ref = save_tiny_model("deepseek_v3", tmp_path / "hf")
+    gguf_dir = tmp_path / "gguf"
+    gguf_dir.mkdir()
+    _write_deepseek2_gguf(ref, gguf_dir / "tiny.gguf", sigmoid=True)
+    with pytest.raises(ValueError, match="put the model's tokenizer.json"):
+        resolve_model_dir(str(gguf_dir / "tiny.gguf"))
+    copy_embedded_tokenizer(gguf_dir)
+    converted = resolve_model_dir(str(gguf_dir / "tiny.gguf"))
+    assert (converted / "tokenizer.json").exists()
+    from model_utils import load_ours
+
+    model = load_ours(converted)
+    with torch.no_grad():
+        full = ref(torch.tensor([IDS])).logits[0]
+    runner = PagedRunner(model, 16)
+    (ours,) = runner.step([(runner.new_seq(), IDS)])
+    assert torch.allclose(ours, full, atol=1e-4, rtol=1e-4), (ours - full).abs().max()
