@@ -171,7 +171,8 @@ def test_greedy_32_tokens_equal_transformers_generate(tmp_path):
     ("change", "message"),
     [
         (dict(kv_lora_rank=None), "kv_lora_rank is missing"),
-        (dict(quantization_config={"quant_method": "fp8"}), r"quantization_config\.quant_method 'fp8'"),
+        (dict(quantization_config={"quant_method": "fp8"}), r"quantization_config\.weight_block_size is missing"),
+        (dict(quantization_config={"quant_method": "awq"}), r"quantization_config\.quant_method 'awq'"),
         (dict(topk_method="group_limited_greedy"), "topk_method 'group_limited_greedy'"),
         (dict(scoring_func="softmax"), "scoring_func 'softmax'"),
     ],
@@ -185,3 +186,62 @@ def test_unsupported_variants_are_refused_naming_the_field(tmp_path, change, mes
     config = {**load_config(tmp_path), **change}
     with pytest.raises(ValueError, match=message):
         build_model(registry().model("DeepseekV3ForCausalLM"), config, torch.device("cpu"), torch.float32)
+
+
+def test_fp8_block_checkpoint_loads_and_matches(tmp_path, caplog):
+    """DeepSeek's own checkpoints: projection and expert weights in float8_e4m3fn with a
+    weight_scale_inv per 128x128 block (here 8x8 blocks, ragged at the edges); embeddings, norms and
+    the router stay unquantized. Loaded weights are dequantized; logits equal transformers' with the
+    same dequantized values."""
+    import json
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    block = (8, 8)
+    ref = save_tiny_model("deepseek_v3", tmp_path)
+    tensors = {}
+    for f in sorted(tmp_path.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+        f.unlink()
+    params = dict(ref.named_parameters())
+    quantized = 0
+    for name in [n for n, t in tensors.items() if t.dim() == 2 and n.endswith("proj.weight")]:
+        w = tensors[name]
+        rows, cols = w.shape
+        # one scale per block, from the block's largest magnitude (e4m3's max is 448)
+        pad = torch.zeros(-(-rows // 8) * 8, -(-cols // 8) * 8)
+        pad[:rows, :cols] = w.abs()
+        scale = pad.view(-(-rows // 8), 8, -1, 8).amax(dim=(1, 3)).clamp(min=1e-8) / 448
+        full_scale = scale.repeat_interleave(8, 0)[:rows].repeat_interleave(8, 1)[:, :cols]
+        fp8 = (w / full_scale).to(torch.float8_e4m3fn)
+        tensors[name], tensors[name + "_scale_inv"] = fp8, scale
+        quantized += 1
+        with torch.no_grad():  # the reference runs the dequantized values
+            deq = fp8.float() * full_scale
+            if name in params:
+                params[name].copy_(deq)
+            else:  # a per-expert tensor: transformers holds the experts stacked
+                parts = name.split(".")
+                layer, e, proj = int(parts[2]), int(parts[5]), parts[6]
+                experts = ref.model.layers[layer].mlp.experts
+                inter = experts.gate_up_proj.shape[1] // 2
+                if proj == "gate_proj":
+                    experts.gate_up_proj[e, :inter] = deq
+                elif proj == "up_proj":
+                    experts.gate_up_proj[e, inter:] = deq
+                else:
+                    experts.down_proj[e] = deq
+    assert quantized > 20
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block)}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with caplog.at_level(logging.INFO, logger="llmkit"):
+        model = load_ours(tmp_path)
+    assert f"{quantized} block-scaled FP8 weights dequantized" in caplog.text
+    with torch.no_grad():
+        full = ref(torch.tensor([IDS])).logits[0]
+    runner = PagedRunner(model, 16)
+    (ours,) = runner.step([(runner.new_seq(), IDS)])
+    _close(ours, full)

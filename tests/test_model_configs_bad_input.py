@@ -29,7 +29,7 @@ def _serve_fails(model_dir) -> str:
     ("arch", "change", "drop", "expected"),
     [
         ("deepseek_v3", {}, "kv_lora_rank", "kv_lora_rank is missing"),
-        ("deepseek_v3", {"quantization_config": {"quant_method": "fp8"}}, None, "quant_method 'fp8'"),
+        ("deepseek_v3", {"quantization_config": {"quant_method": "gptq"}}, None, "quant_method 'gptq'"),
         ("gpt_oss", {"quantization_config": {"quant_method": "bitsandbytes"}}, None, "supported: mxfp4"),
         ("qwen3_moe", {}, "moe_intermediate_size", "moe_intermediate_size is missing"),
     ],

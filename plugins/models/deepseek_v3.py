@@ -25,6 +25,7 @@ from torch import nn
 
 from llmkit.core.model.attention import LATENT_KV
 from llmkit.core.model.causal_lm import CausalLM
+from llmkit.core.model.fp8 import dequantize_fp8_blocks
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, _rope_params, _yarn_mscale
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
@@ -53,11 +54,16 @@ def check_config(config: dict, version: str, cls: str) -> None:
         raise ValueError(f"topk_method '{method}' is not supported for {cls}; supported: {', '.join(methods)}")
     if config.get("scoring_func", scoring) != scoring:
         raise ValueError(f"scoring_func '{config['scoring_func']}' is not supported for {cls}; supported: {scoring}")
-    quant = (config.get("quantization_config") or {}).get("quant_method")
-    if quant:
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") not in (None, "fp8"):
         raise ValueError(
-            f"quantization_config.quant_method '{quant}' is not supported for {cls}; "
-            "supported: unquantized (bf16/fp32) checkpoints"
+            f"quantization_config.quant_method '{quant['quant_method']}' is not supported for {cls}; "
+            "supported: fp8 with weight_block_size (DeepSeek's own checkpoints), or unquantized"
+        )
+    if quant.get("quant_method") == "fp8" and len(quant.get("weight_block_size") or ()) != 2:
+        raise ValueError(
+            "quantization_config.weight_block_size is missing: FP8 checkpoints are supported with "
+            "block scales ([128, 128] in DeepSeek's)"
         )
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act '{config['hidden_act']}' is not supported; supported: silu")
@@ -203,6 +209,9 @@ class DeepseekV3ForCausalLM(CausalLM):
             layer.self_attn.absorb()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        quant = self.config.get("quantization_config") or {}
+        if quant.get("quant_method") == "fp8":
+            weights = dequantize_fp8_blocks(weights, tuple(quant["weight_block_size"]))
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
