@@ -176,7 +176,25 @@ ServedModelName = Annotated[
 TpSize = Annotated[
     int,
     typer.Option(
-        "--tp-size", "--tp", "--tensor-parallel-size", help="Tensor parallelism: only 1 (one device) for now."
+        "--tp-size",
+        "--tp",
+        "--tensor-parallel-size",
+        min=1,
+        help="Tensor parallelism: this many ranks (processes; one GPU each on CUDA, gloo on CPU) share every layer.",
+    ),
+]
+NNodes = Annotated[
+    int, typer.Option("--nnodes", min=1, help="Nodes the --tp-size ranks are spread over (node 0 serves HTTP).")
+]
+NodeRank = Annotated[
+    int, typer.Option("--node-rank", min=0, help="This node's index (0..nnodes-1); nodes > 0 run ranks only.")
+]
+DistInitAddr = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dist-init-addr",
+        "--dist-init-address",
+        help="HOST:PORT where the ranks meet (torch.distributed TCP rendezvous); needed with --nnodes > 1.",
     ),
 ]
 DpSize = Annotated[

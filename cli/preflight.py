@@ -67,13 +67,17 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         raise OptionError(
             "--disable-overlap-schedule and --enable-overlap-schedule contradict each other: give one of them"
         )
-    tp = p.get("tp_size", 1)
-    if tp != 1:
-        raise OptionError(
-            f"--tp-size {tp}: tensor parallelism is not available in llmkit yet; serve on one device (--tp-size 1)"
-        )
-    dp = p.get("dp_size", 1)
-    if dp > 1 and device == "cuda":
+    tp, dp = p.get("tp_size", 1), p.get("dp_size", 1)
+    _check_nodes(tp, dp, p.get("nnodes", 1), p.get("node_rank", 0), p.get("dist_init_addr"))
+    if tp > 1 and device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < tp * dp:
+            raise OptionError(
+                f"--tp-size {tp} x --dp-size {dp} needs {tp * dp} GPUs (one per rank); "
+                f"{torch.cuda.device_count()} visible"
+            )
+    if dp > 1 and tp == 1 and device == "cuda":
         import torch
 
         if p["device"].startswith("cuda:"):
@@ -83,6 +87,24 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
     frac = p.get("mem_fraction_static")
     if frac is not None and not 0 < frac < 1:
         raise OptionError(f"--mem-fraction-static {frac} must be between 0 and 1 (e.g. 0.8)")
+
+
+def _check_nodes(tp: int, dp: int, nnodes: int, node_rank: int, addr: str | None) -> None:
+    if node_rank >= nnodes:
+        raise OptionError(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
+    if nnodes > 1:
+        if tp % nnodes:
+            raise OptionError(f"--tp-size {tp} must be a multiple of --nnodes {nnodes} (the same ranks on every node)")
+        if dp > 1:
+            raise OptionError("--dp-size with --nnodes > 1 is not supported: run one multi-node replica")
+        if not addr:
+            raise OptionError("--nnodes > 1 needs --dist-init-addr HOST:PORT (where node 0's rank 0 listens)")
+    if addr is not None and dp > 1:
+        raise OptionError("--dist-init-addr with --dp-size > 1: each replica picks its own rendezvous; leave it out")
+    if addr is not None:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise OptionError(f"--dist-init-addr '{addr}' must be HOST:PORT")
 
 
 def _check_choice(flag: str, value: str, valid) -> None:

@@ -22,6 +22,7 @@ from llmkit.cli.options import (
     DisableOverlap,
     DisableRadix,
     DisableWebUI,
+    DistInitAddr,
     DpSize,
     Dtype,
     EnableOverlap,
@@ -33,6 +34,8 @@ from llmkit.cli.options import (
     MemFractionStatic,
     MetricsNoAuth,
     ModelPath,
+    NNodes,
+    NodeRank,
     PageSize,
     Quantization,
     ReasoningParser,
@@ -147,6 +150,9 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
     tp_size: TpSize = 1,
     dp_size: DpSize = 1,
+    nnodes: NNodes = 1,
+    node_rank: NodeRank = 0,
+    dist_init_addr: DistInitAddr = None,
     mem_fraction_static: MemFractionStatic = None,
     trust_remote_code: TrustRemoteCode = False,
     disable_metrics: DisableMetrics = False,
@@ -163,6 +169,10 @@ def serve(
         # Everything checkable is checked, and the port bound, before the (slow) model load.
         check_serve_options(ctx.params)
         engine_config, server_config = build_configs(**ctx.params)
+        if node_rank > 0:  # a node that runs tensor-parallel ranks only: no HTTP server here
+            from llmkit.core.engine.tp_node import serve_ranks
+
+            raise typer.Exit(serve_ranks(engine_config))
         if trust_remote_code:
             logging.getLogger("llmkit").info(
                 "--trust-remote-code is accepted for SGLang compatibility; llmkit "
@@ -243,6 +253,9 @@ def build_configs(
     log_level,
     tp_size,
     dp_size,
+    nnodes,
+    node_rank,
+    dist_init_addr,
     mem_fraction_static,
     trust_remote_code,
     disable_metrics,
@@ -277,8 +290,12 @@ def build_configs(
         load_format=load_format,
         grammar_backend=grammar_backend,
         mem_fraction_static=mem_fraction_static,
-        engine_process=engine_process or dp_size > 1,
+        engine_process=engine_process or dp_size > 1 or tp_size > 1,
         dp_size=dp_size,
+        tp_size=tp_size,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        dist_init_addr=dist_init_addr,
         overlap_schedule=False if disable_overlap_schedule else True if enable_overlap_schedule else None,
     )
     server = ServerConfig(

@@ -67,3 +67,43 @@ def test_two_ranks_match_transformers(tmp_path, arch):
         got = torch.load(out)
         assert got["heads"] == 2  # half of the 4 query heads on each rank
         assert torch.allclose(got["logits"], full, atol=1e-4, rtol=1e-4), (got["logits"] - full).abs().max()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_served_tp2_equals_tp1(tmp_path, arch):
+    """``llmkit serve --tp-size 2`` (ranks in their own processes, each reading its slices of the
+    checkpoint lazily) answers a batch of requests as TP=1 does: same tokens, same logprobs."""
+    import asyncio
+
+    import openai
+
+    from model_utils import copy_embedded_tokenizer
+    from server_utils import start_server, stop_server
+
+    save_tiny_model(arch, tmp_path)
+    copy_embedded_tokenizer(tmp_path)
+    prompts = [[(29 * i + 7 * j) % 500 + 3 for j in range(10 + 5 * i)] for i in range(4)]
+
+    async def complete(url):
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
+            rs = await asyncio.gather(
+                *[
+                    client.completions.create(
+                        model="m", prompt=p, max_tokens=8, temperature=0, logprobs=1, extra_body={"ignore_eos": True}
+                    )
+                    for p in prompts
+                ]
+            )
+        return [r.choices[0].logprobs for r in rs]
+
+    common = ["--model-path", str(tmp_path), "--batch-storage", "none", "--enable-deterministic-inference"]
+    results = []
+    for extra in (["--tp-size", "2"], []):
+        proc, url = start_server([*common, *extra])
+        try:
+            results.append(asyncio.run(complete(url)))
+        finally:
+            stop_server(proc)
+    for a, b in zip(*results):
+        assert a.tokens == b.tokens
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)

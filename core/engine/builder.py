@@ -181,16 +181,19 @@ def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.d
     return model.eval()
 
 
-def build_engine_parts(config: EngineConfig) -> EngineParts:
+def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
+    """The engine's parts; ``tp``: this rank's tensor-parallel group (every rank calls this in
+    the same order: the pool size is agreed on with a collective)."""
     from transformers import AutoTokenizer
 
     t0 = time.monotonic()
+    leader = tp is None or tp.rank == 0
     if config.load_format not in LOAD_FORMATS:  # fail before any (slow) model construction
         raise ValueError(f"unknown load format '{config.load_format}'; valid: {', '.join(LOAD_FORMATS)}")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     attn_name, attn_cls = select_attention(config.attention, device)
-    grammar_name = config.grammar_backend or registry().default("grammar")
+    grammar_name = (config.grammar_backend or registry().default("grammar")) if leader else "none"
     if grammar_name != "none":
         registry().entry("grammar", grammar_name)  # an unknown name fails before loading
     if config.num_threads:
@@ -205,14 +208,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         attn_name, attn_cls = select_attention("torch", device)
     attn_cls.check_features(needed, attn_name)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = build_model(model_cls, hf_config, device, dtype)
+    model = build_model(model_cls, hf_config, device, dtype, tp)
     if config.load_format == "dummy":
         from llmkit.core.model.dummy_weights import fill_dummy_weights
 
         fill_dummy_weights(model)
     else:
         try:
-            model.load_weights(iter_safetensors(model_dir))
+            model.load_weights(iter_safetensors(model_dir, lazy=tp is not None and tp.size > 1))
         except KeyError as exc:  # a missing or unknown tensor: the checkpoint does not fit the class
             raise ValueError(f"the checkpoint in {model_dir} does not fit {arch}: {exc.args[0]}") from None
     if hasattr(model, "finalize_weights"):
@@ -231,6 +234,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
     )
     tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
+    if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
+        import torch.distributed as dist
+
+        agreed = torch.tensor([tokens], dtype=torch.int64)
+        dist.broadcast(agreed, 0, group=tp.group)
+        tokens = int(agreed.item())
     page = config.page_size
     pool = KVCachePool(
         num_layers=n_layers,
@@ -254,10 +263,17 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device, **extra
     )
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
+    if tp is not None and tp.size > 1 and leader:
+        from llmkit.core.engine.tp import StepBroadcaster
+
+        runner.broadcaster = StepBroadcaster(tp)
+        req_pool.write_log = []
+    # Graph replay would skip the step broadcast: tensor-parallel decode runs eagerly for now.
+    tp_eager = tp is not None and tp.size > 1
     graphs = attn.supports_cuda_graph and getattr(model, "supports_cuda_graph", True)
     if device.type == "cuda" and attn.supports_cuda_graph and not graphs and not config.disable_cuda_graph:
         log.info("CUDA graphs off: %s's forward cannot be captured (it sizes work on the host)", arch)
-    if device.type == "cuda" and graphs and not config.disable_cuda_graph:
+    if device.type == "cuda" and graphs and not config.disable_cuda_graph and not tp_eager:
         from llmkit.core.engine.cuda_graph import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner(
@@ -270,7 +286,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         )
         runner.graphs.capture()
     log.info(
-        "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
+        "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
         arch,
         model_dir,
         device,
@@ -278,12 +294,13 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         str(dtype).removeprefix("torch."),
         ", dummy weights" if config.load_format == "dummy" else "",
         f" + {config.quantization} weights" if config.quantization else "",
+        f", tensor-parallel rank {tp.rank} of {tp.size}" if tp is not None and tp.size > 1 else "",
         attn_name,
         tokens,
         tokens * bytes_per_token / 1e9,
         max_context,
     )
-    if not config.max_total_tokens:
+    if not config.max_total_tokens and leader:
         how = (
             f"--mem-fraction-static {config.mem_fraction_static}"
             if config.mem_fraction_static

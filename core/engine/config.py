@@ -35,6 +35,14 @@ class EngineConfig:
     engine_process: bool = False
     # Data parallelism: this many engine processes behind one server (implies engine_process).
     dp_size: int = 1
+    # Tensor parallelism: this many ranks share every layer (implies engine_process); rank 0 schedules.
+    tp_size: int = 1
+    # Multi-node tensor parallelism (SGLang's flags): the ranks are spread evenly over nnodes nodes;
+    # node 0 serves HTTP, the others run ranks only. dist_init_addr: HOST:PORT of the rendezvous.
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dp_rank: int = 0  # which data-parallel replica this engine is (set per replica)
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
     # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
     mem_fraction_static: float | None = None

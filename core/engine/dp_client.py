@@ -42,13 +42,15 @@ def start_replicas(config: EngineConfig, dp_size: int) -> list:
     unless ``--num-threads`` says otherwise. If one fails to start, the others are stopped."""
     from llmkit.core.engine.process_client import ProcessEngineClient
 
-    threads = config.num_threads or max(1, (os.cpu_count() or 1) // dp_size)
+    threads = config.num_threads or max(1, (os.cpu_count() or 1) // (dp_size * config.tp_size))
     config = dataclasses.replace(config, num_threads=threads)
     on_cuda = config.device == "cuda" or (config.device == "auto" and _cuda_available())
     log.info("Starting %d engine replicas (%s)", dp_size, "one GPU each" if on_cuda else f"{threads} CPU threads each")
 
     def start(rank: int):
-        cfg = dataclasses.replace(config, device=f"cuda:{rank}") if on_cuda else config
+        # A tensor-parallel replica places its ranks itself (on GPUs rank_device counts from dp_rank).
+        device = ("cuda" if config.tp_size > 1 else f"cuda:{rank}") if on_cuda else config.device
+        cfg = dataclasses.replace(config, device=device, dp_rank=rank)
         return ProcessEngineClient(cfg, config.max_queued_requests, rank=rank)
 
     with ThreadPoolExecutor(dp_size) as pool:
@@ -130,7 +132,11 @@ class DataParallelClient(QueueSlots):
                 "pid": self.replicas[i].engine_pid,
                 "outstanding": self.outstanding[i],
                 "routed": self.routed[i],
-                **{k: p.get(k) for k in ("num_running_reqs", "num_waiting_reqs", "kv_pages_in_use", "token_usage")},
+                **{
+                    k: p.get(k)
+                    for k in ("num_running_reqs", "num_waiting_reqs", "kv_pages_in_use", "token_usage", "tp_ranks")
+                    if k in p or k != "tp_ranks"
+                },
             }
             for i, p in enumerate(per)
         ]

@@ -6,7 +6,8 @@ a private temporary directory, never TCP.
 
 Server -> engine (``engine-in``): ``add`` (a GenerateRequest), ``abort`` ({rid}), ``grammar``
 ({id, spec}), ``shutdown``. Engine -> server (``engine-out``): ``ready`` / ``failed`` once at
-start-up, ``out`` (a RequestOutput), ``reply`` ({id, error}), ``stats`` (a snapshot, twice a second).
+start-up, ``out`` (a RequestOutput), ``reply`` ({id, error}), ``stats`` (a snapshot, twice a second),
+``fatal`` ({error}: why the engine is about to exit, e.g. a tensor-parallel rank died).
 """
 
 from __future__ import annotations

@@ -89,6 +89,8 @@ class Engine:
         self._inbox.put(("wake", None, None))
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._thread is None or not self._thread.is_alive():
+            self.runner.close()  # other tensor-parallel ranks leave their loop (not mid-step)
         if self.grammar is not None:
             self.grammar.close()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.engine.scheduler import ScheduledBatch
+from llmkit.core.engine.tp import StepBroadcaster, StepInputs
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
@@ -37,20 +38,30 @@ class ModelRunner:
         self.device = device
         self.deterministic = deterministic
         self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
+        self.broadcaster: StepBroadcaster | None = None  # rank 0 of a tensor-parallel group
 
-    def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        self.req_pool.flush()  # the scheduler's slot writes, in one copy
-        segs = batch.segments
-        ids, pos, q_lens, kv_lens, rows = [], [], [], [], []
-        for s in segs:
+    def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
+        """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample."""
+        ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges = [], [], [], [], [], [], []
+        for s in batch.segments:
+            start = len(ids)
             ids.extend(s.req.token_slice(s.start, s.start + s.length))
             pos.extend(range(s.start, s.start + s.length))
             q_lens.append(s.length)
             kv_lens.append(s.start + s.length)
             rows.append(s.req.req_pool_idx)
+            if s.samples:
+                sample_rows.append(len(ids) - 1)
+            if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
+                prompt_ranges.append((start, len(ids)))
+        return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges)
+
+    def build_metadata(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        self.req_pool.flush()  # the scheduler's slot writes, in one copy
+        q_lens, rows = inp.q_lens, inp.rows
         dev = self.device
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+        input_ids = torch.tensor(inp.ids, dtype=torch.int64, device=dev)
+        positions = torch.tensor(inp.positions, dtype=torch.int64, device=dev)
         rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
         q_start = [0]
         for n in q_lens:
@@ -58,12 +69,12 @@ class ModelRunner:
         table = self.req_pool.table
         out_slots = table[rows_t.repeat_interleave(torch.tensor(q_lens, device=dev)), positions]
         md = AttentionMetadata(
-            num_seqs=len(segs),
+            num_seqs=len(rows),
             q_lens=q_lens,
-            kv_lens=kv_lens,
+            kv_lens=inp.kv_lens,
             q_start_loc=torch.tensor(q_start, dtype=torch.int64, device=dev),
             q_lens_t=torch.tensor(q_lens, dtype=torch.int64, device=dev),
-            kv_lens_t=torch.tensor(kv_lens, dtype=torch.int64, device=dev),
+            kv_lens_t=torch.tensor(inp.kv_lens, dtype=torch.int64, device=dev),
             req_pool_indices=rows_t,
             req_to_token=table,
             out_slots=out_slots,
@@ -76,31 +87,43 @@ class ModelRunner:
         return input_ids, positions, md
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> StepOutput:
-        input_ids, positions, md = self.build_metadata(batch)
-        offsets = md.q_starts
-        sample_segs, sample_rows = [], []
-        for i, s in enumerate(batch.segments):
-            if s.samples:
-                sample_segs.append(s)
-                sample_rows.append(offsets[i + 1] - 1)
+    def execute(self, inp: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run one forward: logits of the sampled rows and of each prompt-logprob span. Every
+        tensor-parallel rank runs it with the same ``inp`` (the LM head gathers over them)."""
+        input_ids, positions, md = self.build_metadata(inp)
         # Copied to the device before the forward is queued: a blocking host-to-device copy after
         # it would wait for the whole forward and leave nothing to overlap.
-        sample_idx = torch.tensor(sample_rows, dtype=torch.int64, device=self.device) if sample_rows else None
+        sample_idx = torch.tensor(inp.sample_rows, dtype=torch.int64, device=self.device) if inp.sample_rows else None
         if self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
             hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
-        prompt_logits = {}
-        for i, s in enumerate(batch.segments):
-            if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
-                prompt_logits[s.req.rid] = (
-                    s.start,
-                    self.model.compute_logits(hidden[offsets[i] : offsets[i + 1]], self.deterministic),
-                )
+        prompt = [self.model.compute_logits(hidden[a:b], self.deterministic) for a, b in inp.prompt_ranges]
         if sample_idx is not None:
             logits = self.model.compute_logits(hidden.index_select(0, sample_idx), self.deterministic)
         else:
             logits = hidden.new_empty((0, 0))
+        return logits, prompt
+
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        inp = self.step_inputs(batch)
+        if self.broadcaster is None:
+            logits, prompt = self.execute(inp)
+        else:
+            try:
+                self.broadcaster.send(inp, self.req_pool.take_write_log())
+                logits, prompt = self.execute(inp)
+            except Exception as exc:
+                self.broadcaster.fail(exc)
+                raise
+        sample_segs = [s for s in batch.segments if s.samples]
+        wants_prompt = [s for s in batch.segments if s.req.return_prompt_logprobs and not s.req.first_prefill_done]
+        prompt_logits = {s.req.rid: (s.start, lg) for s, lg in zip(wants_prompt, prompt)}
         return StepOutput(logits, sample_segs, prompt_logits)
+
+    def close(self) -> None:
+        """Release the other tensor-parallel ranks (they leave their step loop)."""
+        if self.broadcaster is not None:
+            self.broadcaster.stop()
+            self.broadcaster = None

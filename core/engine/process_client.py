@@ -42,6 +42,7 @@ class ProcessEngineClient(QueueSlots):
         super().__init__(max_queued)
         self.rank = rank  # the data-parallel replica this engine is (0 without --dp-size)
         self.dead: str | None = None  # why the engine process is gone
+        self._fatal: str | None = None  # the reason the engine sent before exiting, if it could
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._calls: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._stats: dict[str, Any] = {}
@@ -88,7 +89,7 @@ class ProcessEngineClient(QueueSlots):
                 kind, payload = ipc.unpack(self._in.recv())
                 if kind == "ready":
                     return payload
-                if kind == "failed":
+                if kind in ("failed", "fatal"):
                     raise ValueError(payload["error"])
             elif self.proc.poll() is not None:
                 raise RuntimeError(
@@ -178,6 +179,8 @@ class ProcessEngineClient(QueueSlots):
                     loop.call_soon_threadsafe(lambda f=fut, e=payload["error"]: f.done() or f.set_result(e))
             elif kind == "stats":
                 self._stats = payload
+            elif kind == "fatal":
+                self._fatal = payload["error"]
 
     def _death_output(self, rid: str) -> RequestOutput:
         return RequestOutput(rid=rid, finished=True, finish_reason="abort", error=self.dead)
@@ -186,6 +189,8 @@ class ProcessEngineClient(QueueSlots):
         code = self.proc.returncode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         self.dead = f"the engine process (rank {self.rank}, pid {self.proc.pid}) died: {how}"
+        if self._fatal:
+            self.dead += f" ({self._fatal})"
         log.error("%s; failing %d in-flight request(s) and shutting the server down", self.dead, len(self._streams))
         for rid, (loop, q) in list(self._streams.items()):
             loop.call_soon_threadsafe(q.put_nowait, self._death_output(rid))

@@ -30,8 +30,11 @@ def main(argv: list[str]) -> int:
     config = EngineConfig(**json.loads(argv[0]))
     ipc_dir = argv[1]
     rank = int(argv[2]) if len(argv) > 2 else 0  # the data-parallel replica, for the log lines
+    tp_tag = " tp 0" if config.tp_size > 1 else ""
     logging.basicConfig(
-        level=logging.INFO, format=f"[%(asctime)s engine rank {rank}] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"
+        level=logging.INFO,
+        format=f"[%(asctime)s engine rank {rank}{tp_tag}] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
     )
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
@@ -43,15 +46,26 @@ def main(argv: list[str]) -> int:
         return sock
 
     ctl, out, stats_sock = push(), push(), push()
+    followers = None
     try:
         from llmkit.core.engine.builder import build_engine_parts
         from llmkit.core.engine.loop import Engine
 
-        parts = build_engine_parts(config)
+        tp = None
+        if config.tp_size > 1:
+            from llmkit.core.engine.tp_launch import Followers
+
+            config, followers = Followers.start(config, ipc.outbox_address(ipc_dir))
+            tp = followers.join_group()
+        parts = build_engine_parts(config, tp=tp)
         engine = Engine(config, parts)
+        if followers is not None:
+            parts.runner.broadcaster.on_fatal = followers.step_failed
     except Exception as exc:  # the server prints it as its own start-up error
         ctl.send(ipc.pack("failed", {"error": f"{type(exc).__name__}: {exc}"}))
         ctl.close(linger=2000)
+        if followers is not None:
+            followers.kill()
         return 2
     engine.start()
     ctl.send(
@@ -66,10 +80,17 @@ def main(argv: list[str]) -> int:
         )
     )
     stop = threading.Event()
+    tp_info = {}
+    if followers is not None:  # the ranks of this node (others report on their own node)
+        tp_info = {
+            "tp_size": config.tp_size,
+            "tp_ranks": [{"rank": 0, "pid": os.getpid()}]
+            + [{"rank": r, "pid": p.pid} for r, p in sorted(followers.procs.items())],
+        }
 
     def publish_stats() -> None:
         while not stop.wait(ipc.STATS_INTERVAL_S):
-            stats_sock.send(ipc.pack("stats", {**engine.stats(), "engine_pid": os.getpid()}))
+            stats_sock.send(ipc.pack("stats", {**engine.stats(), "engine_pid": os.getpid(), **tp_info}))
 
     threading.Thread(target=publish_stats, name="llmkit-engine-stats", daemon=True).start()
     ctl_lock = threading.Lock()
@@ -114,7 +135,11 @@ def main(argv: list[str]) -> int:
         elif kind == "shutdown":
             break
     stop.set()
+    if followers is not None:
+        followers.stopping = True  # their exit from here on is the normal one
     engine.shutdown()
+    if followers is not None:
+        followers.wait()
     compiles.shutdown(wait=False, cancel_futures=True)
     ctx.destroy(linger=1000)
     return code

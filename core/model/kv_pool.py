@@ -94,16 +94,25 @@ class ReqToTokenPool:
         self.host = self.table if on_host else torch.zeros_like(self.table, device="cpu")
         self._pending: list[tuple[int, int, int]] | None = None if on_host else []  # (row, start, n)
         self._free = list(range(max_requests - 1, -1, -1))
+        # Under tensor parallelism rank 0 logs its writes to replay them on the other ranks.
+        self.write_log: list[tuple[int, int, torch.Tensor]] | None = None
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Positions ``start ...`` of ``row`` live in ``slots`` (a CPU tensor)."""
         self.host[row, start : start + len(slots)] = slots
+        if self.write_log is not None and len(slots):
+            self.write_log.append((row, start, slots.clone()))
         if self._pending is not None and len(slots):
             self._pending.append((row, start, len(slots)))
 
     def read(self, row: int, n: int) -> torch.Tensor:
         """The slots of positions ``[0, n)`` of ``row`` (a CPU tensor; no device sync)."""
         return self.host[row, :n].clone()
+
+    def take_write_log(self) -> list[tuple[int, int, torch.Tensor]]:
+        """The writes since the last call (tensor parallelism), oldest first."""
+        log, self.write_log = self.write_log or [], []
+        return log
 
     def flush(self) -> None:
         """Apply the writes since the last flush to the device table (one host-to-device copy)."""

@@ -133,6 +133,9 @@ class FusedExperts(nn.Module):
 
     def load_stacked(self, tensor: torch.Tensor, proj: int) -> None:
         """Load all experts at once from a stacked ``[E, out, in]`` (or bias ``[E, out]``) tensor."""
+        from llmkit.core.model.source import materialize
+
+        tensor = materialize(tensor)
         for e in range(self.num_experts):
             self.load(tensor[e], e, proj)
 

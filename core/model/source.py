@@ -114,8 +114,32 @@ def load_config(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text())
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield every tensor of a (possibly sharded) safetensors checkpoint, with a progress bar."""
+class LazyTensor:
+    """A checkpoint tensor not read yet: indexing reads only the slice asked for (a
+    tensor-parallel rank reads its shard of each weight, not the whole of it)."""
+
+    def __init__(self, handle) -> None:
+        self._slice = handle
+        self.shape = tuple(handle.get_shape())
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self._slice[index]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def materialize(t) -> torch.Tensor:
+    """A whole tensor from a tensor or a :class:`LazyTensor`."""
+    return t[:] if isinstance(t, LazyTensor) else t
+
+
+def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield every tensor of a (possibly sharded) safetensors checkpoint, with a progress bar;
+    with ``lazy``, :class:`LazyTensor` handles that read on indexing."""
     from safetensors import safe_open
     from tqdm import tqdm
 
@@ -125,4 +149,4 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for f in tqdm(files, desc="Loading safetensors checkpoint shards", unit="shard"):
         with safe_open(str(f), framework="pt") as fh:
             for name in fh.keys():
-                yield name, fh.get_tensor(name)
+                yield name, LazyTensor(fh.get_slice(name)) if lazy else fh.get_tensor(name)

@@ -18,6 +18,7 @@ from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.parallel import TPGroup
+from llmkit.core.model.source import materialize
 
 
 class Attention(nn.Module):
@@ -171,7 +172,7 @@ class DecoderLM(CausalLM):
             elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
                 module.load(tensor)
             elif name in params:
-                params[name].data.copy_(tensor)
+                params[name].data.copy_(materialize(tensor))
             else:
                 raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
             loaded.add((owner, leaf, part))

@@ -30,6 +30,7 @@ from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, _rope_params, _ya
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
 from llmkit.core.model.parallel import TPGroup
+from llmkit.core.model.source import materialize
 from llmkit.plugins.models.decoder import MLP
 from llmkit.plugins.models.mla import MLAttention
 
@@ -210,8 +211,10 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         quant = self.config.get("quantization_config") or {}
-        if quant.get("quant_method") == "fp8":
-            weights = dequantize_fp8_blocks(weights, tuple(quant["weight_block_size"]))
+        if quant.get("quant_method") == "fp8":  # read whole: FP8 weights are dequantized before slicing
+            weights = dequantize_fp8_blocks(
+                ((n, materialize(t)) for n, t in weights), tuple(quant["weight_block_size"])
+            )
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -245,7 +248,7 @@ class DeepseekV3ForCausalLM(CausalLM):
             elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
                 module.load(tensor)
             elif name in params:
-                params[name].data.copy_(tensor)
+                params[name].data.copy_(materialize(tensor))
             else:
                 raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
             loaded.add(f"{owner}.{leaf}.{part}")

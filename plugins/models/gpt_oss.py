@@ -25,6 +25,7 @@ from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts
 from llmkit.core.model.mxfp4 import dequantize_mxfp4
 from llmkit.core.model.parallel import TPGroup
+from llmkit.core.model.source import materialize
 
 log = logging.getLogger("llmkit")
 
@@ -195,6 +196,7 @@ class GptOssForCausalLM(CausalLM):
                 owner = ".".join(parts[:-3])
                 modules[owner].load(tensor, int(parts[-3]), _PROJ[parts[-2]])
             elif isinstance(modules.get(owner), FusedExperts):
+                tensor = materialize(tensor)  # stacked experts are read whole (lazily loaded under TP)
                 if leaf.endswith(("_blocks", "_scales")):
                     base, kind = leaf.rsplit("_", 1)
                     halves = packed.setdefault(f"{owner}.{base}", {})
@@ -211,7 +213,7 @@ class GptOssForCausalLM(CausalLM):
             elif isinstance(modules.get(owner), (VocabEmbedding, LMHead)) and leaf == "weight":
                 modules[owner].load(tensor)
             elif isinstance(modules.get(owner), RMSNorm) and leaf == "weight":
-                modules[owner].weight.data.copy_(tensor)
+                modules[owner].weight.data.copy_(materialize(tensor))
             else:
                 raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
             loaded.add(owner)
