@@ -30,6 +30,7 @@ _EXPORTS = {
     "WeightFormat": "llmkit.core.model.linear",
     "dense_linear": "llmkit.core.model.linear",
     "TPGroup": "llmkit.core.model.parallel",
+    "FusedExperts": "llmkit.core.model.moe",
     "RMSNorm": "llmkit.core.model.layers",
     "RotaryEmbedding": "llmkit.core.model.layers",
     # parsers

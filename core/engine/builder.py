@@ -202,6 +202,11 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     hf_config = load_config(model_dir)
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
+    needed = frozenset(getattr(model_cls, "attention_features", ()))
+    if config.attention == "auto" and not needed <= attn_cls.features:
+        log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)
+        attn_name, attn_cls = select_attention("torch", device)
+    attn_cls.check_features(needed, attn_name)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype, tp)
     if config.load_format == "dummy":
@@ -209,7 +214,10 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
 
         fill_dummy_weights(model)
     else:
-        model.load_weights(iter_safetensors(model_dir, lazy=tp is not None and tp.size > 1))
+        try:
+            model.load_weights(iter_safetensors(model_dir, lazy=tp is not None and tp.size > 1))
+        except KeyError as exc:  # a missing or unknown tensor: the checkpoint does not fit the class
+            raise ValueError(f"the checkpoint in {model_dir} does not fit {arch}: {exc.args[0]}") from None
     if hasattr(model, "finalize_weights"):
         model.finalize_weights()
     if config.quantization:
@@ -218,9 +226,10 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         model.quantize(config.quantization)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
-    head_dim, n_kv, n_layers = model.head_dim, model.local_kv_heads, model.num_layers
+    n_kv, n_layers = model.local_kv_heads, model.num_layers
+    head_dim, v_dim = getattr(model, "kv_cache_dims", (model.head_dim, model.head_dim))
     kv_dtype = dtype
-    bytes_per_token = 2 * n_layers * n_kv * head_dim * torch.tensor([], dtype=kv_dtype).element_size()
+    bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * torch.tensor([], dtype=kv_dtype).element_size()
     weight_bytes = (
         sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
     )
@@ -240,11 +249,19 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         head_dim=head_dim,
         dtype=kv_dtype,
         device=device,
+        v_head_dim=v_dim,
     )
     req_pool = ReqToTokenPool(config.max_running_requests + 1, max_context + page, device)
     cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
     scheduler = Scheduler(config, pool, req_pool, cache, max_context)
-    attn = attn_cls(num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device)
+    # the optional arguments only where a model needs them (backends without the features never get them)
+    extra = {"scale": model.attention_scale} if getattr(model, "attention_scale", None) else {}
+    out_dim = getattr(model, "attention_v_dim", v_dim)
+    if out_dim != head_dim:
+        extra["v_head_dim"] = out_dim
+    attn = attn_cls(
+        num_heads=model.local_heads, num_kv_heads=n_kv, head_dim=head_dim, pool=pool, device=device, **extra
+    )
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
     if tp is not None and tp.size > 1 and leader:
         from llmkit.core.engine.tp import StepBroadcaster
@@ -253,7 +270,10 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         req_pool.write_log = []
     # Graph replay would skip the step broadcast: tensor-parallel decode runs eagerly for now.
     tp_eager = tp is not None and tp.size > 1
-    if device.type == "cuda" and attn.supports_cuda_graph and not config.disable_cuda_graph and not tp_eager:
+    graphs = attn.supports_cuda_graph and getattr(model, "supports_cuda_graph", True)
+    if device.type == "cuda" and attn.supports_cuda_graph and not graphs and not config.disable_cuda_graph:
+        log.info("CUDA graphs off: %s's forward cannot be captured (it sizes work on the host)", arch)
+    if device.type == "cuda" and graphs and not config.disable_cuda_graph and not tp_eager:
         from llmkit.core.engine.cuda_graph import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner(

@@ -11,15 +11,30 @@ Layout shared by every backend:
   token; a page is ``page_size`` consecutive slots (page p holds slots ``p*page_size ...``), and slot
   0 (page 0) is never handed out, so it can pad index tensors.
 - ``req_to_token[req_pool_indices[i], j]`` is the slot of token j of sequence i.
+
+Beyond causal attention over the whole context, a layer may ask for (a backend lists the ones it
+implements in :attr:`AttentionBackend.features`; the engine refuses a model that needs one its
+backend lacks, at start-up):
+- ``sliding_window``: a query at position p sees only keys at positions ``> p - window``;
+- ``sinks``: a learned per-head logit that joins every softmax's denominator without a value
+  (gpt-oss), so a head can attend to "nothing".
+- ``latent_kv``: ``v`` is None and the values are the first ``v_head_dim`` channels of the keys
+  (the pool keeps no V buffers). MLA's absorbed form is MQA over one cached latent per token
+  (``kv_lora_rank + qk_rope_head_dim`` channels), its values the ``kv_lora_rank`` ones.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
+
+SLIDING_WINDOW = "sliding_window"
+SINKS = "sinks"
+LATENT_KV = "latent_kv"
+ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV)
 
 if TYPE_CHECKING:
     from llmkit.core.model.kv_pool import KVCachePool
@@ -53,6 +68,8 @@ class AttentionBackend(ABC):
 
     #: whether decode steps may be captured in CUDA graphs through the hooks below
     supports_cuda_graph: bool = False
+    #: the optional features of :data:`ATTENTION_FEATURES` that :meth:`forward` implements
+    features: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -63,10 +80,12 @@ class AttentionBackend(ABC):
         pool: "KVCachePool",
         device: torch.device,
         scale: float | None = None,
+        v_head_dim: int | None = None,
     ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim  # the output's head size
         self.pool = pool
         self.device = device
         self.scale = scale if scale is not None else head_dim**-0.5
@@ -88,8 +107,24 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         layer_id: int,
         metadata: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Write ``k``/``v`` to the pool at ``metadata.out_slots`` and return ``[T, H, D]`` outputs."""
+        """Write ``k``/``v`` to the pool at ``metadata.out_slots`` and return ``[T, H, v_head_dim]`` outputs.
+
+        ``sliding_window`` and ``sinks`` (``[H]`` fp32 logits, this rank's heads) are passed only
+        by models that need them, and only to a backend whose :attr:`features` name them."""
+
+    @classmethod
+    def check_features(cls, needed: Iterable[str], name: str) -> None:
+        """Raise if the model needs an attention feature this backend does not implement."""
+        missing = sorted(set(needed) - set(cls.features))
+        if missing:
+            raise ValueError(
+                f"attention backend '{name}' does not implement {', '.join(missing)}, which this model needs; "
+                "use --attention torch"
+            )
 
     # CUDA-graph hooks: graphs are part of the backend contract, not a special case in the runner.
     def init_capture_graph(self, max_bs: int, max_context: int) -> None:

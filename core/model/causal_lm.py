@@ -34,6 +34,12 @@ class CausalLM(nn.Module, ABC):
 
     #: whether the plugin shards its layers over ``tp`` (``--tp-size`` > 1 is refused otherwise)
     supports_tp: bool = False
+    #: whether a decode step may be captured in a CUDA graph (False: a step reads data-dependent
+    #: sizes back to the host, as the torch MoE path's per-expert grouping does)
+    supports_cuda_graph: bool = True
+    #: attention features (``llmkit.core.model.attention.ATTENTION_FEATURES``) the layers pass to
+    #: the backend; a backend without one of them is refused at start-up
+    attention_features: frozenset[str] = frozenset()
 
     def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
         super().__init__()
@@ -88,6 +94,23 @@ class CausalLM(nn.Module, ABC):
     def local_kv_heads(self) -> int:
         """KV heads this rank caches."""
         return self.num_kv_heads
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int]:
+        """Per KV head and token, the channels the pool stores for keys and for values (0: the
+        values are a prefix of the keys, see ``latent_kv`` in ``llmkit.core.model.attention``)."""
+        return self.head_dim, self.head_dim
+
+    @property
+    def attention_v_dim(self) -> int:
+        """The head size of the attention output (the values')."""
+        k, v = self.kv_cache_dims
+        return v or k
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The softmax scale (None: ``head_dim ** -0.5``)."""
+        return None
 
     @property
     def head_dim(self) -> int:

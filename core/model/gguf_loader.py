@@ -13,7 +13,11 @@ import torch
 
 # GGUF architectures whose tensors this converter maps to the HF llama layout. The config it writes
 # names only the model_type; the model plugin that declares that type serves it.
-_ARCHS = ("llama", "qwen2", "qwen3")
+_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "deepseek2")
+# GGUF architecture -> HF model_type, where they differ
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
+# stacked expert tensors [E, out, in], split into the HF per-expert names
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -27,6 +31,23 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",  # the MoE router
+}
+# gpt-oss names a few of them differently
+_GPT_OSS_NAMES = {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm"}
+# DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
+# joined again in gguf_tensors)
+_DEEPSEEK_NAMES = {
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "exp_probs_b": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
 }
 
 
@@ -48,7 +69,7 @@ def gguf_config(reader) -> dict:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     cfg = {
-        "model_type": arch,
+        "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
         "intermediate_size": int(_field(reader, p + "feed_forward_length")),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
@@ -66,6 +87,82 @@ def gguf_config(reader) -> dict:
     }
     if arch == "qwen2":
         cfg["attention_bias"] = True
+    if arch == "gpt-oss":
+        # llama.cpp's gpt-oss: YaRN rope, sliding window on even layers, SwiGLU clamp 7 / alpha 1.702
+        cfg.update(
+            num_local_experts=int(_field(reader, p + "expert_count")),
+            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+            intermediate_size=int(_field(reader, p + "expert_feed_forward_length")),
+            sliding_window=int(_field(reader, p + "attention.sliding_window", 128)),
+            attention_bias=True,
+            swiglu_limit=7.0,
+            rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        )
+        factor = _field(reader, p + "rope.scaling.factor")
+        if factor:
+            cfg["rope_scaling"] = dict(
+                rope_type="yarn",
+                factor=float(factor),
+                original_max_position_embeddings=int(_field(reader, p + "rope.scaling.original_context_length")),
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+            )
+    if arch == "deepseek2":
+        cfg.update(_deepseek_config(reader, p))
+    if arch == "qwen3moe":
+        # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
+        cfg.update(
+            num_experts=int(_field(reader, p + "expert_count")),
+            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+            moe_intermediate_size=int(_field(reader, p + "expert_feed_forward_length")),
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    return cfg
+
+
+def _deepseek_config(reader, p: str) -> dict:
+    # expert_gating_func 2 (sigmoid) is V3's routing, 1 (softmax) V2's
+    sigmoid = int(_field(reader, p + "expert_gating_func", 1)) == 2
+    rope = int(_field(reader, p + "rope.dimension_count"))
+    key = _field(reader, p + "attention.key_length_mla") or _field(reader, p + "attention.key_length")
+    value = _field(reader, p + "attention.value_length_mla") or _field(reader, p + "attention.value_length")
+    groups = int(_field(reader, p + "expert_group_count", 1) or 1)
+    cfg = {
+        "model_type": "deepseek_v3" if sigmoid else "deepseek_v2",
+        "q_lora_rank": int(_field(reader, p + "attention.q_lora_rank", 0)) or None,
+        "kv_lora_rank": int(_field(reader, p + "attention.kv_lora_rank")),
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": int(key) - rope,
+        "v_head_dim": int(value),
+        "n_routed_experts": int(_field(reader, p + "expert_count")),
+        "num_experts_per_tok": int(_field(reader, p + "expert_used_count")),
+        "moe_intermediate_size": int(_field(reader, p + "expert_feed_forward_length")),
+        "n_shared_experts": int(_field(reader, p + "expert_shared_count", 0)),
+        "first_k_dense_replace": int(_field(reader, p + "leading_dense_block_count", 0)),
+        "routed_scaling_factor": float(_field(reader, p + "expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(_field(reader, p + "expert_weights_norm", False)),
+        "n_group": groups,
+        "topk_group": int(_field(reader, p + "expert_group_used_count", 1) or 1),
+        "topk_method": "noaux_tc" if sigmoid else ("group_limited_greedy" if groups > 1 else "greedy"),
+        "scoring_func": "sigmoid" if sigmoid else "softmax",
+        "rope_interleave": True,  # llama.cpp's deepseek2 rotates adjacent pairs, as the checkpoints do
+    }
+    factor = _field(reader, p + "rope.scaling.factor")
+    if factor and float(factor) > 1:
+        # llama.cpp keeps 0.1 * mscale_all_dim as yarn_log_multiplier
+        mscale = float(_field(reader, p + "rope.scaling.yarn_log_multiplier", 0.1)) / 0.1
+        cfg["rope_scaling"] = dict(
+            type="yarn",
+            factor=float(factor),
+            original_max_position_embeddings=int(_field(reader, p + "rope.scaling.original_context_length")),
+            beta_fast=32,
+            beta_slow=1,
+            mscale=mscale,
+            mscale_all_dim=mscale,
+        )
     return cfg
 
 
@@ -80,6 +177,10 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
     from gguf.quants import dequantize
 
     permute = config["model_type"] == "llama"
+    names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
+    if config["model_type"] in ("deepseek_v2", "deepseek_v3"):
+        names.update(_DEEPSEEK_NAMES)
+    split_kv_b: dict[str, dict[str, np.ndarray]] = {}  # layer -> attn_k_b / attn_v_b seen so far
     for t in reader.tensors:
         w = dequantize(t.data, t.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
@@ -92,9 +193,31 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
             hf = "lm_head.weight"
         elif name.startswith("blk."):
             _, idx, kind, suffix = name.split(".", 3)
-            if kind not in _LAYER_NAMES:
+            if kind in _EXPERT_NAMES:
+                for e in range(w.shape[0]):
+                    yield (
+                        f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}",
+                        torch.from_numpy(w[e].copy()),
+                    )
                 continue
-            hf = f"model.layers.{idx}.{_LAYER_NAMES[kind]}.{suffix}"
+            if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
+                hf = f"model.layers.{idx}.self_attn.sinks"
+            elif kind == "exp_probs_b":  # a bias without a weight: no suffix in HF's name
+                hf = f"model.layers.{idx}.{names[kind]}"
+            elif kind in ("attn_k_b", "attn_v_b"):
+                # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
+                halves = split_kv_b.setdefault(idx, {})
+                halves[kind] = w
+                if len(halves) < 2:
+                    continue
+                del split_kv_b[idx]
+                kb, vb = halves["attn_k_b"].transpose(0, 2, 1), halves["attn_v_b"]
+                w = np.concatenate([kb, vb], axis=1).reshape(-1, vb.shape[-1])
+                hf = f"model.layers.{idx}.self_attn.kv_b_proj.weight"
+            elif kind not in names:
+                continue
+            else:
+                hf = f"model.layers.{idx}.{names[kind]}.{suffix}"
             if permute and kind == "attn_q" and suffix == "weight":
                 w = _unpermute(w, config["num_attention_heads"])
             elif permute and kind == "attn_k" and suffix == "weight":

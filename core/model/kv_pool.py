@@ -8,6 +8,9 @@ import torch
 class KVCachePool:
     """K/V buffers of ``num_pages`` pages of ``page_size`` token slots, for every layer.
 
+    ``v_head_dim`` (default ``head_dim``) may differ from the keys'; 0 keeps no V buffers at all,
+    for a latent cache whose values are a prefix of its keys (MLA's absorbed form).
+
     Page 0 is reserved as padding, so ``num_pages`` includes it and at most ``num_pages - 1`` pages
     are ever allocated.
     """
@@ -22,6 +25,7 @@ class KVCachePool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        v_head_dim: int | None = None,
     ) -> None:
         if num_pages < 2:
             raise ValueError("the KV pool needs at least 2 pages")
@@ -30,10 +34,15 @@ class KVCachePool:
         self.page_size = page_size
         self.num_slots = num_pages * page_size
         shape = (self.num_slots, num_kv_heads, head_dim)
+        v_dim = head_dim if v_head_dim is None else v_head_dim
         # torch.empty leaves untouched pages uncommitted on CPU, so an idle pool costs no RAM.
         # Page 0 pads gathers (weight 0 in attention) and must hold finite values: zero it.
         self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = (
+            [torch.empty((self.num_slots, num_kv_heads, v_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+            if v_dim
+            else []
+        )
         for buf in self.k_buffers + self.v_buffers:
             buf[:page_size].zero_()
         # A stack: the most recently freed page is reused first (warm in cache).
@@ -66,8 +75,8 @@ class KVCachePool:
         return (base + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
 
     def bytes_per_token(self) -> int:
-        k = self.k_buffers[0]
-        return 2 * self.num_layers * k.shape[1] * k.shape[2] * k.element_size()
+        per_layer = sum(b[0].numel() * b.element_size() for b in (self.k_buffers + self.v_buffers)[:: self.num_layers])
+        return self.num_layers * per_layer
 
 
 class ReqToTokenPool:

@@ -25,15 +25,64 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
-def _inv_freq(head_dim: int, config: dict) -> torch.Tensor:
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _rope_params(config: dict) -> dict:
     params = dict(config.get("rope_parameters") or {})
     scaling = config.get("rope_scaling") or {}
-    params = {**scaling, **params}
+    return {**scaling, **params}
+
+
+def _inv_freq(head_dim: int, config: dict) -> torch.Tensor:
+    return _rope(head_dim, config)[0]
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _rope(head_dim: int, config: dict) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies of the rotary dims and the factor cos/sin are scaled by (YaRN's
+    attention factor; 1 otherwise)."""
+    params = _rope_params(config)
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if rope_type in (None, "default"):
-        return inv
+        return inv, 1.0
+    if rope_type == "yarn":
+        return _yarn(inv, head_dim, theta, params, config)
+    return _scaled(inv, rope_type, params), 1.0
+
+
+def _yarn(inv: torch.Tensor, dim: int, theta: float, params: dict, config: dict) -> tuple[torch.Tensor, float]:
+    # YaRN (arXiv:2309.00071) as transformers computes it: interpolate the low frequencies by
+    # ``factor``, keep the high ones, ramp linearly between the beta_fast/beta_slow rotation counts.
+    old_ctx = float(params["original_max_position_embeddings"])
+    factor = params.get("factor") or float(config["max_position_embeddings"]) / old_ctx
+    factor = float(factor)
+    attn = params.get("attention_factor")
+    if attn is None:
+        ms, ms_all = params.get("mscale"), params.get("mscale_all_dim")
+        attn = _yarn_mscale(factor, ms) / _yarn_mscale(factor, ms_all) if ms and ms_all else _yarn_mscale(factor)
+    beta_fast, beta_slow = float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)
+
+    def corr_dim(rotations: float) -> float:
+        return (dim * math.log(old_ctx / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    return (inv / factor) * (1 - extrapolate) + inv * extrapolate, float(attn)
+
+
+def _scaled(inv: torch.Tensor, rope_type: str, params: dict) -> torch.Tensor:
     if rope_type == "linear":
         return inv / float(params["factor"])
     if rope_type == "llama3":
@@ -47,7 +96,7 @@ def _inv_freq(head_dim: int, config: dict) -> torch.Tensor:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen <= low_wl) & (wavelen >= high_wl)
         return torch.where(is_mid, mid, scaled)
-    raise ValueError(f"rope type '{rope_type}' is not supported")
+    raise ValueError(f"rope type '{rope_type}' is not supported; supported: {', '.join(ROPE_TYPES)}")
 
 
 class RotaryEmbedding(nn.Module):
@@ -55,10 +104,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, config: dict):
         super().__init__()
-        inv = _inv_freq(head_dim, config)
+        inv, scale = _rope(head_dim, config)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
-        self.register_buffer("cos", freqs.cos().float(), persistent=False)
-        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+        self.register_buffer("cos", (freqs.cos() * scale).float(), persistent=False)
+        self.register_buffer("sin", (freqs.sin() * scale).float(), persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for ``positions``, shaped to broadcast over heads; computed once per

@@ -95,7 +95,18 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         tensors[name] = t
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if (gguf_path.parent / "tokenizer.json").exists():
+        # tokenizer files beside the GGUF win: transformers cannot rebuild every architecture's
+        # tokenizer from GGUF metadata (deepseek2's, for one)
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent))
+    else:
+        try:
+            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except ValueError as exc:
+            raise ValueError(
+                f"cannot read the tokenizer of {gguf_path.name} ({exc}); put the model's tokenizer.json "
+                "(and tokenizer_config.json) in the same directory"
+            ) from None
     tok.save_pretrained(str(out))
 
 

@@ -9,3 +9,16 @@ def llmkit_register_models(register):
     register("LlamaForCausalLM", "llmkit.plugins.models.llama:LlamaForCausalLM", model_types=("llama",))
     register("Qwen2ForCausalLM", "llmkit.plugins.models.qwen2:Qwen2ForCausalLM", model_types=("qwen2",))
     register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM", model_types=("qwen3",))
+    register("Qwen3MoeForCausalLM", "llmkit.plugins.models.qwen3_moe:Qwen3MoeForCausalLM", model_types=("qwen3_moe",))
+    register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
+    # Kimi-K2 checkpoints name the same class (model_type kimi_k2)
+    register(
+        "DeepseekV3ForCausalLM",
+        "llmkit.plugins.models.deepseek_v3:DeepseekV3ForCausalLM",
+        model_types=("deepseek_v3", "kimi_k2"),
+    )
+    register(
+        "DeepseekV2ForCausalLM",
+        "llmkit.plugins.models.deepseek_v3:DeepseekV2ForCausalLM",
+        model_types=("deepseek_v2",),
+    )

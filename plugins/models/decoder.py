@@ -80,13 +80,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp):
+    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp, mlp: nn.Module | None = None):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps)
         self.self_attn = Attention(config, layer_id, head_dim, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
-        self.mlp = MLP(config["hidden_size"], config["intermediate_size"], tp)
+        # ``mlp(h, deterministic)``: the dense MLP unless the model builds another (MoE blocks)
+        self.mlp = mlp if mlp is not None else MLP(config["hidden_size"], config["intermediate_size"], tp)
 
     def forward(self, x, residual, rope, ctx):
         if residual is None:
@@ -111,12 +112,17 @@ class DecoderLM(CausalLM):
         self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
         qkv_bias = bool(config.get("attention_bias", self.qkv_bias))
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm, tp) for i in range(self.num_layers)
+            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm, tp, self.build_mlp(i))
+            for i in range(self.num_layers)
         )
         self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
         self.tie = bool(config.get("tie_word_embeddings", False))
         self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
         self.rotary = RotaryEmbedding(self.head_dim, int(config.get("max_position_embeddings", 4096)), config)
+
+    def build_mlp(self, layer_id: int) -> nn.Module | None:
+        """The feed-forward block of layer ``layer_id``; None: the dense gated MLP."""
+        return None
 
     @property
     def local_kv_heads(self) -> int:

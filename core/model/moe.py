@@ -1,0 +1,180 @@
+"""Mixture-of-experts building blocks: routing and the batched experts every MoE model shares.
+
+:class:`FusedExperts` is the batched variant of :class:`~llmkit.core.model.linear.Linear`: the E
+experts' gate/up projections are one ``[E, 2I, H]`` weight and their down projections one
+``[E, H, I]`` weight. Under tensor parallelism each rank holds a slice of every expert's intermediate
+channels (gate/up column-parallel, down row-parallel) and the partial outputs are summed with one
+all-reduce, as a row-parallel layer does.
+
+Execution (the torch path, CPU and GPU): the ``T x k`` (token, expert) assignments are sorted by
+expert, and each *active* expert multiplies its contiguous block of rows in one GEMM. The loop runs
+over experts, never over tokens; the results are scattered back to their (token, slot) places and
+combined with the routing weights in slot order, so a token's sum never depends on its batch-mates.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmkit.core.model.linear import dense_linear
+from llmkit.core.model.parallel import SINGLE, TPGroup
+
+GATE, UP, DOWN = 0, 1, 2
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def softmax_topk(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the softmax over all experts (Qwen-MoE, Mixtral); weights renormalised to sum to 1
+    when ``renormalize`` (``norm_topk_prob``). Returns fp32 weights ``[T, k]`` and ids ``[T, k]``."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def grouped_topk(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    correction_bias: torch.Tensor | None = None,
+    scale: float = 1.0,
+    scoring: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's routing. V3 ("noaux_tc", ``scoring="sigmoid"``): experts are chosen by score plus
+    ``correction_bias`` within the ``topk_group`` groups (of ``n_group``) whose two best biased
+    scores sum highest. V2 (``scoring="softmax"``, "greedy" / "group_limited_greedy"): softmax
+    scores, groups ranked by their best score. The weights are the unbiased scores, renormalised
+    when ``renormalize``, times ``scale`` (``routed_scaling_factor``). Returns fp32 ``[T, k]``
+    weights and ids."""
+    scores = logits.float().sigmoid() if scoring == "sigmoid" else logits.float().softmax(dim=-1)
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    t, e = choice.shape
+    per = e // n_group
+    if n_group > 1 and topk_group < n_group:
+        if scoring == "sigmoid":
+            group_scores = choice.view(t, n_group, per).topk(min(2, per), dim=-1).values.sum(dim=-1)
+        else:
+            group_scores = choice.view(t, n_group, per).max(dim=-1).values
+        groups = group_scores.topk(topk_group, dim=-1, sorted=False).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    ids = choice.topk(k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+class FusedExperts(nn.Module):
+    """``num_experts`` gated MLPs stored as batched weights ``w13 [E, 2I_local, H]`` (gate rows then
+    up rows) and ``w2 [E, H, I_local]``, with optional biases.
+
+    ``activation`` maps the ``[N, 2I_local]`` gate/up output to ``[N, I_local]`` (SiLU-and-mul by
+    default; gpt-oss passes its clamped SwiGLU, whose gate/up rows it de-interleaves at load).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        *,
+        bias: bool = False,
+        tp: TPGroup | None = None,
+        activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul,
+    ) -> None:
+        super().__init__()
+        self.tp = tp or SINGLE
+        self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
+        lo, hi = self.tp.units(intermediate, "the experts' intermediate size")
+        self._cols = slice(lo, hi)
+        self.local_inter = hi - lo
+        self.activation = activation
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local_inter, hidden), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local_inter), requires_grad=False)
+        if bias:
+            self.b13 = nn.Parameter(torch.zeros(num_experts, 2 * self.local_inter), requires_grad=False)
+            self.b2 = nn.Parameter(torch.zeros(num_experts, hidden), requires_grad=False)
+        else:
+            self.b13 = self.b2 = None
+        self._loaded: set[tuple[int, int, str]] = set()
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def load(self, tensor: torch.Tensor, expert: int, proj: int) -> None:
+        """Load one expert's full checkpoint ``gate``/``up`` (``[I, H]``, or bias ``[I]``) or
+        ``down`` (``[H, I]``, or bias ``[H]``) tensor, keeping this rank's channels."""
+        t = tensor.dequantize() if hasattr(tensor, "dequantize") else tensor
+        li = self.local_inter
+        kind = "bias" if t.dim() == 1 else "weight"
+        if proj in (GATE, UP):
+            dst = slice(0, li) if proj == GATE else slice(li, 2 * li)
+            if kind == "bias":
+                self.b13.data[expert, dst].copy_(t[self._cols])
+            else:
+                self.w13.data[expert, dst].copy_(t[self._cols])
+        elif kind == "bias":
+            self.b2.data[expert].copy_(t)  # added once, after the all-reduce
+        else:
+            self.w2.data[expert].copy_(t[:, self._cols])
+        self._loaded.add((expert, proj, kind))
+
+    def load_stacked(self, tensor: torch.Tensor, proj: int) -> None:
+        """Load all experts at once from a stacked ``[E, out, in]`` (or bias ``[E, out]``) tensor."""
+        from llmkit.core.model.source import materialize
+
+        tensor = materialize(tensor)
+        for e in range(self.num_experts):
+            self.load(tensor[e], e, proj)
+
+    def missing(self) -> list[str]:
+        """Names (``expert.proj.kind``) of the tensors not loaded yet."""
+        want = {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
+        if self.b13 is not None:
+            want |= {(e, p, "bias") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
+        names = ("gate_proj", "up_proj", "down_proj")
+        return sorted(f"{e}.{names[p]}.{k}" for e, p, k in want - self._loaded)
+
+    # --- execution ---------------------------------------------------------------------------
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, deterministic: bool = False
+    ) -> torch.Tensor:
+        """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` for every token ``t``;
+        ``x [T, H]``, ``topk_* [T, k]``."""
+        t, k = topk_ids.shape
+        flat = topk_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, slot) assignments grouped by expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        rows = x.index_select(0, order // k)
+        out = torch.empty(t * k, self.hidden, dtype=x.dtype, device=x.device)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            block = rows[start : start + n]
+            h = dense_linear(block, self.w13[e], None if self.b13 is None else self.b13[e], deterministic)
+            y = dense_linear(self.activation(h), self.w2[e], None, deterministic)
+            out[order[start : start + n]] = y
+            start += n
+        if self.b2 is not None:
+            # the down bias is part of each expert's output, weighted like it; added on one rank only
+            bias = self.b2[flat] if self.tp.rank == 0 else 0
+            out = out + bias
+        y = (out.view(t, k, self.hidden) * topk_weights.to(out.dtype).unsqueeze(-1)).sum(dim=1)
+        return self.tp.all_reduce(y)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}"

@@ -1,0 +1,103 @@
+"""Drive a model through the paged KV path the way the engine does, step by step, so tests can
+compare every step's logits with transformers: prefills, a prefix shared page-wise with another
+sequence (what the radix cache hands out), prefill in chunks, and batched decode."""
+
+from __future__ import annotations
+
+import torch
+
+from llmkit.core.model.attention import AttentionMetadata
+from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+
+
+class PagedRunner:
+    def __init__(self, model, page_size: int, max_tokens: int = 1024, backend_cls=None, **backend_kw) -> None:
+        from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
+
+        self.model, self.ps = model, page_size
+        cpu = torch.device("cpu")
+        k_dim, v_dim = model.kv_cache_dims  # as the engine builder sizes the pool and the backend
+        self.pool = KVCachePool(
+            num_layers=model.num_layers,
+            num_pages=max_tokens // page_size + 2,
+            page_size=page_size,
+            num_kv_heads=model.local_kv_heads,
+            head_dim=k_dim,
+            dtype=torch.float32,
+            device=cpu,
+            v_head_dim=v_dim,
+        )
+        if model.attention_scale:
+            backend_kw.setdefault("scale", model.attention_scale)
+        if model.attention_v_dim != k_dim:
+            backend_kw.setdefault("v_head_dim", model.attention_v_dim)
+        self.req_pool = ReqToTokenPool(8, max_tokens + page_size, cpu)
+        cls = backend_cls or TorchAttentionBackend
+        self.attn = cls(
+            num_heads=model.local_heads,
+            num_kv_heads=model.local_kv_heads,
+            head_dim=k_dim,
+            pool=self.pool,
+            device=cpu,
+            **backend_kw,
+        )
+        self.seqs: dict[int, list[int]] = {}  # row -> pages
+        self.lens: dict[int, int] = {}
+
+    def new_seq(self, share_from: int | None = None, shared_tokens: int = 0) -> int:
+        """A new sequence row; with ``share_from``, its first ``shared_tokens`` (whole pages) reuse
+        that sequence's KV pages, as a radix-cache hit does."""
+        row = len(self.seqs)
+        assert shared_tokens % self.ps == 0
+        pages = list(self.seqs[share_from][: shared_tokens // self.ps]) if share_from is not None else []
+        self.seqs[row], self.lens[row] = pages, shared_tokens
+        if pages:
+            self.req_pool.table[row, :shared_tokens] = self.pool.page_slots(pages)
+        return row
+
+    def _grow(self, row: int, n: int) -> torch.Tensor:
+        old = self.lens[row]
+        need = -(-(old + n) // self.ps) - len(self.seqs[row])
+        if need > 0:
+            pages = self.pool.allocate(need)
+            assert pages is not None
+            self.seqs[row] += pages
+        slots = self.pool.page_slots(self.seqs[row])[old : old + n]
+        self.req_pool.table[row, old : old + n] = slots
+        self.lens[row] = old + n
+        return slots
+
+    def step(self, batch: list[tuple[int, list[int]]], deterministic: bool = False) -> list[torch.Tensor]:
+        """One forward over ``(row, new token ids)`` pairs; the logits of each sequence's new tokens."""
+        q_lens = [len(ids) for _, ids in batch]
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        positions, slots = [], []
+        for row, ids in batch:
+            positions.append(torch.arange(self.lens[row], self.lens[row] + len(ids)))
+            slots.append(self._grow(row, len(ids)))
+        kv_lens = [self.lens[row] for row, _ in batch]
+        md = AttentionMetadata(
+            num_seqs=len(batch),
+            q_lens=q_lens,
+            kv_lens=kv_lens,
+            q_start_loc=torch.tensor(starts),
+            q_lens_t=torch.tensor(q_lens),
+            kv_lens_t=torch.tensor(kv_lens),
+            req_pool_indices=torch.tensor([row for row, _ in batch]),
+            req_to_token=self.req_pool.table,
+            out_slots=torch.cat(slots),
+            page_size=self.ps,
+            is_decode=all(n == 1 for n in q_lens),
+            deterministic=deterministic,
+            q_starts=starts[:-1] + [starts[-1]],
+            req_rows=[row for row, _ in batch],
+        )
+        md = self.attn.prepare_metadata(md)
+        ids = torch.tensor([t for _, toks in batch for t in toks])
+        with torch.inference_mode():
+            hidden = self.model(ids, torch.cat(positions), ForwardContext(self.attn, md))
+            logits = self.model.compute_logits(hidden)
+        return [logits[starts[i] : starts[i + 1]] for i in range(len(batch))]
