@@ -136,6 +136,28 @@ class StackedLM(CausalLM):
     def compute_logits(self, hidden, deterministic=False):
         return self.lm_head(hidden, deterministic)
 
+    def load_tensor(self, modules: dict, params: dict, name: str, tensor, fused: dict) -> tuple[str, str, int]:
+        """Put one checkpoint tensor where it belongs: a (fused) linear layer keeps its rank's
+        slice, the embedding or LM head its vocabulary rows, anything else is copied whole.
+        ``fused`` maps a checkpoint projection name to ``(fused layer, part)``. Returns
+        ``(module, leaf, part)`` for the missing-weights check."""
+        parts = name.split(".")
+        owner, leaf = ".".join(parts[:-1]), parts[-1]
+        part = 0
+        if len(parts) >= 2 and parts[-2] in fused:
+            target, part = fused[parts[-2]]
+            owner = ".".join(parts[:-2] + [target])
+        module = modules.get(owner)
+        if isinstance(module, Linear) and leaf in ("weight", "bias"):
+            module.load(tensor, part)
+        elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
+            module.load(tensor)
+        elif name in params:
+            params[name].data.copy_(materialize(tensor))
+        else:
+            raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
+        return owner, leaf, part
+
 
 class DecoderLM(StackedLM):
     qkv_bias = False
@@ -175,22 +197,7 @@ class DecoderLM(StackedLM):
                 continue
             if self.tie and name == "lm_head.weight":
                 continue
-            parts = name.split(".")
-            owner, leaf = ".".join(parts[:-1]), parts[-1]
-            part = 0
-            if len(parts) >= 2 and parts[-2] in fused:
-                target, part = fused[parts[-2]]
-                owner = ".".join(parts[:-2] + [target])
-            module = modules.get(owner)
-            if isinstance(module, Linear) and leaf in ("weight", "bias"):
-                module.load(tensor, part)
-            elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-                module.load(tensor)
-            elif name in params:
-                params[name].data.copy_(materialize(tensor))
-            else:
-                raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-            loaded.add((owner, leaf, part))
+            loaded.add(self.load_tensor(modules, params, name, tensor, fused))
         expected = set()
         for mname, module in modules.items():
             if isinstance(module, Linear):

@@ -26,7 +26,7 @@ from torch import nn
 from llmkit.core.model.attention import LATENT_KV
 from llmkit.core.model.fp8 import dequantize_fp8_blocks
 from llmkit.core.model.layers import RMSNorm, _rope_params, _yarn_mscale
-from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+from llmkit.core.model.linear import Linear, VocabEmbedding
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.source import materialize
@@ -200,7 +200,6 @@ class DeepseekV3ForCausalLM(StackedLM):
                 continue
             name = name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")  # a router buffer
             parts = name.split(".")
-            owner, leaf = ".".join(parts[:-1]), parts[-1]
             if "experts" in parts and "shared_experts" not in parts:
                 i = parts.index("experts")
                 experts = modules.get(".".join(parts[: i + 1]))
@@ -208,20 +207,7 @@ class DeepseekV3ForCausalLM(StackedLM):
                     raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
                 experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
                 continue
-            part = 0
-            if len(parts) >= 2 and parts[-2] in fused:
-                target, part = fused[parts[-2]]
-                owner = ".".join(parts[:-2] + [target])
-            module = modules.get(owner)
-            if isinstance(module, Linear) and leaf in ("weight", "bias"):
-                module.load(tensor, part)
-            elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-                module.load(tensor)
-            elif name in params:
-                params[name].data.copy_(materialize(tensor))
-            else:
-                raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-            loaded.add(f"{owner}.{leaf}.{part}")
+            loaded.add(".".join(map(str, self.load_tensor(modules, params, name, tensor, fused))))
         if skipped:
             log.info("DeepSeek-V3: skipped %d tensors of layers past num_hidden_layers (MTP)", skipped)
         missing = []
