@@ -18,7 +18,7 @@ from llmkit.core.engine.scheduler import Scheduler
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.prefix_cache import NoPrefixCache
 from llmkit.core.model.radix_cache import RadixCache
-from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.model.source import gguf_path_of, iter_gguf_native, iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import PluginError, registry
 
 log = logging.getLogger("llmkit")
@@ -181,6 +181,18 @@ def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.d
     return model.eval()
 
 
+def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | None) -> bool:
+    """Whether a GGUF is served at its native (quantized) precision: the default on CPU. An explicit
+    ``--dtype``, ``--quantization`` (``none`` included) or dummy weights serve dense weights."""
+    return (
+        gguf_path is not None
+        and device.type == "cpu"
+        and config.quantization is None
+        and config.dtype == "auto"
+        and config.load_format != "dummy"
+    )
+
+
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     from transformers import AutoTokenizer
 
@@ -195,7 +207,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         registry().entry("grammar", grammar_name)  # an unknown name fails before loading
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    model_dir = resolve_model_dir(config.model_path)
+    quant = config.quantization if config.quantization not in (None, "", "none") else None
+    gguf_path = gguf_path_of(config.model_path)
+    native = native_gguf(config, device, gguf_path)
+    model_dir = resolve_model_dir(config.model_path, weights=not native)
     hf_config = load_config(model_dir)
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
@@ -205,14 +220,16 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         from llmkit.core.model.dummy_weights import fill_dummy_weights
 
         fill_dummy_weights(model)
+    elif native:
+        model.load_weights(iter_gguf_native(gguf_path, hf_config))
     else:
         model.load_weights(iter_safetensors(model_dir))
     if hasattr(model, "finalize_weights"):
         model.finalize_weights()
-    if config.quantization:
+    if quant:
         if device.type != "cpu":
-            raise ValueError("--quantization int8 is a CPU decode path; on CUDA use the model's dtype")
-        model.quantize(config.quantization)
+            raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use the model's dtype")
+        model.quantize(quant, config.quantization_group_size)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
     head_dim, n_kv, n_layers = model.head_dim, model.local_kv_heads, model.num_layers
@@ -257,7 +274,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         time.monotonic() - t0,
         str(dtype).removeprefix("torch."),
         ", dummy weights" if config.load_format == "dummy" else "",
-        f" + {config.quantization} weights" if config.quantization else "",
+        f" + {quant} weights" if quant else " + native GGUF weights" if native else "",
         attn_name,
         tokens,
         tokens * bytes_per_token / 1e9,
