@@ -80,8 +80,11 @@ class CausalLM(nn.Module, ABC):
 
         fmt = weight_format(method, group_size)
         for module in list(self.modules()):
-            if isinstance(module, (Linear, LMHead)):
-                module.set_format(fmt)
+            if isinstance(module, Linear):
+                module.set_format(fmt.for_features(module.local_in) if hasattr(fmt, "for_features") else fmt)
+            elif isinstance(module, LMHead):
+                hidden = int(self.config["hidden_size"])
+                module.set_format(fmt.for_features(hidden) if hasattr(fmt, "for_features") else fmt)
         release_free_heap()
 
     @property

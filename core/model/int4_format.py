@@ -65,6 +65,14 @@ class Int4Format(WeightFormat):
             raise ValueError(f"int4 group size {group} is not one of 32, 64, 128, 256")
         self.group = group
 
+    def for_features(self, in_features: int) -> "Int4Format":
+        """This format, or the one with the largest smaller group that divides ``in_features``
+        (``--quantization-group-size 128`` on a 576-wide layer quantizes it in groups of 64)."""
+        for group in (self.group, 128, 64, 32):
+            if group <= self.group and in_features % group == 0:
+                return self if group == self.group else Int4Format(group)
+        raise ValueError(f"int4 needs input features divisible by 32; a layer has {in_features}")
+
     def create(self, layer, out_features: int, in_features: int) -> None:
         if in_features % self.group:
             raise ValueError(f"int4 group size {self.group} does not divide the layer's {in_features} input features")
