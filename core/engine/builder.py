@@ -15,6 +15,7 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import Scheduler
+from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights, quant_method
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.prefix_cache import NoPrefixCache
 from llmkit.core.model.radix_cache import RadixCache
@@ -212,6 +213,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     native = native_gguf(config, device, gguf_path)
     model_dir = resolve_model_dir(config.model_path, weights=not native)
     hf_config = load_config(model_dir)
+    quant_method(hf_config)  # an unsupported checkpoint quantization fails before the model is built
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -222,6 +224,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         fill_dummy_weights(model)
     elif native:
         model.load_weights(iter_gguf_native(gguf_path, hf_config))
+    elif quant_method(hf_config):
+        model.load_weights(int4_checkpoint_weights(iter_safetensors(model_dir), hf_config))
     else:
         model.load_weights(iter_safetensors(model_dir))
     if hasattr(model, "finalize_weights"):

@@ -91,6 +91,8 @@ class Int4Format(WeightFormat):
                 raise ValueError(f"int4 source group {src.group} != layer group {self.group}")
             q, scale, zero = src.int4_groups(src_rows, src_cols)
         else:
+            if getattr(layer, "in_perm", None) is not None:  # a dense source is in natural column order
+                layer.in_perm = None
             w = src.dequantize() if hasattr(src, "dequantize") else src
             q, scale, zero = quantize_int4(w[src_rows, src_cols], self.group)
         layer._q4[dst_rows].copy_(q)
@@ -108,15 +110,24 @@ class Int4Format(WeightFormat):
 
     def apply(self, layer, x, deterministic):
         n = layer.local_out
+        perm = getattr(layer, "in_perm", None)
+        if perm is not None:  # GPTQ act order: the columns are stored sorted by group
+            x = x.index_select(1, perm)
         if x.shape[0] <= INT4_MAX_ROWS and not deterministic:
             y = torch._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16), layer.q4_packed, self.group, layer.q4_scale_zero
             )
             return y[:, :n].to(x.dtype)
-        return dense_linear(x, self.dense_weight(layer).to(x.dtype), None, deterministic)
+        return dense_linear(x, self._dequantize(layer).to(x.dtype), None, deterministic)
 
-    def dense_weight(self, layer, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The dequantized fp32 weight ``[out, in]`` (or its ``rows``), from the packed buffers."""
+    def dense_weight(self, layer) -> torch.Tensor:
+        """The dequantized fp32 weight ``[out, in]``, from the packed buffers."""
+        w = self._dequantize(layer)
+        perm = getattr(layer, "in_perm", None)
+        return w if perm is None else torch.empty_like(w).index_copy_(1, perm, w)
+
+    def _dequantize(self, layer, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The stored weight (columns in stored order) dequantized to fp32, or its ``rows``."""
         q = unpack_int4(layer.q4_packed, rows)
         sz = layer.q4_scale_zero.float()
         if rows is None:
@@ -130,4 +141,4 @@ class Int4Format(WeightFormat):
 
     def embed(self, layer, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
-        return self.dense_weight(layer, flat).view(*ids.shape, -1)
+        return self._dequantize(layer, flat).view(*ids.shape, -1)
