@@ -212,3 +212,13 @@ def test_native_embedded_model_resident_memory_is_well_below_fp32():
     # fp32 holds 538 MB of weights; native 4-bit blocks + int8 embedding ~ 95 MB (+ allocator slack)
     assert fp32 > 450, fp32
     assert native < 0.35 * fp32, (native, fp32)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_deterministic_rows_do_not_depend_on_their_batch(qtype):
+    layer = _layer(_blocks(qtype), qtype)
+    x = torch.randn(40, COLS, generator=torch.Generator().manual_seed(1))
+    alone = torch.cat([layer(x[i : i + 1], deterministic=True) for i in range(0, 40, 7)])
+    batched = layer(x, deterministic=True)[::7]
+    assert torch.equal(alone, batched)
+    assert torch.equal(layer(x[3:20], deterministic=True), layer(x, deterministic=True)[3:20])

@@ -50,11 +50,17 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, deterministic
     """``x @ weight.T + bias``; in deterministic mode in fixed tiles of rows (see above)."""
     if not deterministic:
         return _gemm(x, weight, bias)
+    return in_tiles(x, lambda t: _gemm(t, weight, bias))
+
+
+def in_tiles(x: torch.Tensor, gemm) -> torch.Tensor:
+    """``gemm`` over zero-padded tiles of :data:`DETERMINISTIC_TILE` rows: every call has the same
+    shape, so a row's result does not depend on how many rows its batch has."""
     m = x.shape[0]
     pad = (-m) % DETERMINISTIC_TILE
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    return torch.cat([_gemm(t, weight, bias) for t in x.split(DETERMINISTIC_TILE)])[:m]
+    return torch.cat([gemm(t) for t in x.split(DETERMINISTIC_TILE)])[:m]
 
 
 class WeightFormat:

@@ -46,8 +46,12 @@ class Int8Format(WeightFormat):
 
     def apply(self, layer, x, deterministic):
         if x.shape[0] <= INT8_MAX_ROWS and not deterministic:
-            return torch._weight_int8pack_mm(x.to(torch.bfloat16), layer.qweight, layer.qscale).to(x.dtype)
+            return self._kernel(layer, x)
         return dense_linear(x, self.dense_weight(layer).to(x.dtype), None, deterministic)
+
+    @staticmethod
+    def _kernel(layer, x):
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), layer.qweight, layer.qscale).to(x.dtype)
 
     def dense_weight(self, layer):
         if layer.weight is not None:
