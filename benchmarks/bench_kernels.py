@@ -2,11 +2,12 @@
 
 Times the GEMMs of a full step (30 layers x {qkv 576->960, o 576->576, gate_up 576->3072,
 down 1536->576}, distinct weights per layer, plus the LM head 576->49152) through the Linear layer
-in each candidate format, and the LM head alone. This picks ``INT4_MAX_ROWS`` /
+in each candidate format: fp32 (oneDNN below 256 rows, MKL above), and each quantized format with
+its kernel forced at every row count or dequantized per call then multiplied in fp32. This picks ``INT4_MAX_ROWS`` /
 ``INT8_MAX_ROWS`` (above them a quantized layer dequantizes and multiplies in fp32) and the GGUF
 type -> format mapping. Usage::
 
-    python benchmarks/bench_kernels.py [--rows 1,16,32,64,128,512] [--reps 5]
+    python benchmarks/bench_kernels.py [--rows 1,16,64,512] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -61,54 +62,53 @@ CANDIDATES = {
 }
 
 
+def _forced(name):
+    """Context: force the kernel (0 rows -> always dequantize) of a quantized candidate."""
+    from contextlib import contextmanager
+
+    from llmkit.core.model import weight_formats
+
+    @contextmanager
+    def force(limit):
+        saved = int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS
+        int4_format.INT4_MAX_ROWS = weight_formats.INT8_MAX_ROWS = limit
+        try:
+            yield
+        finally:
+            int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS = saved
+
+    return force
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="1,16,32,64,128,512")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rows", default="1,16,64,512")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     torch.manual_seed(0)
-    print(f"step GEMMs, ms (median of {args.reps}); 'dequant' = the layer dequantized per call, then fp32")
-    print("| format | " + " | ".join(f"M={m}" for m in rows) + " |")
-    print("|---|" + "---:|" * len(rows))
-    for name, factory in CANDIDATES.items():
-        layers = _layers(factory, SHAPES * LAYERS) + _layers(factory, [HEAD])
-        cells = []
+    step = {name: _layers(f, SHAPES * LAYERS) + _layers(f, [HEAD]) for name, f in CANDIDATES.items()}
+    force = _forced(None)
+    variants = []  # (label, layers, forced row limit or None)
+    for name, layers in step.items():
+        if name.startswith("fp32"):
+            variants.append((name, layers, None))
+        else:
+            variants.append((name + " (kernel at every M)", layers, 1 << 30))
+            variants.append((name.split(" kernel")[0] + " dequant -> fp32 GEMM", layers, 0))
+    res = {(v[0], m): [] for v in variants for m in rows}
+    for _ in range(args.rounds):  # interleaved: a drift of the shared machine hits every candidate
         for m in rows:
-            cells.append(f"{_time(layers, m, args.reps):.1f}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
-        if "int4" in name or "int8" in name:
-            saved = int4_format.INT4_MAX_ROWS
-            int4_format.INT4_MAX_ROWS = 0
-            from llmkit.core.model import weight_formats
-
-            saved8, weight_formats.INT8_MAX_ROWS = weight_formats.INT8_MAX_ROWS, 0
-            try:
-                cells = [f"{_time(layers, m, args.reps):.1f}" for m in rows]
-            finally:
-                int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS = saved, saved8
-            print(f"| {name.split(' kernel')[0]} dequant -> fp32 | " + " | ".join(cells) + " |")
-        del layers
-    print("\nLM head 576->49152 alone, ms")
-    print("| format | " + " | ".join(f"M={m}" for m in rows[:3]) + " |")
-    print("|---|" + "---:|" * len(rows[:3]))
-    for name, factory in CANDIDATES.items():
-        head = _layers(factory, [HEAD])
-        print(f"| {name} | " + " | ".join(f"{_time(head, m, args.reps * 4):.2f}" for m in rows[:3]) + " |")
-    bf16 = Linear(*HEAD)
-    bf16.weight.data = (torch.randn(HEAD[1], HEAD[0]) * 0.05).bfloat16()
-    t = []
-    for m in rows[:3]:
-        x = torch.randn(m, HEAD[0]).bfloat16()
-        with torch.inference_mode():
-            bf16(x)
-            s = time.perf_counter()
-            for _ in range(args.reps * 4):
-                bf16(x)
-            t.append((time.perf_counter() - s) / (args.reps * 4) * 1e3)
-    print("| bf16 F.linear | " + " | ".join(f"{v:.2f}" for v in t) + " |")
+            for label, layers, limit in variants:
+                with force(limit if limit is not None else 1 << 30):
+                    res[(label, m)].append(_time(layers, m, 1))
+    print(f"GEMMs of one decode step (30 layers + LM head), ms, median of {args.rounds} interleaved rounds")
+    print("| candidate | " + " | ".join(f"M={m}" for m in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    for label, _, _ in variants:
+        print(f"| {label} | " + " | ".join(f"{statistics.median(res[(label, m)]):.1f}" for m in rows) + " |")
 
 
 if __name__ == "__main__":

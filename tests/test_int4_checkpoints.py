@@ -4,10 +4,10 @@ holds the same weights dequantized by the formats' published formulas.
 
 Tolerance: the int4 values, zeros and groups are carried over exactly; the kernel keeps each
 group's scale and zero in bf16 (<= 2^-9 relative) and multiplies bf16 activations, so a layer is
-within 1% relative of the fp32 product. A zero's rounding shifts its whole group the same way, so
-the errors do not average out over a group: the logits of the two-layer model (large random
-weights) land at about 2% relative (measured 1.9-2.0%); bound 3%. A layout mistake (nibble order,
-transposition, zero offset) gives errors of order 100%.
+within 1% relative of the fp32 product. The two-layer model's logits (weights |w| <= 0.09) land at
+0.2-0.3% relative (measured); bound 1.5%. (With 7x larger weights the errors compound to 2-8%
+through the layers: the bf16 activations of the kernel, not the layout.) A layout mistake (nibble
+order, transposition, zero offset) gives errors of order 100%.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _write(method: str, path, act_order: bool = False):
             groups = k // GROUP
             q = torch.randint(0, 16, (k, n))
             z = torch.randint(1, 16, (groups, n))
-            s = (torch.rand(groups, n) * 0.03 + 0.01).half()
+            s = (torch.rand(groups, n) * 0.004 + 0.002).half()  # |w| <= 0.09: a well-conditioned model
             if act_order:
                 shares = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gu", "up_proj": "gu"}
                 key = (name.split(".")[2], shares.get(leaf, leaf))
@@ -133,7 +133,7 @@ def test_int4_checkpoint_matches_its_dequantized_reference(method, act_order, tm
     got = _prefill_logits(model, ids)
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0]
-    assert ((got - want).norm() / want.norm()).item() < 0.03
+    assert ((got - want).norm() / want.norm()).item() < 0.015
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
     if act_order:
         assert model.layers[0].self_attn.qkv_proj.in_perm is not None
