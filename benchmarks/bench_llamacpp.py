@@ -13,7 +13,7 @@ Metrics, each as the median of ``--rounds`` interleaved rounds (llmkit, then lla
 llama-server is built once, if absent, from the ``llama-cpp-python`` sdist's vendored llama.cpp
 (``pip download``, then cmake + ninja with ``GGML_NATIVE=ON``; about 6 minutes of two cores) into
 ``$LLMKIT_LLAMACPP_DIR`` (default ``/work/.cache/llama.cpp``, outside the repository). It runs with
-``-t N -tb N -np 16 -c 8192`` (continuous batching over 16 slots) and ``ignore_eos`` like llmkit.
+``-t N -tb N -np 16 -c 16384`` (continuous batching over 16 slots of 1,024 tokens; a 512-token prompt plus 1 must fit one slot) and ``ignore_eos`` like llmkit.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def start_llama_server(gguf: Path, threads: int):
             "-np",
             "16",
             "-c",
-            "8192",
+            "16384",
             "--host",
             "127.0.0.1",
             "--port",
