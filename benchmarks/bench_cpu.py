@@ -236,8 +236,10 @@ def dp_compare(rounds: int, serve_args: list[str]) -> None:
 
 
 def native_compare(rounds: int, serve_args: list[str]) -> None:
-    """(a) and (b) at the GGUF's native precision (the default) against ``--quantization none``."""
-    med = compare_servers(rounds, serve_args, {"native": [], "fp32": ["--quantization", "none"]})
+    """(a) and (b) at the GGUF's native precision (``--quantization gguf``) against the dense default."""
+    med = compare_servers(
+        rounds, serve_args, {"native": ["--quantization", "gguf"], "fp32": ["--quantization", "none"]}
+    )
     print_comparison(med, "native", "fp32", ("native GGUF (int4/int8)", "--quantization none (fp32)"), rounds)
 
 
@@ -263,7 +265,7 @@ def main() -> None:
     ap.add_argument(
         "--native-compare",
         action="store_true",
-        help="compare the GGUF's native precision (default) with --quantization none instead of transformers",
+        help="compare the GGUF's native precision (--quantization gguf) with --quantization none instead of transformers",
     )
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()

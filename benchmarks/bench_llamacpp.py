@@ -201,7 +201,17 @@ def main() -> None:
     servers = {}
     try:
         servers["llmkit"] = start_server(
-            ["--model-path", str(gguf), "--batch-storage", "none", "--num-threads", str(args.threads), *args.serve_args]
+            [
+                "--model-path",
+                str(gguf),
+                "--quantization",
+                "gguf",
+                "--batch-storage",
+                "none",
+                "--num-threads",
+                str(args.threads),
+            ]
+            + args.serve_args
         )
         servers["llama.cpp"] = start_llama_server(gguf, args.threads)
         res = {f"{m}_{n}": [] for m in ("single", "concurrent", "ttft", "rss") for n in servers}

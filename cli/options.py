@@ -127,9 +127,9 @@ Quantization = Annotated[
     typer.Option(
         "--quantization",
         envvar="LLMKIT_QUANTIZATION",
-        help="Weights (CPU): default dense for HF checkpoints and a GGUF's native quantization; "
-        "none: dense (a GGUF dequantized to fp32); int8 (per channel) or int4 (grouped): weight-only, "
-        "quantized at load.",
+        help="Weights (CPU): default/none dense (a GGUF dequantized to fp32); gguf: a GGUF's own quantized "
+        "weights (Q4_0/Q4_1/Q4_K as int4, Q8_0/Q5_K/Q6_K as int8); int8 (per channel) or int4 (grouped): "
+        "weight-only, quantized at load.",
     ),
 ]
 QuantizationGroupSize = Annotated[

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 DTYPES = ("auto", "float32", "fp32", "float16", "half", "bfloat16", "bf16")
-QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOAD_FORMATS = ("auto", "dummy")

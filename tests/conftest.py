@@ -74,6 +74,12 @@ def server():
 
 
 @pytest.fixture(scope="session")
+def native_server():
+    """The embedded GGUF served at its own precision (``--quantization gguf``: int4/int8 kernels)."""
+    yield from _server(["--quantization", "gguf", "--batch-storage", "none"])
+
+
+@pytest.fixture(scope="session")
 def det_server():
     """Batch-invariant numerics, for 'alone equals batched' checks."""
     yield from _server(["--enable-deterministic-inference"])

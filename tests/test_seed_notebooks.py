@@ -1,14 +1,15 @@
 """Every chat and completions cell of the user's seed notebooks (../shared/seeds), run against
-``llmkit serve`` with the embedded model in place of SGLang's launch command and model."""
+``llmkit serve`` with the embedded model in place of SGLang's launch command and model: dense (the
+default) and at the GGUF's native precision (``--quantization gguf``)."""
 
 from __future__ import annotations
 
 import pytest
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return server.client
+@pytest.fixture(scope="module", params=["dense", "native"])
+def client(request):
+    return request.getfixturevalue("server" if request.param == "dense" else "native_server").client
 
 
 @pytest.fixture(scope="module")

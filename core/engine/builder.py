@@ -187,15 +187,19 @@ NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3")
 
 
 def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | None) -> bool:
-    """Whether a GGUF is served at its native (quantized) precision: the default on CPU. An explicit
-    ``--dtype``, ``--quantization`` (``none`` included) or dummy weights serve dense weights."""
-    return (
-        gguf_path is not None
-        and device.type == "cpu"
-        and config.quantization is None
-        and config.dtype == "auto"
-        and config.load_format != "dummy"
-    )
+    """Whether a GGUF is served at its native (quantized) precision: ``--quantization gguf``, on CPU.
+
+    Opt-in for now: at native precision a request whose prompt hits the prefix cache can decode
+    differently from the same request computed afresh (the int4 kernel's bf16 activations turn
+    the attention's last-bit differences into visible ones), which breaks streaming = non-streaming
+    and seeded repeatability; the dense default keeps them."""
+    if config.quantization != "gguf":
+        return False
+    if gguf_path is None:
+        raise ValueError("--quantization gguf serves a GGUF's own quantized weights: give a .gguf --model-path")
+    if device.type != "cpu":
+        raise ValueError("--quantization gguf is a CPU path; on CUDA leave it out (GGUFs are dequantized)")
+    return config.load_format != "dummy"
 
 
 def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
@@ -215,7 +219,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         registry().entry("grammar", grammar_name)  # an unknown name fails before loading
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    quant = config.quantization if config.quantization not in (None, "", "none") else None
+    quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None
     gguf_path = gguf_path_of(config.model_path)
     native = native_gguf(config, device, gguf_path)
     model_dir = resolve_model_dir(config.model_path, weights=not native)
@@ -229,7 +233,13 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         )
         native = False
         model_dir = resolve_model_dir(config.model_path)
-    quant_method(hf_config)  # an unsupported checkpoint quantization fails before the model is built
+    # gpt-oss (MXFP4) and DeepSeek (FP8) read their own checkpoint quantizations; for the others an
+    # unsupported one fails here, before the model is built
+    int4_method = (
+        None
+        if getattr(registry().model(architecture_of(hf_config)), "reads_own_quantization", False)
+        else quant_method(hf_config)
+    )
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
     needed = frozenset(getattr(model_cls, "attention_features", ()))
@@ -245,7 +255,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         fill_dummy_weights(model)
     elif native:
         model.load_weights(iter_gguf_native(gguf_path, hf_config))
-    elif quant_method(hf_config):
+    elif int4_method:
         model.load_weights(int4_checkpoint_weights(iter_safetensors(model_dir), hf_config))
     else:
         try:

@@ -126,6 +126,7 @@ class DecoderLayer(PreNormBlock):
 
 
 class DeepseekV3ForCausalLM(StackedLM):
+    reads_own_quantization = True  # block-scaled FP8, checked by check_config
     supports_tp = True
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
     attention_features = frozenset({LATENT_KV})

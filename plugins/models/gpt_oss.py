@@ -130,6 +130,7 @@ class DecoderLayer(PreNormBlock):
 
 
 class GptOssForCausalLM(StackedLM):
+    reads_own_quantization = True  # MXFP4 experts, checked by check_config
     supports_tp = True
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
     attention_features = frozenset({SINKS, SLIDING_WINDOW})
