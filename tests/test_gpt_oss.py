@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llmkit.core.model.attention import SINKS
+from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
 from llmkit.core.model.mxfp4 import dequantize_mxfp4
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
@@ -163,10 +163,11 @@ def test_unknown_quantization_is_refused_naming_the_field(tmp_path):
 def test_backends_without_sinks_are_refused():
     from llmkit.core.plugins import registry
 
-    triton = registry().attention_backend("triton")
-    with pytest.raises(ValueError, match="'triton' does not implement sinks"):
-        triton.check_features({SINKS}, "triton")
-    registry().attention_backend("torch").check_features({SINKS}, "torch")
+    flashinfer = registry().attention_backend("flashinfer")
+    with pytest.raises(ValueError, match="'flashinfer' does not implement sinks, sliding_window"):
+        flashinfer.check_features({SINKS, SLIDING_WINDOW}, "flashinfer")
+    for name in ("torch", "triton"):  # the triton kernels take windows and sinks (test_triton_attention)
+        registry().attention_backend(name).check_features({SINKS, SLIDING_WINDOW}, name)
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,44 @@ CASES: dict[str, dict] = {
     # Qwen2.5-0.5B's head layout: 14 query heads over 2 KV heads (a group of 7, not a power of 2)
     "extend_ps4_gqa7": dict(seqs=[(6, 11), (0, 3)], heads=(14, 2), page_size=4, head_dim=16),
     "decode_ps4_gqa7": dict(seqs=[(26, 1), (5, 1)], heads=(14, 2), page_size=4, head_dim=16),
+    # gpt-oss: sliding windows shorter than the contexts, attention sinks, cached prefixes.
+    # A window of 5 < BLOCK_N leaves later rows of a query block without any key in the first key
+    # blocks (the NaN-free path); a window of 20 spans several key blocks and split-K chunks.
+    "extend_ps1_window5_sinks": dict(
+        seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 2), page_size=1, head_dim=32, window=5, sinks=True
+    ),
+    "extend_ps16_window20_sinks_shared": dict(
+        seqs=[(40, 37), (35, 20), (0, 3)],
+        heads=(4, 1),
+        page_size=16,
+        head_dim=32,
+        share={1: (0, 32)},
+        window=20,
+        sinks=True,
+    ),
+    "extend_ps16_sinks_only": dict(seqs=[(13, 7), (0, 33)], heads=(4, 2), page_size=16, head_dim=16, sinks=True),
+    "extend_ps1_window_only_gqa7": dict(seqs=[(6, 11), (0, 3)], heads=(14, 2), page_size=1, head_dim=16, window=4),
+    "decode_ps1_window16_sinks": dict(
+        seqs=[(40, 1), (3, 1), (70, 1), (0, 1)],
+        heads=(8, 1),
+        page_size=1,
+        head_dim=32,
+        share={2: (0, 37)},
+        deterministic=True,
+        window=16,
+        sinks=True,
+    ),
+    "decode_ps16_window20_sinks_shared": dict(
+        seqs=[(47, 1), (33, 1), (10, 1)],
+        heads=(4, 1),
+        page_size=16,
+        head_dim=32,
+        share={1: (0, 32)},
+        window=20,
+        sinks=True,
+    ),
+    "decode_ps4_sinks_only": dict(seqs=[(15, 1), (32, 1)], heads=(2, 2), page_size=4, head_dim=24, sinks=True),
+    "decode_ps4_window_only": dict(seqs=[(15, 1), (32, 1), (2, 1)], heads=(4, 2), page_size=4, head_dim=16, window=7),
 }
 # Real model shapes, compiled on a GPU only (too slow for the interpreter).
 GPU_CASES: dict[str, dict] = {
@@ -69,7 +107,14 @@ GPU_CASES: dict[str, dict] = {
 # The interpreter runs every case in fp32, and a few in fp16 and in bf16 (bf16 also covers the
 # kernels' upcast-before-tl.dot path that works around triton #11584).
 INTERP_RUNS = [f"{name}:float32" for name in CASES] + [
-    f"{name}:{dt}" for name in ("extend_ps4_mha_shared", "decode_ps1_gqa8_shared") for dt in ("float16", "bfloat16")
+    f"{name}:{dt}"
+    for name in (
+        "extend_ps4_mha_shared",
+        "decode_ps1_gqa8_shared",
+        "extend_ps16_window20_sinks_shared",
+        "decode_ps16_window20_sinks_shared",
+    )
+    for dt in ("float16", "bfloat16")
 ]
 GRAPH_CASE = "decode_ps4_gqa4_graph"  # the CUDA-graph hooks' static-buffer path vs eager
 GRAPH_SPEC = dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32)
@@ -91,6 +136,18 @@ def _build(spec: dict, device: str, dtype: torch.dtype, seed: int = 0):
         deterministic=spec.get("deterministic", False),
         seed=seed,
     )
+
+
+def _window_and_sinks(spec: dict, device: str) -> dict:
+    """The forward() keyword arguments of a case: its window, and random per-head sinks (fp32,
+    spread wide enough that some outweigh every key and some do not)."""
+    kwargs = {}
+    if spec.get("window"):
+        kwargs["sliding_window"] = spec["window"]
+    if spec.get("sinks"):
+        g = torch.Generator().manual_seed(1)
+        kwargs["sinks"] = (torch.randn(spec["heads"][0], generator=g) * 3).to(device)
+    return kwargs
 
 
 def _backends(batch, num_heads: int, splits: int = 4):
@@ -117,13 +174,14 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     tri, ref = _backends(b, spec["heads"][0], splits=4 if name in CASES else 16)
     layer = spec.get("layers", 1) - 1
     q, k, v = _strided_views(b.q, b.k, b.v)
-    out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md))
+    opts = _window_and_sinks(spec, device)
+    out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md), **opts)
     # The store kernel wrote the new K/V (checked before the reference writes them too).
     slots = b.md.out_slots
     assert torch.equal(b.pool.k_buffers[layer][slots], b.k), "K not stored"
     assert torch.equal(b.pool.v_buffers[layer][slots], b.v), "V not stored"
     b.md.extra.clear()
-    want = ref.forward(b.q, b.k, b.v, layer, ref.prepare_metadata(b.md))
+    want = ref.forward(b.q, b.k, b.v, layer, ref.prepare_metadata(b.md), **opts)
     err = (out.float() - want.float()).abs().max().item()
     assert err <= TOL[dtype], f"{name}: max abs error {err:.3g} > {TOL[dtype]}"
 
@@ -237,17 +295,19 @@ def _compile_main(runs: list[str]) -> None:
         t = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
         idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc", "q_lens", "kv_lens"], "*i64")
         ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t), "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
+        ptrs["Sinks"] = "*fp32"
+        sinks = dict(HAS_SINKS=arch == 90)  # both variants of the sink code get compiled
         upcast, prec = te.dot_options(dtype)
         dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=d)
         try:
             build(te._store_kv_kernel, ptrs, dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=d), arch, 4)
             bm, bn, warps = te.extend_config(d, dtype, False)
-            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots), arch, warps)
+            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
             bn, warps = td.decode_config(d, dtype, False)
             build(
                 td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16, BLOCK_N=bn, **dots), arch, warps
             )
-            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=d), arch, 4)
+            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=d, **sinks), arch, 4)
             results[run] = "ok"
         except Exception as exc:
             results[run] = f"{type(exc).__name__}: {exc}"[:3000]

@@ -2,7 +2,8 @@
 
 Three kernels (``triton_extend``, ``triton_decode``): write the new K/V into their slots, "extend"
 attention for prefill and mixed batches (new tokens over a cached prefix plus themselves, causal),
-and split-K decode. Decode steps can be captured in CUDA graphs through the backend hooks.
+and split-K decode. Decode steps can be captured in CUDA graphs through the backend hooks. Both
+attention kernels take a per-layer sliding window and per-head attention sinks (gpt-oss).
 
 On a CPU the kernels run only in Triton's interpreter, and only when asked for with
 ``LLMKIT_TRITON_INTERPRET=1`` (slow: for debugging and CI). Order matters there: Triton decides
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
 _KERNEL_MODULES = (
@@ -45,6 +46,7 @@ class _Plan:
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels; CUDA graphs for decode on CUDA devices."""
 
+    features = frozenset({SLIDING_WINDOW, SINKS})
     #: upper bound on the split-K chunks per decode sequence
     max_kv_splits: int = 16
 
@@ -121,9 +123,19 @@ class TritonAttentionBackend(AttentionBackend):
         return md
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        md: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan: _Plan = md.extra["triton"]
+        if sinks is not None:
+            sinks = sinks.to(torch.float32).contiguous()
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
         o = torch.empty_like(q)
@@ -140,6 +152,8 @@ class TritonAttentionBackend(AttentionBackend):
                 plan.mid_lse,
                 plan.num_splits,
                 self.scale,
+                sliding_window,
+                sinks,
             )
         elif plan.max_q_len > 0:
             self._extend.extend_attention(
@@ -154,6 +168,8 @@ class TritonAttentionBackend(AttentionBackend):
                 md.kv_lens_t,
                 plan.max_q_len,
                 self.scale,
+                sliding_window,
+                sinks,
             )
         return o
 

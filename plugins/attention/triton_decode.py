@@ -8,6 +8,10 @@ once, so GQA reads each K/V row once); stage 2 merges the chunks with their log-
 The grid depends only on the batch size, the head counts and ``num_splits`` -- never on the context
 lengths, which the kernels read from device memory -- so a captured CUDA graph stays valid as the
 sequences grow. Chunk boundaries depend only on a sequence's own length and ``num_splits``.
+
+A sliding window narrows the range the splits divide to the window's keys (the query sits at
+position ``kv_len - 1``, so it sees positions ``>= kv_len - window``); attention sinks join the
+softmax denominator in the merge, where each head's log-sum-exps meet.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def _decode_split_kernel(
     kv_lens,
     Mid_O,
     Mid_LSE,
+    window,  # sliding window in tokens; 0 = none
     qk_scale,  # softmax scale * log2(e)
     stride_qb,
     stride_qh,
@@ -55,9 +60,11 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     kv_len = tl.load(kv_lens + b)
     row = tl.load(req_pool_indices + b).to(tl.int64)
+    # The keys the query sees: all of them, or the last ``window``.
+    seq_lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
     # Chunks are whole BLOCK_Ns so short contexts use few splits; trailing splits may be empty.
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
+    chunk = tl.cdiv(tl.cdiv(kv_len - seq_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = seq_lo + split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -110,6 +117,7 @@ def _decode_merge_kernel(
     Mid_O,
     Mid_LSE,
     O,
+    Sinks,  # [H] fp32 per-head sink logits (read only with HAS_SINKS)
     stride_mob,
     stride_moh,
     stride_mos,
@@ -121,6 +129,7 @@ def _decode_merge_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Grid: (sequence, query head). Split 0 is never empty (kv_len >= 1), so the max is finite.
     b = tl.program_id(0).to(tl.int64)
@@ -130,13 +139,20 @@ def _decode_merge_kernel(
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
+    m = tl.max(lse, 0)
+    if HAS_SINKS:  # the sink's logit (base 2) joins the max and the denominator, with no value
+        sink = tl.load(Sinks + h).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    w = tl.exp2(lse - m)
     part = tl.load(
         Mid_O + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    out = tl.sum(part * w[:, None], 0) / denom
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
 
@@ -168,8 +184,13 @@ def decode_attention(
     mid_lse: torch.Tensor,
     num_splits: int,
     scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention of one query per sequence ``q`` ``[B, H, D]`` over its paged context into ``o``.
+
+    The query (at position ``kv_len - 1``) sees only the last ``sliding_window`` keys when given;
+    ``sinks`` (``[H]`` fp32) join each head's softmax denominator.
 
     ``mid_o``/``mid_lse`` are scratch from :func:`alloc_split_buffers` with at least ``B`` rows and
     ``num_splits`` splits (views of larger static buffers are fine: strides are honoured).
@@ -191,6 +212,7 @@ def decode_attention(
         kv_lens,
         mid_o,
         mid_lse,
+        int(sliding_window or 0),
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -218,6 +240,7 @@ def decode_attention(
         mid_o,
         mid_lse,
         o,
+        mid_lse if sinks is None else sinks,  # any pointer when HAS_SINKS is off: never read
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -229,5 +252,6 @@ def decode_attention(
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=block_d,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )

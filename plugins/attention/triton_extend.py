@@ -6,6 +6,11 @@ bottom-right aligned (new token i sits at position ``prefix_len + i``). The new 
 the pool first, so one loop over the sequence's slots (``req_to_token``) covers prefix and new
 tokens alike; working on token slots rather than pages makes every page size work unchanged.
 
+Optional, per layer: a sliding window (a query at position p sees keys at positions ``> p - window``;
+the loop starts at the block's first visible key) and attention sinks (a per-head logit that joins
+the softmax denominator without a value: the running max and sum start from it, as if it were a
+key seen before the first block).
+
 Import this module only after the interpreter choice is made: ``@triton.jit`` decides between the
 compiled and the interpreted kernel when it runs (i.e. at import), from ``TRITON_INTERPRET``.
 """
@@ -61,6 +66,8 @@ def _extend_kernel(
     q_start_loc,
     q_lens,
     kv_lens,
+    Sinks,  # [H] fp32 per-head sink logits (read only with HAS_SINKS)
+    window,  # sliding window in tokens; 0 = none
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2 is the fast path)
     stride_qt,
     stride_qh,
@@ -76,6 +83,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Grid: (sequence, query head, block of BLOCK_M new tokens).
     b = tl.program_id(0)
@@ -105,12 +113,18 @@ def _extend_kernel(
         q = q.to(tl.float32)
     q_pos = prefix_len + offs_m
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:  # the sink as a first "key" with logit sink and no value: m = sink, l = 1
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + h).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Causality bounds the keys this block can see: nothing past its last query's position.
+    # Causality bounds the keys this block can see: nothing past its last query's position, and
+    # with a window nothing at or before its first query's position - window.
     end = tl.minimum(kv_len, prefix_len + (m_blk + 1) * BLOCK_M)
-    for start in range(0, end, BLOCK_N):
+    lo = tl.where(window > 0, tl.maximum(prefix_len + m_blk * BLOCK_M - window + 1, 0), 0)
+    for start in range(lo, end, BLOCK_N):
         offs = start + offs_n
         n_mask = offs < end
         slot = tl.load(req_to_token + row * stride_r2t + offs, mask=n_mask, other=0).to(tl.int64)
@@ -119,11 +133,14 @@ def _extend_kernel(
         k_t = k_t.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PREC, out_dtype=tl.float32) * qk_scale
         allowed = (offs[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        allowed = allowed & ((window <= 0) | (offs[None, :] > q_pos[:, None] - window))
         s = tl.where(allowed, s, float("-inf"))
-        # Every row sees key 0 in the first block, so m_new is finite from the start.
+        # A row may see no key of a block (before its window, or past its causal end) while its
+        # running max is still -inf: shift by 0 then, so every exp2 is exp2(-inf) = 0, never NaN.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v_off = slot[:, None] * stride_bs + kv_head * stride_bh + offs_d[None, :]  # [N, D]
         v = tl.load(V_buf + v_off, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
@@ -131,7 +148,8 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PREC, out_dtype=tl.float32)
         m_i = m_new
 
-    out = acc / l_i[:, None]
+    # Every real row saw at least its own key, so l_i > 0; padding rows (not stored) may not.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + offs_m).to(tl.int64)
     tl.store(
         O + o_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -200,10 +218,14 @@ def extend_attention(
     kv_lens: torch.Tensor,
     max_q_len: int,
     scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Causal attention of ragged new tokens ``q`` ``[T, H, D]`` over their paged context.
 
-    Writes ``o`` ``[T, H, D]``; ``k_buf``/``v_buf`` must already hold the new tokens' K/V.
+    Writes ``o`` ``[T, H, D]``; ``k_buf``/``v_buf`` must already hold the new tokens' K/V. A query
+    at position p sees keys at positions ``> p - sliding_window`` only; ``sinks`` (``[H]`` fp32)
+    join each head's softmax denominator.
     """
     num_seqs = q_lens.shape[0]
     _, num_heads, head_dim = q.shape
@@ -223,6 +245,8 @@ def extend_attention(
         q_start_loc,
         q_lens,
         kv_lens,
+        q if sinks is None else sinks,  # any pointer when HAS_SINKS is off: never read
+        int(sliding_window or 0),
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -238,6 +262,7 @@ def extend_attention(
         BLOCK_D=block_d,
         UPCAST=upcast,
         DOT_PREC=prec,
+        HAS_SINKS=sinks is not None,
         num_warps=warps,
         num_stages=2,
     )
