@@ -193,3 +193,54 @@ def test_yarn_frequencies_match_transformers(params):
     ours, our_scale = _rope(64, {**raw, "rope_scaling": dict(params)})
     assert our_scale == pytest.approx(scale, rel=1e-9)
     assert torch.allclose(ours.float(), theirs.float(), rtol=1e-6, atol=0)
+
+
+def _scenario(model_dir, page_size: int, backend: str) -> list[torch.Tensor]:
+    """A prefix shared page-wise, chunked prefill beside decode steps, then batched decode: the
+    logits of every step, through ``backend``'s attention."""
+    cls = None
+    if backend == "triton":
+        from llmkit.plugins.attention.triton_backend import TritonAttentionBackend as cls
+    runner = PagedRunner(load_ours(model_dir), page_size, backend_cls=cls)
+    a = runner.new_seq()
+    out = list(runner.step([(a, IDS[:32])]))
+    b = runner.new_seq(share_from=a, shared_tokens=32)
+    for chunk, tok in ((IDS[32:39], 5), (IDS[39:46], 77), (IDS[46:49], 300), ([IDS[49]], 12), ([IDS[50]], 9)):
+        out += runner.step([(b, chunk), (a, [tok])])
+    return out
+
+
+def _triton_scenario_main(args: list[str]) -> None:
+    """Subprocess entry (TRITON_INTERPRET=1 set before anything imports triton)."""
+    from pathlib import Path
+
+    model_dir, page_size, out_path = args
+    torch.save(_scenario(Path(model_dir), int(page_size), "triton"), out_path)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_triton_attention_interpreted_matches_torch_and_transformers(tiny, page_size, tmp_path):
+    """gpt-oss on the triton backend (its kernels in Triton's interpreter, sinks and a 16-token
+    window over prompts of 32-51 tokens): a cached prefix, chunked prefill mixed with decode
+    (extend kernel), pure decode (split-K kernel) equal the torch backend and transformers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    d, _, full = tiny
+    out = tmp_path / "triton.pt"
+    here = Path(__file__).resolve().parent
+    code = f"import sys; sys.path.insert(0, {str(here)!r}); import test_gpt_oss as t; t._triton_scenario_main(sys.argv[1:])"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(d), str(page_size), str(out)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(out)
+    want = _scenario(d, page_size, "torch")
+    assert len(got) == len(want) == 11
+    _close(got[0], full[:32])  # the prefill, against transformers
+    _close(got[-2], full[50:51])  # b's last decode step
+    for g, w in zip(got, want):
+        _close(g, w)
