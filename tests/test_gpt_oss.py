@@ -197,11 +197,18 @@ def test_yarn_frequencies_match_transformers(params):
 
 def _scenario(model_dir, page_size: int, backend: str) -> list[torch.Tensor]:
     """A prefix shared page-wise, chunked prefill beside decode steps, then batched decode: the
-    logits of every step, through ``backend``'s attention."""
+    logits of every step, through ``backend``'s attention (and with "triton" the fused-MoE kernel)."""
+    from llmkit.core.model.moe import FusedExperts
+
     cls = None
+    model = load_ours(model_dir)
     if backend == "triton":
         from llmkit.plugins.attention.triton_backend import TritonAttentionBackend as cls
-    runner = PagedRunner(load_ours(model_dir), page_size, backend_cls=cls)
+
+        for module in model.modules():
+            if isinstance(module, FusedExperts):
+                module.use_triton = True
+    runner = PagedRunner(model, page_size, backend_cls=cls)
     a = runner.new_seq()
     out = list(runner.step([(a, IDS[:32])]))
     b = runner.new_seq(share_from=a, shared_tokens=32)
@@ -219,10 +226,11 @@ def _triton_scenario_main(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_triton_attention_interpreted_matches_torch_and_transformers(tiny, page_size, tmp_path):
-    """gpt-oss on the triton backend (its kernels in Triton's interpreter, sinks and a 16-token
-    window over prompts of 32-51 tokens): a cached prefix, chunked prefill mixed with decode
-    (extend kernel), pure decode (split-K kernel) equal the torch backend and transformers."""
+def test_triton_kernels_interpreted_match_torch_and_transformers(tiny, page_size, tmp_path):
+    """gpt-oss on the triton attention backend and the fused-MoE kernel (in Triton's interpreter;
+    sinks and a 16-token window over prompts of 32-51 tokens, biased clamped-SwiGLU experts): a
+    cached prefix, chunked prefill mixed with decode (extend kernel), decode (split-K kernel)
+    equal the torch paths and transformers."""
     import os
     import subprocess
     import sys
