@@ -88,6 +88,18 @@ CASES: dict[str, dict] = {
         sinks=True,
     ),
     "decode_ps4_sinks_only": dict(seqs=[(15, 1), (32, 1)], heads=(2, 2), page_size=4, head_dim=24, sinks=True),
+    # DeepSeek's latent KV (MLA, absorbed): MQA over one cached latent per token (a kv_lora_rank
+    # of 32 or 64 plus 8 rope channels here), the values its first kv_lora_rank channels
+    "extend_ps1_latent": dict(seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 1), page_size=1, head_dim=40, latent=32),
+    "extend_ps16_latent_shared": dict(
+        seqs=[(40, 20), (35, 9)], heads=(4, 1), page_size=16, head_dim=72, latent=64, share={1: (0, 32)}
+    ),
+    "decode_ps1_latent": dict(
+        seqs=[(40, 1), (3, 1), (70, 1)], heads=(16, 1), page_size=1, head_dim=40, latent=32, deterministic=True
+    ),
+    "decode_ps16_latent_shared": dict(
+        seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16, head_dim=72, latent=64, share={1: (0, 32)}
+    ),
     "decode_ps4_window_only": dict(seqs=[(15, 1), (32, 1), (2, 1)], heads=(4, 2), page_size=4, head_dim=16, window=7),
 }
 # Real model shapes, compiled on a GPU only (too slow for the interpreter).
@@ -113,6 +125,8 @@ INTERP_RUNS = [f"{name}:float32" for name in CASES] + [
         "decode_ps1_gqa8_shared",
         "extend_ps16_window20_sinks_shared",
         "decode_ps16_window20_sinks_shared",
+        "extend_ps16_latent_shared",
+        "decode_ps16_latent_shared",
     )
     for dt in ("float16", "bfloat16")
 ]
@@ -135,6 +149,7 @@ def _build(spec: dict, device: str, dtype: torch.dtype, seed: int = 0):
         share=spec.get("share"),
         deterministic=spec.get("deterministic", False),
         seed=seed,
+        latent=bool(spec.get("latent")),
     )
 
 
@@ -150,11 +165,11 @@ def _window_and_sinks(spec: dict, device: str) -> dict:
     return kwargs
 
 
-def _backends(batch, num_heads: int, splits: int = 4):
+def _backends(batch, num_heads: int, splits: int = 4, v_head_dim: int | None = None):
     from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
     from llmkit.plugins.attention.triton_backend import TritonAttentionBackend
 
-    kwargs = backend_kwargs(batch, num_heads)
+    kwargs = backend_kwargs(batch, num_heads, v_head_dim)
     tri = TritonAttentionBackend(**kwargs)
     tri.max_kv_splits = splits
     return tri, TorchAttentionBackend(**kwargs)
@@ -162,6 +177,10 @@ def _backends(batch, num_heads: int, splits: int = 4):
 
 def _strided_views(q, k, v):
     """q/k/v as the models pass them: views into one fused qkv projection output."""
+    if v is None:  # latent KV: q and the latent as parts of one tensor
+        qk = torch.cat([q.flatten(1), k.flatten(1)], dim=1)
+        qp, kp = qk.split([q[0].numel(), k[0].numel()], dim=1)
+        return qp.view(-1, *q.shape[1:]), kp.view(-1, *k.shape[1:]), None
     qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
     parts = qkv.split([q[0].numel(), k[0].numel(), v[0].numel()], dim=1)
     return tuple(p.view(-1, *t.shape[1:]) for p, t in zip(parts, (q, k, v)))
@@ -171,7 +190,7 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     """Run case ``name`` through both backends; raise AssertionError on a mismatch."""
     spec = CASES.get(name) or GPU_CASES[name]
     b = _build(spec, device, dtype)
-    tri, ref = _backends(b, spec["heads"][0], splits=4 if name in CASES else 16)
+    tri, ref = _backends(b, spec["heads"][0], splits=4 if name in CASES else 16, v_head_dim=spec.get("latent"))
     layer = spec.get("layers", 1) - 1
     q, k, v = _strided_views(b.q, b.k, b.v)
     opts = _window_and_sinks(spec, device)
@@ -179,7 +198,10 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     # The store kernel wrote the new K/V (checked before the reference writes them too).
     slots = b.md.out_slots
     assert torch.equal(b.pool.k_buffers[layer][slots], b.k), "K not stored"
-    assert torch.equal(b.pool.v_buffers[layer][slots], b.v), "V not stored"
+    if b.v is not None:
+        assert torch.equal(b.pool.v_buffers[layer][slots], b.v), "V not stored"
+    else:
+        assert not b.pool.v_buffers and out.shape[-1] == spec["latent"]
     b.md.extra.clear()
     want = ref.forward(b.q, b.k, b.v, layer, ref.prepare_metadata(b.md), **opts)
     err = (out.float() - want.float()).abs().max().item()
@@ -269,7 +291,8 @@ def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]
 
 # GPU code generation is checked even without a GPU: Triton compiles the kernels to cubin for an
 # sm_80/sm_90 target with its bundled ptxas, using the launchers' block configurations.
-COMPILE_RUNS = ["float16:128:90", "bfloat16:128:90", "bfloat16:64:80", "float16:256:90"]
+# dtype:head_dim:arch[:v_head_dim]; 576:...:512 is DeepSeek's latent KV (MLA), values inside the keys
+COMPILE_RUNS = ["float16:128:90", "bfloat16:128:90", "bfloat16:64:80", "float16:256:90", "bfloat16:576:90:512"]
 
 
 def _compile_main(runs: list[str]) -> None:
@@ -290,24 +313,29 @@ def _compile_main(runs: list[str]) -> None:
 
     results = {}
     for run in runs:
-        dtype_name, head_dim, arch = run.split(":")
+        dtype_name, head_dim, arch, *latent = run.split(":")
         dtype, d, arch = getattr(torch, dtype_name), int(head_dim), int(arch)
+        dv = int(latent[0]) if latent else d
+        bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
         t = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
         idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc", "q_lens", "kv_lens"], "*i64")
         ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t), "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
         ptrs["Sinks"] = "*fp32"
         sinks = dict(HAS_SINKS=arch == 90)  # both variants of the sink code get compiled
         upcast, prec = te.dot_options(dtype)
-        dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=d)
+        dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=bd, HEAD_DV=dv, BLOCK_DV=bdv)
         try:
-            build(te._store_kv_kernel, ptrs, dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=d), arch, 4)
-            bm, bn, warps = te.extend_config(d, dtype, False)
+            store = dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=bd, HAS_V=not latent)
+            build(te._store_kv_kernel, ptrs, store, arch, 4)
+            bm, bn, warps = te.extend_config(bd, dtype, False)
             build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
-            bn, warps = td.decode_config(d, dtype, False)
+            bn, warps = td.decode_config(bd, dtype, False)
             build(
                 td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16, BLOCK_N=bn, **dots), arch, warps
             )
-            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=d, **sinks), arch, 4)
+            build(
+                td._decode_merge_kernel, ptrs, dict(HEAD_DIM=dv, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=bdv, **sinks), arch, 4
+            )
             results[run] = "ok"
         except Exception as exc:
             results[run] = f"{type(exc).__name__}: {exc}"[:3000]

@@ -3,7 +3,8 @@
 Three kernels (``triton_extend``, ``triton_decode``): write the new K/V into their slots, "extend"
 attention for prefill and mixed batches (new tokens over a cached prefix plus themselves, causal),
 and split-K decode. Decode steps can be captured in CUDA graphs through the backend hooks. Both
-attention kernels take a per-layer sliding window and per-head attention sinks (gpt-oss).
+attention kernels take a per-layer sliding window and per-head attention sinks (gpt-oss), and a
+latent KV (MLA: ``v`` None, the values are the first ``v_head_dim`` channels of the cached keys).
 
 On a CPU the kernels run only in Triton's interpreter, and only when asked for with
 ``LLMKIT_TRITON_INTERPRET=1`` (slow: for debugging and CI). Order matters there: Triton decides
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.model.attention import SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
 _KERNEL_MODULES = (
@@ -46,7 +47,7 @@ class _Plan:
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels; CUDA graphs for decode on CUDA devices."""
 
-    features = frozenset({SLIDING_WINDOW, SINKS})
+    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
     #: upper bound on the split-K chunks per decode sequence
     max_kv_splits: int = 16
 
@@ -115,7 +116,7 @@ class TritonAttentionBackend(AttentionBackend):
         if md.is_decode:
             splits = self._num_splits(md.num_seqs, md.deterministic)
             mid_o, mid_lse = self._decode.alloc_split_buffers(
-                md.num_seqs, self.num_heads, self.head_dim, splits, self.device
+                md.num_seqs, self.num_heads, self.v_head_dim, splits, self.device
             )
             md.extra["triton"] = _Plan(True, 1, splits, mid_o, mid_lse)
         else:
@@ -126,7 +127,7 @@ class TritonAttentionBackend(AttentionBackend):
         self,
         q: torch.Tensor,
         k: torch.Tensor,
-        v: torch.Tensor,
+        v: torch.Tensor | None,
         layer_id: int,
         md: AttentionMetadata,
         *,
@@ -136,9 +137,10 @@ class TritonAttentionBackend(AttentionBackend):
         plan: _Plan = md.extra["triton"]
         if sinks is not None:
             sinks = sinks.to(torch.float32).contiguous()
-        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        k_buf = self.pool.k_buffers[layer_id]
+        v_buf = None if v is None else self.pool.v_buffers[layer_id]  # latent KV: values in the keys
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
-        o = torch.empty_like(q)
+        o = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
         if plan.decode:
             self._decode.decode_attention(
                 q,
@@ -182,7 +184,7 @@ class TritonAttentionBackend(AttentionBackend):
         dev, i64 = self.device, torch.int64
         self._graph_deterministic = deterministic
         splits = self._num_splits(1, deterministic)  # the largest count any batch size uses
-        mid_o, mid_lse = self._decode.alloc_split_buffers(max_bs, self.num_heads, self.head_dim, splits, dev)
+        mid_o, mid_lse = self._decode.alloc_split_buffers(max_bs, self.num_heads, self.v_head_dim, splits, dev)
         self._graph = {
             "req_to_token": torch.zeros((max_bs, max_context), dtype=i64, device=dev),
             "req_pool_indices": torch.arange(max_bs, dtype=i64, device=dev),

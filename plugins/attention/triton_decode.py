@@ -39,6 +39,8 @@ def _decode_split_kernel(
     stride_qh,
     stride_bs,
     stride_bh,
+    stride_vbs,
+    stride_vbh,
     stride_r2t,
     stride_mob,
     stride_moh,
@@ -47,10 +49,12 @@ def _decode_split_kernel(
     stride_lh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -70,8 +74,10 @@ def _decode_split_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
+    dv_mask = offs_dv < HEAD_DV
     heads = kv_head * GROUP + offs_h
     q = tl.load(
         Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -83,7 +89,7 @@ def _decode_split_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         offs = start + offs_n
         n_mask = offs < hi
@@ -96,8 +102,8 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = slot[:, None] * stride_bs + kv_head * stride_bh + offs_d[None, :]  # [N, D]
-        v = tl.load(V_buf + v_off, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v_off = slot[:, None] * stride_vbs + kv_head * stride_vbh + offs_dv[None, :]  # [N, DV]
+        v = tl.load(V_buf + v_off, mask=n_mask[:, None] & dv_mask[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(
             p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC, out_dtype=tl.float32
         )
@@ -108,7 +114,7 @@ def _decode_split_kernel(
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     part = acc / tl.where(has, l_i, 1.0)[:, None]
     mo = Mid_O + b.to(tl.int64) * stride_mob + split * stride_mos
-    tl.store(mo + heads[:, None] * stride_moh + offs_d[None, :], part, mask=h_mask[:, None] & d_mask[None, :])
+    tl.store(mo + heads[:, None] * stride_moh + offs_dv[None, :], part, mask=h_mask[:, None] & dv_mask[None, :])
     tl.store(Mid_LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
 
 
@@ -160,13 +166,16 @@ def decode_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[
     """(BLOCK_N, num_warps) of the split-K stage."""
     if interpreted:
         return 16, 4
+    if block_d > 256:  # MLA's 576-channel latent (padded to 1024): keep the K/V tiles in shared memory
+        return 16, 4
     return (64, 4) if block_d <= 128 and dtype.itemsize <= 2 else (32, 4)
 
 
 def alloc_split_buffers(
     batch: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial outputs ``[B, H, S, D]`` and log-sum-exps ``[B, H, S]`` for stage 1."""
+    """fp32 partial outputs ``[B, H, S, D]`` (D: the output's head size) and log-sum-exps
+    ``[B, H, S]`` for stage 1."""
     mid_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device)
     mid_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device)
     return mid_o, mid_lse
@@ -176,7 +185,7 @@ def decode_attention(
     q: torch.Tensor,
     o: torch.Tensor,
     k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
+    v_buf: torch.Tensor | None,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
     kv_lens: torch.Tensor,
@@ -192,12 +201,16 @@ def decode_attention(
     The query (at position ``kv_len - 1``) sees only the last ``sliding_window`` keys when given;
     ``sinks`` (``[H]`` fp32) join each head's softmax denominator.
 
+    ``v_buf`` None: latent KV, the values are the keys' first DV = ``o.shape[-1]`` channels.
     ``mid_o``/``mid_lse`` are scratch from :func:`alloc_split_buffers` with at least ``B`` rows and
     ``num_splits`` splits (views of larger static buffers are fine: strides are honoured).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
+    dv = o.shape[-1]
+    if v_buf is None:
+        v_buf = k_buf
     assert q.stride(-1) == 1 and o.stride(-1) == 1 and req_to_token.stride(-1) == 1
     assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
     block_d = triton.next_power_of_2(head_dim)
@@ -218,6 +231,8 @@ def decode_attention(
         q.stride(1),
         k_buf.stride(0),
         k_buf.stride(1),
+        v_buf.stride(0),
+        v_buf.stride(1),
         req_to_token.stride(0),
         mid_o.stride(0),
         mid_o.stride(1),
@@ -226,11 +241,13 @@ def decode_attention(
         mid_lse.stride(1),
         GROUP=group,
         HEAD_DIM=head_dim,
+        HEAD_DV=dv,
         NUM_SPLITS=num_splits,
         # tl.dot needs at least 16 rows on tensor cores; unused head rows are masked.
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
         BLOCK_D=block_d,
+        BLOCK_DV=triton.next_power_of_2(dv),
         UPCAST=upcast,
         DOT_PREC=prec,
         num_warps=warps,
@@ -248,10 +265,10 @@ def decode_attention(
         mid_lse.stride(1),
         o.stride(0),
         o.stride(1),
-        HEAD_DIM=head_dim,
+        HEAD_DIM=dv,
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=block_d,
+        BLOCK_D=triton.next_power_of_2(dv),
         HAS_SINKS=sinks is not None,
         num_warps=4,
     )
