@@ -15,7 +15,7 @@ from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
 from llmkit.core.model.mxfp4 import dequantize_mxfp4
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
-from paged_runner import PagedRunner
+from paged_runner import PagedRunner, mixed_scenario, mixed_scenario_interpreted
 
 IDS = [(37 * i + 11) % 512 for i in range(52)]  # > the tiny model's 16-token window
 
@@ -195,58 +195,15 @@ def test_yarn_frequencies_match_transformers(params):
     assert torch.allclose(ours.float(), theirs.float(), rtol=1e-6, atol=0)
 
 
-def _scenario(model_dir, page_size: int, backend: str) -> list[torch.Tensor]:
-    """A prefix shared page-wise, chunked prefill beside decode steps, then batched decode: the
-    logits of every step, through ``backend``'s attention (and with "triton" the fused-MoE kernel)."""
-    from llmkit.core.model.moe import FusedExperts
-
-    cls = None
-    model = load_ours(model_dir)
-    if backend == "triton":
-        from llmkit.plugins.attention.triton_backend import TritonAttentionBackend as cls
-
-        for module in model.modules():
-            if isinstance(module, FusedExperts):
-                module.use_triton = True
-    runner = PagedRunner(model, page_size, backend_cls=cls)
-    a = runner.new_seq()
-    out = list(runner.step([(a, IDS[:32])]))
-    b = runner.new_seq(share_from=a, shared_tokens=32)
-    for chunk, tok in ((IDS[32:39], 5), (IDS[39:46], 77), (IDS[46:49], 300), ([IDS[49]], 12), ([IDS[50]], 9)):
-        out += runner.step([(b, chunk), (a, [tok])])
-    return out
-
-
-def _triton_scenario_main(args: list[str]) -> None:
-    """Subprocess entry (TRITON_INTERPRET=1 set before anything imports triton)."""
-    from pathlib import Path
-
-    model_dir, page_size, out_path = args
-    torch.save(_scenario(Path(model_dir), int(page_size), "triton"), out_path)
-
-
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_triton_kernels_interpreted_match_torch_and_transformers(tiny, page_size, tmp_path):
     """gpt-oss on the triton attention backend and the fused-MoE kernel (in Triton's interpreter;
     sinks and a 16-token window over prompts of 32-51 tokens, biased clamped-SwiGLU experts): a
     cached prefix, chunked prefill mixed with decode (extend kernel), decode (split-K kernel)
     equal the torch paths and transformers."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     d, _, full = tiny
-    out = tmp_path / "triton.pt"
-    here = Path(__file__).resolve().parent
-    code = f"import sys; sys.path.insert(0, {str(here)!r}); import test_gpt_oss as t; t._triton_scenario_main(sys.argv[1:])"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(d), str(page_size), str(out)], env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = torch.load(out)
-    want = _scenario(d, page_size, "torch")
+    got = mixed_scenario_interpreted(d, page_size, IDS, tmp_path / "triton.pt")
+    want = mixed_scenario(d, page_size, IDS)
     assert len(got) == len(want) == 11
     _close(got[0], full[:32])  # the prefill, against transformers
     _close(got[-2], full[50:51])  # b's last decode step
