@@ -88,10 +88,11 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     a multiple of ``block_m``; and ``block_expert`` ``[num_blocks]``, the expert of each block, -1 for
     the blocks past the last expert's. ``num_blocks`` is an upper bound computed from the shapes
     alone, so nothing is read back to the host."""
-    flat = topk_ids.reshape(-1)
+    flat = topk_ids.reshape(-1).long()
     n = flat.numel()
     dev = flat.device
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add, not bincount: bincount sizes its output from the max id, a read-back on CUDA
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     # sum_e ceil(c_e / bm) < n / bm + (active experts), and at most min(E, n) experts are active
