@@ -130,8 +130,15 @@ INTERP_RUNS = [f"{name}:float32" for name in CASES] + [
     )
     for dt in ("float16", "bfloat16")
 ]
-GRAPH_CASE = "decode_ps4_gqa4_graph"  # the CUDA-graph hooks' static-buffer path vs eager
-GRAPH_SPEC = dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32)
+# the CUDA-graph hooks' static-buffer path vs eager, plain and with each optional feature
+GRAPH_CASES = {
+    "decode_ps4_gqa4_graph": dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32),
+    "decode_ps4_window_sinks_graph": dict(
+        seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32, window=8, sinks=True
+    ),
+    "decode_ps4_latent_graph": dict(seqs=[(9, 1), (30, 1)], heads=(8, 1), page_size=4, head_dim=40, latent=32),
+}
+GRAPH_RUNS = [f"{name}:float32" for name in GRAPH_CASES]
 TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
@@ -208,36 +215,39 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     assert err <= TOL[dtype], f"{name}: max abs error {err:.3g} > {TOL[dtype]}"
 
 
-def check_graph_hooks(device: str, dtype: torch.dtype, capture: bool) -> None:
+def check_graph_hooks(name: str, device: str, dtype: torch.dtype, capture: bool) -> None:
     """Decode through the capture/replay static buffers equals eager decode.
 
     With ``capture`` (CUDA) a real graph is captured at a padded batch size and replayed; without
     it, forward simply runs on the capture metadata after prepare_for_replay (same buffers).
     """
-    spec = GRAPH_SPEC
+    spec = GRAPH_CASES[name]
     b = _build(spec, device, dtype)
     h = spec["heads"][0]
-    tri, _ = _backends(b, h)
-    eager = tri.forward(b.q, b.k, b.v, 0, tri.prepare_metadata(b.md))
+    tri, _ = _backends(b, h, v_head_dim=spec.get("latent"))
+    opts = _window_and_sinks(spec, device)
+    eager = tri.forward(b.q, b.k, b.v, 0, tri.prepare_metadata(b.md), **opts)
     n, bs = b.md.num_seqs, b.md.num_seqs + 2  # replay pads the batch, as bucketed graphs do
     tri.init_capture_graph(max_bs=8, max_context=b.req_pool.table.shape[1])
     cap_md = tri.prepare_for_capture(bs)
     sq = torch.zeros((bs, h, spec["head_dim"]), dtype=dtype, device=device)
     sk = torch.zeros((bs, spec["heads"][1], spec["head_dim"]), dtype=dtype, device=device)
-    sv = torch.zeros_like(sk)
+    sv = None if b.v is None else torch.zeros_like(sk)
     if capture:
-        tri.forward(sq, sk, sv, 0, cap_md)  # warm-up compiles outside the capture
+        tri.forward(sq, sk, sv, 0, cap_md, **opts)  # warm-up compiles outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            sout = tri.forward(sq, sk, sv, 0, cap_md)
+            sout = tri.forward(sq, sk, sv, 0, cap_md, **opts)
     tri.prepare_for_replay(bs, b.md)
-    sq[:n], sk[:n], sv[:n] = b.q, b.k, b.v
+    sq[:n], sk[:n] = b.q, b.k
+    if sv is not None:
+        sv[:n] = b.v
     if capture:
         graph.replay()
         torch.cuda.synchronize()
     else:
-        sout = tri.forward(sq, sk, sv, 0, cap_md)
+        sout = tri.forward(sq, sk, sv, 0, cap_md, **opts)
     err = (sout[:n].float() - eager.float()).abs().max().item()
     assert err <= TOL[dtype] / 10, f"graph replay differs from eager by {err:.3g}"
 
@@ -248,8 +258,8 @@ def _main(runs: list[str]) -> None:
     for run in runs:
         name, dtype = run.split(":")
         try:
-            if name == GRAPH_CASE:
-                check_graph_hooks("cpu", getattr(torch, dtype), capture=False)
+            if name in GRAPH_CASES:
+                check_graph_hooks(name, "cpu", getattr(torch, dtype), capture=False)
             else:
                 check_case(name, "cpu", getattr(torch, dtype))
             results[run] = "ok"
@@ -279,12 +289,12 @@ def _run_in_subprocesses(entry: str, jobs: list[list[str]], env: dict[str, str])
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
-    runs = [*INTERP_RUNS, f"{GRAPH_CASE}:float32"]
+    runs = [*INTERP_RUNS, *GRAPH_RUNS]
     env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
     return _run_in_subprocesses("_main", [runs[0::2], runs[1::2]], env)  # two cores
 
 
-@pytest.mark.parametrize("run", [*INTERP_RUNS, f"{GRAPH_CASE}:float32"])
+@pytest.mark.parametrize("run", [*INTERP_RUNS, *GRAPH_RUNS])
 def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
     assert interpreter_results[run] == "ok", interpreter_results[run]
 
@@ -382,5 +392,6 @@ def test_compiled_matches_torch(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_graph_replay_equals_eager(dtype: torch.dtype) -> None:
-    check_graph_hooks("cuda", dtype, capture=True)
+@pytest.mark.parametrize("name", list(GRAPH_CASES))
+def test_cuda_graph_replay_equals_eager(name: str, dtype: torch.dtype) -> None:
+    check_graph_hooks(name, "cuda", dtype, capture=True)
