@@ -72,12 +72,14 @@ def build_batch(
     deterministic: bool = False,
     seed: int = 0,
     latent: bool = False,
+    v_head_dim: int | None = None,
 ) -> Batch:
     """A batch of ``seqs`` = [(prefix_len, new_len), ...].
 
     ``share[i] = (j, n)``: sequence i's first ``n`` tokens (a multiple of ``page_size``, at most
     both prefixes) live in sequence j's pages (j < i), as after a radix-cache prefix match.
-    ``latent``: a pool without V buffers and ``v`` None, as MLA's latent KV.
+    ``latent``: a pool without V buffers and ``v`` None, as MLA's latent KV; ``v_head_dim``: V heads
+    of another size than K's.
     """
     device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
@@ -92,7 +94,7 @@ def build_batch(
         head_dim=head_dim,
         dtype=dtype,
         device=device,
-        v_head_dim=0 if latent else None,
+        v_head_dim=0 if latent else v_head_dim,
     )
     # Scramble the free list so neighbouring tokens do not sit in neighbouring pages.
     pages = pool.allocate(pool.capacity_pages)
@@ -119,12 +121,13 @@ def build_batch(
         slots = req_pool.table[rows[i], :prefix]
         for layer in range(num_layers):
             for buf in (pool.k_buffers[layer], *pool.v_buffers[layer : layer + 1]):
-                buf[slots] = torch.randn((prefix, num_kv_heads, head_dim), generator=g).to(buf)
+                buf[slots] = torch.randn((prefix, num_kv_heads, buf.shape[-1]), generator=g).to(buf)
 
     t = sum(n for _, n in seqs)
     q = torch.randn((t, num_heads, head_dim), generator=g).to(device=device, dtype=dtype)
     k = torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
-    v = None if latent else torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
+    dv = v_head_dim or head_dim
+    v = None if latent else torch.randn((t, num_kv_heads, dv), generator=g).to(device=device, dtype=dtype)
     md = make_metadata(
         q_lens=[n for _, n in seqs],
         kv_lens=[p + n for p, n in seqs],

@@ -100,6 +100,13 @@ CASES: dict[str, dict] = {
     "decode_ps16_latent_shared": dict(
         seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16, head_dim=72, latent=64, share={1: (0, 32)}
     ),
+    # V heads of another size than K's (K 24, V 16; K 16, V 40)
+    "extend_ps4_kv_dims_window": dict(
+        seqs=[(13, 7), (0, 21)], heads=(4, 2), page_size=4, head_dim=24, v_dim=16, window=9
+    ),
+    "decode_ps1_kv_dims_sinks": dict(
+        seqs=[(30, 1), (5, 1)], heads=(4, 1), page_size=1, head_dim=16, v_dim=40, sinks=True
+    ),
     "decode_ps4_window_only": dict(seqs=[(15, 1), (32, 1), (2, 1)], heads=(4, 2), page_size=4, head_dim=16, window=7),
 }
 # Real model shapes, compiled on a GPU only (too slow for the interpreter).
@@ -157,6 +164,7 @@ def _build(spec: dict, device: str, dtype: torch.dtype, seed: int = 0):
         deterministic=spec.get("deterministic", False),
         seed=seed,
         latent=bool(spec.get("latent")),
+        v_head_dim=spec.get("v_dim"),
     )
 
 
@@ -197,7 +205,9 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     """Run case ``name`` through both backends; raise AssertionError on a mismatch."""
     spec = CASES.get(name) or GPU_CASES[name]
     b = _build(spec, device, dtype)
-    tri, ref = _backends(b, spec["heads"][0], splits=4 if name in CASES else 16, v_head_dim=spec.get("latent"))
+    tri, ref = _backends(
+        b, spec["heads"][0], splits=4 if name in CASES else 16, v_head_dim=spec.get("latent") or spec.get("v_dim")
+    )
     layer = spec.get("layers", 1) - 1
     q, k, v = _strided_views(b.q, b.k, b.v)
     opts = _window_and_sinks(spec, device)
@@ -335,7 +345,7 @@ def _compile_main(runs: list[str]) -> None:
         upcast, prec = te.dot_options(dtype)
         dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=bd, HEAD_DV=dv, BLOCK_DV=bdv)
         try:
-            store = dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=bd, HAS_V=not latent)
+            store = dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=bd, HAS_V=not latent, HEAD_DV=dv, BLOCK_DV=bdv)
             build(te._store_kv_kernel, ptrs, store, arch, 4)
             bm, bn, warps = te.extend_config(bd, dtype, False)
             build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)

@@ -37,10 +37,14 @@ def _store_kv_kernel(
     stride_vh,
     stride_bs,
     stride_bh,
+    stride_vbs,
+    stride_vbh,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DV: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     HAS_V: tl.constexpr,
 ):
     # One program per new token: copy its [heads, dim] K and V rows into the pool slot.
@@ -52,9 +56,12 @@ def _store_kv_kernel(
     dst = slot * stride_bs + offs_h[:, None] * stride_bh + offs_d[None, :]
     k = tl.load(K + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     tl.store(K_buf + dst, k.to(K_buf.dtype.element_ty), mask=mask)
-    if HAS_V:  # latent KV keeps no V buffers
-        v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
-        tl.store(V_buf + dst, v.to(V_buf.dtype.element_ty), mask=mask)
+    if HAS_V:  # latent KV keeps no V buffers; V's head size may differ from K's
+        offs_dv = tl.arange(0, BLOCK_DV)
+        vmask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_dv[None, :] < HEAD_DV)
+        v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_dv[None, :], mask=vmask)
+        vdst = slot * stride_vbs + offs_h[:, None] * stride_vbh + offs_dv[None, :]
+        tl.store(V_buf + vdst, v.to(V_buf.dtype.element_ty), mask=vmask)
 
 
 @triton.jit
@@ -194,14 +201,15 @@ def extend_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[
 def store_kv(
     k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor, v_buf: torch.Tensor | None, slots: torch.Tensor
 ) -> None:
-    """Write ``k``/``v`` ``[T, Hkv, D]`` into the pool buffers at ``slots`` ``[T]`` (``v`` None:
-    latent KV, keys only)."""
+    """Write ``k`` ``[T, Hkv, D]`` / ``v`` ``[T, Hkv, DV]`` into the pool buffers at ``slots``
+    ``[T]`` (``v`` None: latent KV, keys only)."""
     t, hkv, d = k.shape
     if t == 0:
         return
     if v is None:
         v, v_buf = k, k_buf  # never read or written (HAS_V off)
-    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_buf.stride(-1) == 1
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1
+    dv = v.shape[-1]
     _store_kv_kernel[(t,)](
         k,
         v,
@@ -214,10 +222,14 @@ def store_kv(
         v.stride(1),
         k_buf.stride(0),
         k_buf.stride(1),
+        v_buf.stride(0),
+        v_buf.stride(1),
         NUM_KV_HEADS=hkv,
         HEAD_DIM=d,
+        HEAD_DV=dv,
         BLOCK_H=triton.next_power_of_2(hkv),
         BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_DV=triton.next_power_of_2(dv),
         HAS_V=v is not k,
     )
 
