@@ -97,6 +97,10 @@ CASES: dict[str, dict] = {
     "decode_ps1_latent": dict(
         seqs=[(40, 1), (3, 1), (70, 1)], heads=(16, 1), page_size=1, head_dim=40, latent=32, deterministic=True
     ),
+    # a latent wider than 256 channels: the query heads split in blocks of 16 (DeepSeek-V3's 128)
+    "decode_ps4_latent_wide_head_blocks": dict(
+        seqs=[(20, 1), (9, 1)], heads=(32, 1), page_size=4, head_dim=288, latent=256
+    ),
     "decode_ps16_latent_shared": dict(
         seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16, head_dim=72, latent=64, share={1: (0, 32)}
     ),
@@ -350,8 +354,13 @@ def _compile_main(runs: list[str]) -> None:
             bm, bn, warps = te.extend_config(bd, dtype, False)
             build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
             bn, warps = td.decode_config(bd, dtype, False)
+            group, hb = (128, 8) if latent else (8, 1)  # DeepSeek-V3: 128 query heads over the latent
             build(
-                td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16, BLOCK_N=bn, **dots), arch, warps
+                td._decode_split_kernel,
+                ptrs,
+                dict(GROUP=group, NUM_SPLITS=8, HEAD_BLOCKS=hb, BLOCK_H=16, BLOCK_N=bn, **dots),
+                arch,
+                warps,
             )
             build(
                 td._decode_merge_kernel, ptrs, dict(HEAD_DIM=dv, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=bdv, **sinks), arch, 4

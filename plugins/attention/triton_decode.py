@@ -51,6 +51,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -58,9 +59,10 @@ def _decode_split_kernel(
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # Grid: (sequence, KV head, split).
+    # Grid: (sequence, KV head x block of its query heads, split).
     b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) // HEAD_BLOCKS
+    head_block = tl.program_id(1) % HEAD_BLOCKS
     split = tl.program_id(2)
     kv_len = tl.load(kv_lens + b)
     row = tl.load(req_pool_indices + b).to(tl.int64)
@@ -71,7 +73,7 @@ def _decode_split_kernel(
     lo = seq_lo + split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
-    offs_h = tl.arange(0, BLOCK_H)
+    offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)  # query heads within the KV head's group
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -216,7 +218,14 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     block_n, warps = decode_config(block_d, q.dtype, is_interpreted())
     upcast, prec = dot_options(q.dtype)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    # tl.dot needs at least 16 rows on tensor cores (unused head rows are masked). A KV head's whole
+    # query group goes in one program, unless the group is large and the heads wide (MLA: up to 128
+    # query heads over one 576-channel latent), where blocks of 16 heads keep the tiles on chip.
+    block_h = max(16, triton.next_power_of_2(group))
+    if block_d > 256:
+        block_h = 16
+    head_blocks = triton.cdiv(group, block_h)
+    _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
         q,
         k_buf,
         v_buf,
@@ -243,8 +252,8 @@ def decode_attention(
         HEAD_DIM=head_dim,
         HEAD_DV=dv,
         NUM_SPLITS=num_splits,
-        # tl.dot needs at least 16 rows on tensor cores; unused head rows are masked.
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_BLOCKS=head_blocks,
+        BLOCK_H=block_h,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_DV=triton.next_power_of_2(dv),
