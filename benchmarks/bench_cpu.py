@@ -4,6 +4,7 @@
     python benchmarks/bench_cpu.py --metrics-overhead | --engine-process-overhead | --dp-compare [--rounds 3]
     python benchmarks/bench_cpu.py --update-readme -- --quantization int8
     python benchmarks/bench_cpu.py --metrics-overhead [--rounds 3]
+    python benchmarks/bench_cpu.py --native-compare [--rounds 3]
 
 (a) single-stream greedy decode: 128 tokens, tokens/s end to end (HTTP streaming for llmkit);
 (b) 16 concurrent chat requests of 128 tokens through HTTP against transformers' batched
@@ -234,6 +235,12 @@ def dp_compare(rounds: int, serve_args: list[str]) -> None:
     print_comparison(med, "dp2", "dp1", (f"--dp-size 2 ({threads} thread each)", "one engine, all threads"), rounds, 2)
 
 
+def native_compare(rounds: int, serve_args: list[str]) -> None:
+    """(a) and (b) at the GGUF's native precision (the default) against ``--quantization none``."""
+    med = compare_servers(rounds, serve_args, {"native": [], "fp32": ["--quantization", "none"]})
+    print_comparison(med, "native", "fp32", ("native GGUF (int4/int8)", "--quantization none (fp32)"), rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -253,8 +260,15 @@ def main() -> None:
         action="store_true",
         help="compare --dp-size 2 with one engine (32 concurrent requests) instead of transformers",
     )
+    ap.add_argument(
+        "--native-compare",
+        action="store_true",
+        help="compare the GGUF's native precision (default) with --quantization none instead of transformers",
+    )
     ap.add_argument("serve_args", nargs="*")
     args = ap.parse_args()
+    if args.native_compare:
+        return native_compare(args.rounds, args.serve_args)
     if args.metrics_overhead:
         return metrics_overhead(args.rounds, args.serve_args)
     if args.engine_process_overhead:

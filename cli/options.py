@@ -127,7 +127,17 @@ Quantization = Annotated[
     typer.Option(
         "--quantization",
         envvar="LLMKIT_QUANTIZATION",
-        help="int8: weight-only int8 for decode steps (CPU; about 2x single-stream).",
+        help="Weights (CPU): default dense for HF checkpoints and a GGUF's native quantization; "
+        "none: dense (a GGUF dequantized to fp32); int8 (per channel) or int4 (grouped): weight-only, "
+        "quantized at load.",
+    ),
+]
+QuantizationGroupSize = Annotated[
+    Optional[int],
+    typer.Option(
+        "--quantization-group-size",
+        envvar="LLMKIT_QUANTIZATION_GROUP_SIZE",
+        help="Input columns per scale for --quantization int4: 32 (default), 64, 128 or 256.",
     ),
 ]
 DisableOverlap = Annotated[

@@ -12,7 +12,8 @@ import socket
 from pathlib import Path
 
 DTYPES = ("auto", "float32", "fp32", "float16", "half", "bfloat16", "bf16")
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("none", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -59,7 +60,17 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         _check_choice("--quantization", p["quantization"], QUANTIZATIONS)
     _check_plugins(p)
     device = _check_device(p["device"])
-    if p["quantization"] and device != "cpu":
+    group = p.get("quantization_group_size")
+    if group is not None:
+        if p["quantization"] != "int4":
+            raise OptionError(
+                "--quantization-group-size applies to --quantization int4 only: add it or leave the size out"
+            )
+        if group not in INT4_GROUP_SIZES:
+            raise OptionError(
+                f"--quantization-group-size {group} is not supported; valid: {', '.join(map(str, INT4_GROUP_SIZES))}"
+            )
+    if p["quantization"] not in (None, "none") and device != "cpu":
         raise OptionError(
             f"--quantization {p['quantization']} is a CPU decode path; on CUDA leave it out (or add --device cpu)"
         )

@@ -64,3 +64,31 @@ def wait_batch(client, batch_id: str, timeout: float = 300):
 def output_ids(client, batch) -> list[str]:
     text = client.files.content(batch.output_file_id).text
     return [json.loads(x)["custom_id"] for x in text.splitlines() if x.strip()]
+
+
+class LongStreams:
+    """``n`` long streaming completions on threads, each line kept, to kill something under."""
+
+    def __init__(self, url: str, n: int) -> None:
+        import threading
+
+        self.events: list[list[str]] = [[] for _ in range(n)]
+        self.started = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._stream, args=(url, ev, i), daemon=True) for i, ev in enumerate(self.events)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _stream(self, url: str, events: list[str], i: int) -> None:
+        body = {"model": "m", "prompt": [5, 6, i + 7], "max_tokens": 240, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url + "/v1/completions", timeout=60, json=body) as r:
+            for line in r.iter_lines():
+                self.started.set()
+                events.append(line)
+
+    def join_all(self, since: float, within: float = 10.0) -> None:
+        """Wait until ``within`` seconds after ``since``; fail if a client is still waiting."""
+        for t in self.threads:
+            t.join(max(0.1, within - (time.monotonic() - since)))
+        assert not any(t.is_alive() for t in self.threads), "a client was left waiting"

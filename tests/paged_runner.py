@@ -151,3 +151,36 @@ def mixed_scenario_interpreted(model_dir, page_size: int, ids: list[int], out_pa
     proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out_path)
+
+
+def assert_close(ours, theirs, tol: float = 1e-4) -> None:
+    assert ours.shape == theirs.shape
+    assert torch.allclose(ours, theirs, atol=tol, rtol=tol), (ours - theirs).abs().max()
+
+
+def check_cached_prefix_chunked_decode(model, ref, ids: list[int], page_size: int) -> None:
+    """Sequence A prefills ``ids[:32]``. Sequence B reuses those 32 tokens' pages (a radix-cache
+    hit), prefills ``ids[32:49]`` in chunks of 7, 7 and 3, each batched with one of A's decode
+    steps (A continues differently), then both decode together; every step's logits equal
+    transformers' (``ref``) over the whole sequence."""
+    with torch.no_grad():
+        full = ref(torch.tensor([ids])).logits[0]
+    runner = PagedRunner(model, page_size)
+    a = runner.new_seq()
+    (la,) = runner.step([(a, ids[:32])])
+    assert_close(la, full[:32])
+    b = runner.new_seq(share_from=a, shared_tokens=32)
+    other = [5, 77, 300, 12, 9]
+    with torch.no_grad():
+        full_a = ref(torch.tensor([ids[:32] + other])).logits[0]
+    pos_b, pos_a = 32, 32
+    for chunk in (ids[32:39], ids[39:46], ids[46:49]):
+        lb, la = runner.step([(b, chunk), (a, [other[pos_a - 32]])])
+        assert_close(lb, full[pos_b : pos_b + len(chunk)])
+        assert_close(la, full_a[pos_a : pos_a + 1])
+        pos_b, pos_a = pos_b + len(chunk), pos_a + 1
+    for _ in range(2):  # a pure decode batch
+        lb, la = runner.step([(b, [ids[pos_b]]), (a, [other[pos_a - 32]])])
+        assert_close(lb, full[pos_b : pos_b + 1])
+        assert_close(la, full_a[pos_a : pos_a + 1])
+        pos_b, pos_a = pos_b + 1, pos_a + 1

@@ -35,7 +35,8 @@ def _one_line_error(res, *needles: str) -> None:
     [
         (["--port", "99999"], ["--port 99999", "1 to 65535"]),
         (["--grammar-backend", "nope"], ["unknown grammar backend 'nope'", "xgrammar"]),
-        (["--quantization", "int4"], ["unknown --quantization 'int4'", "int8"]),
+        (["--quantization", "int3"], ["unknown --quantization 'int3'", "int8", "int4"]),
+        (["--quantization", "int4", "--quantization-group-size", "48"], ["--quantization-group-size 48", "128"]),
         (["--model-path", "x.gguf"], ["'x.gguf' does not exist"]),
         (["--reasoning-parser", "nope"], ["unknown reasoning parser 'nope'", "qwen3"]),
         (["--tool-call-parser", "nope"], ["unknown tool-call parser 'nope'", "hermes"]),
@@ -49,6 +50,7 @@ def _one_line_error(res, *needles: str) -> None:
         "port-range",
         "grammar",
         "quantization",
+        "quantization-group-size",
         "missing-gguf",
         "reasoning",
         "tool-parser",

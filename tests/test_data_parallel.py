@@ -9,7 +9,6 @@ import asyncio
 import os
 import re
 import signal
-import threading
 import time
 
 import httpx
@@ -18,6 +17,7 @@ import pytest
 
 from llmkit.core.engine.dp_router import PrefixRouter
 
+from fault_utils import LongStreams
 from model_utils import copy_embedded_tokenizer, save_tiny_model
 from server_utils import server_log, start_server, stop_server
 
@@ -146,28 +146,15 @@ def test_killed_replica_fails_its_clients_and_stops_the_server(model_dir):
     # One running request per replica and a queue behind it, so the replica is busy when killed.
     proc, url = start_server(["--model-path", model_dir, "--dp-size", "2", "--max-running-requests", "1", *COMMON])
     try:
-        streams: list[list[str]] = [[] for _ in range(8)]
-        started = threading.Event()
-
-        def stream(events: list[str], i: int):
-            body = {"model": "m", "prompt": [5, 6, i + 7], "max_tokens": 240, "stream": True, "ignore_eos": True}
-            with httpx.stream("POST", url + "/v1/completions", timeout=60, json=body) as r:
-                for line in r.iter_lines():
-                    started.set()
-                    events.append(line)
-
-        threads = [threading.Thread(target=stream, args=(ev, i), daemon=True) for i, ev in enumerate(streams)]
-        for t in threads:
-            t.start()
-        assert started.wait(60)
+        clients = LongStreams(url, 8)
+        assert clients.started.wait(60)
         busy = max(_replicas(url), key=lambda r: r["outstanding"])
         assert busy["outstanding"] > 0
         rank, pid = busy["rank"], busy["pid"]
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        for t in threads:
-            t.join(max(0.1, 10 - (time.monotonic() - killed)))
-        assert not any(t.is_alive() for t in threads), "a client was left waiting"
+        clients.join_all(since=killed)
+        streams = clients.events
         failed = [ev for ev in streams if any('"error"' in e and f"rank {rank}" in e for e in ev)]
         assert failed, [ev[-3:] for ev in streams]
         proc.wait(timeout=max(1.0, 10 - (time.monotonic() - killed)))

@@ -12,7 +12,8 @@ import torch
 from llmkit.core.model.moe import grouped_topk
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
-from paged_runner import PagedRunner, mixed_scenario, mixed_scenario_interpreted
+from paged_runner import PagedRunner, check_cached_prefix_chunked_decode, mixed_scenario, mixed_scenario_interpreted
+from paged_runner import assert_close as _close
 
 YARN = dict(
     rope_type="yarn",
@@ -45,11 +46,6 @@ def tiny(request, tmp_path_factory):
     return d, ref, full
 
 
-def _close(ours, theirs):
-    assert ours.shape == theirs.shape
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-
-
 def test_cache_holds_only_the_latent(tiny):
     d, _, _ = tiny
     model = load_ours(d)
@@ -72,26 +68,8 @@ def test_prefill_logits_match_transformers(tiny, page_size):
 def test_cached_prefix_chunked_prefill_and_decode_match_transformers(tiny, page_size):
     """A 32-token prefix's latents shared page-wise, the rest prefilled in chunks batched with the
     other sequence's decode steps, then batched decode over the latent cache."""
-    d, ref, full = tiny
-    runner = PagedRunner(load_ours(d), page_size)
-    a = runner.new_seq()
-    (la,) = runner.step([(a, IDS[:32])])
-    _close(la, full[:32])
-    b = runner.new_seq(share_from=a, shared_tokens=32)
-    other = [5, 77, 300, 12, 9]
-    with torch.no_grad():
-        full_a = ref(torch.tensor([IDS[:32] + other])).logits[0]
-    pos_b, pos_a = 32, 32
-    for chunk in (IDS[32:39], IDS[39:46], IDS[46:49]):
-        lb, la = runner.step([(b, chunk), (a, [other[pos_a - 32]])])
-        _close(lb, full[pos_b : pos_b + len(chunk)])
-        _close(la, full_a[pos_a : pos_a + 1])
-        pos_b, pos_a = pos_b + len(chunk), pos_a + 1
-    for _ in range(2):
-        lb, la = runner.step([(b, [IDS[pos_b]]), (a, [other[pos_a - 32]])])
-        _close(lb, full[pos_b : pos_b + 1])
-        _close(la, full_a[pos_a : pos_a + 1])
-        pos_b, pos_a = pos_b + 1, pos_a + 1
+    d, ref, _ = tiny
+    check_cached_prefix_chunked_decode(load_ours(d), ref, IDS, page_size)
 
 
 def test_grouped_topk_matches_transformers_router():

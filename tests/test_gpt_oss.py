@@ -15,7 +15,8 @@ from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
 from llmkit.core.model.mxfp4 import dequantize_mxfp4
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
-from paged_runner import PagedRunner, mixed_scenario, mixed_scenario_interpreted
+from paged_runner import PagedRunner, check_cached_prefix_chunked_decode, mixed_scenario, mixed_scenario_interpreted
+from paged_runner import assert_close as _close
 
 IDS = [(37 * i + 11) % 512 for i in range(52)]  # > the tiny model's 16-token window
 
@@ -27,11 +28,6 @@ def tiny(tmp_path_factory):
     with torch.no_grad():
         full = ref(torch.tensor([IDS])).logits[0]
     return d, ref, full
-
-
-def _close(ours, theirs):
-    assert ours.shape == theirs.shape
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
 
 
 def test_layers_alternate_sliding_and_full(tiny):
@@ -53,26 +49,8 @@ def test_prefill_logits_match_transformers(tiny, page_size):
 def test_cached_prefix_chunked_prefill_and_decode_match_transformers(tiny, page_size):
     """As for Qwen3-MoE: a 32-token prefix shared page-wise, the rest prefilled in chunks batched
     with the other sequence's decode steps, then batched decode; the window slides throughout."""
-    d, ref, full = tiny
-    runner = PagedRunner(load_ours(d), page_size)
-    a = runner.new_seq()
-    (la,) = runner.step([(a, IDS[:32])])
-    _close(la, full[:32])
-    b = runner.new_seq(share_from=a, shared_tokens=32)
-    other = [5, 77, 300, 12, 9]
-    with torch.no_grad():
-        full_a = ref(torch.tensor([IDS[:32] + other])).logits[0]
-    pos_b, pos_a = 32, 32
-    for chunk in (IDS[32:39], IDS[39:46], IDS[46:49]):
-        lb, la = runner.step([(b, chunk), (a, [other[pos_a - 32]])])
-        _close(lb, full[pos_b : pos_b + len(chunk)])
-        _close(la, full_a[pos_a : pos_a + 1])
-        pos_b, pos_a = pos_b + len(chunk), pos_a + 1
-    for _ in range(2):
-        lb, la = runner.step([(b, [IDS[pos_b]]), (a, [other[pos_a - 32]])])
-        _close(lb, full[pos_b : pos_b + 1])
-        _close(la, full_a[pos_a : pos_a + 1])
-        pos_b, pos_a = pos_b + 1, pos_a + 1
+    d, ref, _ = tiny
+    check_cached_prefix_chunked_decode(load_ours(d), ref, IDS, page_size)
 
 
 def test_real_window_of_128_with_a_longer_prompt(tmp_path):

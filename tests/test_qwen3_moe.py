@@ -13,7 +13,8 @@ from llmkit.core.model.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
-from paged_runner import PagedRunner
+from paged_runner import PagedRunner, check_cached_prefix_chunked_decode
+from paged_runner import assert_close as _close
 
 # A: layer 0 sparse, layer 1 dense, renormalised top-2; B: every 2nd layer sparse, raw softmax weights
 VARIANTS = {
@@ -30,11 +31,6 @@ def tiny(request, tmp_path_factory):
     with torch.no_grad():
         full = ref(torch.tensor([IDS])).logits[0]
     return request.param, d, ref, full
-
-
-def _close(ours, theirs):
-    assert ours.shape == theirs.shape
-    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
 
 
 def test_sparse_layers_follow_the_config(tiny):
@@ -57,26 +53,8 @@ def test_cached_prefix_chunked_prefill_and_decode_match_transformers(tiny, page_
     """Sequence 1 prefills 32 tokens. Sequence 2 reuses those 32 tokens' pages, prefills the next
     17 in chunks of 7 (each chunk batched with one of sequence 1's decode steps), then both decode
     together; every step's logits equal transformers' over the whole sequence."""
-    _, d, ref, full = tiny
-    runner = PagedRunner(load_ours(d), page_size)
-    a = runner.new_seq()
-    (la,) = runner.step([(a, IDS[:32])])
-    _close(la, full[:32])
-    b = runner.new_seq(share_from=a, shared_tokens=32)
-    other = [5, 77, 300, 12, 9]  # sequence 1 continues differently
-    with torch.no_grad():
-        full_a = ref(torch.tensor([IDS[:32] + other])).logits[0]
-    pos_b, pos_a = 32, 32
-    for chunk in (IDS[32:39], IDS[39:46], IDS[46:49]):
-        lb, la = runner.step([(b, chunk), (a, [other[pos_a - 32]])])
-        _close(lb, full[pos_b : pos_b + len(chunk)])
-        _close(la, full_a[pos_a : pos_a + 1])
-        pos_b, pos_a = pos_b + len(chunk), pos_a + 1
-    for _ in range(2):  # pure decode batch
-        lb, la = runner.step([(b, [IDS[pos_b]]), (a, [other[pos_a - 32]])])
-        _close(lb, full[pos_b : pos_b + 1])
-        _close(la, full_a[pos_a : pos_a + 1])
-        pos_b, pos_a = pos_b + 1, pos_a + 1
+    _, d, ref, _ = tiny
+    check_cached_prefix_chunked_decode(load_ours(d), ref, IDS, page_size)
 
 
 def test_fused_experts_match_a_per_token_reference():

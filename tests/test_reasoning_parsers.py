@@ -269,3 +269,16 @@ def test_fuzz_streaming_equals_non_streaming(name, parts, cuts, prompt, finish, 
     chunks = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
     kw = {"prompt_text": prompt, "stream_reasoning": stream_reasoning}
     assert run(name, chunks, finish, **kw) == whole(name, text, finish, **kw)
+
+
+def test_constrained_answer_prefix_opens_the_final_channel_only_inside_a_header():
+    """gpt-oss's template ends in "<|start|>assistant": a constrained answer (a forced tool call)
+    must start in a message body, so the server appends the final channel's header first."""
+    p = create_reasoning_parser("gpt-oss", prompt_text="<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    assert p.constrained_answer_prefix == "<|channel|>final<|message|>"
+    primed = "<|start|>assistant<|channel|>final<|message|>"
+    assert create_reasoning_parser("gpt-oss", prompt_text=primed).constrained_answer_prefix == ""
+    assert create_reasoning_parser("qwen3", prompt_text="<|im_start|>assistant\n").constrained_answer_prefix == ""
+    # after the prefix, the constrained text is content
+    p = create_reasoning_parser("gpt-oss", prompt_text="<|start|>assistant" + p.constrained_answer_prefix)
+    assert p.parse('[{"name": "f", "parameters": {}}]') == ("", '[{"name": "f", "parameters": {}}]')

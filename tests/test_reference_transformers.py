@@ -118,7 +118,7 @@ def test_greedy_matches_transformers_generate(embedded_reference):
     """32 greedy tokens per prompt (EOS banned on both sides, as min_new_tokens does) equal transformers' greedy generate; wherever the two pick
     different tokens, the reference's top-2 logits at that step are a numerical tie."""
     tok, ref = embedded_reference
-    engine = start_engine()
+    engine = start_engine(quantization="none")  # the GGUF dequantized: the weights transformers runs
     try:
         for text in PROMPTS:
             prompt = tok.apply_chat_template(

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
+from fault_utils import LongStreams
 from model_utils import copy_embedded_tokenizer, save_tiny_model
 from server_utils import free_port, server_log, start_server, stop_server
 
@@ -256,25 +256,12 @@ def test_killed_rank_fails_its_clients_and_stops_the_server(llama_dir):
     try:
         info = httpx.get(url + "/get_server_info", timeout=30).json()
         pid = next(r["pid"] for r in info["tp_ranks"] if r["rank"] == 1)
-        streams: list[list[str]] = [[] for _ in range(4)]
-        started = threading.Event()
-
-        def stream(events: list[str], i: int):
-            body = {"model": "m", "prompt": [5, 6, i + 7], "max_tokens": 240, "stream": True, "ignore_eos": True}
-            with httpx.stream("POST", url + "/v1/completions", timeout=60, json=body) as r:
-                for line in r.iter_lines():
-                    started.set()
-                    events.append(line)
-
-        threads = [threading.Thread(target=stream, args=(ev, i), daemon=True) for i, ev in enumerate(streams)]
-        for t in threads:
-            t.start()
-        assert started.wait(60)
+        clients = LongStreams(url, 4)
+        assert clients.started.wait(60)
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        for t in threads:
-            t.join(max(0.1, 10 - (time.monotonic() - killed)))
-        assert not any(t.is_alive() for t in threads), "a client was left waiting"
+        clients.join_all(since=killed)
+        streams = clients.events
         errors = [e for ev in streams for e in ev if '"error"' in e]
         assert errors and all("tensor-parallel rank 1" in e for e in errors), [ev[-2:] for ev in streams]
         proc.wait(timeout=max(1.0, 10 - (time.monotonic() - killed)))

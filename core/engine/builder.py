@@ -15,10 +15,11 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import Scheduler
+from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights, quant_method
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.prefix_cache import NoPrefixCache
 from llmkit.core.model.radix_cache import RadixCache
-from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.model.source import gguf_path_of, iter_gguf_native, iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import PluginError, registry
 
 log = logging.getLogger("llmkit")
@@ -181,6 +182,22 @@ def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.d
     return model.eval()
 
 
+# GGUF architectures whose weights serve quantized (their layers are all Linear)
+NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | None) -> bool:
+    """Whether a GGUF is served at its native (quantized) precision: the default on CPU. An explicit
+    ``--dtype``, ``--quantization`` (``none`` included) or dummy weights serve dense weights."""
+    return (
+        gguf_path is not None
+        and device.type == "cpu"
+        and config.quantization is None
+        and config.dtype == "auto"
+        and config.load_format != "dummy"
+    )
+
+
 def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     """The engine's parts; ``tp``: this rank's tensor-parallel group (every rank calls this in
     the same order: the pool size is agreed on with a collective)."""
@@ -198,8 +215,21 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         registry().entry("grammar", grammar_name)  # an unknown name fails before loading
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    model_dir = resolve_model_dir(config.model_path)
+    quant = config.quantization if config.quantization not in (None, "", "none") else None
+    gguf_path = gguf_path_of(config.model_path)
+    native = native_gguf(config, device, gguf_path)
+    model_dir = resolve_model_dir(config.model_path, weights=not native)
     hf_config = load_config(model_dir)
+    if native and hf_config.get("model_type") not in NATIVE_GGUF_TYPES:
+        # MoE experts (FusedExperts) have no quantized format yet: these GGUFs serve dequantized
+        log.info(
+            "%s: native GGUF weights are served for %s only; dequantizing",
+            hf_config.get("model_type"),
+            ", ".join(NATIVE_GGUF_TYPES),
+        )
+        native = False
+        model_dir = resolve_model_dir(config.model_path)
+    quant_method(hf_config)  # an unsupported checkpoint quantization fails before the model is built
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
     needed = frozenset(getattr(model_cls, "attention_features", ()))
@@ -213,6 +243,10 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         from llmkit.core.model.dummy_weights import fill_dummy_weights
 
         fill_dummy_weights(model)
+    elif native:
+        model.load_weights(iter_gguf_native(gguf_path, hf_config))
+    elif quant_method(hf_config):
+        model.load_weights(int4_checkpoint_weights(iter_safetensors(model_dir), hf_config))
     else:
         try:
             model.load_weights(iter_safetensors(model_dir, lazy=tp is not None and tp.size > 1))
@@ -220,10 +254,10 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
             raise ValueError(f"the checkpoint in {model_dir} does not fit {arch}: {exc.args[0]}") from None
     if hasattr(model, "finalize_weights"):
         model.finalize_weights()
-    if config.quantization:
+    if quant:
         if device.type != "cpu":
-            raise ValueError("--quantization int8 is a CPU decode path; on CUDA use the model's dtype")
-        model.quantize(config.quantization)
+            raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use the model's dtype")
+        model.quantize(quant, config.quantization_group_size)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
     n_kv, n_layers = model.local_kv_heads, model.num_layers
@@ -293,7 +327,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         time.monotonic() - t0,
         str(dtype).removeprefix("torch."),
         ", dummy weights" if config.load_format == "dummy" else "",
-        f" + {config.quantization} weights" if config.quantization else "",
+        f" + {quant} weights" if quant else " + native GGUF weights" if native else "",
         f", tensor-parallel rank {tp.rank} of {tp.size}" if tp is not None and tp.size > 1 else "",
         attn_name,
         tokens,

@@ -23,7 +23,10 @@ class EngineConfig:
     enable_deterministic_inference: bool = False
     num_threads: int | None = None
     decode_log_interval: int = 40
-    quantization: str | None = None  # "int8": weight-only int8 for decode GEMMs (CPU)
+    # None: dense checkpoints dense, a GGUF at its native precision (CPU); "none": dense (a GGUF
+    # dequantized); "int8" / "int4": weight-only, quantized at load (CPU)
+    quantization: str | None = None
+    quantization_group_size: int | None = None  # int4 group size (default 32)
     cuda_graph_max_bs: int | None = None  # None: every batch size the scheduler can run (<= 256)
     disable_cuda_graph: bool = False
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.

@@ -13,6 +13,17 @@ from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.parallel import SINGLE, TPGroup
 
 
+def release_free_heap() -> None:
+    """Hand the heap that loading freed (staging buffers, dequantized transients) back to the OS;
+    glibc keeps it otherwise, and the resident size of a quantized model would show it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 @dataclass
 class ForwardContext:
     """What every layer needs for one forward pass, passed explicitly (no globals)."""
@@ -65,17 +76,22 @@ class CausalLM(nn.Module, ABC):
         for module in list(self.modules()):
             if isinstance(module, Linear):
                 module.finalize()
+        release_free_heap()
 
-    def quantize(self, method: str) -> None:
+    def quantize(self, method: str, group_size: int | None = None) -> None:
         """Convert the dense weights of every linear layer (and the LM head) to the weight format
         ``method`` names (``--quantization``)."""
         from llmkit.core.model.linear import Linear, LMHead
         from llmkit.core.model.weight_formats import weight_format
 
-        fmt = weight_format(method)
+        fmt = weight_format(method, group_size)
         for module in list(self.modules()):
-            if isinstance(module, (Linear, LMHead)):
-                module.set_format(fmt)
+            if isinstance(module, Linear):
+                module.set_format(fmt.for_features(module.local_in) if hasattr(fmt, "for_features") else fmt)
+            elif isinstance(module, LMHead):
+                hidden = int(self.config["hidden_size"])
+                module.set_format(fmt.for_features(hidden) if hasattr(fmt, "for_features") else fmt)
+        release_free_heap()
 
     @property
     def num_layers(self) -> int:

@@ -172,6 +172,31 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _hf_name(name: str) -> str | None:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    if name.startswith("blk."):
+        _, idx, kind, suffix = name.split(".", 3)
+        if kind in _LAYER_NAMES:
+            return f"model.layers.{idx}.{_LAYER_NAMES[kind]}.{suffix}"
+    return None
+
+
+def _permute_heads(name: str, config: dict) -> int | None:
+    """The head count to unpermute a Q/K weight's rows by, or None."""
+    if config["model_type"] != "llama" or not name.endswith(".weight"):
+        return None
+    if ".attn_q." in name:
+        return config["num_attention_heads"]
+    if ".attn_k." in name:
+        return config["num_key_value_heads"]
+    return None
+
+
 def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, fp32 tensor)`` for every weight, dequantized."""
     from gguf.quants import dequantize
@@ -228,3 +253,45 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
         if not w.flags.writeable:  # an F32 tensor is a read-only view of the memory-mapped file
             w = w.copy()  # (torch.from_numpy would warn about it at every first start)
         yield hf, torch.from_numpy(w)
+
+
+def check_native_types(reader) -> None:
+    """Fail before loading anything if a weight's type cannot be served quantized."""
+    from llmkit.core.model.gguf_quant import DENSE_TYPES, SUPPORTED_TYPES
+
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if _hf_name(t.name) is not None and kind not in SUPPORTED_TYPES + DENSE_TYPES:
+            raise ValueError(
+                f"GGUF tensor '{t.name}' has type {kind}, which llmkit cannot serve quantized; "
+                f"supported: {', '.join(SUPPORTED_TYPES + DENSE_TYPES)} (or serve it dequantized: --quantization none)"
+            )
+
+
+def gguf_native_tensors(reader, config: dict) -> Iterator[tuple[str, object]]:
+    """Yield ``(hf_name, tensor)``: quantized weights as :class:`GGUFTensor` (still the file's
+    blocks; Q/K rows unpermuted, which moves whole rows of blocks), the rest as fp32 tensors."""
+    from llmkit.core.model.gguf_quant import DENSE_TYPES, GGUFTensor
+
+    check_native_types(reader)
+    for t in reader.tensors:
+        hf = _hf_name(t.name)
+        if hf is None:
+            continue
+        kind = t.tensor_type.name
+        if kind in DENSE_TYPES:
+            yield from gguf_tensors(_OneTensor(reader, t), config)
+            continue
+        shape = [int(x) for x in reversed(t.shape)]
+        data = t.data.reshape(shape[0], -1)
+        heads = _permute_heads(t.name, config)
+        if heads:
+            data = np.ascontiguousarray(_unpermute(data, heads))
+        yield hf, GGUFTensor(t.name, kind, data, shape[1])
+
+
+class _OneTensor:
+    """A reader stand-in holding one tensor (reuses :func:`gguf_tensors` for dense ones)."""
+
+    def __init__(self, reader, tensor) -> None:
+        self.tensors = [tensor]

@@ -50,11 +50,17 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias=None, deterministic
     """``x @ weight.T + bias``; in deterministic mode in fixed tiles of rows (see above)."""
     if not deterministic:
         return _gemm(x, weight, bias)
+    return in_tiles(x, lambda t: _gemm(t, weight, bias))
+
+
+def in_tiles(x: torch.Tensor, gemm) -> torch.Tensor:
+    """``gemm`` over zero-padded tiles of :data:`DETERMINISTIC_TILE` rows: every call has the same
+    shape, so a row's result does not depend on how many rows its batch has."""
     m = x.shape[0]
     pad = (-m) % DETERMINISTIC_TILE
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    return torch.cat([_gemm(t, weight, bias) for t in x.split(DETERMINISTIC_TILE)])[:m]
+    return torch.cat([gemm(t) for t in x.split(DETERMINISTIC_TILE)])[:m]
 
 
 class WeightFormat:
@@ -81,6 +87,10 @@ class WeightFormat:
     def dense_weight(self, layer: "Linear") -> torch.Tensor:
         """The weight as a dense ``[out, in]`` tensor (reference checks, conversions)."""
         return layer.weight
+
+    def embed(self, layer: "Linear", ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the weight (a quantized embedding table dequantizes only those)."""
+        return F.embedding(ids, self.dense_weight(layer))
 
 
 DENSE = WeightFormat()
@@ -187,27 +197,53 @@ class Linear(nn.Module):
 class VocabEmbedding(nn.Module):
     """Token embeddings split by vocabulary rows over the ranks: each rank looks up the ids it
     owns (zeros for the rest) and an all-reduce sums the rows. The rows are padded to a multiple of
-    the TP size; the padding is never looked up."""
+    the TP size; the padding is never looked up.
+
+    A checkpoint tensor that names its own weight format (a GGUF block tensor) is kept in that
+    format in ``qtable`` (a :class:`Linear` over this rank's rows) instead of the dense ``weight``:
+    a lookup dequantizes only the rows it needs, and a tied LM head multiplies by it directly."""
 
     def __init__(self, vocab: int, hidden: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.tp = tp or SINGLE
         self.vocab = vocab
+        self.hidden = hidden
         per = -(-vocab // self.tp.size)
         self.lo = self.tp.rank * per
         self.hi = min(vocab, self.lo + per)
-        self.weight = nn.Parameter(torch.zeros(per, hidden), requires_grad=False)
+        # Only the padding rows are zeroed: a table loaded quantized never touches the rest.
+        self.weight = nn.Parameter(torch.empty(per, hidden), requires_grad=False)
+        self.weight.data[self.hi - self.lo :].zero_()
+        # A plain list, not a child module: loading, --quantization and finalize_weights walk the
+        # Linear modules of the model, and this one is loaded and packed here.
+        self._qtable: list[Linear] = []
+
+    @property
+    def qtable(self) -> Linear | None:
+        return self._qtable[0] if self._qtable else None
 
     def load(self, tensor: torch.Tensor) -> None:
+        if hasattr(tensor, "weight_format"):
+            self.weight = None  # no dense table stays resident
+            table = Linear(self.hidden, self.hi - self.lo)
+            table.load(tensor.row_slice(self.lo, self.hi))
+            table.finalize()
+            self._qtable = [table]
+            return
         t = tensor.dequantize() if hasattr(tensor, "dequantize") else tensor
         self.weight.data[: self.hi - self.lo].copy_(t[self.lo : self.hi])
 
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.qtable is not None:
+            return self.qtable.format.embed(self.qtable, ids)
+        return F.embedding(ids, self.weight)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         local = ids - self.lo
         own = (local >= 0) & (local < self.hi - self.lo)
-        out = F.embedding(torch.where(own, local, torch.zeros_like(local)), self.weight)
+        out = self._lookup(torch.where(own, local, torch.zeros_like(local)))
         out = out * own.unsqueeze(-1).to(out.dtype)
         return self.tp.all_reduce(out)
 
@@ -238,17 +274,26 @@ class LMHead(nn.Module):
         self.proj.load(tensor)
 
     def set_format(self, fmt: WeightFormat) -> None:
-        w = self._table().weight
+        table = self._table()
+        if table.qtable is not None:  # already quantized at load (GGUF): requantize its dequantized rows
+            w = table.qtable.format.dense_weight(table.qtable)
+        else:
+            w = table.weight
         layer = Linear(w.shape[1], w.shape[0])
         layer.weight.data.copy_(w)
         layer.set_format(fmt)
         self.fmt_layer = layer
 
     def forward(self, hidden: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        w = self._table().weight
-        if self.fmt_layer is not None:
-            logits = self.fmt_layer(hidden.to(w.dtype), deterministic)
+        table = self._table()
+        layer = self.fmt_layer if self.fmt_layer is not None else table.qtable
+        if layer is not None:
+            logits = layer(hidden.float(), deterministic)
+            per = -(-self.vocab // self.tp.size)
+            if logits.shape[-1] < per:  # the padding rows of the last rank's slice
+                logits = F.pad(logits, (0, per - logits.shape[-1]))
         else:
+            w = table.weight
             logits = dense_linear(hidden.to(w.dtype), w, None, deterministic)
         if self.tp.size > 1:
             logits = self.tp.all_gather(logits, dim=-1)

@@ -1,8 +1,11 @@
 """Where a model comes from: the embedded default, a GGUF file, or a Hugging Face directory.
 
-A GGUF is converted once into an HF-layout directory (config.json, model.safetensors, tokenizer
-files) under the cache (``LLMKIT_CACHE_DIR``, default ``~/.cache/llmkit``), so later starts read
-safetensors directly and skip dequantization and tokenizer reconstruction.
+A GGUF's metadata is converted once into an HF-layout directory (config.json, tokenizer files)
+under the cache (``LLMKIT_CACHE_DIR``, default ``~/.cache/llmkit``), so later starts skip tokenizer
+reconstruction. Served at its native precision (the default on CPU) its weights are read straight
+from the memory-mapped GGUF (:func:`iter_gguf_native`); only the dequantized path
+(``--quantization none``, ``--dtype float32``) also writes, once, an fp32 ``model.safetensors``
+there.
 """
 
 from __future__ import annotations
@@ -41,13 +44,21 @@ def cache_root() -> Path:
     return Path(os.environ.get("LLMKIT_CACHE_DIR", Path.home() / ".cache" / "llmkit"))
 
 
-def resolve_model_dir(model_path: str | None) -> Path:
-    """Return an HF-layout directory for ``model_path`` (None means the embedded model)."""
+def gguf_path_of(model_path: str | None) -> Path | None:
+    """The GGUF file ``model_path`` names (None: the embedded model's), or None for a directory."""
     if model_path is None:
-        return _converted(embedded_gguf_path())
+        return embedded_gguf_path()
     path = Path(model_path).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return _converted(path)
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+def resolve_model_dir(model_path: str | None, weights: bool = True) -> Path:
+    """Return an HF-layout directory for ``model_path`` (None means the embedded model).
+    ``weights=False``: for a GGUF, only its config and tokenizer (the weights are read natively)."""
+    gguf_path = gguf_path_of(model_path)
+    if gguf_path is not None:
+        return _converted(gguf_path, weights)
+    path = Path(model_path).expanduser()
     if path.is_dir() and (path / "config.json").exists():
         return path
     raise FileNotFoundError(
@@ -56,45 +67,39 @@ def resolve_model_dir(model_path: str | None) -> Path:
     )
 
 
-def _converted(gguf_path: Path) -> Path:
+def _converted(gguf_path: Path, weights: bool = True) -> Path:
     st = gguf_path.stat()
     digest = hashlib.sha256(f"{gguf_path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
     out = cache_root() / "gguf" / f"{gguf_path.stem}-{digest[:16]}"
-    if (out / "llmkit-complete").exists():
-        return out
-    log.info("Converting %s to safetensors in %s (once)", gguf_path.name, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
-    try:
-        _convert_gguf(gguf_path, tmp)
-        (tmp / "llmkit-complete").write_text("ok\n")
-        if out.exists() and not (out / "llmkit-complete").exists():
-            shutil.rmtree(out, ignore_errors=True)  # a stale partial conversion
+    if not (out / "llmkit-complete").exists():
+        log.info("Converting %s's config and tokenizer into %s (once)", gguf_path.name, out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
         try:
-            os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-converted cache
-        except OSError:
-            if not (out / "llmkit-complete").exists():  # another process converted it meanwhile
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _convert_gguf(gguf_path, tmp)
+            (tmp / "llmkit-complete").write_text("ok\n")
+            if out.exists() and not (out / "llmkit-complete").exists():
+                shutil.rmtree(out, ignore_errors=True)  # a stale partial conversion
+            try:
+                os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-converted cache
+            except OSError:
+                if not (out / "llmkit-complete").exists():  # another process converted it meanwhile
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if weights and not (out / "model.safetensors").exists():
+        _write_dense_weights(gguf_path, out)
     return out
 
 
 def _convert_gguf(gguf_path: Path, out: Path) -> None:
     import gguf
-    from safetensors.torch import save_file
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.model.gguf_loader import gguf_config
 
     reader = gguf.GGUFReader(str(gguf_path))
-    config = gguf_config(reader)
-    tensors = {}
-    for name, t in tqdm(gguf_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor"):
-        tensors[name] = t
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "config.json").write_text(json.dumps(gguf_config(reader), indent=2))
     if (gguf_path.parent / "tokenizer.json").exists():
         # tokenizer files beside the GGUF win: transformers cannot rebuild every architecture's
         # tokenizer from GGUF metadata (deepseek2's, for one)
@@ -108,6 +113,41 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
                 "(and tokenizer_config.json) in the same directory"
             ) from None
     tok.save_pretrained(str(out))
+
+
+def _write_dense_weights(gguf_path: Path, out: Path) -> None:
+    """The dequantized fp32 weights as ``out/model.safetensors`` (written atomically, once)."""
+    import gguf
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from llmkit.core.model.gguf_loader import gguf_tensors
+
+    log.info("Dequantizing %s to fp32 safetensors in %s (once)", gguf_path.name, out)
+    reader = gguf.GGUFReader(str(gguf_path))
+    config = load_config(out)
+    tensors = {}
+    for name, t in tqdm(gguf_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor"):
+        tensors[name] = t
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".model-", suffix=".partial")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, out / "model.safetensors")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def iter_gguf_native(gguf_path: Path, config: dict) -> Iterator[tuple[str, object]]:
+    """Every weight of a GGUF, the quantized ones still quantized (see :mod:`gguf_quant`)."""
+    import gguf
+    from tqdm import tqdm
+
+    from llmkit.core.model.gguf_loader import gguf_native_tensors
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    yield from tqdm(gguf_native_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor")
 
 
 def load_config(model_dir: Path) -> dict:

@@ -2,7 +2,11 @@
 
 ``int8``: weight-only, symmetric per output channel, bf16 activations through torch's
 ``_weight_int8pack_mm``. It halves the bytes a decode step reads, but that kernel is slower than the
-fp32 GEMM beyond a few dozen rows, so larger batches (prefill) keep using the dense weight.
+fp32 GEMM beyond a few dozen rows, so larger batches (prefill) keep using the dense weight; a layer
+loaded from an already quantized source (GGUF Q8_0 / Q5_K / Q6_K) keeps no dense copy and
+dequantizes for those calls instead.
+
+``int4``: see :mod:`llmkit.core.model.int4_format`.
 """
 
 from __future__ import annotations
@@ -23,26 +27,53 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Format(WeightFormat):
+    """``keep_dense``: keep the loaded fp32 weight for calls with many rows (a dense checkpoint
+    quantized with ``--quantization int8``); without it only the int8 weight stays resident."""
+
     name = "int8"
 
+    def __init__(self, keep_dense: bool = True) -> None:
+        self.keep_dense = keep_dense
+
     def finalize(self, layer) -> None:
+        if layer.weight is None:  # already finalized
+            return
         q, scale = quantize_int8(layer.weight)
         layer.register_buffer("qweight", q, persistent=False)
         layer.register_buffer("qscale", scale, persistent=False)
+        if not self.keep_dense:
+            layer.weight = None
 
     def apply(self, layer, x, deterministic):
         if x.shape[0] <= INT8_MAX_ROWS and not deterministic:
-            return torch._weight_int8pack_mm(x.to(torch.bfloat16), layer.qweight, layer.qscale).to(x.dtype)
-        return dense_linear(x, layer.weight, None, deterministic)
+            return self._kernel(layer, x)
+        return dense_linear(x, self.dense_weight(layer).to(x.dtype), None, deterministic)
+
+    @staticmethod
+    def _kernel(layer, x):
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), layer.qweight, layer.qscale).to(x.dtype)
+
+    def dense_weight(self, layer):
+        if layer.weight is not None:
+            return layer.weight
+        return layer.qweight.float() * layer.qscale.float()[:, None]
+
+    def embed(self, layer, ids):
+        return layer.qweight[ids].float() * layer.qscale[ids].float()[..., None]
 
 
-def weight_format(name: str | None) -> WeightFormat:
-    """The format ``--quantization NAME`` converts dense weights to."""
+def weight_format(name: str | None, group_size: int | None = None) -> WeightFormat:
+    """The format ``--quantization NAME`` converts dense weights to (``group_size``: int4 groups)."""
     if name in (None, "", "none"):
         return DENSE
     if name == "int8":
         return Int8Format()
+    if name == "int4":
+        from llmkit.core.model.int4_format import Int4Format
+
+        return Int4Format(group_size or DEFAULT_INT4_GROUP)
     raise ValueError(f"quantization '{name}' is not supported; supported: none, {', '.join(QUANTIZATIONS)}")
 
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int4")
+DEFAULT_INT4_GROUP = 32

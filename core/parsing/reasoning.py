@@ -79,6 +79,13 @@ class ReasoningParser(ABC):
         when the format cannot tell from the text alone."""
         return ()
 
+    @property
+    def constrained_answer_prefix(self) -> str:
+        """Text to append to the prompt before a constrained answer (a JSON schema, a forced
+        tool call) when the prompt leaves the output where no answer can start: gpt-oss's
+        template ends inside a message header. ``""``: the answer may start right away."""
+        return ""
+
     def parse(self, text: str, finish_reason: str = "stop") -> tuple[str, str]:
         """Non-streaming convenience: ``feed(text)`` then ``finish()``, concatenated."""
         r1, c1 = self.feed(text)

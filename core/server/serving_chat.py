@@ -102,9 +102,12 @@ async def create_chat_completion(
     from llmkit.core.server.structured import attach_grammar
 
     constraint = await attach_grammar(state, body, reqs, prompt_text)
+    if constraint is not None:
+        prompt_text += constraint.prompt_suffix  # the parsers start where the constrained answer does
     # "required" or a named tool_choice decodes a JSON array of calls under a grammar (unless the
     # request brought its own constraint), so those calls are read with the json_array parser.
-    tool_parser = "json_array" if constraint == "tool_choice" else state.options.tool_call_parser
+    forced = constraint is not None and constraint.param == "tool_choice"
+    tool_parser = "json_array" if forced else state.options.tool_call_parser
 
     def processor():
         return ChoiceProcessor(

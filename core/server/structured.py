@@ -3,7 +3,7 @@ decoding behind ``tool_choice`` "required" or a named function."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from llmkit.core.server.errors import APIError
 
@@ -70,6 +70,12 @@ def _hoist_defs(tool: str, params, hoisted: dict) -> dict:
     return params
 
 
+@dataclass(frozen=True)
+class Constraint:
+    param: str
+    prompt_suffix: str = ""
+
+
 def _spec(state, body):
     from llmkit.core.grammar.contract import GrammarError, GrammarSpec, spec_from_request
 
@@ -90,8 +96,9 @@ async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> s
 
     With a reasoning parser that starts inside a reasoning block, the grammar waits for the
     parser's end marker, so the reasoning stays free text and only the answer is constrained.
-    Returns the request field the constraint came from (``"tool_choice"`` for a forced tool
-    call), or None when the request is unconstrained.
+    Returns None when the request is unconstrained, else a :class:`Constraint`: the request
+    field it came from (``"tool_choice"`` for a forced tool call) and the text added to the prompt
+    (the reasoning parser's ``constrained_answer_prefix``, usually empty).
     """
     spec = _spec(state, body)
     if spec is None:
@@ -102,16 +109,21 @@ async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> s
         await state.client.check_grammar(spec)
     except GrammarError as exc:
         raise APIError(exc.message, param=exc.param) from None
-    after = _reasoning_end_markers(state, body, prompt_text)
+    parser = _reasoning_parser(state, body, prompt_text)
+    after = parser.reasoning_end_markers if parser is not None else ()
+    prefix = parser.constrained_answer_prefix if parser is not None else ""
+    if prefix:  # the prompt ends where no answer can start (gpt-oss: inside a message header)
+        ids = state.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        reqs[:] = [replace(r, prompt_ids=list(r.prompt_ids) + ids) for r in reqs]
     reqs[:] = [replace(r, grammar=spec, grammar_after=after) for r in reqs]
-    return spec.param
+    return Constraint(spec.param, prefix)
 
 
-def _reasoning_end_markers(state, body, prompt_text) -> tuple[str, ...]:
+def _reasoning_parser(state, body, prompt_text):
     name = state.options.reasoning_parser
     if not name or prompt_text is None or not getattr(body, "separate_reasoning", True):
-        return ()
+        return None
     from llmkit.core.parsing.reasoning import create_reasoning_parser
 
     kwargs = body.chat_template_kwargs or {}
-    return create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs).reasoning_end_markers
+    return create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs)

@@ -79,15 +79,9 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate).mul_(up), det)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp, mlp: nn.Module | None = None):
-        super().__init__()
-        eps = config.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = RMSNorm(config["hidden_size"], eps)
-        self.self_attn = Attention(config, layer_id, head_dim, qkv_bias, qk_norm, tp)
-        self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
-        # ``mlp(h, deterministic)``: the dense MLP unless the model builds another (MoE blocks)
-        self.mlp = mlp if mlp is not None else MLP(config["hidden_size"], config["intermediate_size"], tp)
+class PreNormBlock(nn.Module):
+    """A pre-norm transformer block; subclasses build ``input_layernorm``, ``self_attn``,
+    ``post_attention_layernorm`` and ``mlp``. The residual sums are fused into the norms."""
 
     def forward(self, x, residual, rope, ctx):
         if residual is None:
@@ -100,29 +94,28 @@ class DecoderLayer(nn.Module):
         return self.mlp(h, ctx.deterministic), residual
 
 
-class DecoderLM(CausalLM):
-    qkv_bias = False
-    qk_norm = False
-    supports_tp = True
+class DecoderLayer(PreNormBlock):
+    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp, mlp: nn.Module | None = None):
+        super().__init__()
+        eps = config.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(config["hidden_size"], eps)
+        self.self_attn = Attention(config, layer_id, head_dim, qkv_bias, qk_norm, tp)
+        self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
+        # ``mlp(h, deterministic)``: the dense MLP unless the model builds another (MoE blocks)
+        self.mlp = mlp if mlp is not None else MLP(config["hidden_size"], config["intermediate_size"], tp)
 
-    def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
-        super().__init__(config, tp)
-        tp = self.tp
-        hidden, vocab = config["hidden_size"], config["vocab_size"]
-        self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
-        qkv_bias = bool(config.get("attention_bias", self.qkv_bias))
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm, tp, self.build_mlp(i))
-            for i in range(self.num_layers)
-        )
-        self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
+
+class StackedLM(CausalLM):
+    """Embeddings, ``self.layers`` of :class:`PreNormBlock`, a final norm and the LM head: the
+    skeleton every built-in architecture shares. A subclass builds ``embed_tokens`` and ``layers``,
+    then calls :meth:`finish_stack`."""
+
+    def finish_stack(self, eps: float, rotary_dim: int) -> None:
+        config, hidden, vocab = self.config, self.config["hidden_size"], self.config["vocab_size"]
+        self.norm = RMSNorm(hidden, eps)
         self.tie = bool(config.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
-        self.rotary = RotaryEmbedding(self.head_dim, int(config.get("max_position_embeddings", 4096)), config)
-
-    def build_mlp(self, layer_id: int) -> nn.Module | None:
-        """The feed-forward block of layer ``layer_id``; None: the dense gated MLP."""
-        return None
+        self.lm_head = LMHead(vocab, hidden, self.tp, tied=self.embed_tokens if self.tie else None)
+        self.rotary = RotaryEmbedding(rotary_dim, int(config.get("max_position_embeddings", 4096)), config)
 
     @property
     def local_kv_heads(self) -> int:
@@ -143,6 +136,50 @@ class DecoderLM(CausalLM):
     def compute_logits(self, hidden, deterministic=False):
         return self.lm_head(hidden, deterministic)
 
+    def load_tensor(self, modules: dict, params: dict, name: str, tensor, fused: dict) -> tuple[str, str, int]:
+        """Put one checkpoint tensor where it belongs: a (fused) linear layer keeps its rank's
+        slice, the embedding or LM head its vocabulary rows, anything else is copied whole.
+        ``fused`` maps a checkpoint projection name to ``(fused layer, part)``. Returns
+        ``(module, leaf, part)`` for the missing-weights check."""
+        parts = name.split(".")
+        owner, leaf = ".".join(parts[:-1]), parts[-1]
+        part = 0
+        if len(parts) >= 2 and parts[-2] in fused:
+            target, part = fused[parts[-2]]
+            owner = ".".join(parts[:-2] + [target])
+        module = modules.get(owner)
+        if isinstance(module, Linear) and leaf in ("weight", "bias"):
+            module.load(tensor, part)
+        elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
+            module.load(tensor)
+        elif name in params:
+            params[name].data.copy_(materialize(tensor))
+        else:
+            raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
+        return owner, leaf, part
+
+
+class DecoderLM(StackedLM):
+    qkv_bias = False
+    qk_norm = False
+    supports_tp = True
+
+    def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
+        super().__init__(config, tp)
+        tp = self.tp
+        hidden, vocab = config["hidden_size"], config["vocab_size"]
+        self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
+        qkv_bias = bool(config.get("attention_bias", self.qkv_bias))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm, tp, self.build_mlp(i))
+            for i in range(self.num_layers)
+        )
+        self.finish_stack(config.get("rms_norm_eps", 1e-6), self.head_dim)
+
+    def build_mlp(self, layer_id: int) -> nn.Module | None:
+        """The feed-forward block of layer ``layer_id``; None: the dense gated MLP."""
+        return None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
@@ -160,22 +197,7 @@ class DecoderLM(CausalLM):
                 continue
             if self.tie and name == "lm_head.weight":
                 continue
-            parts = name.split(".")
-            owner, leaf = ".".join(parts[:-1]), parts[-1]
-            part = 0
-            if len(parts) >= 2 and parts[-2] in fused:
-                target, part = fused[parts[-2]]
-                owner = ".".join(parts[:-2] + [target])
-            module = modules.get(owner)
-            if isinstance(module, Linear) and leaf in ("weight", "bias"):
-                module.load(tensor, part)
-            elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-                module.load(tensor)
-            elif name in params:
-                params[name].data.copy_(materialize(tensor))
-            else:
-                raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-            loaded.add((owner, leaf, part))
+            loaded.add(self.load_tensor(modules, params, name, tensor, fused))
         expected = set()
         for mname, module in modules.items():
             if isinstance(module, Linear):

@@ -24,14 +24,13 @@ import torch
 from torch import nn
 
 from llmkit.core.model.attention import LATENT_KV
-from llmkit.core.model.causal_lm import CausalLM
 from llmkit.core.model.fp8 import dequantize_fp8_blocks
-from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, _rope_params, _yarn_mscale
-from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+from llmkit.core.model.layers import RMSNorm, _rope_params, _yarn_mscale
+from llmkit.core.model.linear import Linear, VocabEmbedding
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.source import materialize
-from llmkit.plugins.models.decoder import MLP
+from llmkit.plugins.models.decoder import MLP, PreNormBlock, StackedLM
 from llmkit.plugins.models.mla import MLAttention
 
 log = logging.getLogger("llmkit")
@@ -109,7 +108,7 @@ class MoE(nn.Module):
         return y if self.shared_experts is None else y + self.shared_experts(x, det)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormBlock):
     def __init__(self, config: dict, layer_id: int, tp: TPGroup, version: str) -> None:
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
@@ -125,18 +124,8 @@ class DecoderLayer(nn.Module):
         )
         self.mlp = MoE(config, tp, version) if sparse else MLP(hidden, config["intermediate_size"], tp)
 
-    def forward(self, x, residual, rope, ctx):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, rope, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h, ctx.deterministic), residual
 
-
-class DeepseekV3ForCausalLM(CausalLM):
+class DeepseekV3ForCausalLM(StackedLM):
     supports_tp = True
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
     attention_features = frozenset({LATENT_KV})
@@ -151,11 +140,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         hidden, vocab = config["hidden_size"], config["vocab_size"]
         self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
         self.layers = nn.ModuleList(DecoderLayer(config, i, tp, self.version) for i in range(self.num_layers))
-        self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
-        self.tie = bool(config.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
-        rope = int(config["qk_rope_head_dim"])
-        self.rotary = RotaryEmbedding(rope, int(config.get("max_position_embeddings", 4096)), config)
+        self.finish_stack(config.get("rms_norm_eps", 1e-6), int(config["qk_rope_head_dim"]))
 
     # The cache: one latent "KV head" of kv_lora_rank + qk_rope_head_dim channels, no separate V.
     @property
@@ -179,10 +164,6 @@ class DeepseekV3ForCausalLM(CausalLM):
         return 1
 
     @property
-    def local_heads(self) -> int:
-        return self.layers[0].self_attn.num_heads
-
-    @property
     def attention_scale(self) -> float:
         c = self.config
         scale = (int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"])) ** -0.5
@@ -192,17 +173,6 @@ class DeepseekV3ForCausalLM(CausalLM):
                 m = _yarn_mscale(float(params["factor"]), float(params["mscale_all_dim"]))
                 scale *= m * m
         return scale
-
-    def forward(self, input_ids, positions, ctx):
-        x, residual = self.embed_tokens(input_ids), None
-        rope = self.rotary.table(positions, x.dtype)
-        for layer in self.layers:
-            x, residual = layer(x, residual, rope, ctx)
-        x, _ = self.norm(x, residual)
-        return x
-
-    def compute_logits(self, hidden, deterministic=False):
-        return self.lm_head(hidden, deterministic)
 
     def finalize_weights(self) -> None:
         super().finalize_weights()
@@ -230,7 +200,6 @@ class DeepseekV3ForCausalLM(CausalLM):
                 continue
             name = name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")  # a router buffer
             parts = name.split(".")
-            owner, leaf = ".".join(parts[:-1]), parts[-1]
             if "experts" in parts and "shared_experts" not in parts:
                 i = parts.index("experts")
                 experts = modules.get(".".join(parts[: i + 1]))
@@ -238,20 +207,7 @@ class DeepseekV3ForCausalLM(CausalLM):
                     raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
                 experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
                 continue
-            part = 0
-            if len(parts) >= 2 and parts[-2] in fused:
-                target, part = fused[parts[-2]]
-                owner = ".".join(parts[:-2] + [target])
-            module = modules.get(owner)
-            if isinstance(module, Linear) and leaf in ("weight", "bias"):
-                module.load(tensor, part)
-            elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-                module.load(tensor)
-            elif name in params:
-                params[name].data.copy_(materialize(tensor))
-            else:
-                raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-            loaded.add(f"{owner}.{leaf}.{part}")
+            loaded.add(".".join(map(str, self.load_tensor(modules, params, name, tensor, fused))))
         if skipped:
             log.info("DeepSeek-V3: skipped %d tensors of layers past num_hidden_layers (MTP)", skipped)
         missing = []

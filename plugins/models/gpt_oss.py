@@ -19,13 +19,14 @@ import torch
 from torch import nn
 
 from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
-from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts
 from llmkit.core.model.mxfp4 import dequantize_mxfp4
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.source import materialize
+from llmkit.plugins.models.decoder import PreNormBlock, StackedLM
 
 log = logging.getLogger("llmkit")
 
@@ -118,7 +119,7 @@ class MoE(nn.Module):
         return self.experts(x, weights, ids, det)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormBlock):
     def __init__(self, config: dict, layer_id: int, head_dim: int, tp: TPGroup) -> None:
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-5)
@@ -127,18 +128,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
         self.mlp = MoE(config, tp)
 
-    def forward(self, x, residual, rope, ctx):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, rope, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h, ctx.deterministic), residual
 
-
-class GptOssForCausalLM(CausalLM):
+class GptOssForCausalLM(StackedLM):
     supports_tp = True
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
     attention_features = frozenset({SINKS, SLIDING_WINDOW})
@@ -150,29 +141,7 @@ class GptOssForCausalLM(CausalLM):
         hidden, vocab = config["hidden_size"], config["vocab_size"]
         self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
         self.layers = nn.ModuleList(DecoderLayer(config, i, self.head_dim, tp) for i in range(self.num_layers))
-        self.norm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-5))
-        self.tie = bool(config.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(vocab, hidden, tp, tied=self.embed_tokens if self.tie else None)
-        self.rotary = RotaryEmbedding(self.head_dim, int(config.get("max_position_embeddings", 4096)), config)
-
-    @property
-    def local_heads(self) -> int:
-        return self.layers[0].self_attn.num_heads
-
-    @property
-    def local_kv_heads(self) -> int:
-        return self.layers[0].self_attn.num_kv_heads
-
-    def forward(self, input_ids, positions, ctx):
-        x, residual = self.embed_tokens(input_ids), None
-        rope = self.rotary.table(positions, x.dtype)
-        for layer in self.layers:
-            x, residual = layer(x, residual, rope, ctx)
-        x, _ = self.norm(x, residual)
-        return x
-
-    def compute_logits(self, hidden, deterministic=False):
-        return self.lm_head(hidden, deterministic)
+        self.finish_stack(config.get("rms_norm_eps", 1e-5), self.head_dim)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())

@@ -79,6 +79,12 @@ class GptOssReasoningParser(ReasoningParser):
             self._take()
 
     @property
+    def constrained_answer_prefix(self) -> str:
+        # A prompt ending in "<|start|>assistant" leaves us in a header: open the final channel
+        # so the constrained text is the message body, not header markup the parser drops.
+        return CHANNEL + "final" + MESSAGE if self._mode == _HEADER else ""
+
+    @property
     def in_reasoning(self) -> bool:
         return self._mode == _BODY and self._route == _REASON
 

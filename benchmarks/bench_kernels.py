@@ -1,0 +1,115 @@
+"""The weight-format kernels of one decode step of the embedded model, per row count.
+
+Times the GEMMs of a full step (30 layers x {qkv 576->960, o 576->576, gate_up 576->3072,
+down 1536->576}, distinct weights per layer, plus the LM head 576->49152) through the Linear layer
+in each candidate format: fp32 (oneDNN below 256 rows, MKL above), and each quantized format with
+its kernel forced at every row count or dequantized per call then multiplied in fp32. This picks ``INT4_MAX_ROWS`` /
+``INT8_MAX_ROWS`` (above them a quantized layer dequantizes and multiplies in fp32) and the GGUF
+type -> format mapping. Usage::
+
+    python benchmarks/bench_kernels.py [--rows 1,16,64,512] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from llmkit.core.model import int4_format
+from llmkit.core.model.int4_format import Int4Format
+from llmkit.core.model.linear import Linear
+from llmkit.core.model.weight_formats import Int8Format
+
+SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
+LAYERS = 30
+HEAD = (576, 49152)
+
+
+def _layers(fmt_factory, shapes):
+    out = []
+    for k, n in shapes:
+        layer = Linear(k, n)
+        layer.load(torch.randn(n, k) * 0.05)
+        fmt = fmt_factory()
+        if fmt is not None:
+            layer.set_format(fmt)
+        out.append(layer)
+    return out
+
+
+def _time(layers, m, reps):
+    x = {k: torch.randn(m, k) for k in {layer.in_features for layer in layers}}
+    with torch.inference_mode():
+        for layer in layers:  # warm-up
+            layer(x[layer.in_features])
+        runs = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            for layer in layers:
+                layer(x[layer.in_features])
+            runs.append(time.perf_counter() - t)
+    return statistics.median(runs) * 1e3
+
+
+CANDIDATES = {
+    "fp32 (oneDNN/MKL)": lambda: None,
+    "int8/ch kernel, bf16 act": lambda: Int8Format(keep_dense=False),
+    "int4 g32 kernel, bf16 act": lambda: Int4Format(32),
+    "int4 g64 kernel, bf16 act": lambda: Int4Format(64),
+}
+
+
+def _forced(name):
+    """Context: force the kernel (0 rows -> always dequantize) of a quantized candidate."""
+    from contextlib import contextmanager
+
+    from llmkit.core.model import weight_formats
+
+    @contextmanager
+    def force(limit):
+        saved = int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS
+        int4_format.INT4_MAX_ROWS = weight_formats.INT8_MAX_ROWS = limit
+        try:
+            yield
+        finally:
+            int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS = saved
+
+    return force
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,16,64,512")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    torch.manual_seed(0)
+    step = {name: _layers(f, SHAPES * LAYERS) + _layers(f, [HEAD]) for name, f in CANDIDATES.items()}
+    force = _forced(None)
+    variants = []  # (label, layers, forced row limit or None)
+    for name, layers in step.items():
+        if name.startswith("fp32"):
+            variants.append((name, layers, None))
+        else:
+            variants.append((name + " (kernel at every M)", layers, 1 << 30))
+            variants.append((name.split(" kernel")[0] + " dequant -> fp32 GEMM", layers, 0))
+    res = {(v[0], m): [] for v in variants for m in rows}
+    for _ in range(args.rounds):  # interleaved: a drift of the shared machine hits every candidate
+        for m in rows:
+            for label, layers, limit in variants:
+                with force(limit if limit is not None else 1 << 30):
+                    res[(label, m)].append(_time(layers, m, 1))
+    print(f"GEMMs of one decode step (30 layers + LM head), ms, median of {args.rounds} interleaved rounds")
+    print("| candidate | " + " | ".join(f"M={m}" for m in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    for label, _, _ in variants:
+        print(f"| {label} | " + " | ".join(f"{statistics.median(res[(label, m)]):.1f}" for m in rows) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""``int4``: 4-bit weights in groups along the input dimension, each group with a scale and a zero.
+
+A weight is ``(q - 8) * scale + zero`` with ``q`` in 0..15 and one ``(scale, zero)`` per ``group``
+input columns, which is exactly torch's ``_weight_int4pack_mm_for_cpu`` layout. GGUF Q4_0 / Q4_1 /
+Q4_K (group 32), GPTQ and AWQ (group 128) map onto it without requantizing; a dense checkpoint is
+quantized at load (asymmetric min/max per group, ``--quantization int4``).
+
+Kernels, measured on the project's 2-core Zen3 (see ``benchmarks/README`` and the README table):
+the int4 kernel with bf16 activations is the fastest stock kernel for small row counts and stays
+within a few percent of the fp32 GEMM for prefill-sized ones, while dequantizing a layer for a call
+costs more than that, so every row count runs the kernel. No dense copy stays resident.
+In deterministic mode every call dequantizes and multiplies in fp32 tiles (batch-invariant, but
+slower decode).
+
+The packed layout (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+): output rows in blocks of
+64; block ``b`` is ``[in, 32]`` bytes whose low nibble holds row ``64b + j`` and high nibble row
+``64b + 32 + j``. :func:`unpack_int4` inverts it so a layer can be dequantized without keeping the
+unpacked values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmkit.core.model.linear import WeightFormat, dense_linear
+
+# Rows per call up to which the int4 kernel runs; above it the weight is dequantized for the call.
+# Measured (benchmarks/bench_kernels.py, README): the kernel beats dequantize-then-fp32-GEMM at every
+# row count here (at 512 rows it is within ~5 % of the fp32 GEMM, and dequantizing costs more), so
+# there is no limit; the dequantizing path serves deterministic mode and tests.
+INT4_MAX_ROWS = 1 << 30
+_BLOCK_N = 64  # the CPU packing's row block; layers are padded to a multiple of it
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric min/max quantization of ``w [out, in]`` per ``group`` columns: ``(q uint8 0..15,
+    scale [out, in/group], zero [out, in/group])`` with ``w ~= (q - 8) * scale + zero``."""
+    out, k = w.shape
+    g = w.detach().float().reshape(out, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-8)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8)
+    return q.reshape(out, k), scale, lo + 8 * scale
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """``q [N, K]`` (values 0..15, N a multiple of 64) into the CPU kernel's packed layout."""
+    return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+
+
+def unpack_int4(packed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``q`` values ``[N, K]`` (uint8) of a packed weight, or only those of ``rows``."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    blocks = packed.view(n // _BLOCK_N, k, 32)
+    if rows is None:
+        out = torch.empty(n // _BLOCK_N, 2, 32, k, dtype=torch.uint8)
+        by_row = blocks.transpose(1, 2)  # [nb, 32, K]
+        torch.bitwise_and(by_row, 15, out=out[:, 0])
+        torch.bitwise_right_shift(by_row, 4, out=out[:, 1])
+        return out.view(n, k)
+    b, j = rows // _BLOCK_N, rows % _BLOCK_N
+    byte = blocks[b, :, j % 32]  # [r, K]
+    return torch.where((j >= 32)[:, None], byte >> 4, byte & 15)
+
+
+class Int4Format(WeightFormat):
+    """Weight-only int4 in groups of ``group`` input columns, through ``_weight_int4pack_mm_for_cpu``."""
+
+    name = "int4"
+
+    def __init__(self, group: int = 32) -> None:
+        if group not in (32, 64, 128, 256):
+            raise ValueError(f"int4 group size {group} is not one of 32, 64, 128, 256")
+        self.group = group
+
+    def for_features(self, in_features: int) -> "Int4Format":
+        """This format, or the one with the largest smaller group that divides ``in_features``
+        (``--quantization-group-size 128`` on a 576-wide layer quantizes it in groups of 64)."""
+        for group in (self.group, 128, 64, 32):
+            if group <= self.group and in_features % group == 0:
+                return self if group == self.group else Int4Format(group)
+        raise ValueError(f"int4 needs input features divisible by 32; a layer has {in_features}")
+
+    def create(self, layer, out_features: int, in_features: int) -> None:
+        if in_features % self.group:
+            raise ValueError(f"int4 group size {self.group} does not divide the layer's {in_features} input features")
+        layer.weight = None
+        n = -(-out_features // _BLOCK_N) * _BLOCK_N
+        # Staging until finalize(): the unpacked values (1 byte each), scales and zeros.
+        layer._q4 = torch.full((n, in_features), 8, dtype=torch.uint8)
+        layer._q4_scale = torch.zeros(n, in_features // self.group)
+        layer._q4_zero = torch.zeros(n, in_features // self.group)
+
+    def load(self, layer, src, dst_rows: slice, src_rows: slice, src_cols: slice) -> None:
+        if src_cols.start % self.group or (src_cols.stop - src_cols.start) % self.group:
+            raise ValueError(f"a column slice {src_cols} of an int4 weight must align with its {self.group}-groups")
+        if hasattr(src, "int4_groups"):  # already 4-bit (GGUF Q4_*, GPTQ, AWQ): no requantization
+            if src.group != self.group:
+                raise ValueError(f"int4 source group {src.group} != layer group {self.group}")
+            q, scale, zero = src.int4_groups(src_rows, src_cols)
+        else:
+            if getattr(layer, "in_perm", None) is not None:  # a dense source is in natural column order
+                layer.in_perm = None
+            w = src.dequantize() if hasattr(src, "dequantize") else src
+            q, scale, zero = quantize_int4(w[src_rows, src_cols], self.group)
+        layer._q4[dst_rows].copy_(q)
+        layer._q4_scale[dst_rows].copy_(scale)
+        layer._q4_zero[dst_rows].copy_(zero)
+
+    def finalize(self, layer) -> None:
+        if getattr(layer, "_q4", None) is None:
+            return
+        layer.register_buffer("q4_packed", pack_int4(layer._q4), persistent=False)
+        # [in/group, N, 2] bf16: the kernel takes scales and zeros in the activation dtype.
+        sz = torch.stack((layer._q4_scale, layer._q4_zero), dim=-1).transpose(0, 1).contiguous()
+        layer.register_buffer("q4_scale_zero", sz.to(torch.bfloat16), persistent=False)
+        layer._q4 = layer._q4_scale = layer._q4_zero = None
+
+    def apply(self, layer, x, deterministic):
+        n = layer.local_out
+        perm = getattr(layer, "in_perm", None)
+        if perm is not None:  # GPTQ act order: the columns are stored sorted by group
+            x = x.index_select(1, perm)
+        if x.shape[0] <= INT4_MAX_ROWS and not deterministic:
+            return self._kernel(layer, x)[:, :n]
+        # Deterministic mode: dequantized fp32 in fixed tiles (see dense_linear). The int4 and int8
+        # kernels in fixed tiles are row-independent when called alone, yet broke the scheduler's
+        # alone-equals-batched tests in the engine (not understood yet), so they are not used there.
+        return dense_linear(x, self._dequantize(layer).to(x.dtype), None, deterministic)
+
+    def _kernel(self, layer, x):
+        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), layer.q4_packed, self.group, layer.q4_scale_zero)
+        return y.to(x.dtype)
+
+    def dense_weight(self, layer) -> torch.Tensor:
+        """The dequantized fp32 weight ``[out, in]``, from the packed buffers."""
+        w = self._dequantize(layer)
+        perm = getattr(layer, "in_perm", None)
+        return w if perm is None else torch.empty_like(w).index_copy_(1, perm, w)
+
+    def _dequantize(self, layer, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The stored weight (columns in stored order) dequantized to fp32, or its ``rows``."""
+        q = unpack_int4(layer.q4_packed, rows)
+        sz = layer.q4_scale_zero.float()
+        if rows is None:
+            sz = sz[:, : layer.local_out]
+        else:
+            sz = sz[:, rows]
+        r, k = q.shape[0] if rows is not None else layer.local_out, q.shape[1]
+        scale, zero = sz[..., 0].t(), sz[..., 1].t()
+        w = torch.mul(q[:r].view(r, k // self.group, self.group), scale[..., None])  # uint8 x fp32 -> fp32
+        w.add_((zero - 8 * scale)[..., None])
+        return w.view(r, k)
+
+    def embed(self, layer, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        return self._dequantize(layer, flat).view(*ids.shape, -1)
