@@ -23,7 +23,7 @@ class Batch:
     md: AttentionMetadata
     q: torch.Tensor  # [T, H, D]
     k: torch.Tensor  # [T, Hkv, D]
-    v: torch.Tensor
+    v: torch.Tensor | None  # None: latent KV (the values are the keys' first channels)
 
 
 def make_metadata(
@@ -71,11 +71,15 @@ def build_batch(
     share: dict[int, tuple[int, int]] | None = None,
     deterministic: bool = False,
     seed: int = 0,
+    latent: bool = False,
+    v_head_dim: int | None = None,
 ) -> Batch:
     """A batch of ``seqs`` = [(prefix_len, new_len), ...].
 
     ``share[i] = (j, n)``: sequence i's first ``n`` tokens (a multiple of ``page_size``, at most
     both prefixes) live in sequence j's pages (j < i), as after a radix-cache prefix match.
+    ``latent``: a pool without V buffers and ``v`` None, as MLA's latent KV; ``v_head_dim``: V heads
+    of another size than K's.
     """
     device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
@@ -90,6 +94,7 @@ def build_batch(
         head_dim=head_dim,
         dtype=dtype,
         device=device,
+        v_head_dim=0 if latent else v_head_dim,
     )
     # Scramble the free list so neighbouring tokens do not sit in neighbouring pages.
     pages = pool.allocate(pool.capacity_pages)
@@ -115,13 +120,14 @@ def build_batch(
     for i, (prefix, _) in enumerate(seqs):  # shared slots are written twice: same last value wins
         slots = req_pool.table[rows[i], :prefix]
         for layer in range(num_layers):
-            for buf in (pool.k_buffers[layer], pool.v_buffers[layer]):
-                buf[slots] = torch.randn((prefix, num_kv_heads, head_dim), generator=g).to(buf)
+            for buf in (pool.k_buffers[layer], *pool.v_buffers[layer : layer + 1]):
+                buf[slots] = torch.randn((prefix, num_kv_heads, buf.shape[-1]), generator=g).to(buf)
 
     t = sum(n for _, n in seqs)
     q = torch.randn((t, num_heads, head_dim), generator=g).to(device=device, dtype=dtype)
     k = torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
-    v = torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
+    dv = v_head_dim or head_dim
+    v = None if latent else torch.randn((t, num_kv_heads, dv), generator=g).to(device=device, dtype=dtype)
     md = make_metadata(
         q_lens=[n for _, n in seqs],
         kv_lens=[p + n for p, n in seqs],
@@ -134,7 +140,11 @@ def build_batch(
     return Batch(pool, req_pool, md, q, k, v)
 
 
-def backend_kwargs(batch: Batch, num_heads: int) -> dict:
-    """Constructor arguments of an AttentionBackend for ``batch``."""
+def backend_kwargs(batch: Batch, num_heads: int, v_head_dim: int | None = None) -> dict:
+    """Constructor arguments of an AttentionBackend for ``batch`` (``v_head_dim``: the output's head
+    size when it differs from the keys', as with a latent KV)."""
     k = batch.pool.k_buffers[0]
-    return dict(num_heads=num_heads, num_kv_heads=k.shape[1], head_dim=k.shape[2], pool=batch.pool, device=k.device)
+    kwargs = dict(num_heads=num_heads, num_kv_heads=k.shape[1], head_dim=k.shape[2], pool=batch.pool, device=k.device)
+    if v_head_dim:
+        kwargs["v_head_dim"] = v_head_dim
+    return kwargs

@@ -4,6 +4,12 @@ sequence (what the radix cache hands out), prefill in chunks, and batched decode
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from llmkit.core.model.attention import AttentionMetadata
@@ -101,6 +107,50 @@ class PagedRunner:
             hidden = self.model(ids, torch.cat(positions), ForwardContext(self.attn, md))
             logits = self.model.compute_logits(hidden)
         return [logits[starts[i] : starts[i + 1]] for i in range(len(batch))]
+
+
+def mixed_scenario(model_dir, page_size: int, ids: list[int], kernels: str = "torch") -> list[torch.Tensor]:
+    """The logits of every step of: a 32-token prefill of ``ids``; a second sequence sharing those
+    32 tokens page-wise, prefilled in chunks (7, 7, 3 tokens) beside the first one's decode steps;
+    then two steps of batched decode (``ids`` needs at least 51 tokens). ``kernels="triton"``: the
+    triton attention backend and the fused-MoE kernel (only where Triton's interpreter or a GPU
+    can run them)."""
+    from llmkit.core.model.moe import FusedExperts
+
+    from model_utils import load_ours
+
+    cls = None
+    model = load_ours(Path(model_dir))
+    if kernels == "triton":
+        from llmkit.plugins.attention.triton_backend import TritonAttentionBackend as cls
+
+        for module in model.modules():
+            if isinstance(module, FusedExperts):
+                module.use_triton = True
+    runner = PagedRunner(model, page_size, backend_cls=cls)
+    a = runner.new_seq()
+    out = list(runner.step([(a, ids[:32])]))
+    b = runner.new_seq(share_from=a, shared_tokens=32)
+    for chunk, tok in ((ids[32:39], 5), (ids[39:46], 77), (ids[46:49], 300), ([ids[49]], 12), ([ids[50]], 9)):
+        out += runner.step([(b, chunk), (a, [tok])])
+    return out
+
+
+def _interpreted_main(args: list[str]) -> None:
+    model_dir, page_size, ids, out_path = args
+    torch.save(mixed_scenario(model_dir, int(page_size), json.loads(ids), "triton"), out_path)
+
+
+def mixed_scenario_interpreted(model_dir, page_size: int, ids: list[int], out_path) -> list[torch.Tensor]:
+    """:func:`mixed_scenario` on the Triton kernels, in a fresh process running them in Triton's
+    interpreter (set before anything imports triton)."""
+    here = Path(__file__).resolve().parent
+    code = f"import sys; sys.path.insert(0, {str(here)!r}); import paged_runner as p; p._interpreted_main(sys.argv[1:])"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
+    args = [str(model_dir), str(page_size), json.dumps(ids), str(out_path)]
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out_path)
 
 
 def assert_close(ours, theirs, tol: float = 1e-4) -> None:

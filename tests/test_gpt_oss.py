@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llmkit.core.model.attention import SINKS
+from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
 from llmkit.core.model.mxfp4 import dequantize_mxfp4
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
-from paged_runner import PagedRunner, check_cached_prefix_chunked_decode
+from paged_runner import PagedRunner, check_cached_prefix_chunked_decode, mixed_scenario, mixed_scenario_interpreted
 from paged_runner import assert_close as _close
 
 IDS = [(37 * i + 11) % 512 for i in range(52)]  # > the tiny model's 16-token window
@@ -141,10 +141,11 @@ def test_unknown_quantization_is_refused_naming_the_field(tmp_path):
 def test_backends_without_sinks_are_refused():
     from llmkit.core.plugins import registry
 
-    triton = registry().attention_backend("triton")
-    with pytest.raises(ValueError, match="'triton' does not implement sinks"):
-        triton.check_features({SINKS}, "triton")
-    registry().attention_backend("torch").check_features({SINKS}, "torch")
+    flashinfer = registry().attention_backend("flashinfer")
+    with pytest.raises(ValueError, match="'flashinfer' does not implement sinks, sliding_window"):
+        flashinfer.check_features({SINKS, SLIDING_WINDOW}, "flashinfer")
+    for name in ("torch", "triton"):  # the triton kernels take windows and sinks (test_triton_attention)
+        registry().attention_backend(name).check_features({SINKS, SLIDING_WINDOW}, name)
 
 
 @pytest.mark.parametrize(
@@ -170,3 +171,19 @@ def test_yarn_frequencies_match_transformers(params):
     ours, our_scale = _rope(64, {**raw, "rope_scaling": dict(params)})
     assert our_scale == pytest.approx(scale, rel=1e-9)
     assert torch.allclose(ours.float(), theirs.float(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_triton_kernels_interpreted_match_torch_and_transformers(tiny, page_size, tmp_path):
+    """gpt-oss on the triton attention backend and the fused-MoE kernel (in Triton's interpreter;
+    sinks and a 16-token window over prompts of 32-51 tokens, biased clamped-SwiGLU experts): a
+    cached prefix, chunked prefill mixed with decode (extend kernel), decode (split-K kernel)
+    equal the torch paths and transformers."""
+    d, _, full = tiny
+    got = mixed_scenario_interpreted(d, page_size, IDS, tmp_path / "triton.pt")
+    want = mixed_scenario(d, page_size, IDS)
+    assert len(got) == len(want) == 11
+    _close(got[0], full[:32])  # the prefill, against transformers
+    _close(got[-2], full[50:51])  # b's last decode step
+    for g, w in zip(got, want):
+        _close(g, w)

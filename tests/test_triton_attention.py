@@ -51,6 +51,67 @@ CASES: dict[str, dict] = {
     # Qwen2.5-0.5B's head layout: 14 query heads over 2 KV heads (a group of 7, not a power of 2)
     "extend_ps4_gqa7": dict(seqs=[(6, 11), (0, 3)], heads=(14, 2), page_size=4, head_dim=16),
     "decode_ps4_gqa7": dict(seqs=[(26, 1), (5, 1)], heads=(14, 2), page_size=4, head_dim=16),
+    # gpt-oss: sliding windows shorter than the contexts, attention sinks, cached prefixes.
+    # A window of 5 < BLOCK_N leaves later rows of a query block without any key in the first key
+    # blocks (the NaN-free path); a window of 20 spans several key blocks and split-K chunks.
+    "extend_ps1_window5_sinks": dict(
+        seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 2), page_size=1, head_dim=32, window=5, sinks=True
+    ),
+    "extend_ps16_window20_sinks_shared": dict(
+        seqs=[(40, 37), (35, 20), (0, 3)],
+        heads=(4, 1),
+        page_size=16,
+        head_dim=32,
+        share={1: (0, 32)},
+        window=20,
+        sinks=True,
+    ),
+    "extend_ps16_sinks_only": dict(seqs=[(13, 7), (0, 33)], heads=(4, 2), page_size=16, head_dim=16, sinks=True),
+    "extend_ps1_window_only_gqa7": dict(seqs=[(6, 11), (0, 3)], heads=(14, 2), page_size=1, head_dim=16, window=4),
+    "decode_ps1_window16_sinks": dict(
+        seqs=[(40, 1), (3, 1), (70, 1), (0, 1)],
+        heads=(8, 1),
+        page_size=1,
+        head_dim=32,
+        share={2: (0, 37)},
+        deterministic=True,
+        window=16,
+        sinks=True,
+    ),
+    "decode_ps16_window20_sinks_shared": dict(
+        seqs=[(47, 1), (33, 1), (10, 1)],
+        heads=(4, 1),
+        page_size=16,
+        head_dim=32,
+        share={1: (0, 32)},
+        window=20,
+        sinks=True,
+    ),
+    "decode_ps4_sinks_only": dict(seqs=[(15, 1), (32, 1)], heads=(2, 2), page_size=4, head_dim=24, sinks=True),
+    # DeepSeek's latent KV (MLA, absorbed): MQA over one cached latent per token (a kv_lora_rank
+    # of 32 or 64 plus 8 rope channels here), the values its first kv_lora_rank channels
+    "extend_ps1_latent": dict(seqs=[(0, 19), (21, 5), (7, 1)], heads=(8, 1), page_size=1, head_dim=40, latent=32),
+    "extend_ps16_latent_shared": dict(
+        seqs=[(40, 20), (35, 9)], heads=(4, 1), page_size=16, head_dim=72, latent=64, share={1: (0, 32)}
+    ),
+    "decode_ps1_latent": dict(
+        seqs=[(40, 1), (3, 1), (70, 1)], heads=(16, 1), page_size=1, head_dim=40, latent=32, deterministic=True
+    ),
+    # a latent wider than 256 channels: the query heads split in blocks of 16 (DeepSeek-V3's 128)
+    "decode_ps4_latent_wide_head_blocks": dict(
+        seqs=[(20, 1), (9, 1)], heads=(32, 1), page_size=4, head_dim=288, latent=256
+    ),
+    "decode_ps16_latent_shared": dict(
+        seqs=[(47, 1), (33, 1)], heads=(4, 1), page_size=16, head_dim=72, latent=64, share={1: (0, 32)}
+    ),
+    # V heads of another size than K's (K 24, V 16; K 16, V 40)
+    "extend_ps4_kv_dims_window": dict(
+        seqs=[(13, 7), (0, 21)], heads=(4, 2), page_size=4, head_dim=24, v_dim=16, window=9
+    ),
+    "decode_ps1_kv_dims_sinks": dict(
+        seqs=[(30, 1), (5, 1)], heads=(4, 1), page_size=1, head_dim=16, v_dim=40, sinks=True
+    ),
+    "decode_ps4_window_only": dict(seqs=[(15, 1), (32, 1), (2, 1)], heads=(4, 2), page_size=4, head_dim=16, window=7),
 }
 # Real model shapes, compiled on a GPU only (too slow for the interpreter).
 GPU_CASES: dict[str, dict] = {
@@ -69,10 +130,26 @@ GPU_CASES: dict[str, dict] = {
 # The interpreter runs every case in fp32, and a few in fp16 and in bf16 (bf16 also covers the
 # kernels' upcast-before-tl.dot path that works around triton #11584).
 INTERP_RUNS = [f"{name}:float32" for name in CASES] + [
-    f"{name}:{dt}" for name in ("extend_ps4_mha_shared", "decode_ps1_gqa8_shared") for dt in ("float16", "bfloat16")
+    f"{name}:{dt}"
+    for name in (
+        "extend_ps4_mha_shared",
+        "decode_ps1_gqa8_shared",
+        "extend_ps16_window20_sinks_shared",
+        "decode_ps16_window20_sinks_shared",
+        "extend_ps16_latent_shared",
+        "decode_ps16_latent_shared",
+    )
+    for dt in ("float16", "bfloat16")
 ]
-GRAPH_CASE = "decode_ps4_gqa4_graph"  # the CUDA-graph hooks' static-buffer path vs eager
-GRAPH_SPEC = dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32)
+# the CUDA-graph hooks' static-buffer path vs eager, plain and with each optional feature
+GRAPH_CASES = {
+    "decode_ps4_gqa4_graph": dict(seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32),
+    "decode_ps4_window_sinks_graph": dict(
+        seqs=[(9, 1), (30, 1), (16, 1)], heads=(4, 1), page_size=4, head_dim=32, window=8, sinks=True
+    ),
+    "decode_ps4_latent_graph": dict(seqs=[(9, 1), (30, 1)], heads=(8, 1), page_size=4, head_dim=40, latent=32),
+}
+GRAPH_RUNS = [f"{name}:float32" for name in GRAPH_CASES]
 TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
@@ -90,14 +167,28 @@ def _build(spec: dict, device: str, dtype: torch.dtype, seed: int = 0):
         share=spec.get("share"),
         deterministic=spec.get("deterministic", False),
         seed=seed,
+        latent=bool(spec.get("latent")),
+        v_head_dim=spec.get("v_dim"),
     )
 
 
-def _backends(batch, num_heads: int, splits: int = 4):
+def _window_and_sinks(spec: dict, device: str) -> dict:
+    """The forward() keyword arguments of a case: its window, and random per-head sinks (fp32,
+    spread wide enough that some outweigh every key and some do not)."""
+    kwargs = {}
+    if spec.get("window"):
+        kwargs["sliding_window"] = spec["window"]
+    if spec.get("sinks"):
+        g = torch.Generator().manual_seed(1)
+        kwargs["sinks"] = (torch.randn(spec["heads"][0], generator=g) * 3).to(device)
+    return kwargs
+
+
+def _backends(batch, num_heads: int, splits: int = 4, v_head_dim: int | None = None):
     from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
     from llmkit.plugins.attention.triton_backend import TritonAttentionBackend
 
-    kwargs = backend_kwargs(batch, num_heads)
+    kwargs = backend_kwargs(batch, num_heads, v_head_dim)
     tri = TritonAttentionBackend(**kwargs)
     tri.max_kv_splits = splits
     return tri, TorchAttentionBackend(**kwargs)
@@ -105,6 +196,10 @@ def _backends(batch, num_heads: int, splits: int = 4):
 
 def _strided_views(q, k, v):
     """q/k/v as the models pass them: views into one fused qkv projection output."""
+    if v is None:  # latent KV: q and the latent as parts of one tensor
+        qk = torch.cat([q.flatten(1), k.flatten(1)], dim=1)
+        qp, kp = qk.split([q[0].numel(), k[0].numel()], dim=1)
+        return qp.view(-1, *q.shape[1:]), kp.view(-1, *k.shape[1:]), None
     qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
     parts = qkv.split([q[0].numel(), k[0].numel(), v[0].numel()], dim=1)
     return tuple(p.view(-1, *t.shape[1:]) for p, t in zip(parts, (q, k, v)))
@@ -114,50 +209,59 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     """Run case ``name`` through both backends; raise AssertionError on a mismatch."""
     spec = CASES.get(name) or GPU_CASES[name]
     b = _build(spec, device, dtype)
-    tri, ref = _backends(b, spec["heads"][0], splits=4 if name in CASES else 16)
+    tri, ref = _backends(
+        b, spec["heads"][0], splits=4 if name in CASES else 16, v_head_dim=spec.get("latent") or spec.get("v_dim")
+    )
     layer = spec.get("layers", 1) - 1
     q, k, v = _strided_views(b.q, b.k, b.v)
-    out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md))
+    opts = _window_and_sinks(spec, device)
+    out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md), **opts)
     # The store kernel wrote the new K/V (checked before the reference writes them too).
     slots = b.md.out_slots
     assert torch.equal(b.pool.k_buffers[layer][slots], b.k), "K not stored"
-    assert torch.equal(b.pool.v_buffers[layer][slots], b.v), "V not stored"
+    if b.v is not None:
+        assert torch.equal(b.pool.v_buffers[layer][slots], b.v), "V not stored"
+    else:
+        assert not b.pool.v_buffers and out.shape[-1] == spec["latent"]
     b.md.extra.clear()
-    want = ref.forward(b.q, b.k, b.v, layer, ref.prepare_metadata(b.md))
+    want = ref.forward(b.q, b.k, b.v, layer, ref.prepare_metadata(b.md), **opts)
     err = (out.float() - want.float()).abs().max().item()
     assert err <= TOL[dtype], f"{name}: max abs error {err:.3g} > {TOL[dtype]}"
 
 
-def check_graph_hooks(device: str, dtype: torch.dtype, capture: bool) -> None:
+def check_graph_hooks(name: str, device: str, dtype: torch.dtype, capture: bool) -> None:
     """Decode through the capture/replay static buffers equals eager decode.
 
     With ``capture`` (CUDA) a real graph is captured at a padded batch size and replayed; without
     it, forward simply runs on the capture metadata after prepare_for_replay (same buffers).
     """
-    spec = GRAPH_SPEC
+    spec = GRAPH_CASES[name]
     b = _build(spec, device, dtype)
     h = spec["heads"][0]
-    tri, _ = _backends(b, h)
-    eager = tri.forward(b.q, b.k, b.v, 0, tri.prepare_metadata(b.md))
+    tri, _ = _backends(b, h, v_head_dim=spec.get("latent"))
+    opts = _window_and_sinks(spec, device)
+    eager = tri.forward(b.q, b.k, b.v, 0, tri.prepare_metadata(b.md), **opts)
     n, bs = b.md.num_seqs, b.md.num_seqs + 2  # replay pads the batch, as bucketed graphs do
     tri.init_capture_graph(max_bs=8, max_context=b.req_pool.table.shape[1])
     cap_md = tri.prepare_for_capture(bs)
     sq = torch.zeros((bs, h, spec["head_dim"]), dtype=dtype, device=device)
     sk = torch.zeros((bs, spec["heads"][1], spec["head_dim"]), dtype=dtype, device=device)
-    sv = torch.zeros_like(sk)
+    sv = None if b.v is None else torch.zeros_like(sk)
     if capture:
-        tri.forward(sq, sk, sv, 0, cap_md)  # warm-up compiles outside the capture
+        tri.forward(sq, sk, sv, 0, cap_md, **opts)  # warm-up compiles outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            sout = tri.forward(sq, sk, sv, 0, cap_md)
+            sout = tri.forward(sq, sk, sv, 0, cap_md, **opts)
     tri.prepare_for_replay(bs, b.md)
-    sq[:n], sk[:n], sv[:n] = b.q, b.k, b.v
+    sq[:n], sk[:n] = b.q, b.k
+    if sv is not None:
+        sv[:n] = b.v
     if capture:
         graph.replay()
         torch.cuda.synchronize()
     else:
-        sout = tri.forward(sq, sk, sv, 0, cap_md)
+        sout = tri.forward(sq, sk, sv, 0, cap_md, **opts)
     err = (sout[:n].float() - eager.float()).abs().max().item()
     assert err <= TOL[dtype] / 10, f"graph replay differs from eager by {err:.3g}"
 
@@ -168,8 +272,8 @@ def _main(runs: list[str]) -> None:
     for run in runs:
         name, dtype = run.split(":")
         try:
-            if name == GRAPH_CASE:
-                check_graph_hooks("cpu", getattr(torch, dtype), capture=False)
+            if name in GRAPH_CASES:
+                check_graph_hooks(name, "cpu", getattr(torch, dtype), capture=False)
             else:
                 check_case(name, "cpu", getattr(torch, dtype))
             results[run] = "ok"
@@ -199,19 +303,20 @@ def _run_in_subprocesses(entry: str, jobs: list[list[str]], env: dict[str, str])
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
-    runs = [*INTERP_RUNS, f"{GRAPH_CASE}:float32"]
+    runs = [*INTERP_RUNS, *GRAPH_RUNS]
     env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
     return _run_in_subprocesses("_main", [runs[0::2], runs[1::2]], env)  # two cores
 
 
-@pytest.mark.parametrize("run", [*INTERP_RUNS, f"{GRAPH_CASE}:float32"])
+@pytest.mark.parametrize("run", [*INTERP_RUNS, *GRAPH_RUNS])
 def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
     assert interpreter_results[run] == "ok", interpreter_results[run]
 
 
 # GPU code generation is checked even without a GPU: Triton compiles the kernels to cubin for an
 # sm_80/sm_90 target with its bundled ptxas, using the launchers' block configurations.
-COMPILE_RUNS = ["float16:128:90", "bfloat16:128:90", "bfloat16:64:80", "float16:256:90"]
+# dtype:head_dim:arch[:v_head_dim]; 576:...:512 is DeepSeek's latent KV (MLA), values inside the keys
+COMPILE_RUNS = ["float16:128:90", "bfloat16:128:90", "bfloat16:64:80", "float16:256:90", "bfloat16:576:90:512"]
 
 
 def _compile_main(runs: list[str]) -> None:
@@ -232,22 +337,34 @@ def _compile_main(runs: list[str]) -> None:
 
     results = {}
     for run in runs:
-        dtype_name, head_dim, arch = run.split(":")
+        dtype_name, head_dim, arch, *latent = run.split(":")
         dtype, d, arch = getattr(torch, dtype_name), int(head_dim), int(arch)
+        dv = int(latent[0]) if latent else d
+        bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
         t = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
         idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc", "q_lens", "kv_lens"], "*i64")
         ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t), "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
+        ptrs["Sinks"] = "*fp32"
+        sinks = dict(HAS_SINKS=arch == 90)  # both variants of the sink code get compiled
         upcast, prec = te.dot_options(dtype)
-        dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=d)
+        dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=bd, HEAD_DV=dv, BLOCK_DV=bdv)
         try:
-            build(te._store_kv_kernel, ptrs, dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=d), arch, 4)
-            bm, bn, warps = te.extend_config(d, dtype, False)
-            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots), arch, warps)
-            bn, warps = td.decode_config(d, dtype, False)
+            store = dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=bd, HAS_V=not latent, HEAD_DV=dv, BLOCK_DV=bdv)
+            build(te._store_kv_kernel, ptrs, store, arch, 4)
+            bm, bn, warps = te.extend_config(bd, dtype, False)
+            build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
+            bn, warps = td.decode_config(bd, dtype, False)
+            group, hb = (128, 8) if latent else (8, 1)  # DeepSeek-V3: 128 query heads over the latent
             build(
-                td._decode_split_kernel, ptrs, dict(GROUP=8, NUM_SPLITS=8, BLOCK_H=16, BLOCK_N=bn, **dots), arch, warps
+                td._decode_split_kernel,
+                ptrs,
+                dict(GROUP=group, NUM_SPLITS=8, HEAD_BLOCKS=hb, BLOCK_H=16, BLOCK_N=bn, **dots),
+                arch,
+                warps,
             )
-            build(td._decode_merge_kernel, ptrs, dict(HEAD_DIM=d, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=d), arch, 4)
+            build(
+                td._decode_merge_kernel, ptrs, dict(HEAD_DIM=dv, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=bdv, **sinks), arch, 4
+            )
             results[run] = "ok"
         except Exception as exc:
             results[run] = f"{type(exc).__name__}: {exc}"[:3000]
@@ -294,5 +411,6 @@ def test_compiled_matches_torch(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_graph_replay_equals_eager(dtype: torch.dtype) -> None:
-    check_graph_hooks("cuda", dtype, capture=True)
+@pytest.mark.parametrize("name", list(GRAPH_CASES))
+def test_cuda_graph_replay_equals_eager(name: str, dtype: torch.dtype) -> None:
+    check_graph_hooks(name, "cuda", dtype, capture=True)

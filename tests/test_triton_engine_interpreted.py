@@ -3,7 +3,9 @@
 
 A tiny random-weight Llama keeps the interpreted launches few. Two requests share a prompt prefix,
 so the second one's prefill runs the extend kernel over pages the radix cache handed it; decode
-steps run the split-K kernel; page size 4 puts sequences across page boundaries.
+steps run the split-K kernel; page size 4 puts sequences across page boundaries. Tiny gpt-oss
+and DeepSeek-V3 models do the same with prompts longer than gpt-oss's window (sinks, sliding
+windows, latent KV).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def tiny_llama(tmp_path_factory):
     return d
 
 
-def _generate(model_dir, attention: str, env: dict | None = None) -> tuple[list[dict], str]:
+def _generate(model_dir, attention: str, env: dict | None = None, prompts=PROMPTS) -> tuple[list[dict], str]:
     proc, url = start_server(
         [
             "--model-path",
@@ -58,9 +60,9 @@ def _generate(model_dir, attention: str, env: dict | None = None) -> tuple[list[
                 "cached": r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0,
             }
 
-        first = one(PROMPTS[0])  # fills the radix cache with the shared prefix
+        first = one(prompts[0])  # fills the radix cache with the shared prefix
         with ThreadPoolExecutor(2) as ex:  # then a batch of two: one extend over cached pages
-            rest = list(ex.map(one, PROMPTS))
+            rest = list(ex.map(one, prompts))
         return [first, *rest], server_log(proc, tail=100_000)
     finally:
         stop_server(proc)
@@ -74,3 +76,24 @@ def test_triton_interpreted_serve_matches_torch(tiny_llama):
     for g, r in zip(got, ref):
         assert g["logprobs"] == pytest.approx(r["logprobs"], abs=1e-3)
     assert got[2]["cached"] >= 12  # the second prompt really reused the first one's pages
+
+
+# Longer than the tiny gpt-oss's 16-token window, with a shared prefix over several pages.
+LONG_PREFIX = [(31 * i + 7) % 500 + 3 for i in range(21)]
+LONG_PROMPTS = [LONG_PREFIX + [7, 8, 9], LONG_PREFIX + [100, 200]]
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v3"])
+def test_new_families_serve_on_triton_interpreted(arch, tmp_path):
+    """gpt-oss (sinks, sliding windows) and DeepSeek-V3 (latent KV) start with ``--attention
+    triton`` (the backend declares the features they need) and generate what the torch backend
+    does, through the radix cache, extend and decode kernels."""
+    save_tiny_model(arch, tmp_path)
+    copy_embedded_tokenizer(tmp_path)
+    ref, _ = _generate(tmp_path, "torch", prompts=LONG_PROMPTS)
+    got, log = _generate(tmp_path, "triton", env={"LLMKIT_TRITON_INTERPRET": "1"}, prompts=LONG_PROMPTS)
+    assert "attention triton" in log
+    assert [g["tokens"] for g in got] == [r["tokens"] for r in ref]
+    for g, r in zip(got, ref):
+        assert g["logprobs"] == pytest.approx(r["logprobs"], abs=1e-3)
+    assert got[2]["cached"] >= 20

@@ -6,14 +6,17 @@ experts' gate/up projections are one ``[E, 2I, H]`` weight and their down projec
 channels (gate/up column-parallel, down row-parallel) and the partial outputs are summed with one
 all-reduce, as a row-parallel layer does.
 
-Execution (the torch path, CPU and GPU): the ``T x k`` (token, expert) assignments are sorted by
-expert, and each *active* expert multiplies its contiguous block of rows in one GEMM. The loop runs
-over experts, never over tokens; the results are scattered back to their (token, slot) places and
+Execution. The torch path (CPU): the ``T x k`` (token, expert) assignments are sorted by expert,
+and each *active* expert multiplies its contiguous block of rows in one GEMM. The loop runs over
+experts, never over tokens; the results are scattered back to their (token, slot) places and
 combined with the routing weights in slot order, so a token's sum never depends on its batch-mates.
+On CUDA (with ``triton`` installed) the same computation runs as one fused grouped GEMM per
+projection (:mod:`llmkit.core.model.fused_moe_triton`), over the rows :func:`moe_align` sorts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
 import torch
@@ -77,6 +80,35 @@ def grouped_topk(
     return weights * scale, ids
 
 
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lay the ``T x k`` (token, slot) assignments out expert by expert for a grouped GEMM.
+
+    Returns ``sorted_ids`` ``[num_blocks * block_m]``: the flat (token, slot) index ``t * k + j`` of
+    each row, each expert's rows contiguous (in (token, slot) order) and padded with ``T * k`` up to
+    a multiple of ``block_m``; and ``block_expert`` ``[num_blocks]``, the expert of each block, -1 for
+    the blocks past the last expert's. ``num_blocks`` is an upper bound computed from the shapes
+    alone, so nothing is read back to the host."""
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    dev = flat.device
+    # scatter_add, not bincount: bincount sizes its output from the max id, a read-back on CUDA
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    # sum_e ceil(c_e / bm) < n / bm + (active experts), and at most min(E, n) experts are active
+    num_blocks = -(-n // block_m) + min(num_experts, n)
+    order = torch.argsort(flat, stable=True)
+    expert_of = flat[order]
+    first = torch.cumsum(counts, 0) - counts  # each expert's first row in ``order``
+    dest = (ends - padded)[expert_of] + torch.arange(n, device=dev) - first[expert_of]
+    sorted_ids = torch.full((num_blocks * block_m,), n, dtype=torch.int64, device=dev)
+    sorted_ids[dest] = order
+    block_start = torch.arange(num_blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(ends, block_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    return sorted_ids, block_expert
+
+
 class FusedExperts(nn.Module):
     """``num_experts`` gated MLPs stored as batched weights ``w13 [E, 2I_local, H]`` (gate rows then
     up rows) and ``w2 [E, H, I_local]``, with optional biases.
@@ -110,6 +142,9 @@ class FusedExperts(nn.Module):
         else:
             self.b13 = self.b2 = None
         self._loaded: set[tuple[int, int, str]] = set()
+        #: run the fused Triton kernel: None = on CUDA when triton is installed (tests set True to
+        #: run it on CPU under Triton's interpreter)
+        self.use_triton: bool | None = None
 
     # --- loading -----------------------------------------------------------------------------
 
@@ -154,6 +189,17 @@ class FusedExperts(nn.Module):
     ) -> torch.Tensor:
         """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` for every token ``t``;
         ``x [T, H]``, ``topk_* [T, k]``."""
+        use_triton = self.use_triton
+        if use_triton is None:
+            use_triton = x.is_cuda and _HAS_TRITON
+        if use_triton and x.shape[0] > 0:
+            from llmkit.core.model.fused_moe_triton import fused_experts
+
+            b2 = self.b2 if self.tp.rank == 0 else None  # the down bias is added on one rank only
+            y = fused_experts(
+                x, self.w13, self.b13, self.w2, b2, topk_weights, topk_ids, self.activation, deterministic
+            )
+            return self.tp.all_reduce(y)
         t, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) assignments grouped by expert
@@ -178,3 +224,6 @@ class FusedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}"
+
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None

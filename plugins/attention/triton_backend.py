@@ -2,7 +2,9 @@
 
 Three kernels (``triton_extend``, ``triton_decode``): write the new K/V into their slots, "extend"
 attention for prefill and mixed batches (new tokens over a cached prefix plus themselves, causal),
-and split-K decode. Decode steps can be captured in CUDA graphs through the backend hooks.
+and split-K decode. Decode steps can be captured in CUDA graphs through the backend hooks. Both
+attention kernels take a per-layer sliding window and per-head attention sinks (gpt-oss), and a
+latent KV (MLA: ``v`` None, the values are the first ``v_head_dim`` channels of the cached keys).
 
 On a CPU the kernels run only in Triton's interpreter, and only when asked for with
 ``LLMKIT_TRITON_INTERPRET=1`` (slow: for debugging and CI). Order matters there: Triton decides
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
 _KERNEL_MODULES = (
@@ -45,6 +47,7 @@ class _Plan:
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels; CUDA graphs for decode on CUDA devices."""
 
+    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
     #: upper bound on the split-K chunks per decode sequence
     max_kv_splits: int = 16
 
@@ -113,7 +116,7 @@ class TritonAttentionBackend(AttentionBackend):
         if md.is_decode:
             splits = self._num_splits(md.num_seqs, md.deterministic)
             mid_o, mid_lse = self._decode.alloc_split_buffers(
-                md.num_seqs, self.num_heads, self.head_dim, splits, self.device
+                md.num_seqs, self.num_heads, self.v_head_dim, splits, self.device
             )
             md.extra["triton"] = _Plan(True, 1, splits, mid_o, mid_lse)
         else:
@@ -121,12 +124,23 @@ class TritonAttentionBackend(AttentionBackend):
         return md
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, md: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor | None,
+        layer_id: int,
+        md: AttentionMetadata,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan: _Plan = md.extra["triton"]
-        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        if sinks is not None:
+            sinks = sinks.to(torch.float32).contiguous()
+        k_buf = self.pool.k_buffers[layer_id]
+        v_buf = None if v is None else self.pool.v_buffers[layer_id]  # latent KV: values in the keys
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
-        o = torch.empty_like(q)
+        o = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
         if plan.decode:
             self._decode.decode_attention(
                 q,
@@ -140,6 +154,8 @@ class TritonAttentionBackend(AttentionBackend):
                 plan.mid_lse,
                 plan.num_splits,
                 self.scale,
+                sliding_window,
+                sinks,
             )
         elif plan.max_q_len > 0:
             self._extend.extend_attention(
@@ -154,6 +170,8 @@ class TritonAttentionBackend(AttentionBackend):
                 md.kv_lens_t,
                 plan.max_q_len,
                 self.scale,
+                sliding_window,
+                sinks,
             )
         return o
 
@@ -166,7 +184,7 @@ class TritonAttentionBackend(AttentionBackend):
         dev, i64 = self.device, torch.int64
         self._graph_deterministic = deterministic
         splits = self._num_splits(1, deterministic)  # the largest count any batch size uses
-        mid_o, mid_lse = self._decode.alloc_split_buffers(max_bs, self.num_heads, self.head_dim, splits, dev)
+        mid_o, mid_lse = self._decode.alloc_split_buffers(max_bs, self.num_heads, self.v_head_dim, splits, dev)
         self._graph = {
             "req_to_token": torch.zeros((max_bs, max_context), dtype=i64, device=dev),
             "req_pool_indices": torch.arange(max_bs, dtype=i64, device=dev),

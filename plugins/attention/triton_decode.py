@@ -8,6 +8,10 @@ once, so GQA reads each K/V row once); stage 2 merges the chunks with their log-
 The grid depends only on the batch size, the head counts and ``num_splits`` -- never on the context
 lengths, which the kernels read from device memory -- so a captured CUDA graph stays valid as the
 sequences grow. Chunk boundaries depend only on a sequence's own length and ``num_splits``.
+
+A sliding window narrows the range the splits divide to the window's keys (the query sits at
+position ``kv_len - 1``, so it sees positions ``>= kv_len - window``); attention sinks join the
+softmax denominator in the merge, where each head's log-sum-exps meet.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ def _decode_split_kernel(
     kv_lens,
     Mid_O,
     Mid_LSE,
+    window,  # sliding window in tokens; 0 = none
     qk_scale,  # softmax scale * log2(e)
     stride_qb,
     stride_qh,
     stride_bs,
     stride_bh,
+    stride_vbs,
+    stride_vbh,
     stride_r2t,
     stride_mob,
     stride_moh,
@@ -42,29 +49,37 @@ def _decode_split_kernel(
     stride_lh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # Grid: (sequence, KV head, split).
+    # Grid: (sequence, KV head x block of its query heads, split).
     b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) // HEAD_BLOCKS
+    head_block = tl.program_id(1) % HEAD_BLOCKS
     split = tl.program_id(2)
     kv_len = tl.load(kv_lens + b)
     row = tl.load(req_pool_indices + b).to(tl.int64)
+    # The keys the query sees: all of them, or the last ``window``.
+    seq_lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
     # Chunks are whole BLOCK_Ns so short contexts use few splits; trailing splits may be empty.
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
+    chunk = tl.cdiv(tl.cdiv(kv_len - seq_lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = seq_lo + split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
-    offs_h = tl.arange(0, BLOCK_H)
+    offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)  # query heads within the KV head's group
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
+    dv_mask = offs_dv < HEAD_DV
     heads = kv_head * GROUP + offs_h
     q = tl.load(
         Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -76,7 +91,7 @@ def _decode_split_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         offs = start + offs_n
         n_mask = offs < hi
@@ -89,8 +104,8 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = slot[:, None] * stride_bs + kv_head * stride_bh + offs_d[None, :]  # [N, D]
-        v = tl.load(V_buf + v_off, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v_off = slot[:, None] * stride_vbs + kv_head * stride_vbh + offs_dv[None, :]  # [N, DV]
+        v = tl.load(V_buf + v_off, mask=n_mask[:, None] & dv_mask[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(
             p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC, out_dtype=tl.float32
         )
@@ -101,7 +116,7 @@ def _decode_split_kernel(
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     part = acc / tl.where(has, l_i, 1.0)[:, None]
     mo = Mid_O + b.to(tl.int64) * stride_mob + split * stride_mos
-    tl.store(mo + heads[:, None] * stride_moh + offs_d[None, :], part, mask=h_mask[:, None] & d_mask[None, :])
+    tl.store(mo + heads[:, None] * stride_moh + offs_dv[None, :], part, mask=h_mask[:, None] & dv_mask[None, :])
     tl.store(Mid_LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
 
 
@@ -110,6 +125,7 @@ def _decode_merge_kernel(
     Mid_O,
     Mid_LSE,
     O,
+    Sinks,  # [H] fp32 per-head sink logits (read only with HAS_SINKS)
     stride_mob,
     stride_moh,
     stride_mos,
@@ -121,6 +137,7 @@ def _decode_merge_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Grid: (sequence, query head). Split 0 is never empty (kv_len >= 1), so the max is finite.
     b = tl.program_id(0).to(tl.int64)
@@ -130,13 +147,20 @@ def _decode_merge_kernel(
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
+    m = tl.max(lse, 0)
+    if HAS_SINKS:  # the sink's logit (base 2) joins the max and the denominator, with no value
+        sink = tl.load(Sinks + h).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    w = tl.exp2(lse - m)
     part = tl.load(
         Mid_O + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    out = tl.sum(part * w[:, None], 0) / denom
     tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
 
@@ -144,13 +168,16 @@ def decode_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[
     """(BLOCK_N, num_warps) of the split-K stage."""
     if interpreted:
         return 16, 4
+    if block_d > 256:  # MLA's 576-channel latent (padded to 1024): keep the K/V tiles in shared memory
+        return 16, 4
     return (64, 4) if block_d <= 128 and dtype.itemsize <= 2 else (32, 4)
 
 
 def alloc_split_buffers(
     batch: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial outputs ``[B, H, S, D]`` and log-sum-exps ``[B, H, S]`` for stage 1."""
+    """fp32 partial outputs ``[B, H, S, D]`` (D: the output's head size) and log-sum-exps
+    ``[B, H, S]`` for stage 1."""
     mid_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device)
     mid_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device)
     return mid_o, mid_lse
@@ -160,7 +187,7 @@ def decode_attention(
     q: torch.Tensor,
     o: torch.Tensor,
     k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
+    v_buf: torch.Tensor | None,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
     kv_lens: torch.Tensor,
@@ -168,21 +195,37 @@ def decode_attention(
     mid_lse: torch.Tensor,
     num_splits: int,
     scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention of one query per sequence ``q`` ``[B, H, D]`` over its paged context into ``o``.
 
+    The query (at position ``kv_len - 1``) sees only the last ``sliding_window`` keys when given;
+    ``sinks`` (``[H]`` fp32) join each head's softmax denominator.
+
+    ``v_buf`` None: latent KV, the values are the keys' first DV = ``o.shape[-1]`` channels.
     ``mid_o``/``mid_lse`` are scratch from :func:`alloc_split_buffers` with at least ``B`` rows and
     ``num_splits`` splits (views of larger static buffers are fine: strides are honoured).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
+    dv = o.shape[-1]
+    if v_buf is None:
+        v_buf = k_buf
     assert q.stride(-1) == 1 and o.stride(-1) == 1 and req_to_token.stride(-1) == 1
     assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
     block_d = triton.next_power_of_2(head_dim)
     block_n, warps = decode_config(block_d, q.dtype, is_interpreted())
     upcast, prec = dot_options(q.dtype)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    # tl.dot needs at least 16 rows on tensor cores (unused head rows are masked). A KV head's whole
+    # query group goes in one program, unless the group is large and the heads wide (MLA: up to 128
+    # query heads over one 576-channel latent), where blocks of 16 heads keep the tiles on chip.
+    block_h = max(16, triton.next_power_of_2(group))
+    if block_d > 256:
+        block_h = 16
+    head_blocks = triton.cdiv(group, block_h)
+    _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
         q,
         k_buf,
         v_buf,
@@ -191,11 +234,14 @@ def decode_attention(
         kv_lens,
         mid_o,
         mid_lse,
+        int(sliding_window or 0),
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
         k_buf.stride(0),
         k_buf.stride(1),
+        v_buf.stride(0),
+        v_buf.stride(1),
         req_to_token.stride(0),
         mid_o.stride(0),
         mid_o.stride(1),
@@ -204,11 +250,13 @@ def decode_attention(
         mid_lse.stride(1),
         GROUP=group,
         HEAD_DIM=head_dim,
+        HEAD_DV=dv,
         NUM_SPLITS=num_splits,
-        # tl.dot needs at least 16 rows on tensor cores; unused head rows are masked.
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_BLOCKS=head_blocks,
+        BLOCK_H=block_h,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
+        BLOCK_DV=triton.next_power_of_2(dv),
         UPCAST=upcast,
         DOT_PREC=prec,
         num_warps=warps,
@@ -218,6 +266,7 @@ def decode_attention(
         mid_o,
         mid_lse,
         o,
+        mid_lse if sinks is None else sinks,  # any pointer when HAS_SINKS is off: never read
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -225,9 +274,10 @@ def decode_attention(
         mid_lse.stride(1),
         o.stride(0),
         o.stride(1),
-        HEAD_DIM=head_dim,
+        HEAD_DIM=dv,
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=block_d,
+        BLOCK_D=triton.next_power_of_2(dv),
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
