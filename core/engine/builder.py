@@ -233,15 +233,11 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         )
         native = False
         model_dir = resolve_model_dir(config.model_path)
-    # gpt-oss (MXFP4) and DeepSeek (FP8) read their own checkpoint quantizations; for the others an
-    # unsupported one fails here, before the model is built
-    int4_method = (
-        None
-        if getattr(registry().model(architecture_of(hf_config)), "reads_own_quantization", False)
-        else quant_method(hf_config)
-    )
     arch = architecture_of(hf_config)
     model_cls = registry().model(arch)
+    # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the
+    # others an unsupported one fails here, before the model is built.
+    int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
     needed = frozenset(getattr(model_cls, "attention_features", ()))
     if config.attention == "auto" and not needed <= attn_cls.features:
         log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)

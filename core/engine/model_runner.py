@@ -52,7 +52,7 @@ class ModelRunner:
             rows.append(s.req.req_pool_idx)
             if s.samples:
                 sample_rows.append(len(ids) - 1)
-            if s.req.return_prompt_logprobs and not s.req.first_prefill_done:
+            if s.req.needs_prompt_logits:
                 prompt_ranges.append((start, len(ids)))
         return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges)
 
@@ -118,7 +118,7 @@ class ModelRunner:
                 self.broadcaster.fail(exc)
                 raise
         sample_segs = [s for s in batch.segments if s.samples]
-        wants_prompt = [s for s in batch.segments if s.req.return_prompt_logprobs and not s.req.first_prefill_done]
+        wants_prompt = [s for s in batch.segments if s.req.needs_prompt_logits]
         prompt_logits = {s.req.rid: (s.start, lg) for s, lg in zip(wants_prompt, prompt)}
         return StepOutput(logits, sample_segs, prompt_logits)
 

@@ -85,6 +85,12 @@ class Request:
         return self.prompt_ids[start:] + self.output_ids[: end - n]
 
     @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs were asked for and the prompt has not been computed yet (so it is
+        computed whole, without the prefix cache, and its logits are kept)."""
+        return self.return_prompt_logprobs and not self.first_prefill_done
+
+    @property
     def seq_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 

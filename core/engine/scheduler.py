@@ -186,7 +186,7 @@ class Scheduler:
 
     def _admit(self, req: Request, budget: int, reserve: int) -> Segment | None:
         ids = req.all_ids
-        if req.return_prompt_logprobs and not req.first_prefill_done:
+        if req.needs_prompt_logits:
             slots, handle = torch.empty(0, dtype=torch.int64), None
         else:
             slots, handle = self.cache.match_prefix(ids[:-1])  # leave >= 1 token to compute

@@ -45,6 +45,9 @@ class CausalLM(nn.Module, ABC):
 
     #: whether the plugin shards its layers over ``tp`` (``--tp-size`` > 1 is refused otherwise)
     supports_tp: bool = False
+    #: whether the plugin reads its checkpoint's ``quantization_config`` itself (else only the
+    #: GPTQ/AWQ formats the core loads are accepted)
+    reads_own_quantization: bool = False
     #: whether a decode step may be captured in a CUDA graph (False: a step reads data-dependent
     #: sizes back to the host, as the torch MoE path's per-expert grouping does)
     supports_cuda_graph: bool = True
