@@ -143,20 +143,27 @@ def assert_greedy_matches_generate(ref, model_dir, prompts: list[list[int]], n: 
         for i, ids in enumerate(prompts):
             ours, cached = _greedy(engine, f"greedy-{i}", ids, n)
             cached_counts.append(cached)
-            with torch.no_grad():
-                gen = ref.generate(
-                    torch.tensor([ids]),
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                    output_scores=True,
-                    return_dict_in_generate=True,
-                )
-            theirs = gen.sequences[0, len(ids) :].tolist()
-            if ours != theirs:
-                step = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-                top2 = torch.topk(gen.scores[step][0], 2).values
-                assert (top2[0] - top2[1]).item() < 1e-3, f"prompt {i} diverged at step {step} without a tie"
+            assert_same_as_generate(ref, ids, ours, f"prompt {i}")
     finally:
         engine.shutdown()
     return cached_counts
+
+
+def assert_same_as_generate(ref, ids: list[int], ours: list[int], label: str) -> None:
+    """``ours`` equals ``len(ours)`` greedy tokens of transformers' ``generate`` on ``ref`` after
+    ``ids``, or diverges only where the reference's top-2 logits tie."""
+    n = len(ours)
+    with torch.no_grad():
+        gen = ref.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    theirs = gen.sequences[0, len(ids) :].tolist()
+    if ours != theirs:
+        step = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        top2 = torch.topk(gen.scores[step][0], 2).values
+        assert (top2[0] - top2[1]).item() < 1e-3, f"{label} diverged at step {step} without a tie"
