@@ -170,7 +170,7 @@ def default_pool_tokens(max_context: int, max_running: int) -> int:
 def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.dtype, tp=None):
     """Instantiate a model plugin with parameters of ``dtype`` on ``device`` (weights not loaded);
     ``tp``: the tensor-parallel group it shards over (a plugin without ``supports_tp`` is refused)."""
-    if tp is not None and tp.size > 1 and not getattr(model_cls, "supports_tp", False):
+    if tp is not None and tp.size > 1 and not model_cls.supports_tp:
         raise ValueError(f"{model_cls.__name__} does not support tensor parallelism (--tp-size {tp.size})")
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -238,7 +238,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the
     # others an unsupported one fails here, before the model is built.
     int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
-    needed = frozenset(getattr(model_cls, "attention_features", ()))
+    needed = frozenset(model_cls.attention_features)
     if config.attention == "auto" and not needed <= attn_cls.features:
         log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)
         attn_name, attn_cls = select_attention("torch", device)
@@ -267,7 +267,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
     n_kv, n_layers = model.local_kv_heads, model.num_layers
-    head_dim, v_dim = getattr(model, "kv_cache_dims", (model.head_dim, model.head_dim))
+    head_dim, v_dim = model.kv_cache_dims
     kv_dtype = dtype
     bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * torch.tensor([], dtype=kv_dtype).element_size()
     weight_bytes = (
@@ -310,7 +310,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         req_pool.write_log = []
     # Graph replay would skip the step broadcast: tensor-parallel decode runs eagerly for now.
     tp_eager = tp is not None and tp.size > 1
-    graphs = attn.supports_cuda_graph and getattr(model, "supports_cuda_graph", True)
+    graphs = attn.supports_cuda_graph and model.supports_cuda_graph
     if device.type == "cuda" and attn.supports_cuda_graph and not graphs and not config.disable_cuda_graph:
         log.info("CUDA graphs off: %s's forward cannot be captured (it sizes work on the host)", arch)
     if device.type == "cuda" and graphs and not config.disable_cuda_graph and not tp_eager:

@@ -90,10 +90,9 @@ class CausalLM(nn.Module, ABC):
         fmt = weight_format(method, group_size)
         for module in list(self.modules()):
             if isinstance(module, Linear):
-                module.set_format(fmt.for_features(module.local_in) if hasattr(fmt, "for_features") else fmt)
+                module.set_format(fmt.for_features(module.local_in))
             elif isinstance(module, LMHead):
-                hidden = int(self.config["hidden_size"])
-                module.set_format(fmt.for_features(hidden) if hasattr(fmt, "for_features") else fmt)
+                module.set_format(fmt.for_features(int(self.config["hidden_size"])))
         release_free_heap()
 
     @property

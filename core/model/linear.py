@@ -77,6 +77,11 @@ class WeightFormat:
         src = src.dequantize() if hasattr(src, "dequantize") else src
         layer.weight.data[dst_rows].copy_(src[src_rows, src_cols])
 
+    def for_features(self, in_features: int) -> "WeightFormat":
+        """This format fitted to a layer with ``in_features`` inputs (int4 narrows its group to
+        one that divides them); the format itself when it has nothing to fit."""
+        return self
+
     def finalize(self, layer: "Linear") -> None:
         """Pack or repack once every part is loaded (quantized formats)."""
 
