@@ -8,8 +8,13 @@ values in every layer, and returns the new tokens' q/k/v with the metadata.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 import torch
 
 from llmkit.core.model.attention import AttentionMetadata
@@ -148,3 +153,25 @@ def backend_kwargs(batch: Batch, num_heads: int, v_head_dim: int | None = None) 
     if v_head_dim:
         kwargs["v_head_dim"] = v_head_dim
     return kwargs
+
+
+def run_in_subprocesses(module: str, entry: str, jobs: list[list[str]], env: dict[str, str]) -> dict:
+    """Run ``tests/<module>.py``'s ``entry(job)`` in one fresh interpreter per job, in parallel (the
+    Triton interpreter must be chosen before triton is imported); each prints one ``RESULTS`` JSON
+    line, merged here."""
+    here = Path(__file__).resolve().parent
+    code = f"import sys; sys.path.insert(0, {str(here)!r}); import {module} as t; t.{entry}(sys.argv[1:])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *job], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for job in jobs
+    ]
+    results: dict[str, str] = {}
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        line = next((s for s in out.splitlines() if s.startswith("RESULTS ")), None)
+        if line is None:
+            pytest.fail(f"subprocess failed (rc={p.returncode}):\n{err[-3000:]}")
+        results.update(json.loads(line[len("RESULTS ") :]))
+    return results

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from llmkit.core.model.moe import FusedExperts, grouped_topk, moe_align, silu_and_mul, softmax_topk
 
-HERE = Path(__file__).resolve().parent
+from attention_utils import run_in_subprocesses
 
 # name: (tokens, hidden, intermediate, experts, top_k, routing, bias, activation)
 CASES: dict[str, dict] = {
@@ -87,29 +84,11 @@ def _main(runs: list[str]) -> None:
     print("RESULTS " + json.dumps(results))
 
 
-def _run_in_subprocesses(entry: str, jobs: list[list[str]], env: dict[str, str]) -> dict:
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_fused_moe_triton as t; t.{entry}(sys.argv[1:])"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, *job], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        for job in jobs
-    ]
-    results: dict[str, str] = {}
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        line = next((s for s in out.splitlines() if s.startswith("RESULTS ")), None)
-        if line is None:
-            pytest.fail(f"subprocess failed (rc={p.returncode}):\n{err[-3000:]}")
-        results.update(json.loads(line[len("RESULTS ") :]))
-    return results
-
-
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    return _run_in_subprocesses("_main", [RUNS[0::2], RUNS[1::2]], env)
+    return run_in_subprocesses("test_fused_moe_triton", "_main", [RUNS[0::2], RUNS[1::2]], env)
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -196,7 +175,7 @@ def compile_results() -> dict[str, str]:
     if reason:
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMKIT_TRITON_INTERPRET")}
-    return _run_in_subprocesses("_compile_main", [COMPILE_RUNS], env)
+    return run_in_subprocesses("test_fused_moe_triton", "_compile_main", [COMPILE_RUNS], env)
 
 
 @pytest.mark.parametrize("run", COMPILE_RUNS)

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from attention_utils import backend_kwargs, build_batch
-
-HERE = Path(__file__).resolve().parent
+from attention_utils import backend_kwargs, build_batch, run_in_subprocesses
 
 # name: batch spec. seqs = [(cached prefix, new tokens)]; heads = (H, Hkv); share as in build_batch.
 CASES: dict[str, dict] = {
@@ -282,30 +278,11 @@ def _main(runs: list[str]) -> None:
     print("RESULTS " + json.dumps(results))
 
 
-def _run_in_subprocesses(entry: str, jobs: list[list[str]], env: dict[str, str]) -> dict:
-    """Run ``test_triton_attention.<entry>(job)`` in one fresh interpreter per job, in parallel."""
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_triton_attention as t; t.{entry}(sys.argv[1:])"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, *job], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        for job in jobs
-    ]
-    results: dict[str, str] = {}
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        line = next((s for s in out.splitlines() if s.startswith("RESULTS ")), None)
-        if line is None:
-            pytest.fail(f"subprocess failed (rc={p.returncode}):\n{err[-3000:]}")
-        results.update(json.loads(line[len("RESULTS ") :]))
-    return results
-
-
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
     runs = [*INTERP_RUNS, *GRAPH_RUNS]
     env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
-    return _run_in_subprocesses("_main", [runs[0::2], runs[1::2]], env)  # two cores
+    return run_in_subprocesses("test_triton_attention", "_main", [runs[0::2], runs[1::2]], env)  # two cores
 
 
 @pytest.mark.parametrize("run", [*INTERP_RUNS, *GRAPH_RUNS])
@@ -389,7 +366,7 @@ def compile_results() -> dict[str, str]:
     if reason:
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMKIT_TRITON_INTERPRET")}
-    return _run_in_subprocesses("_compile_main", [COMPILE_RUNS[0::2], COMPILE_RUNS[1::2]], env)
+    return run_in_subprocesses("test_triton_attention", "_compile_main", [COMPILE_RUNS[0::2], COMPILE_RUNS[1::2]], env)
 
 
 @pytest.mark.parametrize("run", COMPILE_RUNS)
