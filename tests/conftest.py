@@ -69,14 +69,15 @@ def fake_server():
 
 @pytest.fixture(scope="session")
 def server():
-    """The default configuration: embedded model, radix cache, torch attention."""
+    """The default configuration: embedded model at its GGUF precision (int4/int8 kernels), radix
+    cache, torch attention."""
     yield from _server([])
 
 
 @pytest.fixture(scope="session")
-def native_server():
-    """The embedded GGUF served at its own precision (``--quantization gguf``: int4/int8 kernels)."""
-    yield from _server(["--quantization", "gguf", "--batch-storage", "none"])
+def dense_server():
+    """The embedded GGUF dequantized to fp32 (``--quantization none``)."""
+    yield from _server(["--quantization", "none", "--batch-storage", "none"])
 
 
 @pytest.fixture(scope="session")

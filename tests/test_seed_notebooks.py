@@ -1,15 +1,15 @@
 """Every chat and completions cell of the user's seed notebooks (../shared/seeds), run against
-``llmkit serve`` with the embedded model in place of SGLang's launch command and model: dense (the
-default) and at the GGUF's native precision (``--quantization gguf``)."""
+``llmkit serve`` with the embedded model in place of SGLang's launch command and model: at the
+GGUF's native precision (the default) and dequantized (``--quantization none``)."""
 
 from __future__ import annotations
 
 import pytest
 
 
-@pytest.fixture(scope="module", params=["dense", "native"])
+@pytest.fixture(scope="module", params=["native", "dense"])
 def client(request):
-    return request.getfixturevalue("server" if request.param == "dense" else "native_server").client
+    return request.getfixturevalue("server" if request.param == "native" else "dense_server").client
 
 
 @pytest.fixture(scope="module")

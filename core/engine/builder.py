@@ -187,19 +187,19 @@ NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3")
 
 
 def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | None) -> bool:
-    """Whether a GGUF is served at its native (quantized) precision: ``--quantization gguf``, on CPU.
+    """Whether a GGUF is served at its native (quantized) precision, as llama.cpp serves it.
 
-    Opt-in for now: at native precision a request whose prompt hits the prefix cache can decode
-    differently from the same request computed afresh (the int4 kernel's bf16 activations turn
-    the attention's last-bit differences into visible ones), which breaks streaming = non-streaming
-    and seeded repeatability; the dense default keeps them."""
-    if config.quantization != "gguf":
-        return False
-    if gguf_path is None:
+    The default for a GGUF on CPU; ``--quantization none`` or an explicit ``--dtype`` serves the
+    dequantized weights, and so does CUDA (no int4 kernel there yet). ``--quantization gguf`` asks
+    for it explicitly and fails where it cannot be had."""
+    explicit = config.quantization == "gguf"
+    if explicit and gguf_path is None:
         raise ValueError("--quantization gguf serves a GGUF's own quantized weights: give a .gguf --model-path")
-    if device.type != "cpu":
+    if explicit and device.type != "cpu":
         raise ValueError("--quantization gguf is a CPU path; on CUDA leave it out (GGUFs are dequantized)")
-    return config.load_format != "dummy"
+    if not explicit and (config.quantization or config.dtype != "auto" or device.type != "cpu"):
+        return False
+    return gguf_path is not None and config.load_format != "dummy"
 
 
 def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:

@@ -42,7 +42,7 @@ class ModelRunner:
 
     def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample."""
-        ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges = [], [], [], [], [], [], []
+        ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding = [], [], [], [], [], [], [], []
         for s in batch.segments:
             start = len(ids)
             ids.extend(s.req.token_slice(s.start, s.start + s.length))
@@ -50,11 +50,12 @@ class ModelRunner:
             q_lens.append(s.length)
             kv_lens.append(s.start + s.length)
             rows.append(s.req.req_pool_idx)
+            decoding.append(int(s.length == 1 and s.start >= len(s.req.prompt_ids)))
             if s.samples:
                 sample_rows.append(len(ids) - 1)
             if s.req.needs_prompt_logits:
                 prompt_ranges.append((start, len(ids)))
-        return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges)
+        return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding)
 
     def build_metadata(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         self.req_pool.flush()  # the scheduler's slot writes, in one copy
@@ -83,6 +84,7 @@ class ModelRunner:
             deterministic=self.deterministic,
             q_starts=q_start,
             req_rows=rows,
+            decoding=[bool(d) for d in inp.decoding],
         )
         return input_ids, positions, md
 

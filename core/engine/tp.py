@@ -52,6 +52,7 @@ class StepInputs:
     rows: list[int]
     sample_rows: list[int] = field(default_factory=list)  # rows of the hidden states to sample from
     prompt_ranges: list[tuple[int, int]] = field(default_factory=list)  # prompt-logprob spans
+    decoding: list[int] = field(default_factory=list)  # per sequence: 1 if its token is a generated one
 
 
 def free_port() -> int:
@@ -120,7 +121,9 @@ class StepBroadcaster:
 
         slots = [w[2] for w in writes]
         flat = [
-            torch.tensor(inp.ids + inp.positions + inp.q_lens + inp.kv_lens + inp.rows + inp.sample_rows),
+            torch.tensor(
+                inp.ids + inp.positions + inp.q_lens + inp.kv_lens + inp.rows + inp.decoding + inp.sample_rows
+            ),
             torch.tensor(
                 [x for r in inp.prompt_ranges for x in r] + [x for w in writes for x in (w[0], w[1], len(w[2]))]
             ),
@@ -161,9 +164,9 @@ def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Te
         return None
     payload = torch.empty(n, dtype=torch.int64)
     dist.broadcast(payload, 0, group=tp.group)
-    sizes = [t, t, b, b, b, s, 2 * p, 3 * w]
+    sizes = [t, t, b, b, b, b, s, 2 * p, 3 * w]
     parts = payload.split(sizes + [n - sum(sizes)])
-    ids, pos, q_lens, kv_lens, rows, sample, prompt, write_hdr, slots = parts
+    ids, pos, q_lens, kv_lens, rows, decoding, sample, prompt, write_hdr, slots = parts
     flat_prompt = prompt.tolist()
     inp = StepInputs(
         ids=ids.tolist(),
@@ -173,6 +176,7 @@ def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Te
         rows=rows.tolist(),
         sample_rows=sample.tolist(),
         prompt_ranges=[(flat_prompt[i], flat_prompt[i + 1]) for i in range(0, len(flat_prompt), 2)],
+        decoding=decoding.tolist(),
     )
     writes, off = [], 0
     hdr = write_hdr.tolist()

@@ -60,6 +60,9 @@ class AttentionMetadata:
     # the CPU wait for the GPU mid-step. Empty when the builder did not provide them.
     q_starts: list[int] = field(default_factory=list)
     req_rows: list[int] = field(default_factory=list)
+    # Per sequence: its new token is a generated one (a decode row), not a prompt token. A prompt's
+    # last token alone (a prefix-cache hit) also has one new token. Empty: not provided.
+    decoding: list[bool] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # backend-private precomputed tensors
 
 

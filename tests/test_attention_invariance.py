@@ -1,0 +1,156 @@
+"""The torch attention backend's rows hold still bit for bit: a prompt row equals itself however
+the prompt was split between the prefix cache and this step (down to the last token alone, as on a
+cache hit) and whatever else is in the batch; a decode row equals itself alone, in a padded decode
+batch, and in a mixed batch. At the int4 kernels' bf16 activations any ulp of difference can change
+a token, so streaming = non-streaming and seeded repeatability across prefix-cache hits rest on this.
+Every result is also checked against a float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmkit.core.model.attention import AttentionMetadata
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
+
+LENS = (300, 77, 9, 140)  # four sequences; the first crosses the prompt chunk size twice
+SHAPES = {
+    "gqa": dict(heads=9, kv_heads=3, dim=64),  # SmolLM2's layout
+    "mha": dict(heads=4, kv_heads=4, dim=32),
+    "mqa-window-sinks": dict(heads=6, kv_heads=1, dim=16, window=40, sinks=True),
+    "latent": dict(heads=4, kv_heads=1, dim=48, v_dim=32),  # MLA: values are the keys' first channels
+}
+
+
+class Setup:
+    def __init__(self, heads, kv_heads, dim, v_dim=None, window=None, sinks=False):
+        g = torch.Generator().manual_seed(0)
+        self.window, self.latent = window, v_dim is not None
+        self.sinks = torch.randn(heads, generator=g) if sinks else None
+        page = 4
+        pages = sum(-(-n // page) for n in LENS) + 2
+        self.pool = KVCachePool(
+            num_layers=1,
+            num_pages=pages,
+            page_size=page,
+            num_kv_heads=kv_heads,
+            head_dim=dim,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            v_head_dim=0 if self.latent else None,
+        )
+        self.req_pool = ReqToTokenPool(len(LENS) + 1, max(LENS) + page, torch.device("cpu"))
+        self.req_pool.allocate()  # row 0 unused
+        self.rows, self.slots, self.q, self.k, self.v = [], [], [], [], []
+        for n in LENS:
+            row = self.req_pool.allocate()
+            slots = self.pool.page_slots(self.pool.allocate(-(-n // page)))[:n]
+            self.req_pool.table[row, :n] = slots
+            self.rows.append(row)
+            self.slots.append(slots)
+            self.q.append(torch.randn(n, heads, dim, generator=g))
+            self.k.append(torch.randn(n, kv_heads, dim, generator=g))
+            self.v.append(None if self.latent else torch.randn(n, kv_heads, v_dim or dim, generator=g))
+        self.attn = TorchAttentionBackend(
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=dim,
+            pool=self.pool,
+            device=torch.device("cpu"),
+            v_head_dim=v_dim,
+        )
+
+    def run(self, parts: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        """One forward over ``(sequence, first, end)`` parts: the outputs of positions
+        ``first..end-1`` with keys ``0..end-1``. A sequence given as ``-(i + 1)`` is sequence i's
+        decode row (one generated token); otherwise the part is prompt rows."""
+        q_lens, kv_lens, rows, slots, decoding, qs, ks, vs = [], [], [], [], [], [], [], []
+        for seq, first, end in parts:
+            dec = seq < 0
+            seq = abs(seq) - 1 if dec else seq
+            q_lens.append(end - first)
+            kv_lens.append(end)
+            rows.append(self.rows[seq])
+            slots.append(self.slots[seq][first:end])
+            decoding.append(dec)
+            qs.append(self.q[seq][first:end])
+            ks.append(self.k[seq][first:end])
+            vs.append(None if self.latent else self.v[seq][first:end])
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        md = AttentionMetadata(
+            num_seqs=len(parts),
+            q_lens=q_lens,
+            kv_lens=kv_lens,
+            q_start_loc=torch.tensor(starts),
+            q_lens_t=torch.tensor(q_lens),
+            kv_lens_t=torch.tensor(kv_lens),
+            req_pool_indices=torch.tensor(rows),
+            req_to_token=self.req_pool.table,
+            out_slots=torch.cat(slots),
+            page_size=self.pool.page_size,
+            is_decode=all(n == 1 for n in q_lens),
+            q_starts=starts,
+            req_rows=rows,
+            decoding=decoding,
+        )
+        md = self.attn.prepare_metadata(md)
+        v = None if self.latent else torch.cat(vs)
+        out = self.attn.forward(torch.cat(qs), torch.cat(ks), v, 0, md, sliding_window=self.window, sinks=self.sinks)
+        return [out[starts[i] : starts[i + 1]] for i in range(len(parts))]
+
+    def reference(self, seq: int) -> torch.Tensor:
+        """Causal attention over the whole sequence in float64."""
+        q, k = self.q[seq].double(), self.k[seq].double()
+        v = k[..., : self.attn.v_head_dim] if self.latent else self.v[seq].double()
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * self.attn.scale
+        n = q.shape[0]
+        pos = torch.arange(n)
+        hidden = pos[None, :] > pos[:, None]
+        if self.window:
+            hidden |= pos[None, :] <= pos[:, None] - self.window
+        scores = scores.masked_fill(hidden, float("-inf"))
+        if self.sinks is not None:
+            scores = torch.cat([self.sinks.double().view(-1, 1, 1).expand(-1, n, 1), scores], dim=-1)
+            probs = torch.softmax(scores, dim=-1)[..., 1:]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_rows_do_not_depend_on_the_split_or_the_batch(shape):
+    s = Setup(**SHAPES[shape])
+    full = s.run([(i, 0, n) for i, n in enumerate(LENS)])  # every prompt prefilled at once
+    for i, n in enumerate(LENS):
+        torch.testing.assert_close(full[i].double(), s.reference(i), atol=1e-5, rtol=1e-5)
+    assert torch.equal(s.run([(0, 0, LENS[0])])[0], full[0])  # alone
+    n0 = LENS[0]
+    for cut in (1, 5, 127, 128, 129, 200, n0 - 2, n0 - 1):  # a cached prefix of `cut` tokens
+        alone = s.run([(0, cut, n0)])[0]
+        assert torch.equal(alone, full[0][cut:]), cut
+        # beside another prompt and two decode rows
+        mixed = s.run([(-2, 60, 61), (0, cut, n0), (3, 100, LENS[3]), (-3, 8, 9)])
+        assert torch.equal(mixed[1], full[0][cut:]), cut
+        assert torch.equal(mixed[2], full[3][100:]), cut
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_decode_rows_do_not_depend_on_the_batch(shape):
+    s = Setup(**SHAPES[shape])
+    s.run([(i, 0, n - 1) for i, n in enumerate(LENS)])  # the prompts' K/V
+    alone = [s.run([(-(i + 1), n - 1, n)])[0] for i, n in enumerate(LENS)]
+    for i in range(len(LENS)):
+        ref = s.reference(i)[-1:]
+        torch.testing.assert_close(alone[i].double(), ref, atol=1e-5, rtol=1e-5)
+    together = s.run([(-(i + 1), n - 1, n) for i, n in enumerate(LENS)])  # padded to the longest
+    pair = s.run([(-3, LENS[2] - 1, LENS[2]), (-2, LENS[1] - 1, LENS[1])])
+    mixed = s.run([(0, 50, 120), (-3, LENS[2] - 1, LENS[2]), (-4, LENS[3] - 1, LENS[3])])
+    for i in range(len(LENS)):
+        assert torch.equal(together[i], alone[i]), i
+    assert torch.equal(pair[0], alone[2]) and torch.equal(pair[1], alone[1])
+    assert torch.equal(mixed[1], alone[2]) and torch.equal(mixed[2], alone[3])
