@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.kv_pool import gather_kv, store_kv
 
 
 def _with_sink(bias: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -38,6 +39,10 @@ def _zero_key(x: torch.Tensor) -> torch.Tensor:
 
 class TorchAttentionBackend(AttentionBackend):
     features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
+
+    @classmethod
+    def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
+        return None  # store_kv / gather_kv convert any float dtype, fp8 included
 
     def prepare_metadata(self, md: AttentionMetadata) -> AttentionMetadata:
         if md.is_decode and not md.deterministic:
@@ -65,20 +70,23 @@ class TorchAttentionBackend(AttentionBackend):
         return md
 
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
+        # The pool may hold another dtype than q's (--kv-cache-dtype): convert on write and read.
+        # The new tokens too are read back from the pool, so a prompt served from the prefix
+        # cache attends to exactly the values it would have computed afresh.
         kbuf = self.pool.k_buffers[layer_id]
-        kbuf.index_copy_(0, md.out_slots, k.to(kbuf.dtype))
+        store_kv(kbuf, md.out_slots, k)
         vbuf = None  # latent KV: the values are the keys' first v_head_dim channels
         if v is not None:
             vbuf = self.pool.v_buffers[layer_id]
-            vbuf.index_copy_(0, md.out_slots, v.to(vbuf.dtype))
+            store_kv(vbuf, md.out_slots, v)
         if "torch_slots" in md.extra:
             return self._decode(q, kbuf, vbuf, md, sliding_window, sinks)
         out = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
         group = self.num_heads // self.num_kv_heads
         for i, (start, end, slots, mask, causal) in enumerate(md.extra["torch_seqs"]):
             qs = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]: 4-D for the fused kernel
-            ks = kbuf.index_select(0, slots).to(q.dtype)
-            vs = ks[..., : self.v_head_dim] if vbuf is None else vbuf.index_select(0, slots).to(q.dtype)
+            ks = gather_kv(kbuf, slots, q.dtype)
+            vs = ks[..., : self.v_head_dim] if vbuf is None else gather_kv(vbuf, slots, q.dtype)
             if group > 1:
                 # Expanding K/V heads keeps SDPA on its fused CPU kernel; enable_gqa=True would
                 # send it to the unfused math path (3x slower for a 512-token prefill).
@@ -115,13 +123,11 @@ class TorchAttentionBackend(AttentionBackend):
         group = self.num_heads // hkv
         # index_select gathers ~4x faster than advanced indexing on CPU
         flat = slots.view(-1)
-        ks = kbuf.index_select(0, flat).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
+        ks = gather_kv(kbuf, flat, q.dtype).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
         if vbuf is None:
             vs = ks[..., : self.v_head_dim]
         else:
-            vs = vbuf.index_select(0, flat).view(b, -1, hkv, self.v_head_dim).transpose(1, 2)
-        if ks.dtype != q.dtype:
-            ks, vs = ks.to(q.dtype), vs.to(q.dtype)
+            vs = gather_kv(vbuf, flat, q.dtype).view(b, -1, hkv, self.v_head_dim).transpose(1, 2)
         if window:
             key = ("torch_window_bias", window)
             if key not in md.extra:  # keys older than the window are masked like the padding
