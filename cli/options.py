@@ -30,6 +30,16 @@ Dtype = Annotated[
         "--dtype", envvar="LLMKIT_DTYPE", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."
     ),
 ]
+KvCacheDtype = Annotated[
+    str,
+    typer.Option(
+        "--kv-cache-dtype",
+        envvar="LLMKIT_KV_CACHE_DTYPE",
+        help="KV cache dtype: auto (the model's: fp32 on CPU), bfloat16/bf16 or float16/fp16 (half an fp32 "
+        "pool: twice the tokens in the same memory), fp8_e4m3/fp8 or fp8_e5m2 (unscaled; torch backend, "
+        "or triton on CUDA 8.9+).",
+    ),
+]
 Device = Annotated[str, typer.Option("--device", envvar="LLMKIT_DEVICE", help="auto, cpu, cuda, cuda:N.")]
 ContextLength = Annotated[
     Optional[int],

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 DTYPES = ("auto", "float32", "fp32", "float16", "half", "bfloat16", "bf16")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "fp8_e4m3", "fp8", "fp8_e5m2")
 QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -54,6 +55,7 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
             raise OptionError(f"{flag} must be 0 or more (got {value})")
     _check_paths(p)
     _check_choice("--dtype", p["dtype"], DTYPES)
+    _check_choice("--kv-cache-dtype", p["kv_cache_dtype"], KV_CACHE_DTYPES)
     _check_choice("--schedule-policy", p["schedule_policy"], SCHEDULE_POLICIES)
     _check_choice("--load-format", p["load_format"], LOAD_FORMATS)
     if p["quantization"] is not None:

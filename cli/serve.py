@@ -28,6 +28,7 @@ from llmkit.cli.options import (
     EnableOverlap,
     EngineProcess,
     GrammarBackend,
+    KvCacheDtype,
     LoadFormat,
     MaxRunning,
     MaxTotalTokens,
@@ -66,6 +67,7 @@ def serve(
     tool_call_parser: ToolCallParser = None,
     grammar_backend: GrammarBackend = None,
     dtype: Dtype = "auto",
+    kv_cache_dtype: KvCacheDtype = "auto",
     device: Device = "auto",
     api_key: Annotated[
         Optional[str],
@@ -224,6 +226,7 @@ def build_configs(
     tool_call_parser,
     grammar_backend,
     dtype,
+    kv_cache_dtype,
     device,
     api_key,
     context_length,
@@ -275,6 +278,7 @@ def build_configs(
     engine = EngineConfig(
         model_path=model_path,
         dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
         device=device,
         attention=attention,
         page_size=page_size,

@@ -18,7 +18,9 @@ from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 
 
 class PagedRunner:
-    def __init__(self, model, page_size: int, max_tokens: int = 1024, backend_cls=None, **backend_kw) -> None:
+    def __init__(
+        self, model, page_size: int, max_tokens: int = 1024, backend_cls=None, kv_dtype=torch.float32, **backend_kw
+    ) -> None:
         from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
         self.model, self.ps = model, page_size
@@ -30,7 +32,7 @@ class PagedRunner:
             page_size=page_size,
             num_kv_heads=model.local_kv_heads,
             head_dim=k_dim,
-            dtype=torch.float32,
+            dtype=kv_dtype,
             device=cpu,
             v_head_dim=v_dim,
         )

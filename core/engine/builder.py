@@ -16,7 +16,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import Scheduler
 from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights, quant_method
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool, resolve_kv_cache_dtype
 from llmkit.core.model.prefix_cache import NoPrefixCache
 from llmkit.core.model.radix_cache import RadixCache
 from llmkit.core.model.source import gguf_path_of, iter_gguf_native, iter_safetensors, load_config, resolve_model_dir
@@ -213,6 +213,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         raise ValueError(f"unknown load format '{config.load_format}'; valid: {', '.join(LOAD_FORMATS)}")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     attn_name, attn_cls = select_attention(config.attention, device)
     grammar_name = (config.grammar_backend or registry().default("grammar")) if leader else "none"
     if grammar_name != "none":
@@ -243,6 +244,17 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)
         attn_name, attn_cls = select_attention("torch", device)
     attn_cls.check_features(needed, attn_name)
+    why = attn_cls.kv_cache_dtype_support(kv_dtype, device)
+    if why and config.attention == "auto":
+        log.info(
+            "attention: %s cannot serve --kv-cache-dtype %s (%s); using torch", attn_name, config.kv_cache_dtype, why
+        )
+        attn_name, attn_cls = select_attention("torch", device)
+    elif why:
+        raise ValueError(
+            f"attention backend '{attn_name}' cannot serve --kv-cache-dtype {config.kv_cache_dtype}: {why}; "
+            "use --attention torch or another --kv-cache-dtype"
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = build_model(model_cls, hf_config, device, dtype, tp)
     if config.load_format == "dummy":
@@ -268,8 +280,8 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))
     n_kv, n_layers = model.local_kv_heads, model.num_layers
     head_dim, v_dim = model.kv_cache_dims
-    kv_dtype = dtype
-    bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * torch.tensor([], dtype=kv_dtype).element_size()
+    # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
+    bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * kv_dtype.itemsize
     weight_bytes = (
         sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
     )
@@ -326,7 +338,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         )
         runner.graphs.capture()
     log.info(
-        "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s%s, attention %s, KV pool %d tokens (%.2f GB), context %d",
+        "Loaded %s (%s) on %s in %.1f s: dtype %s%s%s%s, attention %s, KV pool %d tokens (%.2f GB, %s), context %d",
         arch,
         model_dir,
         device,
@@ -338,6 +350,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         attn_name,
         tokens,
         tokens * bytes_per_token / 1e9,
+        str(kv_dtype).removeprefix("torch."),
         max_context,
     )
     if not config.max_total_tokens and leader:

@@ -12,6 +12,9 @@ class EngineConfig:
     dtype: str = "auto"  # auto -> float32 on CPU (bf16 math is slow there), bfloat16 on CUDA
     device: str = "auto"
     attention: str = "auto"
+    # The KV pool's dtype (vLLM/SGLang names): auto = the model's dtype; bfloat16/float16 halve an
+    # fp32 pool (CPU); fp8_e4m3/fp8_e5m2 quarter it (unscaled, saturating)
+    kv_cache_dtype: str = "auto"
     page_size: int = 1
     max_total_tokens: int | None = None  # KV pool size in tokens; None: sized from memory
     max_running_requests: int = 64

@@ -278,6 +278,7 @@ class Engine:
             "kv_pages_cached": cached,
             "kv_pages_in_use": pool.capacity_pages - free - cached,
             "page_size": pool.page_size,
+            "kv_cache_dtype": str(pool.dtype).removeprefix("torch."),
             "steps": self.steps,
             "last_step_age_s": time.monotonic() - self.last_step,
             "preemptions": sched.num_preemptions,

@@ -120,6 +120,14 @@ class AttentionBackend(ABC):
         by models that need them, and only to a backend whose :attr:`features` name them."""
 
     @classmethod
+    def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
+        """Return None if :meth:`forward` can keep the pool's K/V in ``dtype`` (converting on write
+        and on read) on ``device``, else the reason it cannot. The default: any 16- or 32-bit float."""
+        if dtype.itemsize < 2:
+            return f"it cannot keep the KV cache in {str(dtype).removeprefix('torch.')}"
+        return None
+
+    @classmethod
     def check_features(cls, needed: Iterable[str], name: str) -> None:
         """Raise if the model needs an attention feature this backend does not implement."""
         missing = sorted(set(needed) - set(cls.features))

@@ -4,6 +4,45 @@ from __future__ import annotations
 
 import torch
 
+# --kv-cache-dtype values (vLLM's and SGLang's names); "auto" keeps the KV cache in the model's dtype.
+KV_CACHE_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV pool stores; backends convert to it on write and back on read."""
+    if name == "auto":
+        return model_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown --kv-cache-dtype '{name}'; valid: auto, {', '.join(KV_CACHE_DTYPES)}")
+    return KV_CACHE_DTYPES[name]
+
+
+def store_kv(buf: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """``buf[slots] = x``, converted to ``buf``'s dtype (fp8: saturated, as vLLM's unscaled cache
+    does, instead of overflowing to NaN)."""
+    if buf.dtype in FP8_DTYPES:
+        limit = torch.finfo(buf.dtype).max
+        # CPU index_copy_ has no fp8 kernel: copy the bytes
+        buf.view(torch.uint8).index_copy_(0, slots, x.clamp(-limit, limit).to(buf.dtype).view(torch.uint8))
+    else:
+        buf.index_copy_(0, slots, x.to(buf.dtype))
+
+
+def gather_kv(buf: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``buf[slots]`` converted to ``dtype`` (the queries')."""
+    if buf.dtype in FP8_DTYPES:
+        return buf.view(torch.uint8).index_select(0, slots).view(buf.dtype).to(dtype)
+    return buf.index_select(0, slots).to(dtype)
+
 
 class KVCachePool:
     """K/V buffers of ``num_pages`` pages of ``page_size`` token slots, for every layer.
@@ -33,6 +72,7 @@ class KVCachePool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_slots = num_pages * page_size
+        self.dtype = dtype
         shape = (self.num_slots, num_kv_heads, head_dim)
         v_dim = head_dim if v_head_dim is None else v_head_dim
         # torch.empty leaves untouched pages uncommitted on CPU, so an idle pool costs no RAM.

@@ -61,6 +61,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         indptr = torch.zeros(md.num_seqs + 1, dtype=torch.int32, device=dev)
         indptr[1:] = torch.cumsum(num_pages, 0)
         last_page_len = (kv_lens - (num_pages - 1) * ps).to(torch.int32)
+        # q is cast to the pool's dtype in forward (a --kv-cache-dtype other than the model's
+        # runs the kernels in the pool's; fp8 pools are refused by the base contract's check).
         dtype = self.pool.k_buffers[0].dtype
         common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
         # plan() syncs with the host once per forward; run() is then reused by every layer.

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.kv_pool import FP8_DTYPES, store_kv
 
 _ROWS = 4  # GEMM row counts are padded to a multiple of this (see above)
 
@@ -87,8 +88,21 @@ def _padded_slots(req_to_token: torch.Tensor, row: int, kv_len: int) -> torch.Te
     return torch.cat([slots, slots.new_zeros(_blocks(kv_len) - kv_len)])
 
 
+def _gather_rows(buf: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of the ``[slots * Hkv, D]`` view of a pool buffer, in fp32 (``--kv-cache-dtype`` may
+    store another dtype; fp8 has no CPU gather kernel, so its bytes are gathered)."""
+    flat = buf.view(-1, buf.shape[-1])
+    if buf.dtype in FP8_DTYPES:
+        return flat.view(torch.uint8).index_select(0, rows).view(buf.dtype).float()
+    return F.embedding(rows, flat).float()
+
+
 class TorchAttentionBackend(AttentionBackend):
     features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
+
+    @classmethod
+    def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
+        return None  # any float pool dtype, fp8 included: converted on write and on read
 
     def prepare_metadata(self, md: AttentionMetadata) -> AttentionMetadata:
         starts = md.q_starts or md.q_start_loc.tolist()
@@ -124,12 +138,14 @@ class TorchAttentionBackend(AttentionBackend):
         return md
 
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
+        # The new tokens' K/V are read back from the pool like the cached ones (in its dtype, under
+        # --kv-cache-dtype), so a prompt served from the prefix cache sees exactly these values.
         kbuf = self.pool.k_buffers[layer_id]
-        kbuf.index_copy_(0, md.out_slots, k.to(kbuf.dtype))
+        store_kv(kbuf, md.out_slots, k)
         vbuf = None  # latent KV: the values are the keys' first v_head_dim channels
         if v is not None:
             vbuf = self.pool.v_buffers[layer_id]
-            vbuf.index_copy_(0, md.out_slots, v.to(vbuf.dtype))
+            store_kv(vbuf, md.out_slots, v)
         dtype = q.dtype
         q = q.float()  # scores and softmax in fp32 whatever the model dtype
         sinks = None if sinks is None else sinks.float().view(self.num_kv_heads, -1)
@@ -146,8 +162,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _keys_values(self, kbuf, vbuf, rows):
         """Keys ``[Hkv * n, D]`` and values ``[Hkv * n, Dv]`` at pool ``rows`` (see :func:`_head_rows`), in fp32."""
-        ks = F.embedding(rows, kbuf.view(-1, kbuf.shape[-1])).float()
-        vs = ks[..., : self.v_head_dim] if vbuf is None else F.embedding(rows, vbuf.view(-1, vbuf.shape[-1])).float()
+        ks = _gather_rows(kbuf, rows)
+        vs = ks[..., : self.v_head_dim] if vbuf is None else _gather_rows(vbuf, rows)
         return ks, vs
 
     def _decode_bias(self, dec, window, md_extra):

@@ -95,6 +95,18 @@ class TritonAttentionBackend(AttentionBackend):
             "debugging); backends that work on CPU: torch"
         )
 
+    @classmethod
+    def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
+        # The kernels convert on store (K_buf's element type) and on load (q's dtype), so any
+        # float pool works; Triton's fp8 types need Ada/Hopper (and the interpreter's fp8
+        # conversions round differently from the hardware's).
+        if dtype.itemsize >= 2:
+            return None
+        device = torch.device(device)
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+            return "its fp8 KV cache needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper)"
+        return None
+
     def _num_splits(self, batch: int, deterministic: bool) -> int:
         """Split-K chunks per decode sequence: enough programs to fill the GPU, a power of two.
 
