@@ -388,6 +388,6 @@ def build_grammar_backend(name: str, tokenizer, vocab_size: int, eos_ids):
         return None
     from llmkit.core.grammar.contract import create_grammar_backend
 
-    backend = create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_ids))
-    backend.warmup()  # start the compile workers now, not on the first constrained request
-    return backend
+    # The compile workers start with the first constrained request (a few seconds, once), so a
+    # server that never sees one does not carry them.
+    return create_grammar_backend(name, tokenizer=tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_ids))

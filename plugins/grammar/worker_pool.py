@@ -116,7 +116,11 @@ class _Worker:
 
 
 class CompileWorkerPool:
-    """``size`` compiler subprocesses started eagerly; :meth:`run` borrows one per job."""
+    """Up to ``size`` compiler subprocesses; :meth:`run` borrows one per job.
+
+    Workers start on demand (or all at once in :meth:`wait_ready`): each imports xgrammar and
+    with it torch (~260 MB resident), which a server that never sees a constrained request
+    should not carry."""
 
     def __init__(self, init: dict, size: int = 2, startup_timeout: float = 120.0):
         body = json.dumps(init).encode()
@@ -125,8 +129,16 @@ class CompileWorkerPool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._closed = False
         self._restarts = 0
-        for _ in range(max(1, size)):
-            self._idle.put(_Worker(self._init))
+        self._size = max(1, size)
+        self._started = 0
+        self._lock = threading.Lock()
+
+    def _start_missing(self, at_most: int) -> None:
+        with self._lock:
+            while self._started < self._size and at_most > 0:
+                self._idle.put(_Worker(self._init))
+                self._started += 1
+                at_most -= 1
 
     @property
     def restarts(self) -> int:
@@ -162,6 +174,8 @@ class CompileWorkerPool:
                 self._idle.put(worker)
 
     def _take(self) -> _Worker:
+        if self._idle.empty():
+            self._start_missing(1)
         worker = self._idle.get()
         if worker.poll_ready():
             return worker
@@ -177,7 +191,8 @@ class CompileWorkerPool:
         return worker
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until every idle worker has started (servers may call this before serving)."""
+        """Start every worker and block until the idle ones are ready."""
+        self._start_missing(self._size)
         workers = []
         while True:
             try:
