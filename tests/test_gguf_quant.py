@@ -224,3 +224,25 @@ def test_deterministic_rows_do_not_depend_on_their_batch(qtype):
     batched = layer(x, deterministic=True)[::7]
     assert torch.equal(alone, batched)
     assert torch.equal(layer(x[3:20], deterministic=True), layer(x, deterministic=True)[3:20])
+
+
+def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path):
+    from llmkit.core.engine.builder import native_gguf
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.model.source import embedded_gguf_path
+
+    cpu, cuda, gguf_file = torch.device("cpu"), torch.device("cuda"), embedded_gguf_path()
+
+    def native(path=gguf_file, device=cpu, **kw):
+        return native_gguf(EngineConfig(**kw), device, path)
+
+    assert native()  # the default, as llama.cpp serves it
+    assert not native(quantization="none") and not native(dtype="float32") and not native(dtype="bfloat16")
+    assert not native(device=cuda)  # no GPU int4 kernel: dequantized
+    assert not native(load_format="dummy")
+    assert not native(path=None)  # a safetensors checkpoint
+    assert native(quantization="gguf")
+    with pytest.raises(ValueError, match="give a .gguf"):
+        native(path=None, quantization="gguf")
+    with pytest.raises(ValueError, match="CPU path"):
+        native(device=cuda, quantization="gguf")
