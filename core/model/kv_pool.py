@@ -71,6 +71,8 @@ class KVCachePool:
 
     def page_slots(self, pages: list[int]) -> torch.Tensor:
         """The token slots of ``pages``, in order."""
+        if self.page_size == 1:  # a page is a slot (the default; one call per decode step)
+            return torch.tensor(pages, dtype=torch.int64)
         base = torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.page_size
         return (base + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
 
