@@ -46,6 +46,7 @@ def instrument(engine: Engine):
     """Wrap the step's pieces (instance attributes shadow the methods); returns an undo."""
     r = engine.runner
     targets = [
+        (engine, "step", "step"),
         (engine.scheduler, "schedule", "schedule"),
         (r, "step_inputs", "step_inputs"),
         (r, "build_metadata", "build_metadata"),
@@ -79,10 +80,11 @@ def gemm_floor(engine: Engine, reps: int) -> float:
     lm = head.fmt_layer or head._table().qtable  # a quantized LM head is a Linear (maybe not a child module)
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     linears += [lm] if lm is not None and lm not in linears else []
-    hooks = [m.register_forward_pre_hook(lambda m, a: calls.append((m, a[0]))) for m in linears]
+    for m in linears:  # (Linear is a HotModule: no forward hooks; record through forward)
+        m.forward = lambda x, *a, m=m, fwd=m.forward: (calls.append((m, x)), fwd(x, *a))[1]
     engine.step()
-    for h in hooks:
-        h.remove()
+    for m in linears:
+        del m.forward
     if lm is None:  # a dense LM head multiplies the embedding table directly
         w = head._table().weight
         calls.append((w, torch.randn(calls[0][1].shape[0], w.shape[1])))
@@ -127,7 +129,7 @@ def fresh(engine: Engine) -> None:
     n = 1_000_000  # never finishes inside a phase
     for i in range(engine.batch):
         ids = engine.tokenizer.encode(f"Write a short essay about topic number {i}.")
-        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
         engine.submit(GenerateRequest(f"p{engine.phase}r{i}", ids, params), lambda o: None)
     engine._drain(block=False)
     while engine.scheduler.waiting or any(len(r.output_ids) == 0 for r in engine.scheduler.running):
@@ -172,6 +174,12 @@ def profile(quant: str, batch: int, steps: int, rounds: int, torch_profile: bool
     print(f"  {'  rest of forward (norms, rope..)':32s} {fwd_rest:8.3f}")
     for k in ("LM head (compute_logits)", "sample", "output (detok+emit)"):
         print(f"  {k:32s} {med.get(k, 0):8.3f}")
+    top = ("schedule", "step_inputs", "build_metadata", "attn.prepare_metadata", "model forward")
+    rest = med.get("step", 0) - sum(
+        med.get(k, 0) for k in top + ("LM head (compute_logits)", "sample", "output (detok+emit)")
+    )
+    print(f"  {'engine loop rest (+ timers)':32s} {rest:8.3f}")
+    print(f"  {'instrumented step total':32s} {med.get('step', 0):8.3f}")
     if torch_profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as tprof

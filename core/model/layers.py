@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model.hot_module import HotModule
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(HotModule):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)

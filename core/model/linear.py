@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.parallel import SINGLE, TPGroup
 
 # Rows per GEMM call in deterministic mode. MKL picks different kernels (and summation orders)
@@ -101,7 +102,7 @@ class WeightFormat:
 DENSE = WeightFormat()
 
 
-class Linear(nn.Module):
+class Linear(HotModule):
     """``y = x W^T + b``, sharded by ``parallel`` over ``tp`` and stored in ``fmt``.
 
     ``parts``: for a fused column-parallel projection, ``(rows, units)`` per logical part, e.g.
