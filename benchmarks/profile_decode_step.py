@@ -1,6 +1,7 @@
 """Where one decode step's time goes, on the embedded model, in-process (no HTTP).
 
     python benchmarks/profile_decode_step.py [--quant none,gguf] [--batch 1,16] [--steps 200] [--rounds 3]
+    python benchmarks/profile_decode_step.py --threads 1 --cpu-time  # A/B on a busy machine
     python benchmarks/profile_decode_step.py --torch-profile     # + torch.profiler's top ops
 
 Builds the engine (no engine thread), prefills ``--batch`` requests, then drives
@@ -29,15 +30,18 @@ from llmkit.core.model.linear import Linear, _gemm
 from llmkit.core.model.weight_formats import Int8Format
 
 ACC: dict[str, float] = defaultdict(float)
+# --cpu-time: this thread's CPU time instead of wall time. With --threads 1 all the work runs on
+# this thread, and CPU time barely moves when other processes share the cores (wall time does).
+CLOCK = [time.perf_counter]
 
 
 def timed(name, fn):
     def wrapper(*a, **kw):
-        t = time.perf_counter()
+        t = CLOCK[0]()
         try:
             return fn(*a, **kw)
         finally:
-            ACC[name] += time.perf_counter() - t
+            ACC[name] += CLOCK[0]() - t
 
     return wrapper
 
@@ -106,10 +110,10 @@ def gemm_floor(engine: Engine, reps: int) -> float:
             j()
         ts = []
         for _ in range(reps):
-            t = time.perf_counter()
+            t = CLOCK[0]()
             for j in jobs:
                 j()
-            ts.append(time.perf_counter() - t)
+            ts.append(CLOCK[0]() - t)
     return statistics.median(ts) * 1e3
 
 
@@ -141,10 +145,10 @@ def fresh(engine: Engine) -> None:
 def run_steps(engine: Engine, steps: int) -> float:
     fresh(engine)
     ACC.clear()  # the timers count only the measured steps
-    t = time.perf_counter()
+    t = CLOCK[0]()
     for _ in range(steps):
         engine.step()
-    return (time.perf_counter() - t) / steps * 1e3
+    return (CLOCK[0]() - t) / steps * 1e3
 
 
 def profile(quant: str, batch: int, steps: int, rounds: int, torch_profile: bool) -> None:
@@ -197,10 +201,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--torch-profile", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--cpu-time", action="store_true", help="time with this thread's CPU time (use with --threads 1)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if args.cpu_time:
+        CLOCK[0] = time.thread_time
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {'CPU' if args.cpu_time else 'wall'} time")
     for quant in args.quant.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
             profile(quant, batch, args.steps, args.rounds, args.torch_profile)
