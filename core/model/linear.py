@@ -156,6 +156,9 @@ class Linear(HotModule):
             self._cols = slice(0, in_features)
         self.local_in = self._cols.stop - self._cols.start
         self.format = fmt or DENSE
+        # GPTQ act order's input permutation (int4_checkpoints registers it); declared so that
+        # reading it never takes getattr's failed-lookup path (~1 us, on every call).
+        self.register_buffer("in_perm", None, persistent=False)
         self.format.create(self, self.local_out, self.local_in)
         # A row-parallel bias is added once, after the all-reduce, so every rank holds all of it.
         if bias:
