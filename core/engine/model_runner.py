@@ -64,17 +64,25 @@ class ModelRunner:
         input_ids = torch.tensor(inp.ids, dtype=torch.int64, device=dev)
         positions = torch.tensor(inp.positions, dtype=torch.int64, device=dev)
         rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
-        q_start = [0]
-        for n in q_lens:
-            q_start.append(q_start[-1] + n)
         table = self.req_pool.table
-        out_slots = table[rows_t.repeat_interleave(torch.tensor(q_lens, device=dev)), positions]
+        if len(inp.ids) == len(rows):  # decode: one token per sequence (fewer ops, same values)
+            q_start = list(range(len(rows) + 1))
+            q_start_t = torch.arange(len(rows) + 1, dtype=torch.int64, device=dev)
+            q_lens_t = torch.ones(len(rows), dtype=torch.int64, device=dev)
+            out_slots = table[rows_t, positions]
+        else:
+            q_start = [0]
+            for n in q_lens:
+                q_start.append(q_start[-1] + n)
+            q_start_t = torch.tensor(q_start, dtype=torch.int64, device=dev)
+            q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=dev)
+            out_slots = table[rows_t.repeat_interleave(q_lens_t), positions]
         md = AttentionMetadata(
             num_seqs=len(rows),
             q_lens=q_lens,
             kv_lens=inp.kv_lens,
-            q_start_loc=torch.tensor(q_start, dtype=torch.int64, device=dev),
-            q_lens_t=torch.tensor(q_lens, dtype=torch.int64, device=dev),
+            q_start_loc=q_start_t,
+            q_lens_t=q_lens_t,
             kv_lens_t=torch.tensor(inp.kv_lens, dtype=torch.int64, device=dev),
             req_pool_indices=rows_t,
             req_to_token=table,
@@ -95,15 +103,18 @@ class ModelRunner:
         input_ids, positions, md = self.build_metadata(inp)
         # Copied to the device before the forward is queued: a blocking host-to-device copy after
         # it would wait for the whole forward and leave nothing to overlap.
-        sample_idx = torch.tensor(inp.sample_rows, dtype=torch.int64, device=self.device) if inp.sample_rows else None
+        sample_idx = None  # None with sample_rows: every row samples (decode), no gather needed
+        if inp.sample_rows and len(inp.sample_rows) < len(inp.ids):
+            sample_idx = torch.tensor(inp.sample_rows, dtype=torch.int64, device=self.device)
         if self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
             hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
         prompt = [self.model.compute_logits(hidden[a:b], self.deterministic) for a, b in inp.prompt_ranges]
-        if sample_idx is not None:
-            logits = self.model.compute_logits(hidden.index_select(0, sample_idx), self.deterministic)
+        if inp.sample_rows:
+            rows = hidden if sample_idx is None else hidden.index_select(0, sample_idx)
+            logits = self.model.compute_logits(rows, self.deterministic)
         else:
             logits = hidden.new_empty((0, 0))
         return logits, prompt

@@ -117,18 +117,23 @@ class Int4Format(WeightFormat):
 
     def apply(self, layer, x, deterministic):
         n = layer.local_out
-        perm = getattr(layer, "in_perm", None)
+        b = layer._buffers  # (not nn.Module.__getattr__: ~0.6 us a lookup, 3 per call)
+        perm = b["in_perm"]
         if perm is not None:  # GPTQ act order: the columns are stored sorted by group
             x = x.index_select(1, perm)
         if x.shape[0] <= INT4_MAX_ROWS:
             # Its rows do not depend on the row count (tests/test_gguf_quant.py), so deterministic
             # mode runs it too.
-            return self._kernel(layer, x)[:, :n]
+            y = self._kernel(layer, x)
+            return y if y.shape[1] == n else y[:, :n]  # drop the padding rows of the last 64-block
         return dense_linear(x, self._dequantize(layer).to(x.dtype), None, deterministic)
 
     def _kernel(self, layer, x):
-        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), layer.q4_packed, self.group, layer.q4_scale_zero)
-        return y.to(x.dtype)
+        # Decode runs this ~120 times a step, so the cheap spellings: buffers from ``_buffers``
+        # and .bfloat16()/.float() (~1 us less argument parsing than .to(dtype); same conversions).
+        b = layer._buffers
+        y = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), b["q4_packed"], self.group, b["q4_scale_zero"])
+        return y.float() if x.dtype == torch.float32 else y.to(x.dtype)
 
     def dense_weight(self, layer) -> torch.Tensor:
         """The dequantized fp32 weight ``[out, in]``, from the packed buffers."""

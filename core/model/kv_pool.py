@@ -33,8 +33,8 @@ def store_kv(buf: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
         limit = torch.finfo(buf.dtype).max
         # CPU index_copy_ has no fp8 kernel: copy the bytes
         buf.view(torch.uint8).index_copy_(0, slots, x.clamp(-limit, limit).to(buf.dtype).view(torch.uint8))
-    else:
-        buf.index_copy_(0, slots, x.to(buf.dtype))
+    else:  # (a no-op .to() is still an op dispatch, twice per layer)
+        buf.index_copy_(0, slots, x if x.dtype == buf.dtype else x.to(buf.dtype))
 
 
 def gather_kv(buf: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -111,6 +111,8 @@ class KVCachePool:
 
     def page_slots(self, pages: list[int]) -> torch.Tensor:
         """The token slots of ``pages``, in order."""
+        if self.page_size == 1:  # a page is a slot (the default; one call per decode step)
+            return torch.tensor(pages, dtype=torch.int64)
         base = torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.page_size
         return (base + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
 

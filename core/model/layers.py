@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model.hot_module import HotModule
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(HotModule):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
@@ -100,26 +102,28 @@ def _scaled(inv: torch.Tensor, rope_type: str, params: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half rotary embeddings with a precomputed cos/sin table."""
+    """Rotate-half rotary embeddings with a precomputed cos/sin table.
+
+    The table is stored full width as ``cos2 = [cos, cos]`` and ``sin2 = [-sin, sin]``, so a
+    rotation is ``x * cos2 + roll(x, D/2) * sin2``: four ops instead of eight (a decode step runs
+    it once per layer), and bit-identical to ``[x1 cos - x2 sin, x2 cos + x1 sin]`` (negating a
+    product is exact, and ``a + (-b)`` rounds exactly like ``a - b``)."""
 
     def __init__(self, head_dim: int, max_positions: int, config: dict):
         super().__init__()
         inv, scale = _rope(head_dim, config)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
-        self.register_buffer("cos", (freqs.cos() * scale).float(), persistent=False)
-        self.register_buffer("sin", (freqs.sin() * scale).float(), persistent=False)
+        cos, sin = (freqs.cos() * scale).float(), (freqs.sin() * scale).float()
+        self.register_buffer("cos2", torch.cat((cos, cos), dim=-1), persistent=False)
+        self.register_buffer("sin2", torch.cat((-sin, sin), dim=-1), persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for ``positions``, shaped to broadcast over heads; computed once per
         forward and shared by every layer."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        return self.cos2[positions].unsqueeze(1).to(dtype), self.sin2[positions].unsqueeze(1).to(dtype)
 
     @staticmethod
     def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x`` [T, heads, D] (queries, keys, or both stacked) with a :meth:`table`."""
-        return _rotate(x, *table)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        cos2, sin2 = table
+        return x * cos2 + x.roll(x.shape[-1] // 2, -1) * sin2

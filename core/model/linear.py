@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.parallel import SINGLE, TPGroup
 
 # Rows per GEMM call in deterministic mode. MKL picks different kernels (and summation orders)
@@ -101,7 +102,7 @@ class WeightFormat:
 DENSE = WeightFormat()
 
 
-class Linear(nn.Module):
+class Linear(HotModule):
     """``y = x W^T + b``, sharded by ``parallel`` over ``tp`` and stored in ``fmt``.
 
     ``parts``: for a fused column-parallel projection, ``(rows, units)`` per logical part, e.g.
@@ -155,6 +156,9 @@ class Linear(nn.Module):
             self._cols = slice(0, in_features)
         self.local_in = self._cols.stop - self._cols.start
         self.format = fmt or DENSE
+        # GPTQ act order's input permutation (int4_checkpoints registers it); declared so that
+        # reading it never takes getattr's failed-lookup path (~1 us, on every call).
+        self.register_buffer("in_perm", None, persistent=False)
         self.format.create(self, self.local_out, self.local_in)
         # A row-parallel bias is added once, after the all-reduce, so every rank holds all of it.
         if bias:

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.source import materialize
 
 
-class Attention(nn.Module):
+class Attention(HotModule):
     def __init__(self, config: dict, layer_id: int, head_dim: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup):
         super().__init__()
         self.layer_id = layer_id
@@ -67,7 +68,7 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(-1, self.q_size), det)
 
 
-class MLP(nn.Module):
+class MLP(HotModule):
     def __init__(self, hidden: int, inter: int, tp: TPGroup):
         super().__init__()
         self.gate_up_proj = Linear(hidden, 2 * inter, parallel="column", parts=[(inter, inter)] * 2, tp=tp)
@@ -79,7 +80,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate).mul_(up), det)
 
 
-class PreNormBlock(nn.Module):
+class PreNormBlock(HotModule):
     """A pre-norm transformer block; subclasses build ``input_layernorm``, ``self_attn``,
     ``post_attention_layernorm`` and ``mlp``. The residual sums are fused into the norms."""
 
