@@ -3,6 +3,7 @@
     python benchmarks/profile_decode_step.py [--quant none,gguf] [--batch 1,16] [--steps 200] [--rounds 3]
     python benchmarks/profile_decode_step.py --threads 1 --cpu-time  # A/B on a busy machine
     python benchmarks/profile_decode_step.py --torch-profile     # + torch.profiler's top ops
+    python benchmarks/profile_decode_step.py --layer --threads 1 --cpu-time  # one layer vs its GEMMs
 
 Builds the engine (no engine thread), prefills ``--batch`` requests, then drives
 ``Engine.step()`` by hand. Each round runs ``--steps`` decode steps twice: bare (the step wall
@@ -151,8 +152,47 @@ def run_steps(engine: Engine, steps: int) -> float:
     return (CLOCK[0]() - t) / steps * 1e3
 
 
-def profile(quant: str, batch: int, steps: int, rounds: int, torch_profile: bool) -> None:
+def one_layer(engine: Engine, reps: int = 300) -> None:
+    """Layer 0's decode forward in a loop (its weights stay in cache, so memory noise drops out)
+    against its four GEMM kernels alone on the same inputs: the per-layer cost outside the GEMMs."""
+    fresh(engine)
+    model, cap = engine.runner.model, {}
+    layer = model.layers[0]
+    layer.forward = lambda *a, fwd=layer.forward: (cap.setdefault("args", a), fwd(*a))[1]
+    lins = [m for m in layer.modules() if isinstance(m, Linear)]
+    for m in lins:
+        m.forward = lambda x, *a, m=m, fwd=m.forward: (cap.setdefault(m, x), fwd(x, *a))[1]
+    engine.step()
+    for m in [layer, *lins]:
+        del m.forward
+    fresh(engine)  # (the loop below rewrites the captured step's KV slots: leave that request behind)
+    jobs = {"layer": lambda: layer(*cap["args"]), "GEMMs": lambda: [m(cap[m]) for m in lins]}
+    if all(isinstance(m.format, Int4Format) for m in lins):
+        xs = {m: cap[m].bfloat16() for m in lins}
+        jobs["GEMMs"] = lambda: [
+            torch._weight_int4pack_mm_for_cpu(xs[m], m.q4_packed, m.format.group, m.q4_scale_zero) for m in lins
+        ]
+    else:
+        jobs["GEMMs"] = lambda: [_gemm(cap[m], m.weight, None) for m in lins]
+    best = defaultdict(lambda: float("inf"))
+    with torch.inference_mode():
+        for _ in range(5):
+            for name, fn in jobs.items():
+                t = CLOCK[0]()
+                for _ in range(reps):
+                    fn()
+                best[name] = min(best[name], (CLOCK[0]() - t) / reps * 1e6)
+    out = best["layer"] - best["GEMMs"]
+    print(
+        f"layer 0: {best['layer']:.1f} us, its GEMMs {best['GEMMs']:.1f} us, outside them {out:.1f} us (x30 = {out * 0.03:.2f} ms)"
+    )
+
+
+def profile(quant: str, batch: int, steps: int, rounds: int, torch_profile: bool, layer: bool = False) -> None:
     engine = make_engine(quant, batch)
+    if layer:
+        print(f"\n## quantization={quant} batch={batch}, best of 5 x 300 calls")
+        return one_layer(engine)
     bare, parts, floors = [], defaultdict(list), []
     for _ in range(rounds):
         bare.append(run_steps(engine, steps))
@@ -200,6 +240,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--torch-profile", action="store_true")
+    ap.add_argument("--layer", action="store_true", help="only layer 0's forward against its GEMMs (best of 5)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--cpu-time", action="store_true", help="time with this thread's CPU time (use with --threads 1)")
     args = ap.parse_args()
@@ -210,7 +251,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {'CPU' if args.cpu_time else 'wall'} time")
     for quant in args.quant.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
-            profile(quant, batch, args.steps, args.rounds, args.torch_profile)
+            profile(quant, batch, args.steps, args.rounds, args.torch_profile, args.layer)
 
 
 if __name__ == "__main__":
