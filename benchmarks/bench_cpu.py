@@ -236,7 +236,7 @@ def dp_compare(rounds: int, serve_args: list[str]) -> None:
 
 
 def native_compare(rounds: int, serve_args: list[str]) -> None:
-    """(a) and (b) at the GGUF's native precision (``--quantization gguf``) against the dense default."""
+    """(a) and (b) at the GGUF's native precision (the default) against ``--quantization none`` (fp32)."""
     med = compare_servers(
         rounds, serve_args, {"native": ["--quantization", "gguf"], "fp32": ["--quantization", "none"]}
     )
@@ -328,7 +328,7 @@ def main() -> None:
         text = readme.read_text()
         label = " ".join(args.serve_args) or "default"
         start, end = f"<!-- bench_cpu[{label}]:start -->", f"<!-- bench_cpu[{label}]:end -->"
-        title = "Default configuration (fp32 weights):" if label == "default" else f"With `{label}`:"
+        title = "Default configuration (the GGUF at native precision):" if label == "default" else f"With `{label}`:"
         block = f"{start}\n{title}\n\n{report}\n{end}"
         if start in text:
             text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
