@@ -43,9 +43,22 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     return q.reshape(out, k), scale, lo + 8 * scale
 
 
+_PACK_ROWS = 4096  # rows packed per call: the kernel's packing takes int32 (4 bytes a value)
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """``q [N, K]`` (values 0..15, N a multiple of 64) into the CPU kernel's packed layout."""
-    return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    """``q [N, K]`` (values 0..15, N a multiple of 64) into the CPU kernel's packed layout.
+
+    Each 64-row block packs on its own, so the rows go through in chunks of ``_PACK_ROWS``: the
+    int32 copy the packing takes is then at most 16 MB a 1,000 columns, not 4 bytes for every value
+    (2.1 GB for a 128k x 4096 embedding table)."""
+    if q.shape[0] <= _PACK_ROWS:
+        return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    out = torch.empty(q.shape[0], q.shape[1] // 2, dtype=torch.uint8)
+    for lo in range(0, q.shape[0], _PACK_ROWS):
+        hi = min(lo + _PACK_ROWS, q.shape[0])
+        out[lo:hi] = torch._convert_weight_to_int4pack_for_cpu(q[lo:hi].to(torch.int32).contiguous(), 1)
+    return out
 
 
 def unpack_int4(packed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -154,6 +154,7 @@ class Linear(nn.Module):
         else:
             self._cols = slice(0, in_features)
         self.local_in = self._cols.stop - self._cols.start
+        self._parts_loaded: set[int] = set()  # the weight parts loaded from a quantized source
         self.format = fmt or DENSE
         self.format.create(self, self.local_out, self.local_in)
         # A row-parallel bias is added once, after the all-reduce, so every rank holds all of it.
@@ -177,6 +178,14 @@ class Linear(nn.Module):
                 self.format = fmt
                 fmt.create(self, self.local_out, self.local_in)
         self.format.load(self, tensor, rows, slice(lo, hi), self._cols)
+        if hasattr(tensor, "weight_format"):
+            # An already quantized source (GGUF, GPTQ/AWQ) stages its values unpacked (int4: 1.25
+            # bytes a weight; int8 from Q8_0/Q5_K/Q6_K: the fp32 weight): pack as soon as every
+            # part is in, so only one layer's staging is resident at a time, not the whole model's
+            # (an 8B Q4_0 GGUF staged ~8.7 GB until finalize_weights). finalize() is idempotent.
+            self._parts_loaded.add(part)
+            if len(self._parts_loaded) == len(self._row_map):
+                self.format.finalize(self)
 
     def finalize(self) -> None:
         self.format.finalize(self)
