@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -338,6 +339,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("llama.cpp", "llmkit"), default=None, help="measure one server only")
     ap.add_argument("serve_args", nargs="*", help="extra llmkit serve flags (after --)")
     a = ap.parse_args()
+    # SIGTERM (``timeout``) as an exit: the finally blocks stop the server
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)

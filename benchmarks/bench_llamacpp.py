@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -211,6 +212,8 @@ def main() -> None:
     print(f"llama-server: {exe}", flush=True)
     if args.build_only:
         return
+    # SIGTERM (``timeout``, a CI limit) as an exit, so the finally below stops both servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     import openai
     from bench_cpu import PROMPTS, llmkit_concurrent, llmkit_ttft, long_prompt
@@ -249,6 +252,7 @@ def main() -> None:
                     got[f"concurrent{c}"] = llmkit_concurrent(url, copies=c // len(PROMPTS))
                 got["rss"] = rss_mb(proc.pid)
                 got["ttft"] = llmkit_ttft(client, ids, r)
+                print(f"  round {r} {name}: " + ", ".join(f"{k}={v:.2f}" for k, v in got.items()), flush=True)
                 if r:
                     for m in metrics:
                         res[f"{m}_{name}"].append(got[m])
