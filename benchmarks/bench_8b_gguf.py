@@ -22,6 +22,11 @@
     time of a 1-token request on a prompt of the same length), non-streamed; median of
     ``--rounds`` after a warm-up request).
 
+Run it on an idle machine (``uptime`` load < 1): llama.cpp's threads spin-wait, so with other
+work on the 2 cores its decode collapses (0.6-1.8 tok/s at 8B under load vs 7.7 moments before);
+the two servers are measured one after the other, not interleaved, so any change in load between
+them skews the ratio.
+
 Both servers get ``--threads`` threads and ``--context`` tokens of context: llama-server
 ``-np 1 -c CONTEXT`` (f16 KV cache), llmkit ``--context-length CONTEXT`` (its pool is allocated
 untouched and grows as used). Smoke-test shape: ``--layers 2 --hidden 512 --heads 8 --kv-heads 2
