@@ -24,12 +24,13 @@ def free_port() -> int:
 
 
 def start_server(
-    args: list[str], *, env: dict[str, str] | None = None, timeout: float = STARTUP_TIMEOUT
+    args: list[str], *, env: dict[str, str] | None = None, timeout: float = STARTUP_TIMEOUT, on_start=None
 ) -> tuple[subprocess.Popen, str]:
     """Run ``llmkit serve --port PORT *args``; return once ``GET /health`` answers 200.
 
     The server's output goes to a temporary log file (``proc.log_path``), printed if it dies or
-    never becomes healthy. ``env`` is added to this process's environment.
+    never becomes healthy. ``env`` is added to this process's environment. ``on_start(proc)`` is
+    called right after the launch (a benchmark samples the server's memory from then on).
     """
     if "--served-model-name" not in args:
         # The default name (the model path, or the embedded model's) plus "m", the short name the
@@ -43,6 +44,8 @@ def start_server(
         cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
     )
     proc.log_path = log.name  # type: ignore[attr-defined]
+    if on_start is not None:
+        on_start(proc)
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

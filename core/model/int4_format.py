@@ -42,9 +42,23 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     return q.reshape(out, k), scale, lo + 8 * scale
 
 
+_LOAD_ROWS = 8192  # rows of an already 4-bit source unpacked per call
+_PACK_ROWS = 4096  # rows packed per call: the kernel's packing takes int32 (4 bytes a value)
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """``q [N, K]`` (values 0..15, N a multiple of 64) into the CPU kernel's packed layout."""
-    return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    """``q [N, K]`` (values 0..15, N a multiple of 64) into the CPU kernel's packed layout.
+
+    Each 64-row block packs on its own, so the rows go through in chunks of ``_PACK_ROWS``: the
+    int32 copy the packing takes is then at most 16 MB a 1,000 columns, not 4 bytes for every value
+    (2.1 GB for a 128k x 4096 embedding table)."""
+    if q.shape[0] <= _PACK_ROWS:
+        return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    out = torch.empty(q.shape[0], q.shape[1] // 2, dtype=torch.uint8)
+    for lo in range(0, q.shape[0], _PACK_ROWS):
+        hi = min(lo + _PACK_ROWS, q.shape[0])
+        out[lo:hi] = torch._convert_weight_to_int4pack_for_cpu(q[lo:hi].to(torch.int32).contiguous(), 1)
+    return out
 
 
 def unpack_int4(packed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,12 +110,21 @@ class Int4Format(WeightFormat):
         if hasattr(src, "int4_groups"):  # already 4-bit (GGUF Q4_*, GPTQ, AWQ): no requantization
             if src.group != self.group:
                 raise ValueError(f"int4 source group {src.group} != layer group {self.group}")
-            q, scale, zero = src.int4_groups(src_rows, src_cols)
-        else:
-            if getattr(layer, "in_perm", None) is not None:  # a dense source is in natural column order
-                layer.in_perm = None
-            w = src.dequantize() if hasattr(src, "dequantize") else src
-            q, scale, zero = quantize_int4(w[src_rows, src_cols], self.group)
+            # in row chunks: unpacking takes several 1-4 byte copies of every value (a 128k x 4096
+            # GGUF table's took ~1.5 GB at once)
+            start, stop = src_rows.start or 0, src_rows.stop
+            for lo in range(start, stop, _LOAD_ROWS):
+                hi = min(lo + _LOAD_ROWS, stop)
+                q, scale, zero = src.int4_groups(slice(lo, hi), src_cols)
+                rows = slice(dst_rows.start + lo - start, dst_rows.start + hi - start)
+                layer._q4[rows].copy_(q)
+                layer._q4_scale[rows].copy_(scale)
+                layer._q4_zero[rows].copy_(zero)
+            return
+        if getattr(layer, "in_perm", None) is not None:  # a dense source is in natural column order
+            layer.in_perm = None
+        w = src.dequantize() if hasattr(src, "dequantize") else src
+        q, scale, zero = quantize_int4(w[src_rows, src_cols], self.group)
         layer._q4[dst_rows].copy_(q)
         layer._q4_scale[dst_rows].copy_(scale)
         layer._q4_zero[dst_rows].copy_(zero)

@@ -155,6 +155,7 @@ class Linear(HotModule):
         else:
             self._cols = slice(0, in_features)
         self.local_in = self._cols.stop - self._cols.start
+        self._parts_loaded: set[int] = set()  # the weight parts loaded from a quantized source
         self.format = fmt or DENSE
         # GPTQ act order's input permutation (int4_checkpoints registers it); declared so that
         # reading it never takes getattr's failed-lookup path (~1 us, on every call).
@@ -181,6 +182,14 @@ class Linear(HotModule):
                 self.format = fmt
                 fmt.create(self, self.local_out, self.local_in)
         self.format.load(self, tensor, rows, slice(lo, hi), self._cols)
+        if hasattr(tensor, "weight_format"):
+            # An already quantized source (GGUF, GPTQ/AWQ) stages its values unpacked (int4: 1.25
+            # bytes a weight; int8 from Q8_0/Q5_K/Q6_K: the fp32 weight): pack as soon as every
+            # part is in, so only one layer's staging is resident at a time, not the whole model's
+            # (an 8B Q4_0 GGUF staged ~8.7 GB until finalize_weights). finalize() is idempotent.
+            self._parts_loaded.add(part)
+            if len(self._parts_loaded) == len(self._row_map):
+                self.format.finalize(self)
 
     def finalize(self) -> None:
         self.format.finalize(self)
