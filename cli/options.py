@@ -137,9 +137,10 @@ Quantization = Annotated[
     typer.Option(
         "--quantization",
         envvar="LLMKIT_QUANTIZATION",
-        help="Weights (CPU): default/none dense (a GGUF dequantized to fp32); gguf: a GGUF's own quantized "
-        "weights (Q4_0/Q4_1/Q4_K as int4, Q8_0/Q5_K/Q6_K as int8); int8 (per channel) or int4 (grouped): "
-        "weight-only, quantized at load.",
+        help="Weights. Default: a GGUF on CPU at its own precision (Q4_0/Q4_1/Q4_K as int4, "
+        "Q8_0/Q5_K/Q6_K as int8; an explicit --dtype dequantizes), anything else dense; none: dense (a GGUF "
+        "dequantized); gguf: a GGUF's own precision or an error; int8 (per channel) or int4 (grouped): "
+        "weight-only, quantized at load (CPU).",
     ),
 ]
 QuantizationGroupSize = Annotated[

@@ -40,8 +40,10 @@ def make_metadata(
     out_slots: torch.Tensor,
     page_size: int,
     deterministic: bool = False,
+    decoding: list[bool] | None = None,
 ) -> AttentionMetadata:
-    """AttentionMetadata with every field filled as the engine fills it."""
+    """AttentionMetadata with every field filled as the engine fills it (``decoding``: which
+    sequences are decode rows; by default none is flagged)."""
     dev = req_to_token.device
     starts = [0]
     for n in q_lens:
@@ -60,6 +62,7 @@ def make_metadata(
         page_size=page_size,
         is_decode=all(n == 1 for n in q_lens),
         deterministic=deterministic,
+        decoding=list(decoding or []),
     )
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
+
+from attention_utils import make_metadata
 
 LENS = (300, 77, 9, 140)  # four sequences; the first crosses the prompt chunk size twice
 SHAPES = {
@@ -77,29 +78,19 @@ class Setup:
             qs.append(self.q[seq][first:end])
             ks.append(self.k[seq][first:end])
             vs.append(None if self.latent else self.v[seq][first:end])
-        starts = [0]
-        for n in q_lens:
-            starts.append(starts[-1] + n)
-        md = AttentionMetadata(
-            num_seqs=len(parts),
+        md = make_metadata(
             q_lens=q_lens,
             kv_lens=kv_lens,
-            q_start_loc=torch.tensor(starts),
-            q_lens_t=torch.tensor(q_lens),
-            kv_lens_t=torch.tensor(kv_lens),
-            req_pool_indices=torch.tensor(rows),
+            rows=rows,
             req_to_token=self.req_pool.table,
             out_slots=torch.cat(slots),
             page_size=self.pool.page_size,
-            is_decode=all(n == 1 for n in q_lens),
-            q_starts=starts,
-            req_rows=rows,
             decoding=decoding,
         )
         md = self.attn.prepare_metadata(md)
         v = None if self.latent else torch.cat(vs)
         out = self.attn.forward(torch.cat(qs), torch.cat(ks), v, 0, md, sliding_window=self.window, sinks=self.sinks)
-        return [out[starts[i] : starts[i + 1]] for i in range(len(parts))]
+        return list(out.split(q_lens))
 
     def reference(self, seq: int) -> torch.Tensor:
         """Causal attention over the whole sequence in float64."""
