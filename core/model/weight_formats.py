@@ -49,9 +49,8 @@ class Int8Format(WeightFormat):
         # Without a dense copy (a GGUF's Q8_0/Q5_K/Q6_K, the embedded model's tied LM head) the
         # kernel runs at every row count: dequantizing per call costs more, and the kernel's rows
         # do not depend on the row count, so neither does a request's output on its batch.
-        if x.shape[0] <= (INT8_NO_DENSE_MAX_ROWS if layer.weight is None else INT8_MAX_ROWS) and not (
-            deterministic and layer.weight is not None
-        ):
+        dense = layer.weight is not None
+        if x.shape[0] <= (INT8_MAX_ROWS if dense else INT8_NO_DENSE_MAX_ROWS) and not (dense and deterministic):
             return self._kernel(layer, x)
         return dense_linear(x, self.dense_weight(layer).to(x.dtype), None, deterministic)
 
