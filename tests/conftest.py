@@ -61,6 +61,17 @@ class InProcessServer:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random-weight Llama (seeded) saved as safetensors with the embedded tokenizer."""
+    from model_utils import copy_embedded_tokenizer, save_tiny_model
+
+    d = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_model("llama", d)
+    copy_embedded_tokenizer(d)
+    return d
+
+
+@pytest.fixture(scope="session")
 def fake_server():
     from fake_engine import fake_app
 

@@ -18,7 +18,6 @@ import pytest
 from llmkit.core.engine.dp_router import PrefixRouter
 
 from fault_utils import LongStreams
-from model_utils import copy_embedded_tokenizer, save_tiny_model
 from server_utils import server_log, start_server, stop_server
 
 # --- the router -------------------------------------------------------------------------------
@@ -63,11 +62,8 @@ COMMON = ["--batch-storage", "none", "--enable-deterministic-inference", "--num-
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", d)
-    copy_embedded_tokenizer(d)
-    return str(d)
+def model_dir(tiny_llama):
+    return str(tiny_llama)
 
 
 @pytest.fixture(scope="module")

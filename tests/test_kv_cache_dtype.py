@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from llmkit.core.model.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
 
-from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
+from model_utils import load_ours, save_tiny_model, start_engine
 from paged_runner import PagedRunner
 from server_utils import start_server, stop_server
 
@@ -83,14 +83,6 @@ def test_backends_declare_the_pool_dtypes_they_can_read():
     assert TorchAttentionBackend.kv_cache_dtype_support(torch.float8_e5m2, CPU) is None
     assert "compute capability 8.9" in TritonAttentionBackend.kv_cache_dtype_support(torch.float8_e4m3fn, CPU)
     assert "float8_e4m3fn" in FlashInferAttentionBackend.kv_cache_dtype_support(torch.float8_e4m3fn, CPU)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", path)
-    copy_embedded_tokenizer(path)
-    return path
 
 
 def test_pool_sized_from_memory_holds_twice_the_tokens_in_bf16(tiny_llama):

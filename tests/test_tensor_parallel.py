@@ -48,11 +48,8 @@ def test_units_split_evenly_and_replicate_when_fewer_than_ranks():
 
 
 @pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama-tp")
-    save_tiny_model("llama", d)
-    copy_embedded_tokenizer(d)
-    return str(d)
+def llama_dir(tiny_llama):
+    return str(tiny_llama)
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,6 @@ PREFIX = [(29 * i + 5) % 500 + 3 for i in range(13)]
 PROMPTS = [PREFIX + [7, 8, 9], PREFIX + [100, 200]]
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", d)
-    copy_embedded_tokenizer(d)
-    return d
-
-
 def _generate(model_dir, attention: str, env: dict | None = None, prompts=PROMPTS) -> tuple[list[dict], str]:
     proc, url = start_server(
         [
