@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.plugins.attention import cpu_decode
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
 from attention_utils import make_metadata
@@ -24,8 +25,13 @@ SHAPES = {
 }
 
 
+NATIVE = cpu_decode.available(torch.float32, torch.device("cpu"))
+# decode rows: the C kernel (where it builds) and the padded-GEMM fallback
+DECODE_PATHS = [pytest.param(True, marks=pytest.mark.skipif(not NATIVE, reason="no C kernel here")), False]
+
+
 class Setup:
-    def __init__(self, heads, kv_heads, dim, v_dim=None, window=None, sinks=False):
+    def __init__(self, heads, kv_heads, dim, v_dim=None, window=None, sinks=False, native=NATIVE, dtype=torch.float32):
         g = torch.Generator().manual_seed(0)
         self.window, self.latent = window, v_dim is not None
         self.sinks = torch.randn(heads, generator=g) if sinks else None
@@ -37,7 +43,7 @@ class Setup:
             page_size=page,
             num_kv_heads=kv_heads,
             head_dim=dim,
-            dtype=torch.float32,
+            dtype=dtype,
             device=torch.device("cpu"),
             v_head_dim=0 if self.latent else None,
         )
@@ -61,6 +67,7 @@ class Setup:
             device=torch.device("cpu"),
             v_head_dim=v_dim,
         )
+        self.attn._native = native
 
     def run(self, parts: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         """One forward over ``(sequence, first, end)`` parts: the outputs of positions
@@ -113,9 +120,10 @@ class Setup:
         return torch.einsum("hqk,khd->qhd", probs, v)
 
 
+@pytest.mark.parametrize("native", DECODE_PATHS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_rows_do_not_depend_on_the_split_or_the_batch(shape):
-    s = Setup(**SHAPES[shape])
+def test_rows_do_not_depend_on_the_split_or_the_batch(shape, native):
+    s = Setup(**SHAPES[shape], native=native)
     full = s.run([(i, 0, n) for i, n in enumerate(LENS)])  # every prompt prefilled at once
     for i, n in enumerate(LENS):
         torch.testing.assert_close(full[i].double(), s.reference(i), atol=1e-5, rtol=1e-5)
@@ -130,9 +138,10 @@ def test_rows_do_not_depend_on_the_split_or_the_batch(shape):
         assert torch.equal(mixed[2], full[3][100:]), cut
 
 
+@pytest.mark.parametrize("native", DECODE_PATHS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_decode_rows_do_not_depend_on_the_batch(shape):
-    s = Setup(**SHAPES[shape])
+def test_decode_rows_do_not_depend_on_the_batch(shape, native):
+    s = Setup(**SHAPES[shape], native=native)
     s.run([(i, 0, n - 1) for i, n in enumerate(LENS)])  # the prompts' K/V
     alone = [s.run([(-(i + 1), n - 1, n)])[0] for i, n in enumerate(LENS)]
     for i in range(len(LENS)):
@@ -145,3 +154,25 @@ def test_decode_rows_do_not_depend_on_the_batch(shape):
         assert torch.equal(together[i], alone[i]), i
     assert torch.equal(pair[0], alone[2]) and torch.equal(pair[1], alone[1])
     assert torch.equal(mixed[1], alone[2]) and torch.equal(mixed[2], alone[3])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C kernel here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_decode_kernel_matches_the_gemm_path_in_every_pool_dtype(shape, dtype):
+    """The C kernel and the padded GEMMs read the same stored K/V (widened exactly to fp32), so they
+    differ only in summation order; and the kernel's rows do not depend on the thread count."""
+    fast, ref = Setup(**SHAPES[shape], dtype=dtype), Setup(**SHAPES[shape], native=False, dtype=dtype)
+    for s in (fast, ref):
+        s.run([(i, 0, n - 1) for i, n in enumerate(LENS)])
+    decode = [(-(i + 1), n - 1, n) for i, n in enumerate(LENS)]
+    got, want = fast.run(decode), ref.run(decode)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = fast.run(decode)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(alone, got))

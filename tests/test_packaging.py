@@ -58,6 +58,10 @@ def test_wheel_contains_every_module(tmp_path):
     # the web playground's static files ship inside the wheel
     for f in (ROOT / "core" / "server" / "web").iterdir():
         assert f"llmkit/core/server/web/{f.name}" in names, f.name
+    # the native kernels' C sources, compiled on first use
+    for top, name in MAPPING.items():
+        for c in (ROOT / top).rglob("*.c"):
+            assert "/".join([*name.split("."), *c.relative_to(ROOT / top).parts]) in names, c
 
 
 def test_readme_test_line_is_what_ci_runs():

@@ -30,6 +30,7 @@ import torch
 
 from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
 from llmkit.core.model.kv_pool import gather_kv, store_kv
+from llmkit.plugins.attention import cpu_decode
 
 _ROWS = 4  # GEMM row counts are padded to a multiple of this (see above)
 _CHUNK = 128  # prompt positions per GEMM: bounds the score matrix and skips most masked keys
@@ -101,7 +102,15 @@ class TorchAttentionBackend(AttentionBackend):
         rows = md.req_rows or md.req_pool_indices.tolist()
         decoding = md.decoding or [n == 1 for n in md.q_lens]
         dec = [i for i in range(md.num_seqs) if decoding[i]]
-        if dec:
+        if dec and self._native_decode():
+            md.extra["torch_decode"] = {
+                "native": True,
+                "table": md.req_to_token,
+                "rows": torch.tensor([rows[i] for i in dec]),
+                "lens": torch.tensor([md.kv_lens[i] for i in dec]),
+                "q_rows": None if len(dec) == md.num_seqs else torch.tensor([starts[i] for i in dec]),
+            }
+        elif dec:
             lens = [md.kv_lens[i] for i in dec]
             max_len = _blocks(max(lens))
             lens_t = torch.tensor(lens, device=self.device)
@@ -128,6 +137,12 @@ class TorchAttentionBackend(AttentionBackend):
             if not decoding[i]
         ]
         return md
+
+    def _native_decode(self) -> bool:
+        """Decode rows go to the C kernel (reads the pool in place) where it builds; else padded GEMMs."""
+        if not hasattr(self, "_native"):
+            self._native = cpu_decode.available(self.pool.dtype, torch.device(self.device))
+        return self._native
 
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
         # The new tokens' K/V are read back from the pool like the cached ones (in its dtype, under
@@ -192,7 +207,20 @@ class TorchAttentionBackend(AttentionBackend):
         return md_extra[key]
 
     def _decode(self, q, kbuf, vbuf, dec, window, sinks, md_extra):
-        """One padded batch of decode rows: ``q [B, H, D]`` -> ``[B, H, Dv]``."""
+        """The decode rows: ``q [B, H, D]`` -> ``[B, H, Dv]``; one padded batch of GEMMs without the C kernel."""
+        if "native" in dec:
+            return cpu_decode.decode_attention(
+                q,
+                kbuf,
+                vbuf,
+                dec["table"],
+                dec["rows"],
+                dec["lens"],
+                scale=self.scale,
+                window=window,
+                sinks=None if sinks is None else sinks.reshape(-1).contiguous(),
+                v_head_dim=self.v_head_dim,
+            )
         b, hkv = q.shape[0], self.num_kv_heads
         g = self.num_heads // hkv
         rows = _rows(g)

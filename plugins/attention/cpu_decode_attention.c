@@ -1,0 +1,212 @@
+/* Decode attention on the CPU, reading the paged KV pool in place (AVX2/FMA, OpenMP).
+ *
+ * One task per (sequence, KV head): the head's query group scores every visible key, takes the
+ * softmax (sink first), and sums the values. A task runs on one thread in a fixed order that
+ * depends only on its own query, keys and length, so a row's result is the same bit for bit
+ * whatever else is in the batch and however many threads run; that is what the torch backend's
+ * padded GEMMs buy at the price of gathering every key (see torch_backend.py).
+ *
+ * Pool dtypes: fp32, bf16, fp16, and one-byte formats (fp8) through a 256-entry table; all are
+ * widened to fp32 exactly. Values may share the keys' rows (a latent cache: values are the keys'
+ * first Dv channels). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_BYTE = 3 };
+
+/* exp(x) for x <= 0 (Cephes' expf: range reduction by ln 2, degree-5 polynomial; ~1 ulp), 0 below -87 */
+static inline __m256 exp_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* the cache lines of one head's row PF_AHEAD keys ahead: the rows are scattered over pages, so
+ * the hardware prefetcher does not see the stream, and a miss per line would bound the loop */
+#define PF_AHEAD 8
+static inline void prefetch_row(const char *p, int bytes) {
+    for (int i = 0; i < bytes; i += 64)
+        _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+/* Row pointers of one task's n keys (or values): into the pool for fp32, else into `scratch`, where
+ * the rows are widened to fp32 first (once per task, not once per query head). */
+static void rows_as_f32(const float **ptrs, float *scratch, const char *buf, const int64_t *slots, int64_t n,
+                        int64_t slot_stride, int64_t head_off, int width, int dtype, const float *lut) {
+    const int es = dtype == KV_F32 ? 4 : dtype == KV_BYTE ? 1 : 2;
+    for (int64_t t = 0; t < n; t++) {
+        if (t + PF_AHEAD < n)
+            prefetch_row(buf + (slots[t + PF_AHEAD] * slot_stride + head_off) * es, width * es);
+        const char *src = buf + (slots[t] * slot_stride + head_off) * es;
+        if (dtype == KV_F32) {
+            ptrs[t] = (const float *)src;
+            continue;
+        }
+        float *dst = scratch + t * width;
+        int i = 0;
+        if (dtype == KV_BF16) {
+            const uint16_t *h = (const uint16_t *)src;
+            for (; i + 8 <= width; i += 8) {
+                __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+                _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+            }
+            for (; i < width; i++) {
+                uint32_t w = (uint32_t)h[i] << 16;
+                __builtin_memcpy(dst + i, &w, 4);
+            }
+        } else if (dtype == KV_F16) {
+            const uint16_t *h = (const uint16_t *)src;
+            for (; i + 8 <= width; i += 8)
+                _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+            for (; i < width; i++)
+                dst[i] = _cvtsh_ss(h[i]);
+        } else {
+            const uint8_t *u = (const uint8_t *)src;
+            for (; i < width; i++)
+                dst[i] = lut[u[i]];
+        }
+        ptrs[t] = dst;
+    }
+}
+
+/* q . k over D channels: 8-lane FMAs in channel order, one fixed reduction, a scalar tail */
+static inline float finish_dot(__m256 a, const float *q, const float *k, int c, int D) {
+    float s = hsum(a);
+    for (; c < D; c++)
+        s += q[c] * k[c];
+    return s;
+}
+
+/* q [B, H, D] fp32 -> out [B, H, Dv] fp32. Key row of (slot, head): kbuf + (slot * k_slot + head *
+ * k_head) elements; values likewise. table [*, table_stride] int64 holds each sequence's slots,
+ * its row given by rows[b]; lens[b] keys are visible (the last `window` of them, if window > 0).
+ * sinks [H] or NULL. */
+void decode_attention(const float *q, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
+                      int64_t k_slot, int64_t k_head, int64_t v_slot, int64_t v_head, const int64_t *table,
+                      int64_t table_stride, const int64_t *rows, const int64_t *lens, int B, int H, int Hkv, int D,
+                      int Dv, float scale, int window, const float *sinks, float *out) {
+    const int G = H / Hkv;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < B * Hkv; task++) {
+        const int b = task / Hkv, hk = task % Hkv;
+        const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0, n = len - start;
+        const int64_t *slots = table + rows[b] * table_stride + start;
+        const float *qg = q + ((int64_t)b * H + (int64_t)hk * G) * D;
+        const int64_t n4 = (n + 3) & ~(int64_t)3;
+        const float **kp = malloc(sizeof(float *) * (size_t)(2 * n4));
+        const float **vp = kp + n4;
+        float *scores = malloc(sizeof(float) * (size_t)(G * n + 8));
+        float *scratch = kv_dtype == KV_F32 ? NULL : malloc(sizeof(float) * (size_t)(n * (D + Dv)));
+        rows_as_f32(kp, scratch, kbuf, slots, n, k_slot, hk * k_head, D, kv_dtype, lut);
+        rows_as_f32(vp, scratch ? scratch + n * D : NULL, vbuf, slots, n, v_slot, hk * v_head, Dv, kv_dtype, lut);
+        for (int64_t t = n; t < n4; t++)  /* a last partial block of 4 repeats key 0; those scores are dropped */
+            kp[t] = kp[0];
+        /* scores: four keys at a time per query head, each key's dot in the same order wherever it sits */
+        for (int j = 0; j < G; j++) {
+            const float *qj = qg + (int64_t)j * D;
+            float *s = scores + (int64_t)j * n;
+            for (int64_t t = 0; t < n; t += 4) {
+                const float *k0 = kp[t], *k1 = kp[t + 1], *k2 = kp[t + 2], *k3 = kp[t + 3];
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                int c = 0;
+                for (; c + 8 <= D; c += 8) {
+                    const __m256 qc = _mm256_loadu_ps(qj + c);
+                    a0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + c), a0);
+                    a1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k1 + c), a1);
+                    a2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k2 + c), a2);
+                    a3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k3 + c), a3);
+                }
+                float d[4] = {finish_dot(a0, qj, k0, c, D), finish_dot(a1, qj, k1, c, D), finish_dot(a2, qj, k2, c, D),
+                              finish_dot(a3, qj, k3, c, D)};
+                for (int i = 0; i < 4 && t + i < n; i++)
+                    s[t + i] = d[i] * scale;
+            }
+        }
+        /* softmax per query head, the sink (if any) first; probabilities overwrite the scores */
+        float denom[G];
+        for (int j = 0; j < G; j++) {
+            float *s = scores + (int64_t)j * n;
+            const float sink = sinks ? sinks[hk * G + j] : -INFINITY;
+            float mx = sink;
+            for (int64_t t = 0; t < n; t++)
+                mx = s[t] > mx ? s[t] : mx;
+            const __m256 vmx = _mm256_set1_ps(mx);
+            __m256 sum8 = _mm256_setzero_ps();
+            int64_t t = 0;
+            for (; t + 8 <= n; t += 8) {
+                __m256 p = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+                _mm256_storeu_ps(s + t, p);
+                sum8 = _mm256_add_ps(sum8, p);
+            }
+            if (t < n) { /* the tail through the same exp, padded with -inf (exp -> 0) */
+                float pad[8];
+                for (int i = 0; i < 8; i++)
+                    pad[i] = t + i < n ? s[t + i] - mx : -INFINITY;
+                __m256 p = exp_ps(_mm256_loadu_ps(pad));
+                _mm256_storeu_ps(pad, p);
+                for (int i = 0; t + i < n; i++)
+                    s[t + i] = pad[i];
+                sum8 = _mm256_add_ps(sum8, p);
+            }
+            float total = hsum(sum8);
+            if (sinks) {
+                float e[8] = {sink - mx, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+                _mm256_storeu_ps(e, exp_ps(_mm256_loadu_ps(e)));
+                total += e[0];
+            }
+            denom[j] = total;
+        }
+        /* probability-weighted values, key by key in order; 64 channels of accumulators in registers */
+        for (int j = 0; j < G; j++) {
+            const float *p = scores + (int64_t)j * n;
+            float *dst = out + ((int64_t)b * H + (int64_t)hk * G + j) * Dv;
+            int c0 = 0;
+            for (; c0 + 64 <= Dv; c0 += 64) {
+                __m256 o[8];
+                for (int i = 0; i < 8; i++)
+                    o[i] = _mm256_setzero_ps();
+                for (int64_t t = 0; t < n; t++) {
+                    const __m256 pt = _mm256_set1_ps(p[t]);
+                    const float *v = vp[t] + c0;
+                    for (int i = 0; i < 8; i++)
+                        o[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * i), o[i]);
+                }
+                const __m256 dn = _mm256_set1_ps(denom[j]);
+                for (int i = 0; i < 8; i++)
+                    _mm256_storeu_ps(dst + c0 + 8 * i, _mm256_div_ps(o[i], dn));
+            }
+            for (; c0 < Dv; c0++) { /* channels past the last whole 64 */
+                float o = 0.0f;
+                for (int64_t t = 0; t < n; t++)
+                    o += p[t] * vp[t][c0];
+                dst[c0] = o / denom[j];
+            }
+        }
+        free(scratch);
+        free(scores);
+        free(kp);
+    }
+}
