@@ -101,8 +101,7 @@ def gemm_floor(engine: Engine, reps: int) -> float:
                 lambda m=m, xb=xb: torch._weight_int4pack_mm_for_cpu(xb, m.q4_packed, m.format.group, m.q4_scale_zero)
             )
         elif isinstance(m, Linear) and isinstance(m.format, Int8Format):
-            xb = x.to(torch.bfloat16)
-            jobs.append(lambda m=m, xb=xb: torch._weight_int8pack_mm(xb, m.qweight, m.qscale))
+            jobs.append(lambda m=m, x=x: Int8Format._kernel(m, x))  # the C kernel where it builds
         else:
             w = m if isinstance(m, torch.Tensor) else m.weight
             jobs.append(lambda x=x.to(w.dtype), w=w: _gemm(x, w, None))
