@@ -113,9 +113,7 @@ def _start_engine(config: EngineConfig):
     from llmkit.core.engine.client import InProcessEngineClient
     from llmkit.core.engine.loop import Engine
 
-    parts = build_engine_parts(config)
-    engine = Engine(config, parts)
-    engine.start()
+    engine, parts = Engine.build_and_start(config, lambda: build_engine_parts(config))
     return InProcessEngineClient(engine, config.max_queued_requests), parts.model_dir
 
 

@@ -57,17 +57,21 @@ def main(argv: list[str]) -> int:
 
             config, followers = Followers.start(config, ipc.outbox_address(ipc_dir))
             tp = followers.join_group()
-        parts = build_engine_parts(config, tp=tp)
-        engine = Engine(config, parts)
-        if followers is not None:
-            parts.runner.broadcaster.on_fatal = followers.step_failed
+
+        def build():
+            parts = build_engine_parts(config, tp=tp)
+            if followers is not None:
+                parts.runner.broadcaster.on_fatal = followers.step_failed
+            return parts
+
+        # built on the engine thread, which runs it: one OpenMP team (see Engine.build_and_start)
+        engine, parts = Engine.build_and_start(config, build)
     except Exception as exc:  # the server prints it as its own start-up error
         ctl.send(ipc.pack("failed", {"error": f"{type(exc).__name__}: {exc}"}))
         ctl.close(linger=2000)
         if followers is not None:
             followers.kill()
         return 2
-    engine.start()
     ctl.send(
         ipc.pack(
             "ready",
