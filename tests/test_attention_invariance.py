@@ -176,3 +176,15 @@ def test_decode_kernel_matches_the_gemm_path_in_every_pool_dtype(shape, dtype):
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(alone, got))
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C kernel here")
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_with_the_c_kernel_a_prompt_row_equals_the_decode_row_at_its_position(shape):
+    """Preemption recomputes generated tokens as prompt rows, and the prefix cache serves K/V that
+    decoding wrote to later prompts: both rest on this."""
+    s = Setup(**SHAPES[shape])
+    prompt = s.run([(i, 0, n) for i, n in enumerate(LENS)])
+    for i, n in enumerate(LENS):
+        for pos in (0, n // 2, n - 1):
+            assert torch.equal(s.run([(-(i + 1), pos, pos + 1)])[0][0], prompt[i][pos]), (i, pos)

@@ -17,9 +17,13 @@ softmax here, laid out so the results hold still (measured on this CPU's BLAS, a
   differently), so keys are padded to whole blocks of :data:`_KEY_BLOCK` and the blocks' products
   are added in order; a block past a row's last key adds exact zeros.
 
-Prompt rows (prefill, or an extend past a cached prefix) run per sequence in chunks of query
-positions; decode rows (one generated token each) run as one padded batch, in pure decode steps and
-in mixed ones alike. A KV head's query group stacks into the GEMM's rows, so GQA never copies K/V
+Where the C kernel of ``cpu_decode_attention.c`` builds, every row (prompt and decode alike) is
+one task of it: it reads the pool in place, and a row's result is a function of its query and its
+own keys by construction, so a prompt row equals the decode row at the same position (K/V
+recomputed after a preemption are what decoding wrote) and a decode batch costs ~10x less than the
+padded GEMMs at 64 sequences. Without it (the fallback, below): prompt rows (prefill, or an extend
+past a cached prefix) run per sequence in chunks of query positions, and decode rows run as one
+padded batch, in pure decode steps and in mixed ones alike. A KV head's query group stacks into the GEMM's rows, so GQA never copies K/V
 per query head. Sliding windows are part of the mask; a sink is one extra score in front of the
 keys that takes its share of the softmax and has no value.
 """
@@ -102,15 +106,10 @@ class TorchAttentionBackend(AttentionBackend):
         rows = md.req_rows or md.req_pool_indices.tolist()
         decoding = md.decoding or [n == 1 for n in md.q_lens]
         dec = [i for i in range(md.num_seqs) if decoding[i]]
-        if dec and self._native_decode():
-            md.extra["torch_decode"] = {
-                "native": True,
-                "table": md.req_to_token,
-                "rows": torch.tensor([rows[i] for i in dec]),
-                "lens": torch.tensor([md.kv_lens[i] for i in dec]),
-                "q_rows": None if len(dec) == md.num_seqs else torch.tensor([starts[i] for i in dec]),
-            }
-        elif dec:
+        if self._native_rows():
+            md.extra["torch_native"] = self._native_metadata(md, starts, rows)
+            return md
+        if dec:
             lens = [md.kv_lens[i] for i in dec]
             max_len = _blocks(max(lens))
             lens_t = torch.tensor(lens, device=self.device)
@@ -138,11 +137,25 @@ class TorchAttentionBackend(AttentionBackend):
         ]
         return md
 
-    def _native_decode(self) -> bool:
-        """Decode rows go to the C kernel (reads the pool in place) where it builds; else padded GEMMs."""
+    def _native_rows(self) -> bool:
+        """Every row goes to the C kernel (reads the pool in place) where it builds; else padded GEMMs."""
         if not hasattr(self, "_native"):
             self._native = cpu_decode.available(self.pool.dtype, torch.device(self.device))
         return self._native
+
+    @staticmethod
+    def _native_metadata(md: AttentionMetadata, starts: list[int], rows: list[int]) -> dict:
+        """Per query row: its sequence's slot-table row and how many keys it sees (its position + 1).
+        A prompt row and the decode row at the same position are the same computation, so K/V
+        recomputed after a preemption, or read from the prefix cache, are what decoding wrote."""
+        if all(n == 1 for n in md.q_lens):
+            return {"table": md.req_to_token, "rows": torch.tensor(rows), "lens": torch.tensor(md.kv_lens)}
+        row_t = torch.zeros(sum(md.q_lens), dtype=torch.int64)
+        len_t = torch.zeros_like(row_t)
+        for start, n, kv, row in zip(starts, md.q_lens, md.kv_lens, rows):
+            row_t[start : start + n] = row
+            torch.arange(kv - n + 1, kv + 1, out=len_t[start : start + n])
+        return {"table": md.req_to_token, "rows": row_t, "lens": len_t}
 
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
         # The new tokens' K/V are read back from the pool like the cached ones (in its dtype, under
@@ -156,6 +169,9 @@ class TorchAttentionBackend(AttentionBackend):
         dtype = q.dtype
         q = q.float()  # scores and softmax in fp32 whatever the model dtype
         sinks = None if sinks is None else sinks.float().view(self.num_kv_heads, -1)
+        native = md.extra.get("torch_native")
+        if native is not None:
+            return self._native_attention(q, kbuf, vbuf, native, sliding_window, sinks).to(dtype)
         dec, prompts = md.extra.get("torch_decode"), md.extra["torch_prompts"]
         if dec is not None and dec["q_rows"] is None:
             return self._decode(q, kbuf, vbuf, dec, sliding_window, sinks, md.extra).to(dtype)
@@ -166,6 +182,23 @@ class TorchAttentionBackend(AttentionBackend):
         for i, (start, end, slots, kv_len) in enumerate(prompts):
             out[start:end] = self._prompt(i, q[start:end], kbuf, vbuf, slots, kv_len, sliding_window, sinks, md.extra)
         return out.to(dtype)
+
+    def _native_attention(self, q, kbuf, vbuf, native, window, sinks):
+        """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]``."""
+        n = native["rows"].shape[0]
+        out = cpu_decode.decode_attention(
+            q[:n],
+            kbuf,
+            vbuf,
+            native["table"],
+            native["rows"],
+            native["lens"],
+            scale=self.scale,
+            window=window,
+            sinks=None if sinks is None else sinks.reshape(-1).contiguous(),
+            v_head_dim=self.v_head_dim,
+        )
+        return out if n == q.shape[0] else torch.cat([out, out.new_zeros(q.shape[0] - n, *out.shape[1:])])
 
     def _keys_values(self, kbuf, vbuf, rows):
         """Keys ``[Hkv * n, D]`` and values ``[Hkv * n, Dv]`` at pool ``rows`` (see :func:`_head_rows`), in fp32."""
@@ -207,20 +240,7 @@ class TorchAttentionBackend(AttentionBackend):
         return md_extra[key]
 
     def _decode(self, q, kbuf, vbuf, dec, window, sinks, md_extra):
-        """The decode rows: ``q [B, H, D]`` -> ``[B, H, Dv]``; one padded batch of GEMMs without the C kernel."""
-        if "native" in dec:
-            return cpu_decode.decode_attention(
-                q,
-                kbuf,
-                vbuf,
-                dec["table"],
-                dec["rows"],
-                dec["lens"],
-                scale=self.scale,
-                window=window,
-                sinks=None if sinks is None else sinks.reshape(-1).contiguous(),
-                v_head_dim=self.v_head_dim,
-            )
+        """One padded batch of decode rows: ``q [B, H, D]`` -> ``[B, H, Dv]``."""
         b, hkv = q.shape[0], self.num_kv_heads
         g = self.num_heads // hkv
         rows = _rows(g)
