@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model import cpu_norm
 from llmkit.core.model.hot_module import HotModule
 
 
@@ -20,6 +21,8 @@ class RMSNorm(HotModule):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Normalise ``x`` (after adding ``residual``); with a residual, also return the sum."""
+        if cpu_norm.usable(x) and self.weight.dtype == torch.float32:
+            return cpu_norm.rms_norm(x, self.weight, self.eps, residual)  # one C call (cpu_norm.c)
         if residual is not None:
             x = x + residual
             residual = x
