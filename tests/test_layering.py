@@ -1,7 +1,7 @@
 """The import graph of core/ goes only downward, so each layer can be read (and replaced) alone.
 
-model, parsing, grammar -> engine -> server -> batches -> launch; plugins.py and hookspecs.py sit
-under everything. Same-rank packages do not import each other; the server reaches the engine only
+model, parsing, grammar -> engine -> server -> batches -> launch; plugins.py, hookspecs.py and
+native.py (the C-kernel builder) sit under everything. Same-rank packages do not import each other; the server reaches the engine only
 through its client protocol and its plain messages; core never imports a plugin or the CLI.
 Function-local imports count too.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parent.parent / "core"
 RANK = {
     "hookspecs": 0,
+    "native": 0,
     "plugins": 1,
     "model": 2,
     "parsing": 2,
