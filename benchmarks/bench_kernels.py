@@ -3,7 +3,8 @@
 Times the GEMMs of a full step (30 layers x {qkv 576->960, o 576->576, gate_up 576->3072,
 down 1536->576}, distinct weights per layer, plus the LM head 576->49152) through the Linear layer
 in each candidate format: fp32 (oneDNN below 256 rows, MKL above), and each quantized format with
-its kernel forced at every row count or dequantized per call then multiplied in fp32. This picks ``INT4_MAX_ROWS`` /
+its kernel forced at every row count or dequantized per call then multiplied in fp32. With
+``LLMKIT_NATIVE=0`` the int8 candidate is torch's ``_weight_int8pack_mm`` instead of our C kernel. This picks ``INT4_MAX_ROWS`` /
 ``INT8_MAX_ROWS`` (above them a quantized layer dequantizes and multiplies in fp32) and the GGUF
 type -> format mapping. Usage::
 
@@ -56,7 +57,8 @@ def _time(layers, m, reps):
 
 CANDIDATES = {
     "fp32 (oneDNN/MKL)": lambda: None,
-    "int8/ch kernel, bf16 act": lambda: Int8Format(keep_dense=False),
+    # our C integer-dot kernel where it builds (core/model/cpu_quant.py), else torch's bf16 one
+    "int8/ch kernel (C where it builds)": lambda: Int8Format(keep_dense=False),
     "int4 g32 kernel, bf16 act": lambda: Int4Format(32),
     "int4 g64 kernel, bf16 act": lambda: Int4Format(64),
 }
