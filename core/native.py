@@ -94,11 +94,17 @@ def _build(source: str) -> ctypes.CDLL | None:
     return ctypes.CDLL(str(out))
 
 
-def load(source: str | os.PathLike) -> ctypes.CDLL | None:
-    """The compiled library of C file ``source``, or None where native kernels are not to be used."""
+def load(source: str | os.PathLike, **signatures: list) -> ctypes.CDLL | None:
+    """The compiled library of C file ``source``, or None where native kernels are not to be used.
+    ``signatures``: each function's ctypes argument types (the functions return nothing)."""
     if not enabled():
         return None
-    return _build(str(source))
+    lib = _build(str(source))
+    if lib is not None:
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = None, argtypes
+    return lib
 
 
 def ptr(t) -> ctypes.c_void_p:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
-from llmkit.plugins.attention import cpu_decode
+from llmkit.plugins.attention import cpu_attention
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
 from attention_utils import make_metadata
@@ -25,7 +25,7 @@ SHAPES = {
 }
 
 
-NATIVE = cpu_decode.available(torch.float32, torch.device("cpu"))
+NATIVE = cpu_attention.available(torch.float32, torch.device("cpu"))
 # decode rows: the C kernel (where it builds) and the padded-GEMM fallback
 DECODE_PATHS = [pytest.param(True, marks=pytest.mark.skipif(not NATIVE, reason="no C kernel here")), False]
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from llmkit.core.model import cpu_norm
 from llmkit.core.model.layers import RMSNorm
 
-pytestmark = pytest.mark.skipif(not cpu_norm.usable(torch.zeros(1)), reason="no C kernel here")
+pytestmark = pytest.mark.skipif(not cpu_norm.usable(torch.zeros(1), torch.zeros(1)), reason="no C kernel here")
 
 
 @pytest.mark.parametrize("dim", [576, 64, 13])  # whole 8-lane chunks, and a scalar tail
@@ -28,7 +28,7 @@ def test_the_layer_takes_the_c_path_and_its_fallback_agrees(monkeypatch):
     norm.weight.data.normal_()
     x, res = torch.randn(3, 4, 64), torch.randn(3, 4, 64)  # q/k norms see [tokens, heads, head_dim]
     fast, fast_sum = norm(x, res)
-    monkeypatch.setattr(cpu_norm, "usable", lambda x: False)
+    monkeypatch.setattr(cpu_norm, "usable", lambda x, weight: False)
     slow, slow_sum = norm(x, res)
     assert torch.equal(fast_sum, slow_sum)
     torch.testing.assert_close(fast, slow, atol=2e-6, rtol=2e-6)

@@ -15,15 +15,13 @@ _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 @functools.cache
 def _lib():
-    lib = native.load(Path(__file__).with_name("cpu_norm.c"))
-    if lib is not None:
-        lib.rms_norm.restype = None
-        lib.rms_norm.argtypes = [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float]
-    return lib
+    args = [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float]
+    return native.load(Path(__file__).with_name("cpu_norm.c"), rms_norm=args)
 
 
-def usable(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and x.device.type == "cpu" and _lib() is not None
+def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    fp32 = x.dtype == weight.dtype == torch.float32
+    return fp32 and x.device.type == "cpu" and _lib() is not None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):

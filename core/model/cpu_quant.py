@@ -23,11 +23,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 @functools.cache
 def _lib():
-    lib = native.load(_SOURCE)
-    if lib is not None:
-        lib.q8_linear.restype = None
-        lib.q8_linear.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR]
-    return lib
+    return native.load(_SOURCE, q8_linear=[_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR])
 
 
 def available() -> bool:

@@ -21,7 +21,7 @@ class RMSNorm(HotModule):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Normalise ``x`` (after adding ``residual``); with a residual, also return the sum."""
-        if cpu_norm.usable(x) and self.weight.dtype == torch.float32:
+        if cpu_norm.usable(x, self.weight):
             return cpu_norm.rms_norm(x, self.weight, self.eps, residual)  # one C call (cpu_norm.c)
         if residual is not None:
             x = x + residual

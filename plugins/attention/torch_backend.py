@@ -17,7 +17,7 @@ softmax here, laid out so the results hold still (measured on this CPU's BLAS, a
   differently), so keys are padded to whole blocks of :data:`_KEY_BLOCK` and the blocks' products
   are added in order; a block past a row's last key adds exact zeros.
 
-Where the C kernel of ``cpu_decode_attention.c`` builds, every row (prompt and decode alike) is
+Where the C kernel of ``cpu_attention.c`` builds, every row (prompt and decode alike) is
 one task of it: it reads the pool in place, and a row's result is a function of its query and its
 own keys by construction, so a prompt row equals the decode row at the same position (K/V
 recomputed after a preemption are what decoding wrote) and a decode batch costs ~10x less than the
@@ -34,7 +34,7 @@ import torch
 
 from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
 from llmkit.core.model.kv_pool import gather_kv, store_kv
-from llmkit.plugins.attention import cpu_decode
+from llmkit.plugins.attention import cpu_attention
 
 _ROWS = 4  # GEMM row counts are padded to a multiple of this (see above)
 _CHUNK = 128  # prompt positions per GEMM: bounds the score matrix and skips most masked keys
@@ -104,11 +104,11 @@ class TorchAttentionBackend(AttentionBackend):
     def prepare_metadata(self, md: AttentionMetadata) -> AttentionMetadata:
         starts = md.q_starts or md.q_start_loc.tolist()
         rows = md.req_rows or md.req_pool_indices.tolist()
-        decoding = md.decoding or [n == 1 for n in md.q_lens]
-        dec = [i for i in range(md.num_seqs) if decoding[i]]
         if self._native_rows():
             md.extra["torch_native"] = self._native_metadata(md, starts, rows)
             return md
+        decoding = md.decoding or [n == 1 for n in md.q_lens]
+        dec = [i for i in range(md.num_seqs) if decoding[i]]
         if dec:
             lens = [md.kv_lens[i] for i in dec]
             max_len = _blocks(max(lens))
@@ -140,7 +140,7 @@ class TorchAttentionBackend(AttentionBackend):
     def _native_rows(self) -> bool:
         """Every row goes to the C kernel (reads the pool in place) where it builds; else padded GEMMs."""
         if not hasattr(self, "_native"):
-            self._native = cpu_decode.available(self.pool.dtype, torch.device(self.device))
+            self._native = cpu_attention.available(self.pool.dtype, torch.device(self.device))
         return self._native
 
     @staticmethod
@@ -168,10 +168,10 @@ class TorchAttentionBackend(AttentionBackend):
             store_kv(vbuf, md.out_slots, v)
         dtype = q.dtype
         q = q.float()  # scores and softmax in fp32 whatever the model dtype
-        sinks = None if sinks is None else sinks.float().view(self.num_kv_heads, -1)
         native = md.extra.get("torch_native")
         if native is not None:
             return self._native_attention(q, kbuf, vbuf, native, sliding_window, sinks).to(dtype)
+        sinks = None if sinks is None else sinks.float().view(self.num_kv_heads, -1)
         dec, prompts = md.extra.get("torch_decode"), md.extra["torch_prompts"]
         if dec is not None and dec["q_rows"] is None:
             return self._decode(q, kbuf, vbuf, dec, sliding_window, sinks, md.extra).to(dtype)
@@ -186,7 +186,7 @@ class TorchAttentionBackend(AttentionBackend):
     def _native_attention(self, q, kbuf, vbuf, native, window, sinks):
         """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]``."""
         n = native["rows"].shape[0]
-        out = cpu_decode.decode_attention(
+        out = cpu_attention.paged_attention(
             q[:n],
             kbuf,
             vbuf,
@@ -195,7 +195,7 @@ class TorchAttentionBackend(AttentionBackend):
             native["lens"],
             scale=self.scale,
             window=window,
-            sinks=None if sinks is None else sinks.reshape(-1).contiguous(),
+            sinks=None if sinks is None else sinks.float().reshape(-1).contiguous(),
             v_head_dim=self.v_head_dim,
         )
         return out if n == q.shape[0] else torch.cat([out, out.new_zeros(q.shape[0] - n, *out.shape[1:])])

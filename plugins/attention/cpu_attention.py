@@ -1,4 +1,4 @@
-"""The C decode-attention kernel (``cpu_decode_attention.c``) behind a torch-shaped call."""
+"""The C attention kernel (``cpu_attention.c``) behind a torch-shaped call."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from llmkit.core import native
 
-_SOURCE = Path(__file__).with_name("cpu_decode_attention.c")
+_SOURCE = Path(__file__).with_name("cpu_attention.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # anything else one byte, via a table
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -18,13 +18,8 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 @functools.cache
 def _lib():
-    lib = native.load(_SOURCE)
-    if lib is not None:
-        f = lib.decode_attention
-        f.restype = None
-        f.argtypes = [_PTR, _PTR, _PTR, ctypes.c_int, _PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
-        f.argtypes += [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, _PTR, _PTR]
-    return lib
+    args = [_PTR, _PTR, _PTR, ctypes.c_int, _PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
+    return native.load(_SOURCE, paged_attention=args + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, _PTR, _PTR])
 
 
 @functools.cache
@@ -37,8 +32,9 @@ def available(pool_dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and (pool_dtype in _DTYPES or pool_dtype.itemsize == 1) and _lib() is not None
 
 
-def decode_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v_head_dim) -> torch.Tensor:
-    """``q [B, H, D]`` (fp32) over each sequence's ``lens[b]`` keys at ``table[rows[b]]`` -> ``[B, H, Dv]``.
+def paged_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v_head_dim) -> torch.Tensor:
+    """``q [B, H, D]`` (fp32; B query rows), row b over the first ``lens[b]`` keys of the sequence at
+    ``table[rows[b]]`` -> ``[B, H, Dv]``.
     ``vbuf`` None: the values are the keys' first ``v_head_dim`` channels (a latent cache)."""
     b, h, d = q.shape
     hkv = kbuf.shape[1]
@@ -47,7 +43,7 @@ def decode_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, 
     code = _DTYPES.get(kbuf.dtype, 3)
     lut = _byte_table(kbuf.dtype) if code == 3 else None
     values = kbuf if vbuf is None else vbuf
-    _lib().decode_attention(
+    _lib().paged_attention(
         q.data_ptr(),
         kbuf.data_ptr(),
         values.data_ptr(),

@@ -1,10 +1,11 @@
-/* Decode attention on the CPU, reading the paged KV pool in place (AVX2/FMA, OpenMP).
+/* Attention on the CPU, reading the paged KV pool in place (AVX2/FMA, OpenMP).
  *
- * One task per (sequence, KV head): the head's query group scores every visible key, takes the
- * softmax (sink first), and sums the values. A task runs on one thread in a fixed order that
+ * One task per (query row, KV head): the head's query group scores every key the row sees, takes
+ * the softmax (sink first), and sums the values. A task runs on one thread in a fixed order that
  * depends only on its own query, keys and length, so a row's result is the same bit for bit
- * whatever else is in the batch and however many threads run; that is what the torch backend's
- * padded GEMMs buy at the price of gathering every key (see torch_backend.py).
+ * whatever else is in the batch, however many threads run, and whether it is a prompt row or the
+ * decode row at that position; that is what the torch backend's padded GEMMs buy at the price of
+ * gathering every key (see torch_backend.py).
  *
  * Pool dtypes: fp32, bf16, fp16, and one-byte formats (fp8) through a 256-entry table; all are
  * widened to fp32 exactly. Values may share the keys' rows (a latent cache: values are the keys'
@@ -100,11 +101,11 @@ static inline float finish_dot(__m256 a, const float *q, const float *k, int c, 
     return s;
 }
 
-/* q [B, H, D] fp32 -> out [B, H, Dv] fp32. Key row of (slot, head): kbuf + (slot * k_slot + head *
- * k_head) elements; values likewise. table [*, table_stride] int64 holds each sequence's slots,
- * its row given by rows[b]; lens[b] keys are visible (the last `window` of them, if window > 0).
+/* q [B, H, D] fp32 (B query rows) -> out [B, H, Dv] fp32. Key row of (slot, head): kbuf + (slot *
+ * k_slot + head * k_head) elements; values likewise. table [*, table_stride] int64 holds each
+ * sequence's slots, query row b's sequence at row rows[b]; lens[b] keys are visible (the last `window` of them, if window > 0).
  * sinks [H] or NULL. */
-void decode_attention(const float *q, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
+void paged_attention(const float *q, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
                       int64_t k_slot, int64_t k_head, int64_t v_slot, int64_t v_head, const int64_t *table,
                       int64_t table_stride, const int64_t *rows, const int64_t *lens, int B, int H, int Hkv, int D,
                       int Dv, float scale, int window, const float *sinks, float *out) {
