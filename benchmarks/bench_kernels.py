@@ -4,7 +4,8 @@ Times the GEMMs of a full step (30 layers x {qkv 576->960, o 576->576, gate_up 5
 down 1536->576}, distinct weights per layer, plus the LM head 576->49152) through the Linear layer
 in each candidate format: fp32 (oneDNN below 256 rows, MKL above), and each quantized format with
 its kernel forced at every row count or dequantized per call then multiplied in fp32. With
-``LLMKIT_NATIVE=0`` the int8 candidate is torch's ``_weight_int8pack_mm`` instead of our C kernel. This picks ``INT4_MAX_ROWS`` /
+``LLMKIT_NATIVE=0`` the int8 and int4 candidates are torch's ``_weight_int8pack_mm`` and
+``_weight_int4pack_mm_for_cpu`` instead of our C kernels. This picks ``INT4_MAX_ROWS`` /
 ``INT8_MAX_ROWS`` (above them a quantized layer dequantizes and multiplies in fp32) and the GGUF
 type -> format mapping. Usage::
 

@@ -96,10 +96,7 @@ def gemm_floor(engine: Engine, reps: int) -> float:
     jobs = []
     for m, x in calls:
         if isinstance(m, Linear) and isinstance(m.format, Int4Format):
-            xb = x.to(torch.bfloat16)
-            jobs.append(
-                lambda m=m, xb=xb: torch._weight_int4pack_mm_for_cpu(xb, m.q4_packed, m.format.group, m.q4_scale_zero)
-            )
+            jobs.append(lambda m=m, x=x: m.format._kernel(m, x))  # the C kernel where it builds
         elif isinstance(m, Linear) and isinstance(m.format, Int8Format):
             jobs.append(lambda m=m, x=x: Int8Format._kernel(m, x))  # the C kernel where it builds
         else:
@@ -167,10 +164,7 @@ def one_layer(engine: Engine, reps: int = 300) -> None:
     fresh(engine)  # (the loop below rewrites the captured step's KV slots: leave that request behind)
     jobs = {"layer": lambda: layer(*cap["args"]), "GEMMs": lambda: [m(cap[m]) for m in lins]}
     if all(isinstance(m.format, Int4Format) for m in lins):
-        xs = {m: cap[m].bfloat16() for m in lins}
-        jobs["GEMMs"] = lambda: [
-            torch._weight_int4pack_mm_for_cpu(xs[m], m.q4_packed, m.format.group, m.q4_scale_zero) for m in lins
-        ]
+        jobs["GEMMs"] = lambda: [m.format._kernel(m, cap[m]) for m in lins]
     else:
         jobs["GEMMs"] = lambda: [_gemm(cap[m], m.weight, None) for m in lins]
     best = defaultdict(lambda: float("inf"))

@@ -41,20 +41,38 @@ FLAGS = [
 ]
 
 
+# Extra flags and the /proc/cpuinfo flags they need, by instruction set: a kernel written for
+# AVX-512 builds (and runs) only where the CPU has it; callers keep their other path elsewhere.
+ISAS = {
+    "avx2": ([], ("avx2", "fma", "f16c")),
+    "avx512vnni": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+        ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    ),
+}
+
+
+_HEADERS = Path(__file__).parent
+
+
 def enabled() -> bool:
     return os.environ.get("LLMKIT_NATIVE", "1") not in ("0", "false", "no", "")
 
 
 @functools.cache
-def _cpu_has_avx2_fma() -> bool:
+def _cpu_flags() -> frozenset[str]:
     if sys.platform != "linux":
-        return False
+        return frozenset()
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    line = next((ln for ln in flags.splitlines() if ln.startswith("flags")), "")
-    return all(f in line.split() for f in ("avx2", "fma", "f16c"))
+        return frozenset()
+    return frozenset(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+
+
+def cpu_has(isa: str) -> bool:
+    """Whether this CPU runs kernels built for ``isa`` (a key of :data:`ISAS`)."""
+    return all(f in _cpu_flags() for f in ISAS["avx2"][1] + ISAS[isa][1])
 
 
 def _compiler() -> str | None:
@@ -66,24 +84,26 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def _build(source: str) -> ctypes.CDLL | None:
+def _build(source: str, isa: str = "avx2") -> ctypes.CDLL | None:
     cc = _compiler()
-    if cc is None or not _cpu_has_avx2_fma():
+    if cc is None or not cpu_has(isa):
         return None
+    # the shared header (simd_math.h) is on the include path and part of the build key
+    flags = FLAGS + ISAS[isa][0] + ["-I", str(_HEADERS)]
     src = Path(source)
-    text = src.read_bytes()
+    text = src.read_bytes() + (_HEADERS / "simd_math.h").read_bytes()
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    key = hashlib.sha256(text + " ".join(FLAGS).encode() + version).hexdigest()[:16]
+    key = hashlib.sha256(text + " ".join(flags).encode() + version).hexdigest()[:16]
     out = _cache_dir() / f"{src.stem}-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         # build beside the target, then rename: concurrent first starts never load a half-written file
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        proc = subprocess.run([cc, *FLAGS, str(src), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cc, *flags, str(src), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             os.unlink(tmp)
             log.warning("building %s failed; using the torch path:\n%s", src.name, proc.stderr[-2000:])
@@ -94,12 +114,13 @@ def _build(source: str) -> ctypes.CDLL | None:
     return ctypes.CDLL(str(out))
 
 
-def load(source: str | os.PathLike, **signatures: list) -> ctypes.CDLL | None:
-    """The compiled library of C file ``source``, or None where native kernels are not to be used.
+def load(source: str | os.PathLike, isa: str = "avx2", **signatures: list) -> ctypes.CDLL | None:
+    """The compiled library of C file ``source``, or None where native kernels are not to be used
+    (``isa``: the instruction set it is written for, a key of :data:`ISAS`).
     ``signatures``: each function's ctypes argument types (the functions return nothing)."""
     if not enabled():
         return None
-    lib = _build(str(source))
+    lib = _build(str(source), isa)
     if lib is not None:
         for name, argtypes in signatures.items():
             fn = getattr(lib, name)

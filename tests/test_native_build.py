@@ -7,7 +7,7 @@ import pytest
 from llmkit.core import native
 from llmkit.plugins.attention import cpu_attention
 
-HAVE_CC = native._compiler() is not None and native._cpu_has_avx2_fma()
+HAVE_CC = native._compiler() is not None and native.cpu_has("avx2")
 
 
 @pytest.fixture

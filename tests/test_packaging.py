@@ -58,9 +58,9 @@ def test_wheel_contains_every_module(tmp_path):
     # the web playground's static files ship inside the wheel
     for f in (ROOT / "core" / "server" / "web").iterdir():
         assert f"llmkit/core/server/web/{f.name}" in names, f.name
-    # the native kernels' C sources, compiled on first use
+    # the native kernels' C sources and their shared header, compiled on first use
     for top, name in MAPPING.items():
-        for c in (ROOT / top).rglob("*.c"):
+        for c in [*(ROOT / top).rglob("*.c"), *(ROOT / top).rglob("*.h")]:
             assert "/".join([*name.split("."), *c.relative_to(ROOT / top).parts]) in names, c
 
 

@@ -3,15 +3,9 @@
  * Each row's sum of squares runs in a fixed order (8 lanes, then one reduction), so a row's result
  * does not depend on how many rows the call has. */
 #include <immintrin.h>
+#include "simd_math.h"
 #include <math.h>
 #include <stdint.h>
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static void norm_row(const float *x, const float *res, float *sum_out, const float *w, float *out, int64_t dim,
                      float eps) {

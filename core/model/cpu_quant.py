@@ -1,10 +1,11 @@
-"""The C int8 GEMM (``cpu_quant_gemm.c``): llama.cpp's scheme of int8 activation blocks and
-integer dot products, behind a torch-shaped call.
+"""The C int8 and int4 GEMMs (``cpu_quant_gemm.c``): llama.cpp's scheme of int8 activation blocks and
+integer dot products, behind torch-shaped calls.
 
-Measured on the project's 2-core Zen3 against torch's ``_weight_int8pack_mm`` (bf16 activations):
-as fast or faster at 1-512 rows, about 2x on the embedded model's 49k x 576 LM head (README). The
-activations are rounded to int8 in blocks of 32 (llama.cpp's Q8 blocks), about the precision the
-bf16 activations had. A row's result does not depend on the call's row count.
+Measured on the project's 2-core VM against torch's ``_weight_int8pack_mm`` and
+``_weight_int4pack_mm_for_cpu`` (README): faster at every row count, most at one row (the weight
+stream is prefetched) and, where the CPU has AVX512-VNNI, at many (one instruction a 4-byte dot
+product). The activations are rounded to int8 in blocks of 32 (llama.cpp's Q8 blocks). A row's
+result does not depend on the call's row count, nor on which of the two builds (AVX2 or VNNI) ran.
 """
 
 from __future__ import annotations
@@ -19,22 +20,77 @@ from llmkit.core import native
 
 _SOURCE = Path(__file__).with_name("cpu_quant_gemm.c")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+Q4_COLS = 32  # the int4 kernel's column tile: a layer's output rows are padded to a multiple of it
+
+
+def isa() -> str:
+    """The instruction set the kernels are built for here."""
+    return "avx512vnni" if native.cpu_has("avx512vnni") else "avx2"
 
 
 @functools.cache
-def _lib():
-    return native.load(_SOURCE, q8_linear=[_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR])
+def _lib(which: str | None = None):
+    return native.load(
+        _SOURCE,
+        isa=which or isa(),
+        q8_linear=[_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
+        q4_linear=[_PTR, _I64, _I64, _PTR, _PTR, _I64, ctypes.c_int, _PTR, _I64, _I64],
+    )
 
 
 def available() -> bool:
     return _lib() is not None
 
 
-def q8_linear(x: torch.Tensor, qweight: torch.Tensor, qscale: torch.Tensor) -> torch.Tensor:
+def q8_linear(x: torch.Tensor, qweight: torch.Tensor, qscale: torch.Tensor, which: str | None = None) -> torch.Tensor:
     """``x [M, K] @ W^T`` -> ``[M, N]`` (fp32) for int8 ``qweight [N, K]`` with bf16 row scales."""
     x = x.float().contiguous()
     (mrows, k), n = x.shape, qweight.shape[0]
     y = x.new_empty(mrows, n)
     if mrows:
-        _lib().q8_linear(x.data_ptr(), mrows, k, qweight.data_ptr(), qscale.data_ptr(), n, y.data_ptr())
+        _lib(which).q8_linear(x.data_ptr(), mrows, k, qweight.data_ptr(), qscale.data_ptr(), n, y.data_ptr())
     return y
+
+
+def q4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, n_out: int, which: str | None = None
+) -> torch.Tensor:
+    """``x [M, K]`` times a :func:`q4_pack` weight -> ``[M, n_out]`` fp32 (its first ``n_out`` outputs)."""
+    x = x.float().contiguous()
+    m, k = x.shape
+    y = x.new_empty(m, n_out)
+    if m:
+        n = packed.shape[0] * 8
+        _lib(which).q4_linear(
+            x.data_ptr(), m, k, packed.data_ptr(), scale_zero.data_ptr(), n, group, y.data_ptr(), n_out, n_out
+        )
+    return y
+
+
+def q4_pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [N, K]`` (0..15, N a multiple of 32) with fp32 ``scale``/``zero [N, K/group]`` into the
+    kernel's layout: ``packed [N/8, K/8, 8, 4]`` uint8 (low nibble input 8o + i, high 8o + 4 + i)
+    and ``scale_zero [N/8, K/group, 8, 2]`` bf16."""
+    n, k = q.shape
+    o = q.view(n // 8, 8, k // 8, 2, 4).permute(0, 2, 1, 4, 3)  # [N/8, K/8, 8 columns, 4, lo/hi]
+    packed = (o[..., 0] | (o[..., 1] << 4)).contiguous()
+    sz = torch.stack((scale, zero), dim=-1).to(torch.bfloat16)  # [N, K/group, 2]
+    sz = sz.view(n // 8, 8, -1, 2).transpose(1, 2).contiguous()
+    return packed, sz
+
+
+def q4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, rows: torch.Tensor | None = None):
+    """The ``(q [R, K] uint8, scale, zero [R, K/group] fp32)`` of :func:`q4_pack`'s output, for all
+    rows or only ``rows``."""
+    if rows is not None:
+        packed, scale_zero = packed[rows // 8], scale_zero[rows // 8]  # [R, K/8, 8, 4], [R, G, 8, 2]
+        j = (rows % 8).view(-1, 1, 1, 1)
+        b = packed.gather(2, j.expand(-1, packed.shape[1], 1, 4)).squeeze(2)  # [R, K/8, 4]
+        sz = scale_zero.gather(2, j.expand(-1, scale_zero.shape[1], 1, 2)).squeeze(2).float()
+        q = torch.stack((b & 15, b >> 4), dim=2).reshape(rows.shape[0], -1)
+        return q, sz[..., 0], sz[..., 1]
+    nv, k8 = packed.shape[:2]
+    q = torch.stack((packed & 15, packed >> 4), dim=-2)  # [N/8, K/8, 8, 2, 4]
+    q = q.permute(0, 2, 1, 3, 4).reshape(nv * 8, k8 * 8)
+    sz = scale_zero.transpose(1, 2).reshape(nv * 8, -1, 2).float()
+    return q, sz[..., 0], sz[..., 1]

@@ -1,12 +1,17 @@
-/* Weight-only int8 GEMM on the CPU with integer dot products (AVX2/FMA, OpenMP), the way llama.cpp
- * multiplies its Q8 blocks: the activations are quantized to int8 in blocks of 32 (one fp32 scale
- * a block), `vpmaddubsw` multiplies 32 weight bytes by 32 activation bytes at once (|w| against
- * x carrying w's sign, as it wants one unsigned side), and each block's integer sum is scaled into
- * an fp32 accumulator; the weight's per-row scale multiplies the total.
+/* Weight-only int8 and int4 GEMMs on the CPU with integer dot products (AVX2/FMA, OpenMP), the way
+ * llama.cpp multiplies its quantized blocks: the activations are quantized to int8 in blocks of 32
+ * (one fp32 scale a block), unsigned weight bytes times signed activation bytes are summed exactly
+ * in int32 lanes, and each block's integer sum is scaled into an fp32 accumulator.
+ *
+ * The byte dot product is `vpmaddubsw` + `vpmaddwd` (AVX2), or one `vpdpbusd` where this file is
+ * built with AVX512-VNNI (`__AVX512VNNI__`; still 256-bit vectors). No pair sum can saturate the
+ * int16 of `vpmaddubsw` (|w| <= 127 or w <= 15, |x| <= 127), so both give the same integers and
+ * every float operation is the same: the two builds agree bit for bit.
  *
  * y[m, n] is computed by the same instructions in the same order whatever M is and however the
  * rows are tiled or the columns split between threads: a row's result does not depend on its batch. */
 #include <immintrin.h>
+#include "simd_math.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,15 +27,18 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+/* u8 x s8 byte products, summed in fours into the int32 lanes of acc */
+static inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) {
+#ifdef __AVX512VNNI__
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 
-/* One row of K activations into int8 blocks: qx and the block scales xd (max |x| / 127). */
-static void quantize_row(const float *x, int64_t K, int8_t *qx, float *xd) {
+/* One row of K activations into int8 blocks: qx and the block scales xd (max |x| / 127); with xs,
+ * also each block's scale times the sum of its int8 values (the int4 weights' zero term). */
+static void quantize_row(const float *x, int64_t K, int8_t *qx, float *xd, float *xs) {
     const int64_t nb = K / QK;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
@@ -55,12 +63,19 @@ static void quantize_row(const float *x, int64_t K, int8_t *qx, float *xd) {
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(qx + b * QK), p);
         xd[b] = d;
+        if (xs) {
+            const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+            xs[b] = d * (float)_mm_cvtsi128_si32(s4);
+        }
     }
 }
 
 /* 8 int32 lanes of a u8 x s8 block product, as float */
 static inline __m256 block_dot(__m256i u, __m256i s) {
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    return _mm256_cvtepi32_ps(dot_add(_mm256_setzero_si256(), u, s));
 }
 
 /* output columns [n, n + NT) for rows [m0, m0 + MT): MT and NT are constants at every call site,
@@ -133,7 +148,7 @@ void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const uint
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++)
-            quantize_row(x + m * K, K, qx + m * K, xd + m * nb);
+            quantize_row(x + m * K, K, qx + m * K, xd + m * nb, NULL);
         for (int64_t mc = 0; mc < M; mc += MC) {
             const int64_t me = mc + MC < M ? mc + MC : M;
 #pragma omp for schedule(static) nowait
@@ -145,4 +160,125 @@ void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const uint
     }
     free(qx);
     free(xd);
+}
+
+/* ---- int4: llama.cpp's Q4 x Q8 scheme on groups of `group` (32-256) input columns ----
+ * A weight is (q - 8) * scale + zero with q in 0..15 and a bf16 (scale, zero) per group, so a
+ * block of 32 inputs contributes  d * (scale * sum(q * xq) + (zero - 8 * scale) * sum(xq)).
+ * Layout (int4_pack in cpu_quant.py): output columns in vectors of 8; vector c is [K / 8][8][4]
+ * bytes, byte i of column j in octet o holding q[8c + j][8o + i] (low nibble) and
+ * q[8c + j][8o + 4 + i] (high), so one 32-byte load feeds `vpdpbusd` twice (8 columns x 4 inputs
+ * each); its (scale, zero) pairs are [K / group][8] x 2 bf16. */
+
+/* rows [m0, m0 + MT) x column vectors [0, NT) of tile `w`; MT and NT are constants at every call */
+static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, const float *xd, const float *xs,
+                                                          int64_t K, const uint8_t *w, const uint32_t *sz,
+                                                          int group, int64_t m0, const int MT, const int NT,
+                                                          float *y, int64_t ldy, int64_t ncols) {
+    const int64_t nb = K / QK, wstride = K * 4, sstride = (K / group) * 8;
+    const int64_t tile_bytes = NT * wstride;
+    const uint8_t *pf = w + ((PF_BYTES + tile_bytes - 1) / tile_bytes) * tile_bytes; /* see q8_tile */
+    const __m256i nib = _mm256_set1_epi8(0x0F), hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+    __m256 acc[4][4], scale[4], zero[4];
+    for (int r = 0; r < MT; r++)
+        for (int c = 0; c < NT; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int i = 0; i < 2 * NT; i++)
+            _mm_prefetch((const char *)(pf + (b * 2 * NT + i) * 64), _MM_HINT_T0);
+        if ((b * QK) % group == 0)
+            for (int c = 0; c < NT; c++) {
+                const __m256i p = _mm256_loadu_si256((const __m256i *)(sz + c * sstride + (b * QK / group) * 8));
+                scale[c] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                zero[c] = _mm256_fmadd_ps(scale[c], _mm256_set1_ps(-8.0f), _mm256_castsi256_ps(_mm256_and_si256(p, hi16)));
+            }
+        __m256i lo[4][4], hi[4][4]; /* [row][column vector]: two chains each, for the latency */
+        for (int r = 0; r < MT; r++)
+            for (int c = 0; c < NT; c++)
+                lo[r][c] = hi[r][c] = _mm256_setzero_si256();
+        for (int o = 0; o < 4; o++) {
+            __m256i wl[4], wh[4];
+            for (int c = 0; c < NT; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + c * wstride + (b * 4 + o) * 32));
+                wl[c] = _mm256_and_si256(v, nib);
+                wh[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            }
+            for (int r = 0; r < MT; r++) {
+                const int32_t *xr = (const int32_t *)(qx + (m0 + r) * K + b * QK + o * 8);
+                const __m256i xl = _mm256_set1_epi32(xr[0]), xh = _mm256_set1_epi32(xr[1]);
+                for (int c = 0; c < NT; c++) {
+                    lo[r][c] = dot_add(lo[r][c], wl[c], xl);
+                    hi[r][c] = dot_add(hi[r][c], wh[c], xh);
+                }
+            }
+        }
+        for (int r = 0; r < MT; r++) {
+            const int64_t row = (m0 + r) * nb + b;
+            const __m256 d = _mm256_broadcast_ss(xd + row), ds = _mm256_broadcast_ss(xs + row);
+            for (int c = 0; c < NT; c++) {
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[r][c], hi[r][c]));
+                acc[r][c] = _mm256_fmadd_ps(f, _mm256_mul_ps(scale[c], d), acc[r][c]);
+                acc[r][c] = _mm256_fmadd_ps(zero[c], ds, acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < MT; r++)
+        for (int c = 0; c < NT; c++) {
+            const int64_t left = ncols - 8 * c;
+            float *yr = y + (m0 + r) * ldy + 8 * c;
+            if (left >= 8)
+                _mm256_storeu_ps(yr, acc[r][c]);
+            else if (left > 0)
+                _mm256_maskstore_ps(yr, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                    acc[r][c]);
+        }
+}
+
+#define Q4_TILE_COLS 32 /* output columns a task tile covers: 4 vectors at one row, 2 x 2 at more */
+
+/* y [M, n_out] (row stride ldy) = x [M, K] @ W^T for an int4 weight of N (a multiple of 32) rows
+ * in the layout above, n_out <= N of them kept */
+void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz, int64_t N, int group,
+               float *y, int64_t n_out, int64_t ldy) {
+    const int64_t nb = K / QK, ntiles = N / Q4_TILE_COLS, nchunks = (M + MC - 1) / MC;
+    int8_t *qx = malloc((size_t)(M * K));
+    float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
+    const uint32_t *pairs = (const uint32_t *)sz;
+    const int64_t vec_w = K * 4, vec_s = (K / group) * 8; /* bytes / pairs per column vector */
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            quantize_row(x + m * K, K, qx + m * K, xd + m * nb, xs + m * nb);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < nchunks * ntiles; t++) {
+            const int64_t n0 = (t % ntiles) * Q4_TILE_COLS, mc = (t / ntiles) * MC;
+            const int64_t me = mc + MC < M ? mc + MC : M;
+            if (n0 >= n_out)
+                continue;
+            const uint8_t *wt = w + (n0 / 8) * vec_w;
+            const uint32_t *st = pairs + (n0 / 8) * vec_s;
+            if (M == 1) {
+                q4_tile(qx, xd, xs, K, wt, st, group, 0, 1, 4, y + n0, ldy, n_out - n0);
+                continue;
+            }
+            for (int64_t half = 0; half < 2; half++) { /* two 16-column halves, 4 rows at a time */
+                const int64_t n = n0 + 16 * half;
+                if (n >= n_out)
+                    break;
+                for (int64_t m0 = mc; m0 < me; m0 += 4) {
+                    const int64_t left = n_out - n;
+                    switch (me - m0 < 4 ? me - m0 : 4) {
+                    case 1: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 1, 2, y + n, ldy, left); break;
+                    case 2: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 2, 2, y + n, ldy, left); break;
+                    case 3: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 3, 2, y + n, ldy, left); break;
+                    default: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 4, 2, y + n, ldy, left); break;
+                    }
+                }
+            }
+        }
+    }
+    free(qx);
+    free(xd);
+    free(xs);
 }

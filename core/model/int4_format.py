@@ -1,26 +1,28 @@
 """``int4``: 4-bit weights in groups along the input dimension, each group with a scale and a zero.
 
 A weight is ``(q - 8) * scale + zero`` with ``q`` in 0..15 and one ``(scale, zero)`` per ``group``
-input columns, which is exactly torch's ``_weight_int4pack_mm_for_cpu`` layout. GGUF Q4_0 / Q4_1 /
-Q4_K (group 32), GPTQ and AWQ (group 128) map onto it without requantizing; a dense checkpoint is
-quantized at load (asymmetric min/max per group, ``--quantization int4``).
+input columns. GGUF Q4_0 / Q4_1 / Q4_K (group 32), GPTQ and AWQ (group 128) map onto it without
+requantizing; a dense checkpoint is quantized at load (asymmetric min/max per group,
+``--quantization int4``). No dense copy stays resident.
 
-Kernels, measured on the project's 2-core Zen3 (see ``benchmarks/README`` and the README table):
-the int4 kernel with bf16 activations is the fastest stock kernel for small row counts and stays
-within a few percent of the fp32 GEMM for prefill-sized ones, while dequantizing a layer for a call
-costs more than that, so every row count runs the kernel. No dense copy stays resident.
-Its output rows do not depend on how many rows a call has, so it serves deterministic mode as is.
-
-The packed layout (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+): output rows in blocks of
-64; block ``b`` is ``[in, 32]`` bytes whose low nibble holds row ``64b + j`` and high nibble row
-``64b + 32 + j``. :func:`unpack_int4` inverts it so a layer can be dequantized without keeping the
-unpacked values.
+Kernels, measured on the project's 2-core VM (README, ``benchmarks/bench_kernels.py``):
+- our C kernel (:mod:`llmkit.core.model.cpu_quant`, llama.cpp's Q4 x Q8 integer scheme) where it
+  builds: 1.9-2.5x torch's at one row, 2-2.8x from 16 to 512 rows with AVX512-VNNI (1.1-1.8x with
+  AVX2 alone). The layer is packed in its layout (:func:`cpu_quant.q4_pack`).
+- otherwise torch's ``_weight_int4pack_mm_for_cpu`` with bf16 activations, in its packed layout
+  (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+, AVX-512 capability): output rows in blocks
+  of 64; block ``b`` is ``[in, 32]`` bytes whose byte ``j < 16`` holds rows ``64b + j`` (low
+  nibble) and ``64b + 32 + j`` (high), byte ``16 + j`` rows ``64b + 16 + j`` and ``64b + 48 + j``.
+  :func:`unpack_int4` inverts it.
+Either runs at every row count: both beat dequantizing for the call, and a row's result does not
+depend on how many rows the call has, so deterministic mode runs them as is.
 """
 
 from __future__ import annotations
 
 import torch
 
+from llmkit.core.model import cpu_quant
 from llmkit.core.model.linear import WeightFormat, dense_linear
 
 # Rows per call up to which the int4 kernel runs; above it the weight is dequantized for the call.
@@ -132,9 +134,15 @@ class Int4Format(WeightFormat):
     def finalize(self, layer) -> None:
         if getattr(layer, "_q4", None) is None:
             return
-        layer.register_buffer("q4_packed", pack_int4(layer._q4), persistent=False)
-        # [in/group, N, 2] bf16: the kernel takes scales and zeros in the activation dtype.
-        sz = torch.stack((layer._q4_scale, layer._q4_zero), dim=-1).transpose(0, 1).contiguous()
+        # packed for the kernel that will run it (see the module docstring)
+        layer.q4_native = layer._q4.device.type == "cpu" and cpu_quant.available()
+        if layer.q4_native:
+            packed, sz = cpu_quant.q4_pack(layer._q4, layer._q4_scale, layer._q4_zero)
+        else:
+            packed = pack_int4(layer._q4)
+            # [in/group, N, 2] bf16: the kernel takes scales and zeros in the activation dtype.
+            sz = torch.stack((layer._q4_scale, layer._q4_zero), dim=-1).transpose(0, 1).contiguous()
+        layer.register_buffer("q4_packed", packed, persistent=False)
         layer.register_buffer("q4_scale_zero", sz.to(torch.bfloat16), persistent=False)
         layer._q4 = layer._q4_scale = layer._q4_zero = None
 
@@ -155,6 +163,9 @@ class Int4Format(WeightFormat):
         # Decode runs this ~120 times a step, so the cheap spellings: buffers from ``_buffers``
         # and .bfloat16()/.float() (~1 us less argument parsing than .to(dtype); same conversions).
         b = layer._buffers
+        if layer.q4_native:
+            y = cpu_quant.q4_linear(x, b["q4_packed"], b["q4_scale_zero"], self.group, layer.local_out)
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         y = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), b["q4_packed"], self.group, b["q4_scale_zero"])
         return y.float() if x.dtype == torch.float32 else y.to(x.dtype)
 
@@ -166,14 +177,15 @@ class Int4Format(WeightFormat):
 
     def _dequantize(self, layer, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The stored weight (columns in stored order) dequantized to fp32, or its ``rows``."""
-        q = unpack_int4(layer.q4_packed, rows)
-        sz = layer.q4_scale_zero.float()
-        if rows is None:
-            sz = sz[:, : layer.local_out]
+        if layer.q4_native:
+            q, scale, zero = cpu_quant.q4_unpack(layer.q4_packed, layer.q4_scale_zero, rows)
         else:
-            sz = sz[:, rows]
+            q = unpack_int4(layer.q4_packed, rows)
+            sz = layer.q4_scale_zero.float()
+            sz = sz[:, : layer.local_out] if rows is None else sz[:, rows]
+            scale, zero = sz[..., 0].t(), sz[..., 1].t()
         r, k = q.shape[0] if rows is not None else layer.local_out, q.shape[1]
-        scale, zero = sz[..., 0].t(), sz[..., 1].t()
+        scale, zero = scale[:r], zero[:r]
         w = torch.mul(q[:r].view(r, k // self.group, self.group), scale[..., None])  # uint8 x fp32 -> fp32
         w.add_((zero - 8 * scale)[..., None])
         return w.view(r, k)

@@ -1,0 +1,72 @@
+"""The C int4 GEMM (llama.cpp's Q4 x Q8 scheme): its packing, its two builds, its rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmkit.core import native
+from llmkit.core.model import cpu_quant
+from llmkit.core.model.int4_format import Int4Format, quantize_int4
+from llmkit.core.model.linear import Linear
+
+pytestmark = pytest.mark.skipif(not cpu_quant.available(), reason="no C kernel here")
+
+
+def _weight(n: int, k: int, group: int, seed: int = 0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    q, scale, zero = quantize_int4(w, group)
+    packed, sz = cpu_quant.q4_pack(q, scale, zero)
+    s, z = scale.bfloat16().float(), zero.bfloat16().float()  # what the kernel keeps
+    deq = ((q.float() - 8).view(n, -1, group) * s[..., None] + z[..., None]).view(n, k)
+    return q, packed, sz, deq
+
+
+def test_packing_round_trips_whole_and_by_rows():
+    q, packed, sz, _ = _weight(96, 256, 64)
+    back, scale, zero = cpu_quant.q4_unpack(packed, sz)
+    assert torch.equal(back, q)
+    rows = torch.tensor([0, 7, 8, 95, 33])
+    q_r, s_r, z_r = cpu_quant.q4_unpack(packed, sz, rows)
+    assert torch.equal(q_r, q[rows]) and torch.equal(s_r, scale[rows]) and torch.equal(z_r, zero[rows])
+
+
+@pytest.mark.parametrize(("n", "k", "group"), [(960, 576, 32), (128, 1536, 128), (64, 256, 256)])
+def test_close_to_the_dequantized_weight_and_rows_stand_alone(n, k, group):
+    _, packed, sz, deq = _weight(n, k, group)
+    x = torch.randn(130, k, generator=torch.Generator().manual_seed(1))
+    n_out = n - 24  # the last column tile only partly kept (a layer's padding rows)
+    y = cpu_quant.q4_linear(x, packed, sz, group, n_out)
+    ref = x @ deq[:n_out].T
+    # int8 activation blocks of 32: each x within half a step of amax/127 -> ~0.5 % of the output norm
+    assert ((y - ref).norm() / ref.norm()).item() < 0.01
+    for rows in (slice(0, 1), slice(5, 9), slice(64, 130)):  # one row, a 4-row tile, a second row chunk
+        assert torch.equal(cpu_quant.q4_linear(x[rows], packed, sz, group, n_out), y[rows])
+
+
+@pytest.mark.skipif(not native.cpu_has("avx512vnni"), reason="no AVX512-VNNI here")
+def test_the_vnni_and_avx2_builds_agree_bit_for_bit():
+    _, packed, sz, _ = _weight(320, 576, 32)
+    qw = torch.randint(-127, 128, (200, 576), dtype=torch.int8)
+    qs = torch.rand(200).bfloat16()
+    for m in (1, 4, 37):
+        x = torch.randn(m, 576) * 3
+        assert torch.equal(
+            cpu_quant.q4_linear(x, packed, sz, 32, 320, "avx2"), cpu_quant.q4_linear(x, packed, sz, 32, 320)
+        )
+        assert torch.equal(cpu_quant.q8_linear(x, qw, qs, "avx2"), cpu_quant.q8_linear(x, qw, qs))
+
+
+def test_a_layer_packs_for_the_kernel_it_will_run(monkeypatch):
+    w, x = torch.randn(200, 256) * 0.05, torch.randn(9, 256)
+    outs = []
+    for kernel in (True, False):
+        monkeypatch.setattr(cpu_quant, "available", lambda kernel=kernel: kernel)
+        layer = Linear(256, 200)
+        layer.load(w)
+        layer.set_format(Int4Format(64))
+        assert layer.q4_native is kernel
+        outs.append((layer(x), layer.format.dense_weight(layer), layer.format.embed(layer, torch.tensor([3, 199]))))
+    (fast, w_fast, e_fast), (slow, w_slow, e_slow) = outs
+    assert torch.equal(w_fast, w_slow) and torch.equal(e_fast, e_slow)  # the same stored weight
+    assert ((fast - slow).norm() / slow.norm()).item() < 0.01  # int8 against bf16 activations
