@@ -1,8 +1,9 @@
 """The torch attention backend's rows hold still bit for bit: a prompt row equals itself however
 the prompt was split between the prefix cache and this step (down to the last token alone, as on a
 cache hit) and whatever else is in the batch; a decode row equals itself alone, in a padded decode
-batch, and in a mixed batch. At the int4 kernels' bf16 activations any ulp of difference can change
-a token, so streaming = non-streaming and seeded repeatability across prefix-cache hits rest on this.
+batch, and in a mixed batch. Through the quantized kernels' int8 activation blocks any ulp of
+difference can change a token, so streaming = non-streaming and seeded repeatability across
+prefix-cache hits rest on this.
 Every result is also checked against a float64 reference."""
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def test_decode_rows_do_not_depend_on_the_batch(shape, native):
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_decode_kernel_matches_the_gemm_path_in_every_pool_dtype(shape, dtype):
     """The C kernel and the padded GEMMs read the same stored K/V (widened exactly to fp32), so they
-    differ only in summation order; and the kernel's rows do not depend on the thread count."""
+    differ only in summation order; and the kernel's rows do not depend on the thread count. The
+    kernel writes 16- and 32-bit pools itself, byte for byte what torch's conversion writes."""
     fast, ref = Setup(**SHAPES[shape], dtype=dtype), Setup(**SHAPES[shape], native=False, dtype=dtype)
     for s in (fast, ref):
         s.run([(i, 0, n - 1) for i, n in enumerate(LENS)])
@@ -169,6 +171,10 @@ def test_decode_kernel_matches_the_gemm_path_in_every_pool_dtype(shape, dtype):
     got, want = fast.run(decode), ref.run(decode)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5)
+    slots = torch.cat(fast.slots)
+    bufs = [(fast.pool.k_buffers[0], ref.pool.k_buffers[0])]
+    bufs += [] if fast.latent else [(fast.pool.v_buffers[0], ref.pool.v_buffers[0])]
+    assert all(torch.equal(a[slots].view(torch.uint8), b[slots].view(torch.uint8)) for a, b in bufs)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model import cpu_norm
+from llmkit.core.model import cpu_norm, cpu_pointwise
 from llmkit.core.model.hot_module import HotModule
 
 
@@ -127,6 +127,6 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rotate ``x`` [T, heads, D] (queries, keys, or both stacked) with a :meth:`table`."""
-        cos2, sin2 = table
-        return x * cos2 + x.roll(x.shape[-1] // 2, -1) * sin2
+        """Rotate ``x`` [T, heads, D] (queries, keys, or both stacked) with a :meth:`table`: one C
+        call on the CPU (the same numbers), else ``x * cos2 + x.roll(D/2, -1) * sin2``."""
+        return cpu_pointwise.rotate(x, *table)

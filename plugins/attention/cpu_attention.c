@@ -11,39 +11,12 @@
  * widened to fp32 exactly. Values may share the keys' rows (a latent cache: values are the keys'
  * first Dv channels). */
 #include <immintrin.h>
+#include "simd_math.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_BYTE = 3 };
-
-/* exp(x) for x <= 0 (Cephes' expf: range reduction by ln 2, degree-5 polynomial; ~1 ulp), 0 below -87 */
-static inline __m256 exp_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* the cache lines of one head's row PF_AHEAD keys ahead: the rows are scattered over pages, so
  * the hardware prefetcher does not see the stream, and a miss per line would bound the loop */
@@ -101,21 +74,58 @@ static inline float finish_dot(__m256 a, const float *q, const float *k, int c, 
     return s;
 }
 
-/* q [B, H, D] fp32 (B query rows) -> out [B, H, Dv] fp32. Key row of (slot, head): kbuf + (slot *
- * k_slot + head * k_head) elements; values likewise. table [*, table_stride] int64 holds each
- * sequence's slots, query row b's sequence at row rows[b]; lens[b] keys are visible (the last `window` of them, if window > 0).
- * sinks [H] or NULL. */
-void paged_attention(const float *q, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
-                      int64_t k_slot, int64_t k_head, int64_t v_slot, int64_t v_head, const int64_t *table,
-                      int64_t table_stride, const int64_t *rows, const int64_t *lens, int B, int H, int Hkv, int D,
-                      int Dv, float scale, int window, const float *sinks, float *out) {
+/* fp32 -> the pool's dtype, rounded as torch's .to() rounds (nearest even; NaN stays NaN) */
+static void store_row(const float *x, void *dst, int n, int dtype) {
+    int i = 0;
+    if (dtype == KV_F32) {
+        __builtin_memcpy(dst, x, sizeof(float) * (size_t)n);
+    } else if (dtype == KV_F16) {
+        uint16_t *h = dst;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+        for (; i < n; i++)
+            h[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+    } else { /* bf16 */
+        uint16_t *h = dst;
+        for (; i < n; i++) {
+            uint32_t w;
+            __builtin_memcpy(&w, x + i, 4);
+            h[i] = x[i] != x[i] ? (uint16_t)0x7FC0 : (uint16_t)((w + 0x7FFF + ((w >> 16) & 1)) >> 16);
+        }
+    }
+}
+
+/* q [B, H, D] fp32 (B query rows, row b at q + b * q_row) -> out [B, H, Dv] fp32. Key row of (slot,
+ * head): kbuf + (slot * k_slot + head * k_head) elements; values likewise. table [*, table_stride]
+ * int64 holds each sequence's slots, query row b's sequence at row rows[b]; lens[b] keys are
+ * visible (the last `window` of them, if window > 0). sinks [H] or NULL.
+ * knew (non-NULL): first write the T new tokens' keys [T, Hkv, D] (rows kn_row apart) and values
+ * (vnew, or NULL for a latent cache) to the pool at out_slots, in its dtype (not one-byte ones). */
+void paged_attention(const float *q, int64_t q_row, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
+                     int64_t k_slot, int64_t k_head, int64_t v_slot, int64_t v_head, const int64_t *table,
+                     int64_t table_stride, const int64_t *rows, const int64_t *lens, int B, int H, int Hkv, int D,
+                     int Dv, float scale, int window, const float *sinks, float *out, const float *knew,
+                     int64_t kn_row, const float *vnew, int64_t vn_row, const int64_t *out_slots, int64_t T) {
     const int G = H / Hkv;
-#pragma omp parallel for schedule(dynamic, 1)
+    const int es = kv_dtype == KV_F32 ? 4 : 2;
+#pragma omp parallel
+    {
+        if (knew) {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < T * Hkv; i++) { /* (the loop's end is a barrier: all stored before any read) */
+                const int64_t t = i / Hkv, h = i % Hkv;
+                store_row(knew + t * kn_row + h * D, (char *)kbuf + (out_slots[t] * k_slot + h * k_head) * es, D, kv_dtype);
+                if (vnew)
+                    store_row(vnew + t * vn_row + h * Dv, (char *)vbuf + (out_slots[t] * v_slot + h * v_head) * es, Dv,
+                              kv_dtype);
+            }
+        }
+#pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < B * Hkv; task++) {
         const int b = task / Hkv, hk = task % Hkv;
         const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0, n = len - start;
         const int64_t *slots = table + rows[b] * table_stride + start;
-        const float *qg = q + ((int64_t)b * H + (int64_t)hk * G) * D;
+        const float *qg = q + (int64_t)b * q_row + (int64_t)hk * G * D;
         const int64_t n4 = (n + 3) & ~(int64_t)3;
         const float **kp = malloc(sizeof(float *) * (size_t)(2 * n4));
         const float **vp = kp + n4;
@@ -209,5 +219,6 @@ void paged_attention(const float *q, const void *kbuf, const void *vbuf, int kv_
         free(scratch);
         free(scores);
         free(kp);
+    }
     }
 }

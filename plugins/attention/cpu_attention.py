@@ -18,8 +18,9 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 @functools.cache
 def _lib():
-    args = [_PTR, _PTR, _PTR, ctypes.c_int, _PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
-    return native.load(_SOURCE, paged_attention=args + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, _PTR, _PTR])
+    args = [_PTR, _I64, _PTR, _PTR, ctypes.c_int, _PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
+    args += [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, _PTR, _PTR]
+    return native.load(_SOURCE, paged_attention=args + [_PTR, _I64, _PTR, _I64, _PTR, _I64])
 
 
 @functools.cache
@@ -32,19 +33,32 @@ def available(pool_dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and (pool_dtype in _DTYPES or pool_dtype.itemsize == 1) and _lib() is not None
 
 
-def paged_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v_head_dim) -> torch.Tensor:
+def stores(pool_dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor | None) -> bool:
+    """Whether :func:`paged_attention` can write these new keys and values itself: fp32 rows of
+    contiguous heads, into a 16- or 32-bit pool."""
+    rows_ok = all(
+        t is None or (t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2]) for t in (k, v)
+    )
+    return pool_dtype in _DTYPES and rows_ok
+
+
+def paged_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v_head_dim, new_kv=None) -> torch.Tensor:
     """``q [B, H, D]`` (fp32; B query rows), row b over the first ``lens[b]`` keys of the sequence at
     ``table[rows[b]]`` -> ``[B, H, Dv]``.
-    ``vbuf`` None: the values are the keys' first ``v_head_dim`` channels (a latent cache)."""
+    ``vbuf`` None: the values are the keys' first ``v_head_dim`` channels (a latent cache).
+    ``new_kv``: ``(k, v, slots)`` to write to the pool first (see :func:`stores`), in the same call."""
     b, h, d = q.shape
     hkv = kbuf.shape[1]
-    q = q.contiguous()
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
     out = q.new_empty(b, h, v_head_dim)
+    k_new, v_new, slots = new_kv if new_kv is not None else (None, None, None)
     code = _DTYPES.get(kbuf.dtype, 3)
     lut = _byte_table(kbuf.dtype) if code == 3 else None
     values = kbuf if vbuf is None else vbuf
     _lib().paged_attention(
         q.data_ptr(),
+        q.stride(0),
         kbuf.data_ptr(),
         values.data_ptr(),
         code,
@@ -66,5 +80,11 @@ def paged_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v
         window or 0,
         None if sinks is None else sinks.data_ptr(),
         out.data_ptr(),
+        None if k_new is None else k_new.data_ptr(),
+        0 if k_new is None else k_new.stride(0),
+        None if v_new is None else v_new.data_ptr(),
+        0 if v_new is None else v_new.stride(0),
+        None if slots is None else slots.data_ptr(),
+        0 if k_new is None else k_new.shape[0],
     )
     return out

@@ -161,14 +161,17 @@ class TorchAttentionBackend(AttentionBackend):
         # The new tokens' K/V are read back from the pool like the cached ones (in its dtype, under
         # --kv-cache-dtype), so a prompt served from the prefix cache sees exactly these values.
         kbuf = self.pool.k_buffers[layer_id]
-        store_kv(kbuf, md.out_slots, k)
-        vbuf = None  # latent KV: the values are the keys' first v_head_dim channels
-        if v is not None:
-            vbuf = self.pool.v_buffers[layer_id]
-            store_kv(vbuf, md.out_slots, v)
+        vbuf = None if v is None else self.pool.v_buffers[layer_id]  # None: latent KV (values = keys' first channels)
         dtype = q.dtype
-        q = q.float()  # scores and softmax in fp32 whatever the model dtype
         native = md.extra.get("torch_native")
+        slots = md.out_slots
+        if native is not None and slots.dtype == torch.int64 and cpu_attention.stores(kbuf.dtype, k, v):
+            # one C call writes the new K/V and attends (two index_copy_ dispatches fewer a layer)
+            return self._native_attention(q.float(), kbuf, vbuf, native, sliding_window, sinks, (k, v, slots)).to(dtype)
+        store_kv(kbuf, slots, k)
+        if v is not None:
+            store_kv(vbuf, slots, v)
+        q = q.float()  # scores and softmax in fp32 whatever the model dtype
         if native is not None:
             return self._native_attention(q, kbuf, vbuf, native, sliding_window, sinks).to(dtype)
         sinks = None if sinks is None else sinks.float().view(self.num_kv_heads, -1)
@@ -183,8 +186,9 @@ class TorchAttentionBackend(AttentionBackend):
             out[start:end] = self._prompt(i, q[start:end], kbuf, vbuf, slots, kv_len, sliding_window, sinks, md.extra)
         return out.to(dtype)
 
-    def _native_attention(self, q, kbuf, vbuf, native, window, sinks):
-        """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]``."""
+    def _native_attention(self, q, kbuf, vbuf, native, window, sinks, new_kv=None):
+        """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]`` (``new_kv``: the
+        ``(k, v, slots)`` it writes to the pool first)."""
         n = native["rows"].shape[0]
         out = cpu_attention.paged_attention(
             q[:n],
@@ -197,6 +201,7 @@ class TorchAttentionBackend(AttentionBackend):
             window=window,
             sinks=None if sinks is None else sinks.float().reshape(-1).contiguous(),
             v_head_dim=self.v_head_dim,
+            new_kv=None if new_kv is None else (new_kv[0], new_kv[1], new_kv[2].contiguous()),
         )
         return out if n == q.shape[0] else torch.cat([out, out.new_zeros(q.shape[0] - n, *out.shape[1:])])
 

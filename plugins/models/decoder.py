@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model import cpu_pointwise
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
@@ -76,8 +76,7 @@ class MLP(HotModule):
         self.inter = self.down_proj.local_in
 
     def forward(self, x, det: bool):
-        gate, up = self.gate_up_proj(x, det).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up), det)
+        return self.down_proj(cpu_pointwise.silu_mul(self.gate_up_proj(x, det), self.inter), det)
 
 
 class PreNormBlock(HotModule):
