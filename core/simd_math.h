@@ -3,6 +3,7 @@
 #ifndef LLMKIT_SIMD_MATH_H
 #define LLMKIT_SIMD_MATH_H
 #include <immintrin.h>
+#include <stdint.h>
 
 /* the sum of the 8 lanes, in a fixed order */
 static inline float hsum(__m256 v) {
@@ -31,6 +32,25 @@ static inline __m256 exp_ps(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(under, y);
+}
+
+/* rotate-half rotary embedding of one head row: out[j] = x[j] * c[j] + x[(j + D/2) % D] * s[j], product
+ * by product and sum by sum as torch computes `x * cos2 + x.roll(D/2) * sin2` (the kernels build
+ * with -ffp-contract=off, so no FMA merges them) */
+static inline void rope_row(const float *x, const float *c, const float *s, int64_t D, float *out) {
+    const int64_t half = D / 2;
+    int64_t j = 0;
+    if (half % 8 == 0)
+        for (; j < D; j += 8) {
+            const int64_t r = j < half ? j + half : j - half;
+            const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(c + j));
+            const __m256 b = _mm256_mul_ps(_mm256_loadu_ps(x + r), _mm256_loadu_ps(s + j));
+            _mm256_storeu_ps(out + j, _mm256_add_ps(a, b));
+        }
+    for (; j < D; j++) {
+        const float a = x[j] * c[j], b = x[j < half ? j + half : j - half] * s[j];
+        out[j] = a + b;
+    }
 }
 
 #endif

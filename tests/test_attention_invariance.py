@@ -194,3 +194,55 @@ def test_with_the_c_kernel_a_prompt_row_equals_the_decode_row_at_its_position(sh
     for i, n in enumerate(LENS):
         for pos in (0, n // 2, n - 1):
             assert torch.equal(s.run([(-(i + 1), pos, pos + 1)])[0][0], prompt[i][pos]), (i, pos)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C kernel here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", ["gqa", "mha"])
+def test_the_fused_qkv_path_is_rotate_then_forward_bit_for_bit(shape, dtype):
+    """``forward_qkv`` rotates the queries and new keys itself (a decode layer's one attention call):
+    the same outputs and the same pool bytes as rotating in torch and calling ``forward``."""
+    from llmkit.core.model.layers import RotaryEmbedding
+
+    fused, plain = Setup(**SHAPES[shape], dtype=dtype), Setup(**SHAPES[shape], dtype=dtype)
+    rope = RotaryEmbedding(fused.q[0].shape[-1], 512, {"rope_theta": 10000.0})
+    parts = [(0, 0, 50), (1, 0, 77), (-(3), 8, 9)]  # two prompts and a decode row
+    outs = []
+    for s in (fused, plain):
+        qs, ks, vs, pos, q_lens, kv_lens, rows, slots, dec = [], [], [], [], [], [], [], [], []
+        for seq, first, end in parts:
+            i = abs(seq) - 1 if seq < 0 else seq
+            qs.append(s.q[i][first:end])
+            ks.append(s.k[i][first:end])
+            vs.append(s.v[i][first:end])
+            pos.append(torch.arange(first, end))
+            q_lens.append(end - first)
+            kv_lens.append(end)
+            rows.append(s.rows[i])
+            slots.append(s.slots[i][first:end])
+            dec.append(seq < 0)
+        s.run([(2, 0, 8)])  # the decode row's earlier keys (unrotated here: only equality matters)
+        md = make_metadata(
+            q_lens=q_lens,
+            kv_lens=kv_lens,
+            rows=rows,
+            req_to_token=s.req_pool.table,
+            out_slots=torch.cat(slots),
+            page_size=s.pool.page_size,
+            decoding=dec,
+        )
+        md = s.attn.prepare_metadata(md)
+        table = rope.table(torch.cat(pos), torch.float32)
+        q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+        if s is fused:
+            qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+            outs.append(s.attn.forward_qkv(qkv, table, 0, md))
+        else:
+            outs.append(s.attn.forward(RotaryEmbedding.rotate(q, table), RotaryEmbedding.rotate(k, table), v, 0, md))
+    assert outs[0] is not None and torch.equal(outs[0], outs[1])
+    slots = torch.cat([fused.slots[0][:50], fused.slots[1][:77], fused.slots[2][:9]])
+    for a, b in (
+        (fused.pool.k_buffers[0], plain.pool.k_buffers[0]),
+        (fused.pool.v_buffers[0], plain.pool.v_buffers[0]),
+    ):
+        assert torch.equal(a[slots].view(torch.uint8), b[slots].view(torch.uint8))

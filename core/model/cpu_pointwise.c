@@ -13,24 +13,10 @@
 /* out [T, H, D] (contiguous) from x (row stride sx, head stride sh) and per-token tables [T, D] */
 void rope_rotate(const float *x, int64_t sx, int64_t sh, const float *cos2, const float *sin2, int64_t T, int64_t H,
                  int64_t D, float *out) {
-    const int64_t half = D / 2;
 #pragma omp parallel for schedule(static) if (T * H >= PAR_MIN)
     for (int64_t i = 0; i < T * H; i++) {
         const int64_t t = i / H, h = i % H;
-        const float *xr = x + t * sx + h * sh, *c = cos2 + t * D, *s = sin2 + t * D;
-        float *o = out + i * D;
-        int64_t j = 0;
-        if (half % 8 == 0)
-            for (; j < D; j += 8) {
-                const int64_t r = j < half ? j + half : j - half;
-                const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(xr + j), _mm256_loadu_ps(c + j));
-                const __m256 b = _mm256_mul_ps(_mm256_loadu_ps(xr + r), _mm256_loadu_ps(s + j));
-                _mm256_storeu_ps(o + j, _mm256_add_ps(a, b));
-            }
-        for (; j < D; j++) {
-            const float a = xr[j] * c[j], b = xr[j < half ? j + half : j - half] * s[j];
-            o[j] = a + b;
-        }
+        rope_row(x + t * sx + h * sh, cos2 + t * D, sin2 + t * D, D, out + i * D);
     }
 }
 

@@ -100,21 +100,37 @@ static void store_row(const float *x, void *dst, int n, int dtype) {
  * int64 holds each sequence's slots, query row b's sequence at row rows[b]; lens[b] keys are
  * visible (the last `window` of them, if window > 0). sinks [H] or NULL.
  * knew (non-NULL): first write the T new tokens' keys [T, Hkv, D] (rows kn_row apart) and values
- * (vnew, or NULL for a latent cache) to the pool at out_slots, in its dtype (not one-byte ones). */
+ * (vnew, or NULL for a latent cache) to the pool at out_slots, in its dtype (not one-byte ones).
+ * cos2 / sin2 (non-NULL, [T, D]): the queries and new keys are not rotated yet; rotate them here
+ * (rope_row: the numbers of RotaryEmbedding.rotate) into qrot [B, H, D], and before storing. */
 void paged_attention(const float *q, int64_t q_row, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
                      int64_t k_slot, int64_t k_head, int64_t v_slot, int64_t v_head, const int64_t *table,
                      int64_t table_stride, const int64_t *rows, const int64_t *lens, int B, int H, int Hkv, int D,
                      int Dv, float scale, int window, const float *sinks, float *out, const float *knew,
-                     int64_t kn_row, const float *vnew, int64_t vn_row, const int64_t *out_slots, int64_t T) {
+                     int64_t kn_row, const float *vnew, int64_t vn_row, const int64_t *out_slots, int64_t T,
+                     const float *cos2, const float *sin2, float *qrot) {
     const int G = H / Hkv;
     const int es = kv_dtype == KV_F32 ? 4 : 2;
 #pragma omp parallel
     {
+        if (cos2) {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < (int64_t)B * H; i++) {
+                const int64_t b = i / H, h = i % H;
+                rope_row(q + b * q_row + h * D, cos2 + b * D, sin2 + b * D, D, qrot + i * D);
+            }
+        }
         if (knew) {
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < T * Hkv; i++) { /* (the loop's end is a barrier: all stored before any read) */
                 const int64_t t = i / Hkv, h = i % Hkv;
-                store_row(knew + t * kn_row + h * D, (char *)kbuf + (out_slots[t] * k_slot + h * k_head) * es, D, kv_dtype);
+                const float *k = knew + t * kn_row + h * D;
+                float kr[D];
+                if (cos2) {
+                    rope_row(k, cos2 + t * D, sin2 + t * D, D, kr);
+                    k = kr;
+                }
+                store_row(k, (char *)kbuf + (out_slots[t] * k_slot + h * k_head) * es, D, kv_dtype);
                 if (vnew)
                     store_row(vnew + t * vn_row + h * Dv, (char *)vbuf + (out_slots[t] * v_slot + h * v_head) * es, Dv,
                               kv_dtype);
@@ -125,7 +141,7 @@ void paged_attention(const float *q, int64_t q_row, const void *kbuf, const void
         const int b = task / Hkv, hk = task % Hkv;
         const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0, n = len - start;
         const int64_t *slots = table + rows[b] * table_stride + start;
-        const float *qg = q + (int64_t)b * q_row + (int64_t)hk * G * D;
+        const float *qg = cos2 ? qrot + ((int64_t)b * H + (int64_t)hk * G) * D : q + (int64_t)b * q_row + (int64_t)hk * G * D;
         const int64_t n4 = (n + 3) & ~(int64_t)3;
         const float **kp = malloc(sizeof(float *) * (size_t)(2 * n4));
         const float **vp = kp + n4;

@@ -12,6 +12,7 @@ from llmkit.core import native
 
 _SOURCE = Path(__file__).with_name("cpu_attention.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # anything else one byte, via a table
+STORED = frozenset(_DTYPES)  # the pool dtypes paged_attention writes new K/V into itself
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -20,7 +21,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 def _lib():
     args = [_PTR, _I64, _PTR, _PTR, ctypes.c_int, _PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
     args += [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, _PTR, _PTR]
-    return native.load(_SOURCE, paged_attention=args + [_PTR, _I64, _PTR, _I64, _PTR, _I64])
+    return native.load(_SOURCE, paged_attention=args + [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR])
 
 
 @functools.cache
@@ -39,20 +40,26 @@ def stores(pool_dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor | None) -> 
     rows_ok = all(
         t is None or (t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2]) for t in (k, v)
     )
-    return pool_dtype in _DTYPES and rows_ok
+    return pool_dtype in STORED and rows_ok
 
 
-def paged_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v_head_dim, new_kv=None) -> torch.Tensor:
+def paged_attention(
+    q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v_head_dim, new_kv=None, rope=None
+) -> torch.Tensor:
     """``q [B, H, D]`` (fp32; B query rows), row b over the first ``lens[b]`` keys of the sequence at
     ``table[rows[b]]`` -> ``[B, H, Dv]``.
     ``vbuf`` None: the values are the keys' first ``v_head_dim`` channels (a latent cache).
-    ``new_kv``: ``(k, v, slots)`` to write to the pool first (see :func:`stores`), in the same call."""
+    ``new_kv``: ``(k, v, slots)`` to write to the pool first (see :func:`stores`), in the same call.
+    ``rope``: ``(cos2, sin2)`` contiguous ``[B, D]`` fp32 tables (a :class:`RotaryEmbedding` table's
+    rows): ``q`` and the new keys are not rotated yet, and are rotated here as ``rotate`` would."""
     b, h, d = q.shape
     hkv = kbuf.shape[1]
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     out = q.new_empty(b, h, v_head_dim)
     k_new, v_new, slots = new_kv if new_kv is not None else (None, None, None)
+    cos2, sin2 = rope if rope is not None else (None, None)
+    qrot = None if rope is None else q.new_empty(b, h, d)
     code = _DTYPES.get(kbuf.dtype, 3)
     lut = _byte_table(kbuf.dtype) if code == 3 else None
     values = kbuf if vbuf is None else vbuf
@@ -86,5 +93,8 @@ def paged_attention(q, kbuf, vbuf, table, rows, lens, *, scale, window, sinks, v
         0 if v_new is None else v_new.stride(0),
         None if slots is None else slots.data_ptr(),
         0 if k_new is None else k_new.shape[0],
+        None if cos2 is None else cos2.data_ptr(),
+        None if sin2 is None else sin2.data_ptr(),
+        None if qrot is None else qrot.data_ptr(),
     )
     return out

@@ -186,7 +186,31 @@ class TorchAttentionBackend(AttentionBackend):
             out[start:end] = self._prompt(i, q[start:end], kbuf, vbuf, slots, kv_len, sliding_window, sinks, md.extra)
         return out.to(dtype)
 
-    def _native_attention(self, q, kbuf, vbuf, native, window, sinks, new_kv=None):
+    def forward_qkv(self, qkv, rope, layer_id, md):
+        native = md.extra.get("torch_native")
+        cos2, sin2 = rope
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if (
+            native is None
+            or qkv.dtype != torch.float32
+            or qkv.stride(1) != 1
+            or cos2.dtype != torch.float32
+            or cos2.shape[-1] != d
+            or self.v_head_dim != d
+            or qkv.shape[1] != (h + 2 * hkv) * d
+            or md.out_slots.dtype != torch.int64
+            or self.pool.k_buffers[layer_id].dtype not in cpu_attention.STORED
+        ):
+            return None
+        t = qkv.shape[0]
+        q = qkv[:, : h * d].view(t, h, d)
+        k = qkv[:, h * d : (h + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
+        kbuf, vbuf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        rows = (cos2.reshape(t, d), sin2.reshape(t, d))
+        return self._native_attention(q, kbuf, vbuf, native, None, None, (k, v, md.out_slots), rows)
+
+    def _native_attention(self, q, kbuf, vbuf, native, window, sinks, new_kv=None, rope=None):
         """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]`` (``new_kv``: the
         ``(k, v, slots)`` it writes to the pool first)."""
         n = native["rows"].shape[0]
@@ -202,6 +226,7 @@ class TorchAttentionBackend(AttentionBackend):
             sinks=None if sinks is None else sinks.float().reshape(-1).contiguous(),
             v_head_dim=self.v_head_dim,
             new_kv=None if new_kv is None else (new_kv[0], new_kv[1], new_kv[2].contiguous()),
+            rope=rope,
         )
         return out if n == q.shape[0] else torch.cat([out, out.new_zeros(q.shape[0] - n, *out.shape[1:])])
 

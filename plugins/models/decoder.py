@@ -52,6 +52,10 @@ class Attention(HotModule):
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext):
         det = ctx.deterministic
         qkv = self.qkv_proj(x, det)
+        if self.q_norm is None:  # one backend call rotates, writes K/V and attends, where it can
+            o = ctx.attn.forward_qkv(qkv, rope, self.layer_id, ctx.metadata)
+            if o is not None:
+                return self.o_proj(o.reshape(-1, self.q_size), det)
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
