@@ -58,6 +58,7 @@ def instrument(engine: Engine):
         (r.attn, "prepare_metadata", "attn.prepare_metadata"),
         (r.model, "forward", "model forward"),
         (r.attn, "forward", "  attention (backend)"),
+        (r.attn, "forward_qkv", "  attention (backend)"),
         (r.model, "compute_logits", "LM head (compute_logits)"),
         (engine.sampler, "sample", "sample"),
         (engine.output, "process", "output (detok+emit)"),

@@ -26,12 +26,15 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """``rms_norm(x + residual) * weight`` over the last dim; with ``residual``, ``(out, x + residual)``."""
-    x = x.contiguous()
+    # (a decode step makes 61 of these calls: no redundant tensor ops)
+    if not x.is_contiguous():
+        x = x.contiguous()
     dim = x.shape[-1]
     out = torch.empty_like(x)
     total = None
     if residual is not None:
-        residual = residual.contiguous()
+        if not residual.is_contiguous():
+            residual = residual.contiguous()
         total = torch.empty_like(x)
     _lib().rms_norm(
         x.data_ptr(),

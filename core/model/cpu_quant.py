@@ -56,9 +56,10 @@ def q4_linear(
     x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, n_out: int, which: str | None = None
 ) -> torch.Tensor:
     """``x [M, K]`` times a :func:`q4_pack` weight -> ``[M, n_out]`` fp32 (its first ``n_out`` outputs)."""
-    x = x.float().contiguous()
+    if x.dtype != torch.float32 or not x.is_contiguous():  # (~120 calls a decode step: no no-op ops)
+        x = x.float().contiguous()
     m, k = x.shape
-    y = x.new_empty(m, n_out)
+    y = torch.empty(m, n_out)
     if m:
         n = packed.shape[0] * 8
         _lib(which).q4_linear(

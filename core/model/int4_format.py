@@ -150,6 +150,8 @@ class Int4Format(WeightFormat):
         n = layer.local_out
         b = layer._buffers  # (not nn.Module.__getattr__: ~0.6 us a lookup, 3 per call)
         perm = b["in_perm"]
+        if perm is None and layer.q4_native and x.dtype == torch.float32 and x.shape[0] <= INT4_MAX_ROWS:
+            return cpu_quant.q4_linear(x, b["q4_packed"], b["q4_scale_zero"], self.group, n)
         if perm is not None:  # GPTQ act order: the columns are stored sorted by group
             x = x.index_select(1, perm)
         if x.shape[0] <= INT4_MAX_ROWS:
