@@ -190,11 +190,13 @@ def test_embedded_model_native_logits_match_the_dequantized_reference(embedded_p
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None, weights=False)))
     ids = tok("The capital of France is Paris. The capital of Germany is", add_special_tokens=False)["input_ids"]
     got, ref = _prefill_logits(native, ids), _prefill_logits(dense, ids)
-    # Through 30 layers the per-layer errors above compound; the LM head's int8 requantization
-    # dominates. Bound: 5% relative on the logits, and the greedy token equal wherever the
-    # reference's top-2 margin exceeds the error.
+    # Through 30 layers the per-layer errors above compound: the int8 activation blocks of our
+    # kernels (~0.5 % a layer, llama.cpp's scheme) over 120 int4 layers and the LM head's int8
+    # requantization. Measured 4.9 % (2.4 % on torch's kernels, bf16 activations). Bound: 7 %
+    # relative on the logits, and the greedy token equal wherever the reference's top-2 margin
+    # exceeds the error.
     rel = ((got - ref).norm() / ref.norm()).item()
-    assert rel < 0.05, rel
+    assert rel < 0.07, rel
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * (got - ref).abs().amax(-1)
     assert clear.any()

@@ -179,7 +179,9 @@ def test_required_tool_choice(client):
 def test_structured_text_format(client):
     kw = {
         "model": "m",
-        "input": "Describe Paris as JSON",
+        # (greedy on this 135M model: "Describe Paris as JSON" runs its population's digits past
+        # the token limit; the schema allows that, the JSON parse below does not)
+        "input": "Paris as a JSON object",
         "temperature": 0,
         "max_output_tokens": 64,
         "reasoning": NO_THINK,
