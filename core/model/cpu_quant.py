@@ -61,7 +61,7 @@ def q4_linear(
     m, k = x.shape
     y = torch.empty(m, n_out)
     if m:
-        n = packed.shape[0] * 8
+        n = packed.shape[0] * 32
         _lib(which).q4_linear(
             x.data_ptr(), m, k, packed.data_ptr(), scale_zero.data_ptr(), n, group, y.data_ptr(), n_out, n_out
         )
@@ -70,28 +70,24 @@ def q4_linear(
 
 def q4_pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [N, K]`` (0..15, N a multiple of 32) with fp32 ``scale``/``zero [N, K/group]`` into the
-    kernel's layout: ``packed [N/8, K/8, 8, 4]`` uint8 (low nibble input 8o + i, high 8o + 4 + i)
-    and ``scale_zero [N/8, K/group, 8, 2]`` bf16."""
+    kernel's layout (see cpu_quant_gemm.c): ``packed [N/32, K/32, 4 vectors, 4 octets, 8 columns, 4]``
+    uint8 (low nibble input 8o + i of the block, high 8o + 4 + i) and ``scale_zero
+    [N/32, K/group, 4, 8, 2]`` bf16."""
     n, k = q.shape
-    o = q.view(n // 8, 8, k // 8, 2, 4).permute(0, 2, 1, 4, 3)  # [N/8, K/8, 8 columns, 4, lo/hi]
+    o = q.view(n // 32, 4, 8, k // 32, 4, 2, 4).permute(0, 3, 1, 4, 2, 6, 5)  # [..., 8 cols, 4, lo/hi]
     packed = (o[..., 0] | (o[..., 1] << 4)).contiguous()
     sz = torch.stack((scale, zero), dim=-1).to(torch.bfloat16)  # [N, K/group, 2]
-    sz = sz.view(n // 8, 8, -1, 2).transpose(1, 2).contiguous()
+    sz = sz.view(n // 32, 4, 8, -1, 2).permute(0, 3, 1, 2, 4).contiguous()
     return packed, sz
 
 
 def q4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, rows: torch.Tensor | None = None):
     """The ``(q [R, K] uint8, scale, zero [R, K/group] fp32)`` of :func:`q4_pack`'s output, for all
     rows or only ``rows``."""
-    if rows is not None:
-        packed, scale_zero = packed[rows // 8], scale_zero[rows // 8]  # [R, K/8, 8, 4], [R, G, 8, 2]
-        j = (rows % 8).view(-1, 1, 1, 1)
-        b = packed.gather(2, j.expand(-1, packed.shape[1], 1, 4)).squeeze(2)  # [R, K/8, 4]
-        sz = scale_zero.gather(2, j.expand(-1, scale_zero.shape[1], 1, 2)).squeeze(2).float()
-        q = torch.stack((b & 15, b >> 4), dim=2).reshape(rows.shape[0], -1)
-        return q, sz[..., 0], sz[..., 1]
-    nv, k8 = packed.shape[:2]
-    q = torch.stack((packed & 15, packed >> 4), dim=-2)  # [N/8, K/8, 8, 2, 4]
-    q = q.permute(0, 2, 1, 3, 4).reshape(nv * 8, k8 * 8)
-    sz = scale_zero.transpose(1, 2).reshape(nv * 8, -1, 2).float()
+    if rows is None:
+        rows = torch.arange(packed.shape[0] * 32)
+    t, v, j = rows // 32, (rows // 8) % 4, rows % 8
+    b = packed[t, :, v, :, j]  # [R, K/32, 4 octets, 4]
+    q = torch.stack((b & 15, b >> 4), dim=-2).reshape(rows.shape[0], -1)  # per octet: 4 low, 4 high
+    sz = scale_zero[t, :, v, j].float()  # [R, K/group, 2]
     return q, sz[..., 0], sz[..., 1]

@@ -165,18 +165,23 @@ void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const uint
 /* ---- int4: llama.cpp's Q4 x Q8 scheme on groups of `group` (32-256) input columns ----
  * A weight is (q - 8) * scale + zero with q in 0..15 and a bf16 (scale, zero) per group, so a
  * block of 32 inputs contributes  d * (scale * sum(q * xq) + (zero - 8 * scale) * sum(xq)).
- * Layout (int4_pack in cpu_quant.py): output columns in vectors of 8; vector c is [K / 8][8][4]
- * bytes, byte i of column j in octet o holding q[8c + j][8o + i] (low nibble) and
- * q[8c + j][8o + 4 + i] (high), so one 32-byte load feeds `vpdpbusd` twice (8 columns x 4 inputs
- * each); its (scale, zero) pairs are [K / group][8] x 2 bf16. */
+ * Layout (q4_pack in cpu_quant.py): output columns in tiles of 32, four vectors of 8; a tile is
+ * [K / 32 blocks][4 vectors][4 octets][8 columns][4] bytes, byte i of column j of vector v in
+ * octet o of block b holding q[32t + 8v + j][32b + 8o + i] (low nibble) and ...[32b + 8o + 4 + i]
+ * (high), so one 32-byte load feeds `vpdpbusd` twice (8 columns x 4 inputs each) and a tile is one
+ * front-to-back stream; its (scale, zero) pairs are [K / group][4 vectors][8] x 2 bf16. */
 
-/* rows [m0, m0 + MT) x column vectors [0, NT) of tile `w`; MT and NT are constants at every call */
+/* rows [m0, m0 + MT) x column vectors [0, NT) of tile `w`; MT, NT and SPLIT are constants at
+ * every call. SPLIT: the high nibbles' dots go to a second integer chain (at one row there are
+ * too few chains otherwise to hide the dot's latency); integer sums are exact, so every shape gives
+ * the same numbers. */
 static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, const float *xd, const float *xs,
                                                           int64_t K, const uint8_t *w, const uint32_t *sz,
                                                           int group, int64_t m0, const int MT, const int NT,
-                                                          float *y, int64_t ldy, int64_t ncols) {
-    const int64_t nb = K / QK, wstride = K * 4, sstride = (K / group) * 8;
-    const int64_t tile_bytes = NT * wstride;
+                                                          const int SPLIT, float *y, int64_t ldy,
+                                                          int64_t ncols) {
+    const int64_t nb = K / QK;
+    const int64_t tile_bytes = K * 16; /* the whole 32-column tile, whichever of its vectors run here */
     const uint8_t *pf = w + ((PF_BYTES + tile_bytes - 1) / tile_bytes) * tile_bytes; /* see q8_tile */
     const __m256i nib = _mm256_set1_epi8(0x0F), hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     __m256 acc[4][4], scale[4], zero[4];
@@ -184,22 +189,22 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
         for (int c = 0; c < NT; c++)
             acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        for (int i = 0; i < 2 * NT; i++)
-            _mm_prefetch((const char *)(pf + (b * 2 * NT + i) * 64), _MM_HINT_T0);
+        for (int i = 0; i < 8; i++) /* the tile's pace, 512 bytes a block, whichever vectors run here */
+            _mm_prefetch((const char *)(pf + b * 512 + i * 64), _MM_HINT_T0);
         if ((b * QK) % group == 0)
             for (int c = 0; c < NT; c++) {
-                const __m256i p = _mm256_loadu_si256((const __m256i *)(sz + c * sstride + (b * QK / group) * 8));
+                const __m256i p = _mm256_loadu_si256((const __m256i *)(sz + ((b * QK / group) * 4 + c) * 8));
                 scale[c] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
                 zero[c] = _mm256_fmadd_ps(scale[c], _mm256_set1_ps(-8.0f), _mm256_castsi256_ps(_mm256_and_si256(p, hi16)));
             }
-        __m256i lo[4][4], hi[4][4]; /* [row][column vector]: two chains each, for the latency */
+        __m256i lo[4][4], hi[4][4]; /* [row][column vector] */
         for (int r = 0; r < MT; r++)
             for (int c = 0; c < NT; c++)
                 lo[r][c] = hi[r][c] = _mm256_setzero_si256();
         for (int o = 0; o < 4; o++) {
             __m256i wl[4], wh[4];
             for (int c = 0; c < NT; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + c * wstride + (b * 4 + o) * 32));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + ((b * 4 + c) * 4 + o) * 32));
                 wl[c] = _mm256_and_si256(v, nib);
                 wh[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             }
@@ -208,7 +213,10 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
                 const __m256i xl = _mm256_set1_epi32(xr[0]), xh = _mm256_set1_epi32(xr[1]);
                 for (int c = 0; c < NT; c++) {
                     lo[r][c] = dot_add(lo[r][c], wl[c], xl);
-                    hi[r][c] = dot_add(hi[r][c], wh[c], xh);
+                    if (SPLIT)
+                        hi[r][c] = dot_add(hi[r][c], wh[c], xh);
+                    else
+                        lo[r][c] = dot_add(lo[r][c], wh[c], xh);
                 }
             }
         }
@@ -216,7 +224,7 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
             const int64_t row = (m0 + r) * nb + b;
             const __m256 d = _mm256_broadcast_ss(xd + row), ds = _mm256_broadcast_ss(xs + row);
             for (int c = 0; c < NT; c++) {
-                const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[r][c], hi[r][c]));
+                const __m256 f = _mm256_cvtepi32_ps(SPLIT ? _mm256_add_epi32(lo[r][c], hi[r][c]) : lo[r][c]);
                 acc[r][c] = _mm256_fmadd_ps(f, _mm256_mul_ps(scale[c], d), acc[r][c]);
                 acc[r][c] = _mm256_fmadd_ps(zero[c], ds, acc[r][c]);
             }
@@ -234,6 +242,7 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
         }
 }
 
+#define Q4_FEW_ROWS 8 /* up to this many rows a call reads each tile once, 2 rows at a time */
 #define Q4_TILE_COLS 32 /* output columns a task tile covers: 4 vectors at one row, 2 x 2 at more */
 
 /* y [M, n_out] (row stride ldy) = x [M, K] @ W^T for an int4 weight of N (a multiple of 32) rows
@@ -244,7 +253,7 @@ void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uin
     int8_t *qx = malloc((size_t)(M * K));
     float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
     const uint32_t *pairs = (const uint32_t *)sz;
-    const int64_t vec_w = K * 4, vec_s = (K / group) * 8; /* bytes / pairs per column vector */
+    const int64_t tile_w = K * 16, tile_s = (K / group) * 32; /* bytes / pairs per 32-column tile */
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
@@ -256,23 +265,32 @@ void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uin
             const int64_t me = mc + MC < M ? mc + MC : M;
             if (n0 >= n_out)
                 continue;
-            const uint8_t *wt = w + (n0 / 8) * vec_w;
-            const uint32_t *st = pairs + (n0 / 8) * vec_s;
-            if (M == 1) {
-                q4_tile(qx, xd, xs, K, wt, st, group, 0, 1, 4, y + n0, ldy, n_out - n0);
-                continue;
-            }
-            for (int64_t half = 0; half < 2; half++) { /* two 16-column halves, 4 rows at a time */
-                const int64_t n = n0 + 16 * half;
-                if (n >= n_out)
-                    break;
-                for (int64_t m0 = mc; m0 < me; m0 += 4) {
-                    const int64_t left = n_out - n;
-                    switch (me - m0 < 4 ? me - m0 : 4) {
-                    case 1: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 1, 2, y + n, ldy, left); break;
-                    case 2: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 2, 2, y + n, ldy, left); break;
-                    case 3: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 3, 2, y + n, ldy, left); break;
-                    default: q4_tile(qx, xd, xs, K, wt + 2 * half * vec_w, st + 2 * half * vec_s, group, m0, 4, 2, y + n, ldy, left); break;
+            const uint8_t *wt = w + (n0 / Q4_TILE_COLS) * tile_w;
+            const uint32_t *st = pairs + (n0 / Q4_TILE_COLS) * tile_s;
+            if (M == 1) { /* one row: the whole tile, two chains a vector */
+                q4_tile(qx, xd, xs, K, wt, st, group, 0, 1, 4, 1, y + n0, ldy, n_out - n0);
+            } else if (M <= Q4_FEW_ROWS) { /* the whole tile, 2 rows at a time: the tile read once */
+                for (int64_t m0 = mc; m0 < me; m0 += 2) {
+                    if (me - m0 >= 2)
+                        q4_tile(qx, xd, xs, K, wt, st, group, m0, 2, 4, 0, y + n0, ldy, n_out - n0);
+                    else
+                        q4_tile(qx, xd, xs, K, wt, st, group, m0, 1, 4, 0, y + n0, ldy, n_out - n0);
+                }
+            } else { /* compute bound: 16-column halves, 4 rows at a time (half the unpacking a dot) */
+                for (int64_t half = 0; half < 2; half++) {
+                    const int64_t n = n0 + 16 * half;
+                    if (n >= n_out)
+                        break;
+                    const uint8_t *wh = wt + 2 * half * 128;
+                    const uint32_t *sh = st + 2 * half * 8;
+                    for (int64_t m0 = mc; m0 < me; m0 += 4) {
+                        const int64_t left = n_out - n;
+                        switch (me - m0 < 4 ? me - m0 : 4) {
+                        case 1: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 1, 2, 0, y + n, ldy, left); break;
+                        case 2: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 2, 2, 0, y + n, ldy, left); break;
+                        case 3: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 3, 2, 0, y + n, ldy, left); break;
+                        default: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 4, 2, 0, y + n, ldy, left); break;
+                        }
                     }
                 }
             }
