@@ -181,8 +181,7 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
                                                           const int SPLIT, float *y, int64_t ldy,
                                                           int64_t ncols) {
     const int64_t nb = K / QK;
-    const int64_t tile_bytes = K * 16; /* the whole 32-column tile, whichever of its vectors run here */
-    const uint8_t *pf = w + ((PF_BYTES + tile_bytes - 1) / tile_bytes) * tile_bytes; /* see q8_tile */
+    const uint8_t *pf = w + PF_BYTES; /* the tile is one stream (tiles follow each other): fetch ahead of the reads */
     const __m256i nib = _mm256_set1_epi8(0x0F), hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     __m256 acc[4][4], scale[4], zero[4];
     for (int r = 0; r < MT; r++)
