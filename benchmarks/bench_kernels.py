@@ -7,9 +7,12 @@ its kernel forced at every row count or dequantized per call then multiplied in 
 ``LLMKIT_NATIVE=0`` the int8 and int4 candidates are torch's ``_weight_int8pack_mm`` and
 ``_weight_int4pack_mm_for_cpu`` instead of our C kernels. This picks ``INT4_MAX_ROWS`` /
 ``INT8_MAX_ROWS`` (above them a quantized layer dequantizes and multiplies in fp32) and the GGUF
-type -> format mapping. Usage::
+type -> format mapping. ``--int4-kernels`` instead times the int4 kernels themselves on the same
+30 layers' int4 shapes: torch's ``_weight_int4pack_mm_for_cpu`` (bf16 activations) against our C
+kernel's AVX2 build and, where the CPU has it, its VNNI build (bit for bit the same results).
+Usage::
 
-    python benchmarks/bench_kernels.py [--rows 1,16,64,512] [--rounds 3]
+    python benchmarks/bench_kernels.py [--rows 1,16,64,512] [--rounds 3] [--int4-kernels]
 """
 
 from __future__ import annotations
@@ -88,15 +91,52 @@ def _forced(name):
     return force
 
 
+def _int4_kernels(rows: list[int], rounds: int) -> None:
+    from llmkit.core.model import cpu_quant
+    from llmkit.core.model.int4_format import pack_int4
+
+    group, layers = 32, []
+    for _ in range(LAYERS):  # distinct weights per layer: they stream from memory as in a step
+        for k, n in SHAPES:
+            q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+            scale, zero = torch.rand(n, k // group) * 0.01, torch.randn(n, k // group) * 0.01
+            sz = torch.stack((scale, zero), -1).transpose(0, 1).contiguous().bfloat16()
+            layers.append((k, n, pack_int4(q), sz, *cpu_quant.q4_pack(q, scale, zero)))
+    isas = ["avx2"] + (["avx512vnni"] if cpu_quant.isa() == "avx512vnni" else [])
+    kernels = {"torch `_weight_int4pack_mm_for_cpu`, bf16 act": None} | {f"C, {isa} build": isa for isa in isas}
+    res = {(name, m): [] for name in kernels for m in rows}
+    for _ in range(rounds):
+        for m in rows:
+            x = {k: torch.randn(m, k) for k, _ in SHAPES}
+            for name, isa in kernels.items():
+                for _ in range(2):  # warm-up, then timed
+                    t = time.perf_counter()
+                    for k, n, packed, sz, q4, q4_sz in layers:
+                        if isa is None:
+                            torch._weight_int4pack_mm_for_cpu(x[k].bfloat16(), packed, group, sz).float()
+                        else:
+                            cpu_quant.q4_linear(x[k], q4, q4_sz, group, n, isa)
+                    elapsed = time.perf_counter() - t
+                res[(name, m)].append(elapsed * 1e3)
+    print(f"int4 g32 layers of one decode step (30 x 4), ms, best of {rounds} interleaved rounds")
+    print("| kernel | " + " | ".join(f"M={m}" for m in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    for name in kernels:
+        print(f"| {name} | " + " | ".join(f"{min(res[(name, m)]):.1f}" for m in rows) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,16,64,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--int4-kernels", action="store_true", help="torch's int4 kernel against our C builds")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     torch.manual_seed(0)
+    if args.int4_kernels:
+        return _int4_kernels(rows, args.rounds)
     step = {name: _layers(f, SHAPES * LAYERS) + _layers(f, [HEAD]) for name, f in CANDIDATES.items()}
     force = _forced(None)
     variants = []  # (label, layers, forced row limit or None)
