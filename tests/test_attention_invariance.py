@@ -70,11 +70,11 @@ class Setup:
         )
         self.attn._native = native
 
-    def run(self, parts: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-        """One forward over ``(sequence, first, end)`` parts: the outputs of positions
-        ``first..end-1`` with keys ``0..end-1``. A sequence given as ``-(i + 1)`` is sequence i's
-        decode row (one generated token); otherwise the part is prompt rows."""
-        q_lens, kv_lens, rows, slots, decoding, qs, ks, vs = [], [], [], [], [], [], [], []
+    def batch(self, parts: list[tuple[int, int, int]]):
+        """``(q, k, v, metadata, q_lens, positions)`` of one forward over ``(sequence, first, end)``
+        parts: the outputs of positions ``first..end-1`` with keys ``0..end-1``. A sequence given as
+        ``-(i + 1)`` is sequence i's decode row (one generated token); otherwise the part is prompt rows."""
+        q_lens, kv_lens, rows, slots, decoding, qs, ks, vs, pos = [], [], [], [], [], [], [], [], []
         for seq, first, end in parts:
             dec = seq < 0
             seq = abs(seq) - 1 if dec else seq
@@ -86,6 +86,7 @@ class Setup:
             qs.append(self.q[seq][first:end])
             ks.append(self.k[seq][first:end])
             vs.append(None if self.latent else self.v[seq][first:end])
+            pos.append(torch.arange(first, end))
         md = make_metadata(
             q_lens=q_lens,
             kv_lens=kv_lens,
@@ -97,7 +98,12 @@ class Setup:
         )
         md = self.attn.prepare_metadata(md)
         v = None if self.latent else torch.cat(vs)
-        out = self.attn.forward(torch.cat(qs), torch.cat(ks), v, 0, md, sliding_window=self.window, sinks=self.sinks)
+        return torch.cat(qs), torch.cat(ks), v, md, q_lens, torch.cat(pos)
+
+    def run(self, parts: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        """One forward over ``parts`` (see :meth:`batch`): each part's outputs."""
+        q, k, v, md, q_lens, _ = self.batch(parts)
+        out = self.attn.forward(q, k, v, 0, md, sliding_window=self.window, sinks=self.sinks)
         return list(out.split(q_lens))
 
     def reference(self, seq: int) -> torch.Tensor:
@@ -206,34 +212,11 @@ def test_the_fused_qkv_path_is_rotate_then_forward_bit_for_bit(shape, dtype):
 
     fused, plain = Setup(**SHAPES[shape], dtype=dtype), Setup(**SHAPES[shape], dtype=dtype)
     rope = RotaryEmbedding(fused.q[0].shape[-1], 512, {"rope_theta": 10000.0})
-    parts = [(0, 0, 50), (1, 0, 77), (-(3), 8, 9)]  # two prompts and a decode row
     outs = []
     for s in (fused, plain):
-        qs, ks, vs, pos, q_lens, kv_lens, rows, slots, dec = [], [], [], [], [], [], [], [], []
-        for seq, first, end in parts:
-            i = abs(seq) - 1 if seq < 0 else seq
-            qs.append(s.q[i][first:end])
-            ks.append(s.k[i][first:end])
-            vs.append(s.v[i][first:end])
-            pos.append(torch.arange(first, end))
-            q_lens.append(end - first)
-            kv_lens.append(end)
-            rows.append(s.rows[i])
-            slots.append(s.slots[i][first:end])
-            dec.append(seq < 0)
         s.run([(2, 0, 8)])  # the decode row's earlier keys (unrotated here: only equality matters)
-        md = make_metadata(
-            q_lens=q_lens,
-            kv_lens=kv_lens,
-            rows=rows,
-            req_to_token=s.req_pool.table,
-            out_slots=torch.cat(slots),
-            page_size=s.pool.page_size,
-            decoding=dec,
-        )
-        md = s.attn.prepare_metadata(md)
-        table = rope.table(torch.cat(pos), torch.float32)
-        q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+        q, k, v, md, _, pos = s.batch([(0, 0, 50), (1, 0, 77), (-3, 8, 9)])  # two prompts, a decode row
+        table = rope.table(pos, torch.float32)
         if s is fused:
             qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
             outs.append(s.attn.forward_qkv(qkv, table, 0, md))
