@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from llmkit.core import native
+from llmkit.core.model.hugepages import huge_empty
 
 _SOURCE = Path(__file__).with_name("cpu_quant_gemm.c")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -75,10 +76,12 @@ def q4_pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[t
     [N/32, K/group, 4, 8, 2]`` bf16."""
     n, k = q.shape
     o = q.view(n // 32, 4, 8, k // 32, 4, 2, 4).permute(0, 3, 1, 4, 2, 6, 5)  # [..., 8 cols, 4, lo/hi]
-    packed = (o[..., 0] | (o[..., 1] << 4)).contiguous()
+    # streamed every decode step: in 2 MB pages where large (hugepages.py), written straight there
+    packed = huge_empty((n // 32, k // 32, 4, 4, 8, 4), torch.uint8)
+    torch.bitwise_or(o[..., 0], o[..., 1] << 4, out=packed)
     sz = torch.stack((scale, zero), dim=-1).to(torch.bfloat16)  # [N, K/group, 2]
-    sz = sz.view(n // 32, 4, 8, -1, 2).permute(0, 3, 1, 2, 4).contiguous()
-    return packed, sz
+    sz = sz.view(n // 32, 4, 8, -1, 2).permute(0, 3, 1, 2, 4)
+    return packed, huge_empty(tuple(sz.shape), sz.dtype).copy_(sz)
 
 
 def q4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, rows: torch.Tensor | None = None):

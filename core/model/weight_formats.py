@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from llmkit.core.model import cpu_quant
+from llmkit.core.model.hugepages import huge_copy
 from llmkit.core.model.linear import DENSE, WeightFormat, dense_linear
 
 INT8_MAX_ROWS = 16  # rows per call up to which a layer with a dense copy runs the kernel
@@ -44,7 +45,7 @@ class Int8Format(WeightFormat):
         if layer.weight is None:  # already finalized
             return
         q, scale = quantize_int8(layer.weight)
-        layer.register_buffer("qweight", q, persistent=False)
+        layer.register_buffer("qweight", huge_copy(q), persistent=False)  # (see hugepages.py)
         layer.register_buffer("qscale", scale, persistent=False)
         if not self.keep_dense:
             layer.weight = None
