@@ -21,7 +21,6 @@ from llmkit.core.model.hugepages import huge_empty
 
 _SOURCE = Path(__file__).with_name("cpu_quant_gemm.c")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-Q4_COLS = 32  # the int4 kernel's column tile: a layer's output rows are padded to a multiple of it
 
 
 def isa() -> str:

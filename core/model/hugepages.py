@@ -21,18 +21,21 @@ HUGE = 2 << 20
 MIN_BYTES = 4 * HUGE  # smaller tensors gain little and are left where they are
 
 
+def _advisable(nbytes: int) -> bool:
+    return nbytes >= MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
+
+
 def huge_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in huge-page-advised memory where it is large enough and the
     system can advise it, else ``torch.empty``. Write it before anything else touches it."""
     n = torch.Size(shape).numel() * dtype.itemsize
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if n < MIN_BYTES or advice is None:
+    if not _advisable(n):
         return torch.empty(shape, dtype=dtype)
     try:
         m = mmap.mmap(-1, n + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf = torch.frombuffer(m, dtype=torch.uint8)  # (keeps the mapping alive)
         off = -buf.data_ptr() % HUGE
-        m.madvise(advice, off, n // HUGE * HUGE)
+        m.madvise(mmap.MADV_HUGEPAGE, off, n // HUGE * HUGE)
     except (OSError, ValueError):
         return torch.empty(shape, dtype=dtype)
     return buf[off : off + n].view(dtype).view(shape)
@@ -41,6 +44,6 @@ def huge_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def huge_copy(t: torch.Tensor) -> torch.Tensor:
     """``t`` (a CPU tensor) copied into :func:`huge_empty` memory, or ``t`` itself where that would
     be plain memory anyway (small, not on the CPU, or not advisable)."""
-    if t.device.type != "cpu" or t.numel() * t.element_size() < MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if t.device.type != "cpu" or not _advisable(t.numel() * t.element_size()):
         return t
     return huge_empty(tuple(t.shape), t.dtype).copy_(t)

@@ -7,8 +7,9 @@ requantizing; a dense checkpoint is quantized at load (asymmetric min/max per gr
 
 Kernels, measured on the project's 2-core VM (README, ``benchmarks/bench_kernels.py``):
 - our C kernel (:mod:`llmkit.core.model.cpu_quant`, llama.cpp's Q4 x Q8 integer scheme) where it
-  builds: 1.9-2.5x torch's at one row, 2-2.8x from 16 to 512 rows with AVX512-VNNI (1.1-1.8x with
-  AVX2 alone). The layer is packed in its layout (:func:`cpu_quant.q4_pack`).
+  builds: a decode step's int4 layers, weights streaming from memory, 1.4-1.6x torch's at one row
+  and 2-3.2x from 16 to 512 rows with AVX512-VNNI (1.2-1.5x with AVX2 alone). The layer is packed
+  in its layout (:func:`cpu_quant.q4_pack`).
 - otherwise torch's ``_weight_int4pack_mm_for_cpu`` with bf16 activations, in its packed layout
   (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+, AVX-512 capability): output rows in blocks
   of 64; block ``b`` is ``[in, 32]`` bytes whose byte ``j < 16`` holds rows ``64b + j`` (low

@@ -22,7 +22,7 @@ class RMSNorm(HotModule):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Normalise ``x`` (after adding ``residual``); with a residual, also return the sum."""
         weight = self._parameters["weight"]  # (not nn.Module.__getattr__: a decode step makes 61 calls)
-        if x.dtype == torch.float32 and cpu_norm.usable(x, weight):
+        if cpu_norm.usable(x, weight):
             return cpu_norm.rms_norm(x, weight, self.eps, residual)  # one C call (cpu_norm.c)
         if residual is not None:
             x = x + residual

@@ -12,7 +12,6 @@ from llmkit.core import native
 
 _SOURCE = Path(__file__).with_name("cpu_attention.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # anything else one byte, via a table
-STORED = frozenset(_DTYPES)  # the pool dtypes paged_attention writes new K/V into itself
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -34,13 +33,13 @@ def available(pool_dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and (pool_dtype in _DTYPES or pool_dtype.itemsize == 1) and _lib() is not None
 
 
-def stores(pool_dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor | None) -> bool:
+def stores(pool_dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor | None, slots: torch.Tensor) -> bool:
     """Whether :func:`paged_attention` can write these new keys and values itself: fp32 rows of
-    contiguous heads, into a 16- or 32-bit pool."""
+    contiguous heads, int64 slots, into a 16- or 32-bit pool."""
     rows_ok = all(
         t is None or (t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2]) for t in (k, v)
     )
-    return pool_dtype in STORED and rows_ok
+    return pool_dtype in _DTYPES and slots.dtype == torch.int64 and rows_ok
 
 
 def paged_attention(

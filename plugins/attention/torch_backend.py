@@ -165,7 +165,7 @@ class TorchAttentionBackend(AttentionBackend):
         dtype = q.dtype
         native = md.extra.get("torch_native")
         slots = md.out_slots
-        if native is not None and slots.dtype == torch.int64 and cpu_attention.stores(kbuf.dtype, k, v):
+        if native is not None and cpu_attention.stores(kbuf.dtype, k, v, slots):
             # one C call writes the new K/V and attends (two index_copy_ dispatches fewer a layer)
             return self._native_attention(q.float(), kbuf, vbuf, native, sliding_window, sinks, (k, v, slots)).to(dtype)
         store_kv(kbuf, slots, k)
@@ -192,14 +192,11 @@ class TorchAttentionBackend(AttentionBackend):
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if (
             native is None
-            or qkv.dtype != torch.float32
             or qkv.stride(1) != 1
             or cos2.dtype != torch.float32
             or cos2.shape[-1] != d
             or self.v_head_dim != d
             or qkv.shape[1] != (h + 2 * hkv) * d
-            or md.out_slots.dtype != torch.int64
-            or self.pool.k_buffers[layer_id].dtype not in cpu_attention.STORED
         ):
             return None
         t = qkv.shape[0]
@@ -207,8 +204,10 @@ class TorchAttentionBackend(AttentionBackend):
         k = qkv[:, h * d : (h + hkv) * d].view(t, hkv, d)
         v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
         kbuf, vbuf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
-        rows = (cos2.reshape(t, d), sin2.reshape(t, d))
-        return self._native_attention(q, kbuf, vbuf, native, None, None, (k, v, md.out_slots), rows)
+        if not cpu_attention.stores(kbuf.dtype, k, v, md.out_slots):  # (checks the fp32 dtype too)
+            return None
+        tables = (cos2.reshape(t, d), sin2.reshape(t, d))
+        return self._native_attention(q, kbuf, vbuf, native, None, None, (k, v, md.out_slots), tables)
 
     def _native_attention(self, q, kbuf, vbuf, native, window, sinks, new_kv=None, rope=None):
         """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]`` (``new_kv``: the
