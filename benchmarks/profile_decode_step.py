@@ -4,6 +4,7 @@
     python benchmarks/profile_decode_step.py --threads 1 --cpu-time  # A/B on a busy machine
     python benchmarks/profile_decode_step.py --torch-profile     # + torch.profiler's top ops
     python benchmarks/profile_decode_step.py --layer --threads 1 --cpu-time  # one layer vs its GEMMs
+    python benchmarks/profile_decode_step.py --python-layers  # the Python layers, not the C stack
 
 Builds the engine (no engine thread), prefills ``--batch`` requests, then drives
 ``Engine.step()`` by hand. Each round runs ``--steps`` decode steps twice: bare (the step wall
@@ -16,6 +17,7 @@ bare step wall - GEMM floor. Median over rounds; per-step milliseconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections import defaultdict
@@ -31,6 +33,7 @@ from llmkit.core.model.linear import Linear, _gemm
 from llmkit.core.model.weight_formats import Int8Format
 
 ACC: dict[str, float] = defaultdict(float)
+PYTHON_LAYERS = [False]  # --python-layers
 # --cpu-time: this thread's CPU time instead of wall time. With --threads 1 all the work runs on
 # this thread, and CPU time barely moves when other processes share the cores (wall time does).
 CLOCK = [time.perf_counter]
@@ -63,6 +66,9 @@ def instrument(engine: Engine):
         (engine.sampler, "sample", "sample"),
         (engine.output, "process", "output (detok+emit)"),
     ]
+    plan = getattr(r.model, "_native_plan", None)
+    if plan:  # the blocks run as one C call (cpu_decoder.py): time that and its attention setup
+        targets += [(plan, "run", "  C decoder stack (all blocks)"), (r.attn, "native_attend", "  attn.native_attend")]
     for obj, attr, name in targets:
         setattr(obj, attr, timed(name, getattr(obj, attr)))
     layers = [m for m in r.model.modules() if isinstance(m, Linear)]
@@ -88,7 +94,8 @@ def gemm_floor(engine: Engine, reps: int) -> float:
     linears += [lm] if lm is not None and lm not in linears else []
     for m in linears:  # (Linear is a HotModule: no forward hooks; record through forward)
         m.forward = lambda x, *a, m=m, fwd=m.forward: (calls.append((m, x)), fwd(x, *a))[1]
-    engine.step()
+    with python_layers(model):  # (the C decoder stack calls no Linear.forward)
+        engine.step()
     for m in linears:
         del m.forward
     if lm is None:  # a dense LM head multiplies the embedding table directly
@@ -113,6 +120,19 @@ def gemm_floor(engine: Engine, reps: int) -> float:
                 j()
             ts.append(CLOCK[0]() - t)
     return statistics.median(ts) * 1e3
+
+
+@contextlib.contextmanager
+def python_layers(model, on: bool = True):
+    """Run the model's Python layers instead of its C decoder stack (cpu_decoder.py) inside."""
+    was = getattr(model, "native_stack", None)
+    if on and was is not None:
+        model.native_stack, model._native_plan = False, False
+    try:
+        yield
+    finally:
+        if on and was is not None:
+            model.native_stack, model._native_plan = was, False
 
 
 def make_engine(quant: str, batch: int) -> Engine:
@@ -154,6 +174,7 @@ def one_layer(engine: Engine, reps: int = 300) -> None:
     against its four GEMM kernels alone on the same inputs: the per-layer cost outside the GEMMs."""
     fresh(engine)
     model, cap = engine.runner.model, {}
+    model.native_stack = False  # layer 0 as the Python path runs it
     layer = model.layers[0]
     layer.forward = lambda *a, fwd=layer.forward: (cap.setdefault("args", a), fwd(*a))[1]
     lins = [m for m in layer.modules() if isinstance(m, Linear)]
@@ -184,6 +205,8 @@ def one_layer(engine: Engine, reps: int = 300) -> None:
 
 def profile(quant: str, batch: int, steps: int, rounds: int, torch_profile: bool, layer: bool = False) -> None:
     engine = make_engine(quant, batch)
+    if PYTHON_LAYERS[0]:
+        engine.runner.model.native_stack = False
     if layer:
         print(f"\n## quantization={quant} batch={batch}, best of 5 x 300 calls")
         return one_layer(engine)
@@ -206,9 +229,12 @@ def profile(quant: str, batch: int, steps: int, rounds: int, torch_profile: bool
     print("instrumented step (timers add a little):")
     for k in ("schedule", "step_inputs", "build_metadata", "attn.prepare_metadata", "model forward"):
         print(f"  {k:32s} {med.get(k, 0):8.3f}")
-    for k in ("  Linear calls", "  attention (backend)"):
+    for k in ("  Linear calls", "  attention (backend)", "  attn.native_attend", "  C decoder stack (all blocks)"):
         print(f"  {k:32s} {med.get(k, 0):8.3f}")
-    fwd_rest = med.get("model forward", 0) - med.get("  Linear calls", 0) - med.get("  attention (backend)", 0)
+    fwd_rest = med.get("model forward", 0) - sum(
+        med.get(k, 0)
+        for k in ("  Linear calls", "  attention (backend)", "  attn.native_attend", "  C decoder stack (all blocks)")
+    )
     print(f"  {'  rest of forward (norms, rope..)':32s} {fwd_rest:8.3f}")
     for k in ("LM head (compute_logits)", "sample", "output (detok+emit)"):
         print(f"  {k:32s} {med.get(k, 0):8.3f}")
@@ -234,6 +260,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--torch-profile", action="store_true")
+    ap.add_argument("--python-layers", action="store_true", help="the Python layers, not the C decoder stack")
     ap.add_argument("--layer", action="store_true", help="only layer 0's forward against its GEMMs (best of 5)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--cpu-time", action="store_true", help="time with this thread's CPU time (use with --threads 1)")
@@ -242,6 +269,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.cpu_time:
         CLOCK[0] = time.thread_time
+    PYTHON_LAYERS[0] = args.python_layers
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {'CPU' if args.cpu_time else 'wall'} time")
     for quant in args.quant.split(","):
         for batch in (int(b) for b in args.batch.split(",")):

@@ -130,6 +130,15 @@ class AttentionBackend(ABC):
         views and the K/V writes is worth ~20 us a layer on a CPU."""
         return None
 
+    def native_attend(self, rope: tuple[torch.Tensor, torch.Tensor], metadata: AttentionMetadata):
+        """Optional: :meth:`forward_qkv` for a C caller (``core/model/cpu_decoder.c``), as a
+        :class:`~llmkit.core.model.cpu_decoder.NativeAttend` valid for this forward: a function
+        ``void fn(const void *ctx, int64_t layer, const float *qkv, int64_t qkv_row, float *out)``
+        taking the fp32 fused projection ``qkv [T, (H + 2 Hkv) D]`` (rows ``qkv_row`` floats
+        apart, Q and K not rotated) and writing ``out [T, H, D]``, numbers identical to
+        :meth:`forward_qkv`'s. None (the default): not offered; the model runs its Python layers."""
+        return None
+
     @classmethod
     def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
         """Return None if :meth:`forward` can keep the pool's K/V in ``dtype`` (converting on write

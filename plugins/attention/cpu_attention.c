@@ -238,3 +238,28 @@ void paged_attention(const float *q, int64_t q_row, const void *kbuf, const void
     }
     }
 }
+
+/* ---- the per-forward callback of the attention contract's native_attend (core/model/attention.py):
+ * one layer's attention straight from its fused projection, for a C caller (cpu_decoder.c). ---- */
+typedef struct {
+    const void *const *k, *const *v; /* per layer: the pool's K and V buffers */
+    int kv_dtype, H, Hkv, D;
+    int64_t k_slot, k_head, v_slot, v_head;
+    const int64_t *table, *rows, *lens, *out_slots;
+    int64_t table_stride, B, T; /* B query rows attend (B <= T); T new tokens are stored */
+    const float *cos2, *sin2;   /* [T, D] rotary tables */
+    float scale;
+    float *qrot; /* [B, H, D] scratch */
+} AttendStep;
+
+/* qkv [T, (H + 2 Hkv) D] (rows qkv_row apart; Q and K not rotated yet) -> out [T, H, D]: rotate,
+ * store the new K/V at out_slots, attend (rows past B zeroed), as forward_qkv does */
+void attend_step(const AttendStep *s, int64_t layer, const float *qkv, int64_t qkv_row, float *out) {
+    const int64_t hd = (int64_t)s->H * s->D;
+    paged_attention(qkv, qkv_row, s->k[layer], s->v[layer], s->kv_dtype, NULL, s->k_slot, s->k_head, s->v_slot,
+                    s->v_head, s->table, s->table_stride, s->rows, s->lens, (int)s->B, s->H, s->Hkv, s->D, s->D,
+                    s->scale, 0, NULL, out, qkv + hd, qkv_row, qkv + hd + (int64_t)s->Hkv * s->D, qkv_row,
+                    s->out_slots, s->T, s->cos2, s->sin2, s->qrot);
+    for (int64_t i = s->B * hd; i < s->T * hd; i++)
+        out[i] = 0.0f;
+}

@@ -20,7 +20,24 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 def _lib():
     args = [_PTR, _I64, _PTR, _PTR, ctypes.c_int, _PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR]
     args += [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, _PTR, _PTR]
-    return native.load(_SOURCE, paged_attention=args + [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR])
+    return native.load(
+        _SOURCE,
+        paged_attention=args + [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR],
+        attend_step=[_PTR, _I64, _PTR, _I64, _PTR],
+    )
+
+
+class _AttendStep(ctypes.Structure):  # cpu_attention.c's AttendStep
+    _fields_ = [("k", _PTR), ("v", _PTR)] + [(n, ctypes.c_int) for n in ("kv_dtype", "H", "Hkv", "D")]
+    _fields_ += [(n, _I64) for n in ("k_slot", "k_head", "v_slot", "v_head")]
+    _fields_ += [(n, _PTR) for n in ("table", "rows", "lens", "out_slots")]
+    _fields_ += [(n, _I64) for n in ("table_stride", "B", "T")]
+    _fields_ += [("cos2", _PTR), ("sin2", _PTR), ("scale", ctypes.c_float), ("qrot", _PTR)]
+
+
+def layer_ptrs(buffers: list[torch.Tensor]) -> ctypes.Array:
+    """The per-layer pool buffers' addresses, as :func:`attend_step` takes them."""
+    return (_PTR * len(buffers))(*(b.data_ptr() for b in buffers))
 
 
 @functools.cache
@@ -97,3 +114,43 @@ def paged_attention(
         None if qrot is None else qrot.data_ptr(),
     )
     return out
+
+
+def attend_step(pool, ptrs: tuple, native: dict, slots, rope, heads: int, scale: float):
+    """A :class:`~llmkit.core.model.cpu_decoder.NativeAttend` running ``attend_step`` (this
+    forward's rows, slots and rotary tables ``(cos2, sin2) [T, D]``) over the per-layer pools
+    (``ptrs``: :func:`layer_ptrs` of the pool's K and V buffers)."""
+    from llmkit.core.model.cpu_decoder import NativeAttend
+
+    k0, v0 = pool.k_buffers[0], pool.v_buffers[0]
+    kp, vp = ptrs
+    cos2, sin2 = rope
+    t, d = cos2.shape
+    rows, lens, table = native["rows"], native["lens"], native["table"]
+    b = rows.shape[0]
+    qrot = torch.empty(b * heads * d)
+    step = _AttendStep(
+        ctypes.addressof(kp),
+        ctypes.addressof(vp),
+        _DTYPES[k0.dtype],
+        heads,
+        k0.shape[1],
+        d,
+        k0.stride(0),
+        k0.stride(1),
+        v0.stride(0),
+        v0.stride(1),
+        table.data_ptr(),
+        rows.data_ptr(),
+        lens.data_ptr(),
+        slots.data_ptr(),
+        table.stride(0),
+        b,
+        t,
+        cos2.data_ptr(),
+        sin2.data_ptr(),
+        scale,
+        qrot.data_ptr(),
+    )
+    fn = ctypes.cast(_lib().attend_step, _PTR).value
+    return NativeAttend(fn, ctypes.addressof(step), (step, kp, vp, rows, lens, table, slots, cos2, sin2, qrot))

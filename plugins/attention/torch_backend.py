@@ -209,6 +209,33 @@ class TorchAttentionBackend(AttentionBackend):
         tables = (cos2.reshape(t, d), sin2.reshape(t, d))
         return self._native_attention(q, kbuf, vbuf, native, None, None, (k, v, md.out_slots), tables)
 
+    def native_attend(self, rope, md):
+        native = md.extra.get("torch_native")
+        cos2, sin2 = rope
+        d = self.head_dim
+        pool = self.pool
+        if (
+            native is None
+            or cos2.dtype != torch.float32
+            or cos2.shape[-1] != d
+            or self.v_head_dim != d
+            or not pool.v_buffers
+            or not cpu_attention.stores(pool.dtype, None, None, md.out_slots)
+        ):
+            return None
+        if getattr(self, "_pool_ptrs", None) is None:  # the buffers never move: their addresses once
+            self._pool_ptrs = (cpu_attention.layer_ptrs(pool.k_buffers), cpu_attention.layer_ptrs(pool.v_buffers))
+        t = cos2.shape[0]
+        return cpu_attention.attend_step(
+            pool,
+            self._pool_ptrs,
+            native,
+            md.out_slots.contiguous(),
+            (cos2.reshape(t, d).contiguous(), sin2.reshape(t, d).contiguous()),
+            self.num_heads,
+            self.scale,
+        )
+
     def _native_attention(self, q, kbuf, vbuf, native, window, sinks, new_kv=None, rope=None):
         """Every row of ``q [T, H, D]`` through the C kernel -> ``[T, H, Dv]`` (``new_kv``: the
         ``(k, v, slots)`` it writes to the pool first)."""

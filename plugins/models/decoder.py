@@ -13,8 +13,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from llmkit.core.model import cpu_pointwise
+from llmkit.core.model import cpu_decoder, cpu_pointwise
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.cpu_decoder import NativeStack
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
@@ -129,9 +130,49 @@ class StackedLM(CausalLM):
     def local_heads(self) -> int:
         return self.layers[0].self_attn.num_heads
 
+    #: run the blocks as one C call where every part of them has a C kernel (cpu_decoder.py);
+    #: tests and benchmarks turn it off to compare with, or time, the Python layers
+    native_stack = True
+    _native_plan: "NativeStack | None | bool" = False  # False: not built yet (weights may change)
+
+    def finalize_weights(self) -> None:
+        super().finalize_weights()
+        self._native_plan = False
+
+    def quantize(self, method: str, group_size: int | None = None) -> None:
+        super().quantize(method, group_size)
+        self._native_plan = False
+
+    def _native_blocks(self) -> NativeStack | None:
+        """The layers as a :class:`NativeStack`: Llama-style blocks (no Q/K norm, the dense gated
+        MLP) whose every linear layer runs a C kernel, on one rank."""
+        if not self.native_stack or self.tp.size > 1 or not cpu_decoder.available():
+            return None
+        blocks, eps = [], set()
+        for layer in self.layers:
+            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            if not (isinstance(attn, Attention) and attn.q_norm is None and type(mlp) is MLP):
+                return None
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if not all(type(n) is RMSNorm for n in norms):
+                return None
+            eps |= {n.eps for n in norms}
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            blocks.append((attn.layer_id, *(n.weight for n in norms), *linears))
+        return NativeStack.build(blocks, eps.pop()) if len(eps) == 1 else None
+
     def forward(self, input_ids, positions, ctx):
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary.table(positions, x.dtype)
+        plan = self._native_plan
+        if plan is False:
+            plan = self._native_plan = self._native_blocks()
+        if plan is not None and plan.usable(x):
+            attend = ctx.attn.native_attend(rope, ctx.metadata)
+            if attend is not None:
+                x, residual = plan.run(x, None, attend)
+                x, _ = self.norm(x, residual)
+                return x
         for layer in self.layers:
             x, residual = layer(x, residual, rope, ctx)
         x, _ = self.norm(x, residual)
@@ -185,6 +226,7 @@ class DecoderLM(StackedLM):
         return None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._native_plan = False
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         fused = {

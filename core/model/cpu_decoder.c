@@ -1,0 +1,87 @@
+/* A stack of pre-norm decoder blocks (RMSNorm, fused QKV, attention, O, RMSNorm, fused gate/up,
+ * SiLU x up, down) in one call from Python, for a CPU forward whose every step is a C kernel.
+ *
+ * Why: driven from Python, a block is eight kernel calls and their glue, ~60 us a block outside
+ * the GEMMs at one row on the project's 2-core VM (~1.8 ms a 30-layer decode step). Here the same
+ * kernels run in the same order on the same inputs, so the numbers are bit for bit the Python
+ * path's, and what remains between them is a function call.
+ *
+ * The kernels come in as function pointers from their own libraries (cpu_quant_gemm.c,
+ * cpu_norm.c, cpu_pointwise.c) and the attention from the backend's native_attend callback
+ * (core/model/attention.py), so this file builds against none of them. */
+#include <stdint.h>
+#include <string.h>
+
+typedef void (*q4_fn)(const float *x, int64_t M, int64_t K, const void *w, const void *sz, int64_t N, int group,
+                      float *y, int64_t n_out, int64_t ldy);
+typedef void (*q8_fn)(const float *x, int64_t M, int64_t K, const void *w, const void *scale, int64_t N, float *y);
+typedef void (*norm_fn)(const float *x, const float *res, float *sum_out, const float *w, float *out, int64_t rows,
+                        int64_t dim, float eps);
+typedef void (*silu_fn)(const float *gu, int64_t T, int64_t I, float *out);
+typedef void (*attend_fn)(const void *ctx, int64_t layer, const float *qkv, int64_t qkv_row, float *out);
+
+enum { LIN_INT4 = 1, LIN_INT8 = 2 };
+
+typedef struct {
+    int64_t kind, group, n, k, n_out; /* n: the stored rows (int4: padded to 32); n_out of them kept */
+    const void *w, *s;                /* weight bytes and their scales */
+    const float *bias;                /* [n_out] or NULL */
+} CLinear;
+
+typedef struct {
+    int64_t layer; /* the attention layer id */
+    const float *in_norm, *post_norm;
+    CLinear qkv, o, gate_up, down;
+} CBlock;
+
+typedef struct {
+    q4_fn q4;
+    q8_fn q8;
+    norm_fn norm;
+    silu_fn silu;
+    attend_fn attend;
+    const void *attend_ctx;
+    float eps;
+    int64_t hidden, inter, attn_width; /* attn_width: H * D, the attention output's row */
+    int64_t qkv_width;                 /* the widest QKV output of the stack */
+} CStack;
+
+/* y [M, n_out] = x [M, k] W^T (+ bias), as Linear.forward on that format */
+static void linear(const CStack *s, const CLinear *l, const float *x, int64_t M, float *y) {
+    if (l->kind == LIN_INT4)
+        s->q4(x, M, l->k, l->w, l->s, l->n, (int)l->group, y, l->n_out, l->n_out);
+    else
+        s->q8(x, M, l->k, l->w, l->s, l->n, y);
+    if (l->bias)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t i = 0; i < l->n_out; i++)
+                y[m * l->n_out + i] += l->bias[i];
+}
+
+/* Blocks [0, nblocks) over x_in [M, hidden]. first: x_in is the embedding output (the residual
+ * starts as it); else res holds the running residual. Each block's MLP output goes to x_out, the
+ * next block's input; on return res is the residual (the final norm adds the two). x_in is only
+ * read. scratch: M * (2 hidden + qkv_width + attn_width + 3 inter) floats. */
+void decoder_stack(const CStack *s, const CBlock *blocks, int64_t nblocks, const float *x_in, float *x_out, float *res,
+                   int64_t M, int first, float *scratch) {
+    const int64_t hid = s->hidden;
+    float *h = scratch, *qkv = h + M * hid, *att = qkv + M * s->qkv_width, *y = att + M * s->attn_width;
+    float *gu = y + M * hid, *act = gu + 2 * M * s->inter;
+    for (int64_t b = 0; b < nblocks; b++) {
+        const CBlock *blk = blocks + b;
+        const float *x = b == 0 ? x_in : x_out;
+        if (first && b == 0) {
+            memcpy(res, x, sizeof(float) * (size_t)(M * hid));
+            s->norm(x, NULL, NULL, blk->in_norm, h, M, hid, s->eps);
+        } else {
+            s->norm(x, res, res, blk->in_norm, h, M, hid, s->eps); /* res += x, h = norm(res) */
+        }
+        linear(s, &blk->qkv, h, M, qkv);
+        s->attend(s->attend_ctx, blk->layer, qkv, blk->qkv.n_out, att);
+        linear(s, &blk->o, att, M, y);
+        s->norm(y, res, res, blk->post_norm, h, M, hid, s->eps);
+        linear(s, &blk->gate_up, h, M, gu);
+        s->silu(gu, M, s->inter, act);
+        linear(s, &blk->down, act, M, x_out);
+    }
+}
