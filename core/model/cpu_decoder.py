@@ -106,6 +106,8 @@ class NativeStack:
         self.hidden, self.inter, self.attn_width, self.eps = hidden, inter, attn_width, eps
         self.qkv_width = max(b.qkv.n_out for b in blocks)
         self.n = len(blocks)
+        # the kernels and shapes once; each forward sets the attention callback
+        self._stack = CStack(*_kernels(), 0, 0, eps, hidden, inter, attn_width, self.qkv_width)
 
     @classmethod
     def build(cls, blocks: list[tuple], eps: float) -> "NativeStack | None":
@@ -145,15 +147,13 @@ class NativeStack:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """All blocks over ``x [M, hidden]`` (fp32) -> ``(last MLP output, residual)``; ``residual``
         None: ``x`` is the embedding output."""
-        q4, q8, norm, silu = _kernels()
         m = x.shape[0]
         x = x.contiguous()
         res = torch.empty_like(x) if residual is None else residual.contiguous().clone()
         out = torch.empty_like(x)
         scratch = torch.empty(m * (2 * self.hidden + self.qkv_width + self.attn_width + 3 * self.inter))
-        stack = CStack(
-            q4, q8, norm, silu, attend.fn, attend.ctx, self.eps, self.hidden, self.inter, self.attn_width, self.qkv_width
-        )
+        stack = self._stack
+        stack.attend, stack.attend_ctx = attend.fn, attend.ctx
         _lib().decoder_stack(
             ctypes.addressof(stack),
             ctypes.addressof(self._blocks),
