@@ -17,7 +17,10 @@ from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
 from attention_utils import make_metadata
 
-LENS = (300, 77, 9, 140)  # four sequences; the first crosses the prompt chunk size twice
+# four sequences; the first crosses the prompt chunk size twice, and the C kernel's key chunk
+# (cpu_attention.c's KV_CHUNK, 256): its late rows combine two chunks, and the windowed ones'
+# 40 keys straddle the chunk boundary
+LENS = (300, 77, 9, 140)
 SHAPES = {
     "gqa": dict(heads=9, kv_heads=3, dim=64),  # SmolLM2's layout
     "mha": dict(heads=4, kv_heads=4, dim=32),
@@ -32,12 +35,14 @@ DECODE_PATHS = [pytest.param(True, marks=pytest.mark.skipif(not NATIVE, reason="
 
 
 class Setup:
-    def __init__(self, heads, kv_heads, dim, v_dim=None, window=None, sinks=False, native=NATIVE, dtype=torch.float32):
+    def __init__(
+        self, heads, kv_heads, dim, v_dim=None, window=None, sinks=False, native=NATIVE, dtype=torch.float32, lens=LENS
+    ):
         g = torch.Generator().manual_seed(0)
         self.window, self.latent = window, v_dim is not None
         self.sinks = torch.randn(heads, generator=g) if sinks else None
         page = 4
-        pages = sum(-(-n // page) for n in LENS) + 2
+        pages = sum(-(-n // page) for n in lens) + 2
         self.pool = KVCachePool(
             num_layers=1,
             num_pages=pages,
@@ -48,10 +53,10 @@ class Setup:
             device=torch.device("cpu"),
             v_head_dim=0 if self.latent else None,
         )
-        self.req_pool = ReqToTokenPool(len(LENS) + 1, max(LENS) + page, torch.device("cpu"))
+        self.req_pool = ReqToTokenPool(len(lens) + 1, max(lens) + page, torch.device("cpu"))
         self.req_pool.allocate()  # row 0 unused
         self.rows, self.slots, self.q, self.k, self.v = [], [], [], [], []
-        for n in LENS:
+        for n in lens:
             row = self.req_pool.allocate()
             slots = self.pool.page_slots(self.pool.allocate(-(-n // page)))[:n]
             self.req_pool.table[row, :n] = slots
@@ -229,3 +234,17 @@ def test_the_fused_qkv_path_is_rotate_then_forward_bit_for_bit(shape, dtype):
         (fused.pool.v_buffers[0], plain.pool.v_buffers[0]),
     ):
         assert torch.equal(a[slots].view(torch.uint8), b[slots].view(torch.uint8))
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C kernel here")
+@pytest.mark.parametrize("shape", ["gqa", "mqa-window-sinks"])
+def test_a_long_prompt_in_many_key_chunks(shape):
+    """A 2,400-token prompt at once: its rows take up to 10 key chunks, and more chunked rows than
+    the kernel holds partial results for at a time (PART_TASKS), so they go in several waves. Rows
+    still equal the decode row at their position and the float64 reference."""
+    n = 2400
+    s = Setup(**SHAPES[shape], lens=(n,))
+    prompt = s.run([(0, 0, n)])[0]
+    torch.testing.assert_close(prompt.double(), s.reference(0), atol=1e-5, rtol=1e-5)
+    for pos in (255, 256, 1000, n - 1):
+        assert torch.equal(s.run([(-1, pos, pos + 1)])[0][0], prompt[pos]), pos
