@@ -70,3 +70,40 @@ def test_a_layer_packs_for_the_kernel_it_will_run(monkeypatch):
     (fast, w_fast, e_fast), (slow, w_slow, e_slow) = outs
     assert torch.equal(w_fast, w_slow) and torch.equal(e_fast, e_slow)  # the same stored weight
     assert ((fast - slow).norm() / slow.norm()).item() < 0.01  # int8 against bf16 activations
+
+
+def _symmetric_weight(n: int, k: int, group: int, seed: int = 0):
+    """Q4_0-like: zeros 0, scales powers of two (exact in bf16 and fp16 alike)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = 2.0 ** torch.randint(-9, -3, (n, k // group), generator=g).float()
+    return q, scale, torch.zeros_like(scale)
+
+
+def test_the_scale_only_layout_computes_what_the_pairs_compute():
+    """A symmetric weight packs scale-only (fp16 scales, no zeros: 18 bytes per 32 weights, not 20).
+    Where its scales are exact in bf16 too, the two layouts give the same numbers bit for bit, at
+    every row count, and unpack to the same values."""
+    q, scale, zero = _symmetric_weight(96, 512, 32)
+    assert cpu_quant.symmetric(scale, zero) and not cpu_quant.symmetric(scale, zero + 0.5)
+    assert not cpu_quant.symmetric(scale * 1.0001, zero)  # not an fp16: stays in pairs
+    pairs, sym = cpu_quant.q4_pack(q, scale, zero), cpu_quant.q4_pack(q, scale, zero, sym=True)
+    assert sym[1].dtype == torch.float16 and sym[1].numel() * 2 == pairs[1].numel()
+    for m in (1, 3, 8, 40):
+        x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
+        assert torch.equal(cpu_quant.q4_linear(x, *sym, 32, 90), cpu_quant.q4_linear(x, *pairs, 32, 90))
+        if native.cpu_has("avx512vnni"):
+            assert torch.equal(cpu_quant.q4_linear(x, *sym, 32, 90, "avx2"), cpu_quant.q4_linear(x, *sym, 32, 90))
+    for a, b in zip(cpu_quant.q4_unpack(*sym), cpu_quant.q4_unpack(*pairs)):
+        assert torch.equal(a, b)
+
+
+def test_a_q4_0_layer_keeps_its_fp16_scales():
+    """GGUF Q4_0's scale is an fp16: the scale-only layout keeps it exactly (the pairs would round it
+    to bf16), so the layer's dequantized weight is the gguf package's reference bit for bit."""
+    from test_gguf_quant import _blocks, _layer, _reference
+
+    blocks = _blocks("Q4_0", rows=64, cols=256)
+    layer = _layer(blocks, "Q4_0", rows=64, cols=256)
+    assert layer.q4_native and layer.q4_scale_zero.dtype == torch.float16
+    assert torch.equal(layer.format.dense_weight(layer), _reference(blocks, "Q4_0"))

@@ -13,14 +13,14 @@
 #include <string.h>
 
 typedef void (*q4_fn)(const float *x, int64_t M, int64_t K, const void *w, const void *sz, int64_t N, int group,
-                      float *y, int64_t n_out, int64_t ldy);
+                      float *y, int64_t n_out, int64_t ldy, int sym);
 typedef void (*q8_fn)(const float *x, int64_t M, int64_t K, const void *w, const void *scale, int64_t N, float *y);
 typedef void (*norm_fn)(const float *x, const float *res, float *sum_out, const float *w, float *out, int64_t rows,
                         int64_t dim, float eps);
 typedef void (*silu_fn)(const float *gu, int64_t T, int64_t I, float *out);
 typedef void (*attend_fn)(const void *ctx, int64_t layer, const float *qkv, int64_t qkv_row, float *out);
 
-enum { LIN_INT4 = 1, LIN_INT8 = 2 };
+enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_INT4_SYM = 3 }; /* SYM: q4_linear's scale-only layout */
 
 typedef struct {
     int64_t kind, group, n, k, n_out; /* n: the stored rows (int4: padded to 32); n_out of them kept */
@@ -48,8 +48,8 @@ typedef struct {
 
 /* y [M, n_out] = x [M, k] W^T (+ bias), as Linear.forward on that format */
 static void linear(const CStack *s, const CLinear *l, const float *x, int64_t M, float *y) {
-    if (l->kind == LIN_INT4)
-        s->q4(x, M, l->k, l->w, l->s, l->n, (int)l->group, y, l->n_out, l->n_out);
+    if (l->kind != LIN_INT8)
+        s->q4(x, M, l->k, l->w, l->s, l->n, (int)l->group, y, l->n_out, l->n_out, l->kind == LIN_INT4_SYM);
     else
         s->q8(x, M, l->k, l->w, l->s, l->n, y);
     if (l->bias)

@@ -22,7 +22,7 @@ from llmkit.core import native
 from llmkit.core.model import cpu_norm, cpu_pointwise, cpu_quant
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-LIN_INT4, LIN_INT8 = 1, 2
+LIN_INT4, LIN_INT8, LIN_INT4_SYM = 1, 2, 3
 
 
 class CLinear(ctypes.Structure):
@@ -89,7 +89,8 @@ def native_linear(layer) -> CLinear | None:
     if isinstance(fmt, Int4Format) and getattr(layer, "q4_native", False) and b.get("in_perm") is None:
         packed, sz = b["q4_packed"], b["q4_scale_zero"]
         n, k = packed.shape[0] * 32, layer.local_in
-        return CLinear(LIN_INT4, fmt.group, n, k, layer.local_out, packed.data_ptr(), sz.data_ptr(), bias)
+        kind = LIN_INT4_SYM if sz.dtype == torch.float16 else LIN_INT4  # (cpu_quant.q4_pack's sym)
+        return CLinear(kind, fmt.group, n, k, layer.local_out, packed.data_ptr(), sz.data_ptr(), bias)
     if isinstance(fmt, Int8Format) and layer.weight is None and layer.local_in % 32 == 0:
         w, s = b["qweight"], b["qscale"]
         return CLinear(LIN_INT8, 0, w.shape[0], layer.local_in, layer.local_out, w.data_ptr(), s.data_ptr(), bias)

@@ -169,16 +169,17 @@ void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const uint
  * [K / 32 blocks][4 vectors][4 octets][8 columns][4] bytes, byte i of column j of vector v in
  * octet o of block b holding q[32t + 8v + j][32b + 8o + i] (low nibble) and ...[32b + 8o + 4 + i]
  * (high), so one 32-byte load feeds `vpdpbusd` twice (8 columns x 4 inputs each) and a tile is one
- * front-to-back stream; its (scale, zero) pairs are [K / group][4 vectors][8] x 2 bf16. */
+ * front-to-back stream; its (scale, zero) pairs are [K / group][4 vectors][8] x 2 bf16 (or, for a
+ * symmetric weight, the fp16 scales alone: [K / group][4 vectors][8]). */
 
 /* rows [m0, m0 + MT) x column vectors [0, NT) of tile `w`; MT, NT and SPLIT are constants at
  * every call. SPLIT: the high nibbles' dots go to a second integer chain (at one row there are
  * too few chains otherwise to hide the dot's latency); integer sums are exact, so every shape gives
  * the same numbers. */
 static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, const float *xd, const float *xs,
-                                                          int64_t K, const uint8_t *w, const uint32_t *sz,
+                                                          int64_t K, const uint8_t *w, const uint8_t *sz,
                                                           int group, int64_t m0, const int MT, const int NT,
-                                                          const int SPLIT, float *y, int64_t ldy,
+                                                          const int SPLIT, const int SYM, float *y, int64_t ldy,
                                                           int64_t ncols) {
     const int64_t nb = K / QK;
     const uint8_t *pf = w + PF_BYTES; /* the tile is one stream (tiles follow each other): fetch ahead of the reads */
@@ -192,9 +193,15 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
             _mm_prefetch((const char *)(pf + b * 512 + i * 64), _MM_HINT_T0);
         if ((b * QK) % group == 0)
             for (int c = 0; c < NT; c++) {
-                const __m256i p = _mm256_loadu_si256((const __m256i *)(sz + ((b * QK / group) * 4 + c) * 8));
-                scale[c] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
-                zero[c] = _mm256_fmadd_ps(scale[c], _mm256_set1_ps(-8.0f), _mm256_castsi256_ps(_mm256_and_si256(p, hi16)));
+                const int64_t at = ((b * QK / group) * 4 + c) * 8; /* the vector's 8 columns of this group */
+                if (SYM) { /* fp16 scales, no zero: (q - 8) * scale */
+                    scale[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sz + at * 2)));
+                    zero[c] = _mm256_mul_ps(scale[c], _mm256_set1_ps(-8.0f));
+                } else {
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(sz + at * 4));
+                    scale[c] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                    zero[c] = _mm256_fmadd_ps(scale[c], _mm256_set1_ps(-8.0f), _mm256_castsi256_ps(_mm256_and_si256(p, hi16)));
+                }
             }
         __m256i lo[4][4], hi[4][4]; /* [row][column vector] */
         for (int r = 0; r < MT; r++)
@@ -244,15 +251,13 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
 #define Q4_FEW_ROWS 8 /* up to this many rows a call reads each tile once, 2 rows at a time */
 #define Q4_TILE_COLS 32 /* output columns a task tile covers: 4 vectors at one row, 2 x 2 at more */
 
-/* y [M, n_out] (row stride ldy) = x [M, K] @ W^T for an int4 weight of N (a multiple of 32) rows
- * in the layout above, n_out <= N of them kept */
-void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz, int64_t N, int group,
-               float *y, int64_t n_out, int64_t ldy) {
+static inline __attribute__((always_inline)) void q4_run(const float *x, int64_t M, int64_t K, const uint8_t *w,
+                                                         const uint8_t *sz, int64_t N, int group, float *y,
+                                                         int64_t n_out, int64_t ldy, const int SYM) {
     const int64_t nb = K / QK, ntiles = N / Q4_TILE_COLS, nchunks = (M + MC - 1) / MC;
     int8_t *qx = malloc((size_t)(M * K));
     float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
-    const uint32_t *pairs = (const uint32_t *)sz;
-    const int64_t tile_w = K * 16, tile_s = (K / group) * 32; /* bytes / pairs per 32-column tile */
+    const int64_t tile_w = K * 16, tile_s = (K / group) * 32 * (SYM ? 2 : 4); /* bytes per 32-column tile */
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
@@ -265,15 +270,15 @@ void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uin
             if (n0 >= n_out)
                 continue;
             const uint8_t *wt = w + (n0 / Q4_TILE_COLS) * tile_w;
-            const uint32_t *st = pairs + (n0 / Q4_TILE_COLS) * tile_s;
+            const uint8_t *st = sz + (n0 / Q4_TILE_COLS) * tile_s;
             if (M == 1) { /* one row: the whole tile, two chains a vector */
-                q4_tile(qx, xd, xs, K, wt, st, group, 0, 1, 4, 1, y + n0, ldy, n_out - n0);
+                q4_tile(qx, xd, xs, K, wt, st, group, 0, 1, 4, 1, SYM, y + n0, ldy, n_out - n0);
             } else if (M <= Q4_FEW_ROWS) { /* the whole tile, 2 rows at a time: the tile read once */
                 for (int64_t m0 = mc; m0 < me; m0 += 2) {
                     if (me - m0 >= 2)
-                        q4_tile(qx, xd, xs, K, wt, st, group, m0, 2, 4, 0, y + n0, ldy, n_out - n0);
+                        q4_tile(qx, xd, xs, K, wt, st, group, m0, 2, 4, 0, SYM, y + n0, ldy, n_out - n0);
                     else
-                        q4_tile(qx, xd, xs, K, wt, st, group, m0, 1, 4, 0, y + n0, ldy, n_out - n0);
+                        q4_tile(qx, xd, xs, K, wt, st, group, m0, 1, 4, 0, SYM, y + n0, ldy, n_out - n0);
                 }
             } else { /* compute bound: 16-column halves, 4 rows at a time (half the unpacking a dot) */
                 for (int64_t half = 0; half < 2; half++) {
@@ -281,14 +286,14 @@ void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uin
                     if (n >= n_out)
                         break;
                     const uint8_t *wh = wt + 2 * half * 128;
-                    const uint32_t *sh = st + 2 * half * 8;
+                    const uint8_t *sh = st + 2 * half * 8 * (SYM ? 2 : 4);
                     for (int64_t m0 = mc; m0 < me; m0 += 4) {
                         const int64_t left = n_out - n;
                         switch (me - m0 < 4 ? me - m0 : 4) {
-                        case 1: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 1, 2, 0, y + n, ldy, left); break;
-                        case 2: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 2, 2, 0, y + n, ldy, left); break;
-                        case 3: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 3, 2, 0, y + n, ldy, left); break;
-                        default: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 4, 2, 0, y + n, ldy, left); break;
+                        case 1: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 1, 2, 0, SYM, y + n, ldy, left); break;
+                        case 2: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 2, 2, 0, SYM, y + n, ldy, left); break;
+                        case 3: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 3, 2, 0, SYM, y + n, ldy, left); break;
+                        default: q4_tile(qx, xd, xs, K, wh, sh, group, m0, 4, 2, 0, SYM, y + n, ldy, left); break;
                         }
                     }
                 }
@@ -298,4 +303,15 @@ void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uin
     free(qx);
     free(xd);
     free(xs);
+}
+
+/* y [M, n_out] (row stride ldy) = x [M, K] @ W^T for an int4 weight of N (a multiple of 32) rows
+ * in the layout above, n_out <= N of them kept. sym: the scales are fp16 alone, [K / group][4][8]
+ * a tile (symmetric types, GGUF's Q4_0: its fp16 scale kept exactly, 10 % fewer bytes a weight) */
+void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint8_t *sz, int64_t N, int group,
+               float *y, int64_t n_out, int64_t ldy, int sym) {
+    if (sym)
+        q4_run(x, M, K, w, sz, N, group, y, n_out, ldy, 1);
+    else
+        q4_run(x, M, K, w, sz, N, group, y, n_out, ldy, 0);
 }

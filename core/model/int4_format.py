@@ -138,13 +138,15 @@ class Int4Format(WeightFormat):
         # packed for the kernel that will run it (see the module docstring)
         layer.q4_native = layer._q4.device.type == "cpu" and cpu_quant.available()
         if layer.q4_native:
-            packed, sz = cpu_quant.q4_pack(layer._q4, layer._q4_scale, layer._q4_zero)
+            scale, zero = layer._q4_scale, layer._q4_zero
+            packed, sz = cpu_quant.q4_pack(layer._q4, scale, zero, sym=cpu_quant.symmetric(scale, zero))
         else:
             packed = pack_int4(layer._q4)
             # [in/group, N, 2] bf16: the kernel takes scales and zeros in the activation dtype.
             sz = torch.stack((layer._q4_scale, layer._q4_zero), dim=-1).transpose(0, 1).contiguous()
+            sz = sz.to(torch.bfloat16)
         layer.register_buffer("q4_packed", packed, persistent=False)
-        layer.register_buffer("q4_scale_zero", sz.to(torch.bfloat16), persistent=False)
+        layer.register_buffer("q4_scale_zero", sz, persistent=False)
         layer._q4 = layer._q4_scale = layer._q4_zero = None
 
     def apply(self, layer, x, deterministic):
