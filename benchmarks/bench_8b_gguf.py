@@ -205,6 +205,19 @@ def tree_rss(pid: int) -> dict[str, float]:
     return {k: v / 1024 for k, v in tot.items()}
 
 
+def tree_huge_mb(pid: int) -> float:
+    """Anonymous memory of the process tree in transparent huge pages (``AnonHugePages``), MB: the
+    weights llmkit advises into 2 MB pages (core/model/hugepages.py) where the kernel found them."""
+    kb = 0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                kb += sum(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+        except OSError:
+            pass
+    return kb / 1024
+
+
 class PeakRSS:
     """Samples the process tree's resident memory every ``interval`` s in a thread; ``peak`` is the
     largest ``VmRSS`` seen (with the anonymous part at that moment)."""
@@ -271,7 +284,12 @@ def measure(name: str, start, stop, a) -> dict:
         proc, url = start(lambda p: sampler.append(PeakRSS(p.pid)))
         holder["load_s"] = time.monotonic() - t0
         holder["rss_loaded"] = tree_rss(proc.pid)
-        print(f"{name}: loaded in {holder['load_s']:.1f} s, RSS {holder['rss_loaded']['VmRSS']:.0f} MB", flush=True)
+        huge = tree_huge_mb(proc.pid)
+        print(
+            f"{name}: loaded in {holder['load_s']:.1f} s, RSS {holder['rss_loaded']['VmRSS']:.0f} MB "
+            f"({huge:.0f} MB in huge pages)",
+            flush=True,
+        )
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=a.request_timeout)
         timed_request(client, 4, 0)  # warm-up
         ttft, rate, own = [], [], []
