@@ -154,6 +154,14 @@ def test_converting_loaded_experts_equals_quantizing_them_at_load(fmt):
     assert later.quantized and later.w13 is None and later.w2 is None
     a, b = at_load.weight_tensors(), later.weight_tensors()
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    # weights put in place without load() (--load-format dummy) convert when said to be there
+    gate_up, down, b13, b2 = weights
+    dummy = FusedExperts(E, H, INTER, bias=True)
+    for name, t in (("w13", gate_up), ("w2", down), ("b13", b13), ("b2", b2)):
+        getattr(dummy, name).data.copy_(t)
+    dummy.set_format(FORMATS[fmt](), filled=True)
+    c = dummy.weight_tensors()
+    assert c.keys() == a.keys() and all(torch.equal(a[n], c[n]) for n in a)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])

@@ -96,7 +96,7 @@ class CausalLM(nn.Module, ABC):
             elif isinstance(module, LMHead):
                 module.set_format(fmt.for_features(int(self.config["hidden_size"])))
             elif isinstance(module, FusedExperts):
-                module.set_format(fmt)
+                module.set_format(fmt, filled=True)  # (loaded, or dummy weights)
         release_free_heap()
 
     def quantize_experts(self, method: str, group_size: int | None = None) -> None:

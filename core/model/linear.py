@@ -86,10 +86,11 @@ class WeightFormat:
     def finalize(self, layer: "Linear") -> None:
         """Pack or repack once every part is loaded (quantized formats)."""
 
-    def staged_weight(self, layer: "Linear") -> torch.Tensor:
-        """The values loaded so far, before :meth:`finalize`, as a dense ``[out, in]`` tensor (a
-        fused layer moving its staged parts to another format)."""
-        return layer.weight
+    def take_staged(self, layer: "Linear") -> torch.Tensor:
+        """The values loaded so far, before :meth:`finalize`, as a dense ``[out, in]`` tensor, the
+        staging released (a fused layer moving its staged parts to another format)."""
+        w, layer.weight = layer.weight, None
+        return w
 
     def apply(self, layer: "Linear", x: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """``x @ W.T`` without the bias."""
@@ -212,7 +213,7 @@ class Linear(HotModule):
         from its dequantized values (the caller's ``dequantize()``)."""
         if self.format.name == "int8" or fmt.name != "int8":
             return
-        staged = self.format.staged_weight(self)
+        staged = self.format.take_staged(self)
         self.format = fmt
         fmt.create(self, self.local_out, self.local_in)
         everything = slice(0, self.local_out)

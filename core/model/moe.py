@@ -205,13 +205,17 @@ class FusedExperts(nn.Module):
         for e in range(self.num_experts):
             self.load(tensor[e], e, proj)
 
-    def set_format(self, fmt: WeightFormat) -> None:
+    def set_format(self, fmt: WeightFormat, filled: bool = False) -> None:
         """Store the experts in ``fmt`` (``--quantization``, or the format of a GGUF's expert
         tensors). Before loading, each expert is quantized as its tensors arrive; weights already
-        loaded dense are converted one expert at a time, then the batched ``w13``/``w2`` go. A
-        no-op for ``dense`` or experts already quantized (a GGUF's own types stay as they are)."""
+        loaded dense are converted one expert at a time, then the batched ``w13``/``w2`` go.
+        ``filled``: the dense weights hold every expert although :meth:`load` did not put them
+        there (dummy weights): convert them all. A no-op for ``dense`` or experts already quantized
+        (a GGUF's own types stay as they are)."""
         if fmt.name == "dense" or self.quantized:
             return
+        if filled:
+            self._loaded |= {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
         if self._device.type != "cpu":
             # (the Triton path multiplies the batched dense weights; there is no GPU int4 kernel)
             raise ValueError(f"quantized MoE experts are a CPU path; these are on {self._device}")
