@@ -314,7 +314,7 @@ def check_native_types(reader) -> None:
         kind = t.tensor_type.name
         if not _served(t.name) or kind in SUPPORTED_TYPES + DENSE_TYPES:
             continue
-        if kind in DEQUANTIZED_EXPERT_TYPES and t.name.split(".")[2] in _EXPERT_NAMES:
+        if kind in DEQUANTIZED_EXPERT_TYPES and t.name.startswith("blk.") and t.name.split(".")[2] in _EXPERT_NAMES:
             continue
         raise ValueError(
             f"GGUF tensor '{t.name}' has type {kind}, which llmkit cannot serve quantized; "
