@@ -182,8 +182,9 @@ def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.d
     return model.eval()
 
 
-# GGUF architectures whose weights serve quantized (their layers are all Linear)
-NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3")
+# GGUF architectures whose weights serve quantized (Linear layers and FusedExperts; gpt-oss's
+# MXFP4 experts are dequantized at load, as from its safetensors checkpoints)
+NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 
 
 def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | None) -> bool:
@@ -226,7 +227,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     model_dir = resolve_model_dir(config.model_path, weights=not native)
     hf_config = load_config(model_dir)
     if native and hf_config.get("model_type") not in NATIVE_GGUF_TYPES:
-        # MoE experts (FusedExperts) have no quantized format yet: these GGUFs serve dequantized
+        # an architecture whose layers have no quantized format: served dequantized
         log.info(
             "%s: native GGUF weights are served for %s only; dequantizing",
             hf_config.get("model_type"),
@@ -256,7 +257,11 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
             "use --attention torch or another --kv-cache-dtype"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if quant and device.type != "cpu":
+        raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use the model's dtype")
     model = build_model(model_cls, hf_config, device, dtype, tp)
+    if quant and config.load_format != "dummy":
+        model.quantize_experts(quant, config.quantization_group_size)  # quantized as they load
     if config.load_format == "dummy":
         from llmkit.core.model.dummy_weights import fill_dummy_weights
 
@@ -273,8 +278,6 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     if hasattr(model, "finalize_weights"):
         model.finalize_weights()
     if quant:
-        if device.type != "cpu":
-            raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use the model's dtype")
         model.quantize(quant, config.quantization_group_size)
 
     max_context = int(config.context_length or hf_config.get("max_position_embeddings", 4096))

@@ -82,9 +82,11 @@ class CausalLM(nn.Module, ABC):
         release_free_heap()
 
     def quantize(self, method: str, group_size: int | None = None) -> None:
-        """Convert the dense weights of every linear layer (and the LM head) to the weight format
-        ``method`` names (``--quantization``)."""
+        """Convert the dense weights of every linear layer, the LM head and the MoE experts to the
+        weight format ``method`` names (``--quantization``); experts already quantized (at load,
+        see :meth:`quantize_experts`) stay as they are."""
         from llmkit.core.model.linear import Linear, LMHead
+        from llmkit.core.model.moe import FusedExperts
         from llmkit.core.model.weight_formats import weight_format
 
         fmt = weight_format(method, group_size)
@@ -93,7 +95,21 @@ class CausalLM(nn.Module, ABC):
                 module.set_format(fmt.for_features(module.local_in))
             elif isinstance(module, LMHead):
                 module.set_format(fmt.for_features(int(self.config["hidden_size"])))
+            elif isinstance(module, FusedExperts):
+                module.set_format(fmt, filled=True)  # (loaded, or dummy weights)
         release_free_heap()
+
+    def quantize_experts(self, method: str, group_size: int | None = None) -> None:
+        """Before loading: give the MoE experts ``--quantization``'s format, so each expert is
+        quantized as its tensors arrive and the experts' fp32 weights (most of an MoE model) are
+        never resident at once. The other layers are converted after loading (:meth:`quantize`)."""
+        from llmkit.core.model.moe import FusedExperts
+        from llmkit.core.model.weight_formats import weight_format
+
+        fmt = weight_format(method, group_size)
+        for module in self.modules():
+            if isinstance(module, FusedExperts):
+                module.set_format(fmt)
 
     @property
     def num_layers(self) -> int:

@@ -186,29 +186,70 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
-def _permute_heads(name: str, config: dict) -> int | None:
-    """The head count to unpermute a Q/K weight's rows by, or None."""
-    if config["model_type"] != "llama" or not name.endswith(".weight"):
-        return None
-    if ".attn_q." in name:
-        return config["num_attention_heads"]
-    if ".attn_k." in name:
-        return config["num_key_value_heads"]
-    return None
-
-
-def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, fp32 tensor)`` for every weight, dequantized."""
-    from gguf.quants import dequantize
-
-    permute = config["model_type"] == "llama"
-    names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
-    if config["model_type"] in ("deepseek_v2", "deepseek_v3"):
-        names.update(_DEEPSEEK_NAMES)
-    split_kv_b: dict[str, dict[str, np.ndarray]] = {}  # layer -> attn_k_b / attn_v_b seen so far
+def gguf_tensors(reader, config: dict, native: bool = False) -> Iterator[tuple[str, object]]:
+    """Yield ``(hf_name, fp32 tensor)`` for every weight, dequantized. With ``native``, the weights of
+    a type served quantized (:data:`~llmkit.core.model.gguf_quant.SUPPORTED_TYPES`) come as
+    :class:`~llmkit.core.model.gguf_quant.GGUFTensor` over the file's blocks instead: Q/K rows
+    unpermuted and stacked experts split per expert, both of which move whole rows of blocks, and
+    each expert's gate and up tensors yielded in turn (its gate/up layer packs as soon as both are
+    in, so one expert's staging is resident at a time, not a whole stacked tensor's)."""
+    conv = _Converter(config, native)
+    by_name = {t.name: t for t in reader.tensors}
+    early: set[str] = set()  # up tensors yielded beside their gate tensors
     for t in reader.tensors:
-        w = dequantize(t.data, t.tensor_type)
-        w = np.asarray(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name in early:
+            continue
+        up = by_name.get(t.name.replace(".ffn_gate_exps.", ".ffn_up_exps.")) if ".ffn_gate_exps." in t.name else None
+        if up is not None and conv.kept(t) and conv.kept(up):
+            for pair in zip(conv(t), conv(up)):
+                yield from pair
+            early.add(up.name)
+            continue
+        yield from conv(t)
+
+
+class _Converter:
+    """GGUF tensors to HF-named ones (see :func:`gguf_tensors`); holds the halves of DeepSeek's
+    split ``kv_b_proj`` until both are read."""
+
+    def __init__(self, config: dict, native: bool) -> None:
+        from llmkit.core.model.gguf_quant import SUPPORTED_TYPES
+
+        self.config, self.native, self.types = config, native, SUPPORTED_TYPES
+        self.names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
+        if config["model_type"] in ("deepseek_v2", "deepseek_v3"):
+            self.names.update(_DEEPSEEK_NAMES)
+        self.split_kv_b: dict[str, dict[str, np.ndarray]] = {}  # layer -> attn_k_b / attn_v_b seen so far
+
+    def kept(self, t) -> bool:
+        """Whether ``t`` stays quantized: native loading of a served type (llama.cpp's split
+        ``attn_k_b`` / ``attn_v_b`` are joined and transposed, so always dequantized)."""
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        return self.native and t.tensor_type.name in self.types and kind not in ("attn_k_b", "attn_v_b")
+
+    def __call__(self, t) -> Iterator[tuple[str, object]]:
+        """The HF-named tensors of GGUF tensor ``t``: none, one, or one per expert."""
+        from gguf.quants import dequantize
+
+        from llmkit.core.model.gguf_quant import GGUFTensor
+
+        config, names = self.config, self.names
+        permute = config["model_type"] == "llama"
+        shape = [int(x) for x in reversed(t.shape)]
+        kept = self.kept(t)
+        if kept:
+            w = t.data.reshape(*shape[:-1], -1)  # rows of blocks: [..., rows, bytes a row]
+        else:
+            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+
+        def out(hf: str, w: np.ndarray):
+            if kept:
+                return hf, GGUFTensor(t.name, t.tensor_type.name, w, shape[-1])
+            w = np.ascontiguousarray(w)
+            if not w.flags.writeable:  # an F32 tensor is a read-only view of the memory-mapped file
+                w = w.copy()  # (torch.from_numpy would warn about it at every first start)
+            return hf, torch.from_numpy(w)
+
         name = t.name
         if name == "token_embd.weight":
             hf = "model.embed_tokens.weight"
@@ -220,39 +261,49 @@ def gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
             _, idx, kind, suffix = name.split(".", 3)
             if kind in _EXPERT_NAMES:
                 for e in range(w.shape[0]):
-                    yield (
-                        f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}",
-                        torch.from_numpy(w[e].copy()),
-                    )
-                continue
+                    yield out(f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
+                return
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
             elif kind == "exp_probs_b":  # a bias without a weight: no suffix in HF's name
                 hf = f"model.layers.{idx}.{names[kind]}"
             elif kind in ("attn_k_b", "attn_v_b"):
                 # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
-                halves = split_kv_b.setdefault(idx, {})
+                halves = self.split_kv_b.setdefault(idx, {})
                 halves[kind] = w
                 if len(halves) < 2:
-                    continue
-                del split_kv_b[idx]
+                    return
+                del self.split_kv_b[idx]
                 kb, vb = halves["attn_k_b"].transpose(0, 2, 1), halves["attn_v_b"]
                 w = np.concatenate([kb, vb], axis=1).reshape(-1, vb.shape[-1])
                 hf = f"model.layers.{idx}.self_attn.kv_b_proj.weight"
             elif kind not in names:
-                continue
+                return
             else:
                 hf = f"model.layers.{idx}.{names[kind]}.{suffix}"
-            if permute and kind == "attn_q" and suffix == "weight":
-                w = _unpermute(w, config["num_attention_heads"])
+            if permute and kind == "attn_q" and suffix == "weight":  # (whole rows: blocks move with them)
+                w = np.ascontiguousarray(_unpermute(w, config["num_attention_heads"]))
             elif permute and kind == "attn_k" and suffix == "weight":
-                w = _unpermute(w, config["num_key_value_heads"])
+                w = np.ascontiguousarray(_unpermute(w, config["num_key_value_heads"]))
         else:
-            continue
-        w = np.ascontiguousarray(w)
-        if not w.flags.writeable:  # an F32 tensor is a read-only view of the memory-mapped file
-            w = w.copy()  # (torch.from_numpy would warn about it at every first start)
-        yield hf, torch.from_numpy(w)
+            return
+        yield out(hf, w)
+
+
+def _served(name: str) -> bool:
+    """Whether the GGUF tensor ``name`` is one :func:`gguf_tensors` keeps quantized when it can."""
+    if _hf_name(name) is not None:
+        return True
+    if not name.startswith("blk."):
+        return False
+    kind = name.split(".")[2]
+    return kind in _EXPERT_NAMES or kind in _DEEPSEEK_NAMES or kind in _GPT_OSS_NAMES
+
+
+# Expert tensor types served dequantized at native precision: gpt-oss's MXFP4 experts (an E2M1
+# grid with power-of-two scales, which int4's affine groups do not hold exactly), as its
+# safetensors checkpoints are.
+DEQUANTIZED_EXPERT_TYPES = ("MXFP4",)
 
 
 def check_native_types(reader) -> None:
@@ -261,37 +312,18 @@ def check_native_types(reader) -> None:
 
     for t in reader.tensors:
         kind = t.tensor_type.name
-        if _hf_name(t.name) is not None and kind not in SUPPORTED_TYPES + DENSE_TYPES:
-            raise ValueError(
-                f"GGUF tensor '{t.name}' has type {kind}, which llmkit cannot serve quantized; "
-                f"supported: {', '.join(SUPPORTED_TYPES + DENSE_TYPES)} (or serve it dequantized: --quantization none)"
-            )
+        if not _served(t.name) or kind in SUPPORTED_TYPES + DENSE_TYPES:
+            continue
+        if kind in DEQUANTIZED_EXPERT_TYPES and t.name.startswith("blk.") and t.name.split(".")[2] in _EXPERT_NAMES:
+            continue
+        raise ValueError(
+            f"GGUF tensor '{t.name}' has type {kind}, which llmkit cannot serve quantized; "
+            f"supported: {', '.join(SUPPORTED_TYPES + DENSE_TYPES)} (or serve it dequantized: --quantization none)"
+        )
 
 
 def gguf_native_tensors(reader, config: dict) -> Iterator[tuple[str, object]]:
     """Yield ``(hf_name, tensor)``: quantized weights as :class:`GGUFTensor` (still the file's
-    blocks; Q/K rows unpermuted, which moves whole rows of blocks), the rest as fp32 tensors."""
-    from llmkit.core.model.gguf_quant import DENSE_TYPES, GGUFTensor
-
+    blocks), the rest as fp32 tensors (:func:`gguf_tensors` with ``native``)."""
     check_native_types(reader)
-    for t in reader.tensors:
-        hf = _hf_name(t.name)
-        if hf is None:
-            continue
-        kind = t.tensor_type.name
-        if kind in DENSE_TYPES:
-            yield from gguf_tensors(_OneTensor(reader, t), config)
-            continue
-        shape = [int(x) for x in reversed(t.shape)]
-        data = t.data.reshape(shape[0], -1)
-        heads = _permute_heads(t.name, config)
-        if heads:
-            data = np.ascontiguousarray(_unpermute(data, heads))
-        yield hf, GGUFTensor(t.name, kind, data, shape[1])
-
-
-class _OneTensor:
-    """A reader stand-in holding one tensor (reuses :func:`gguf_tensors` for dense ones)."""
-
-    def __init__(self, reader, tensor) -> None:
-        self.tensors = [tensor]
+    yield from gguf_tensors(reader, config, native=True)

@@ -132,6 +132,13 @@ class Int4Format(WeightFormat):
         layer._q4_scale[dst_rows].copy_(scale)
         layer._q4_zero[dst_rows].copy_(zero)
 
+    def take_staged(self, layer) -> torch.Tensor:
+        r = layer.local_out
+        scale, zero = layer._q4_scale[:r], layer._q4_zero[:r]
+        w = torch.mul(layer._q4[:r].view(r, -1, self.group), scale[..., None])  # uint8 x fp32 -> fp32
+        layer._q4 = layer._q4_scale = layer._q4_zero = None
+        return w.add_((zero - 8 * scale)[..., None]).view(r, -1)
+
     def finalize(self, layer) -> None:
         if getattr(layer, "_q4", None) is None:
             return

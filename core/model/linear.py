@@ -86,6 +86,12 @@ class WeightFormat:
     def finalize(self, layer: "Linear") -> None:
         """Pack or repack once every part is loaded (quantized formats)."""
 
+    def take_staged(self, layer: "Linear") -> torch.Tensor:
+        """The values loaded so far, before :meth:`finalize`, as a dense ``[out, in]`` tensor, the
+        staging released (a fused layer moving its staged parts to another format)."""
+        w, layer.weight = layer.weight, None
+        return w
+
     def apply(self, layer: "Linear", x: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """``x @ W.T`` without the bias."""
         return dense_linear(x, layer.weight, None, deterministic)
@@ -178,18 +184,40 @@ class Linear(HotModule):
             return
         if hasattr(tensor, "weight_format"):
             fmt = tensor.weight_format(self)
-            if fmt is not self.format:
+            if fmt is not self.format and not self._parts_loaded:
                 self.format = fmt
                 fmt.create(self, self.local_out, self.local_in)
+            elif fmt is not self.format:
+                self._join_types(fmt)
+                tensor_in = tensor if self.format is fmt else tensor.dequantize()
+                self.format.load(self, tensor_in, rows, slice(lo, hi), self._cols)
+                self._part_done(part)
+                return
         self.format.load(self, tensor, rows, slice(lo, hi), self._cols)
         if hasattr(tensor, "weight_format"):
             # An already quantized source (GGUF, GPTQ/AWQ) stages its values unpacked (int4: 1.25
             # bytes a weight; int8 from Q8_0/Q5_K/Q6_K: the fp32 weight): pack as soon as every
             # part is in, so only one layer's staging is resident at a time, not the whole model's
             # (an 8B Q4_0 GGUF staged ~8.7 GB until finalize_weights). finalize() is idempotent.
-            self._parts_loaded.add(part)
-            if len(self._parts_loaded) == len(self._row_map):
-                self.format.finalize(self)
+            self._part_done(part)
+
+    def _part_done(self, part: int) -> None:
+        self._parts_loaded.add(part)
+        if len(self._parts_loaded) == len(self._row_map):
+            self.format.finalize(self)
+
+    def _join_types(self, fmt: WeightFormat) -> None:
+        """The parts of a fused layer arrive in different quantized types (llama.cpp's Q4_K_M
+        stores some layers' V at Q6_K beside Q4_K Q and K): int8, the finer, holds all of them.
+        An int4 layer's staged parts move to int8; an int4 part joining an int8 layer is loaded
+        from its dequantized values (the caller's ``dequantize()``)."""
+        if self.format.name == "int8" or fmt.name != "int8":
+            return
+        staged = self.format.take_staged(self)
+        self.format = fmt
+        fmt.create(self, self.local_out, self.local_in)
+        everything = slice(0, self.local_out)
+        fmt.load(self, staged, everything, everything, slice(0, self.local_in))
 
     def finalize(self) -> None:
         self.format.finalize(self)

@@ -12,6 +12,17 @@ experts, never over tokens; the results are scattered back to their (token, slot
 combined with the routing weights in slot order, so a token's sum never depends on its batch-mates.
 On CUDA (with ``triton`` installed) the same computation runs as one fused grouped GEMM per
 projection (:mod:`llmkit.core.model.fused_moe_triton`), over the rows :func:`moe_align` sorts.
+
+Weight format. Like a :class:`~llmkit.core.model.linear.Linear`, the experts carry one: ``dense``
+(the batched parameters above) or a quantized one (int4, int8). Quantized, each expert's two
+projections are a :class:`~llmkit.core.model.linear.Linear` in that format (its gate/up rows one
+layer, its down rows another), so the per-layer formats' loading, packing and kernels serve the
+experts as they are: no batched ``w13``/``w2`` exists, only the E packed pairs. A GGUF's expert
+tensors name their format (Q4_0/Q4_1/Q4_K: int4 groups of 32, Q8_0/Q5_K/Q6_K: int8 per row, as a
+dense layer's); ``--quantization int4|int8`` sets it before loading (:meth:`FusedExperts.set_format`),
+so each expert is quantized as its tensors arrive. int8 experts keep no dense copy (a dense layer
+keeps one for prefill; the experts' would be the fp32 model over again). Quantized experts are a
+CPU path: a module built on another device refuses them at load.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model.linear import dense_linear
+from llmkit.core.model.linear import DENSE, Linear, WeightFormat, dense_linear
 from llmkit.core.model.parallel import SINGLE, TPGroup
 
 GATE, UP, DOWN = 0, 1, 2
@@ -142,15 +153,35 @@ class FusedExperts(nn.Module):
         else:
             self.b13 = self.b2 = None
         self._loaded: set[tuple[int, int, str]] = set()
+        self._device = self.w13.device
+        self.format: WeightFormat = DENSE
+        # Quantized: per expert [gate/up layer, down layer], each made when its first tensor
+        # arrives. A plain list, not child modules: the model's walks over its Linear layers
+        # (loading checks, --quantization, finalize_weights) must not take them for its own, as
+        # with VocabEmbedding's qtable.
+        self._layers: list[list[Linear | None]] = []
         #: run the fused Triton kernel: None = on CUDA when triton is installed (tests set True to
         #: run it on CPU under Triton's interpreter)
         self.use_triton: bool | None = None
 
     # --- loading -----------------------------------------------------------------------------
 
+    @property
+    def quantized(self) -> bool:
+        return self.format is not DENSE
+
     def load(self, tensor: torch.Tensor, expert: int, proj: int) -> None:
         """Load one expert's full checkpoint ``gate``/``up`` (``[I, H]``, or bias ``[I]``) or
-        ``down`` (``[H, I]``, or bias ``[H]``) tensor, keeping this rank's channels."""
+        ``down`` (``[H, I]``, or bias ``[H]``) tensor, keeping this rank's channels. A weight that
+        arrives quantized (a GGUF block tensor) turns the experts quantized."""
+        if len(tensor.shape) == 2 and hasattr(tensor, "weight_format") and not self.quantized:
+            self.set_format(tensor.weight_format(self))
+        if len(tensor.shape) == 2 and self.quantized:
+            layer = self._layer(expert, DOWN if proj == DOWN else GATE, tensor)
+            layer.load(tensor, 1 if proj == UP else 0)  # the layer slices its rank's rows / columns
+            self._loaded.add((expert, proj, "weight"))
+            self._finish(expert)
+            return
         t = tensor.dequantize() if hasattr(tensor, "dequantize") else tensor
         li = self.local_inter
         kind = "bias" if t.dim() == 1 else "weight"
@@ -174,6 +205,91 @@ class FusedExperts(nn.Module):
         for e in range(self.num_experts):
             self.load(tensor[e], e, proj)
 
+    def set_format(self, fmt: WeightFormat, filled: bool = False) -> None:
+        """Store the experts in ``fmt`` (``--quantization``, or the format of a GGUF's expert
+        tensors). Before loading, each expert is quantized as its tensors arrive; weights already
+        loaded dense are converted one expert at a time, then the batched ``w13``/``w2`` go.
+        ``filled``: the dense weights hold every expert although :meth:`load` did not put them
+        there (dummy weights): convert them all. A no-op for ``dense`` or experts already quantized
+        (a GGUF's own types stay as they are)."""
+        if fmt.name == "dense" or self.quantized:
+            return
+        if filled:
+            self._loaded |= {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
+        if self._device.type != "cpu":
+            # (the Triton path multiplies the batched dense weights; there is no GPU int4 kernel)
+            raise ValueError(f"quantized MoE experts are a CPU path; these are on {self._device}")
+        if fmt.name == "int8" and getattr(fmt, "keep_dense", False):
+            from llmkit.core.model.weight_formats import Int8Format
+
+            fmt = Int8Format(keep_dense=False)  # the experts' dense copy would be the fp32 model again
+        self.format = fmt
+        self._layers = [[None, None] for _ in range(self.num_experts)]
+        w13, w2, li = self.w13, self.w2, self.local_inter
+        self.w13 = self.w2 = None
+        for e in range(self.num_experts):
+            for proj in (GATE, UP, DOWN):
+                if (e, proj, "weight") not in self._loaded:
+                    continue
+                layer = self._layer(e, proj, None)
+                if proj == DOWN:
+                    local, rows = w2.data[e], slice(0, self.hidden)
+                else:
+                    rows = slice(0, li) if proj == GATE else slice(li, 2 * li)
+                    local = w13.data[e, rows]
+                layer.format.load(layer, local, rows, slice(0, local.shape[0]), slice(0, layer.local_in))
+            self._finish(e)
+
+    def _layer(self, expert: int, proj: int, tensor) -> Linear:
+        """Expert ``expert``'s gate/up (``proj`` GATE or UP) or down layer, made on first use in
+        the format ``tensor`` names (a quantized checkpoint tensor) or the experts' own. The layers
+        carry this rank's slicing: gate/up column-parallel by channel, down row-parallel (its
+        partial sums are reduced once, by :meth:`forward`, never by the layer)."""
+        i = 1 if proj == DOWN else 0
+        layer = self._layers[expert][i]
+        if layer is None:
+            fmt = tensor.weight_format(self) if hasattr(tensor, "weight_format") else self.format
+            inter, h = self.intermediate, self.hidden
+            if i == 0:
+                fmt = fmt.for_features(h)
+                layer = Linear(h, 2 * inter, parallel="column", parts=[(inter, inter)] * 2, tp=self.tp, fmt=fmt)
+            else:
+                fmt = fmt.for_features(self.local_inter)
+                layer = Linear(inter, h, parallel="row", in_units=inter, tp=self.tp, fmt=fmt)
+            self._layers[expert][i] = layer
+        return layer
+
+    def _finish(self, expert: int) -> None:
+        """Pack an expert's layers once their rows are all in: only one expert's staging (the
+        unpacked values) is resident at a time, never the whole fp32 block."""
+        g13, g2 = self._layers[expert]
+        if g13 is not None and {(expert, GATE, "weight"), (expert, UP, "weight")} <= self._loaded:
+            g13.finalize()
+        if g2 is not None and (expert, DOWN, "weight") in self._loaded:
+            g2.finalize()
+
+    def expert_weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``expert``'s ``w13 [2I_local, H]`` and ``w2 [H, I_local]``, dequantized where
+        quantized (reference checks)."""
+        if not self.quantized:
+            return self.w13[expert], self.w2[expert]
+        g13, g2 = self._layers[expert]
+        return g13.format.dense_weight(g13), g2.format.dense_weight(g2)
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor holding the experts' weights and biases, by name: ``w13``/``w2`` when
+        dense, else each expert layer's buffers (``3.w13.q4_packed``...). The quantized buffers
+        are not in ``state_dict()`` (nor are a quantized Linear's: they are not persistent)."""
+        out = {n: t for n, t in (("b13", self.b13), ("b2", self.b2)) if t is not None}
+        if not self.quantized:
+            return {"w13": self.w13, "w2": self.w2, **out}
+        for e, pair in enumerate(self._layers):
+            for name, layer in zip(("w13", "w2"), pair):
+                if layer is not None:
+                    out.update({f"{e}.{name}.{b}": t for b, t in layer.named_buffers() if t is not None})
+                    out.update({f"{e}.{name}.{p}": t for p, t in layer.named_parameters()})
+        return out
+
     def missing(self) -> list[str]:
         """Names (``expert.proj.kind``) of the tensors not loaded yet."""
         want = {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
@@ -192,7 +308,8 @@ class FusedExperts(nn.Module):
         use_triton = self.use_triton
         if use_triton is None:
             use_triton = x.is_cuda and _HAS_TRITON
-        if use_triton and x.shape[0] > 0:
+        quantized = self.quantized
+        if use_triton and x.shape[0] > 0 and not quantized:  # (quantized: CPU only, see set_format)
             from llmkit.core.model.fused_moe_triton import fused_experts
 
             b2 = self.b2 if self.tp.rank == 0 else None  # the down bias is added on one rank only
@@ -211,8 +328,17 @@ class FusedExperts(nn.Module):
             if n == 0:
                 continue
             block = rows[start : start + n]
-            h = dense_linear(block, self.w13[e], None if self.b13 is None else self.b13[e], deterministic)
-            y = dense_linear(self.activation(h), self.w2[e], None, deterministic)
+            if quantized:
+                # the layers' kernels: a row's result does not depend on the rows beside it, so the
+                # grouping by expert leaves a request's output independent of its batch
+                g13, g2 = self._layers[e]
+                h = g13.format.apply(g13, block, deterministic)
+                if self.b13 is not None:
+                    h = h + self.b13[e]
+                y = g2.format.apply(g2, self.activation(h), deterministic)
+            else:
+                h = dense_linear(block, self.w13[e], None if self.b13 is None else self.b13[e], deterministic)
+                y = dense_linear(self.activation(h), self.w2[e], None, deterministic)
             out[order[start : start + n]] = y
             start += n
         if self.b2 is not None:
@@ -223,7 +349,10 @@ class FusedExperts(nn.Module):
         return self.tp.all_reduce(y)
 
     def extra_repr(self) -> str:
-        return f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}"
+        return (
+            f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+            f"format={self.format.name}"
+        )
 
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
