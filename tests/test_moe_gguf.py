@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model import cpu_quant
 from llmkit.core.plugins import registry
 
 from model_utils import save_tiny_model
@@ -194,12 +195,19 @@ def test_gguf_experts_stay_quantized(tmp_path, arch, types):
         assert isinstance(ex, FusedExperts) and ex.quantized and ex.w13 is None and ex.w2 is None
         assert not [k for k in native.state_dict() if ".experts." in k]  # no dense expert tensor
         stored = ex.weight_tensors()
-        assert {t.dtype for t in stored.values()} <= {torch.uint8, torch.int8, torch.bfloat16}
+        assert {t.dtype for t in stored.values()} <= {torch.uint8, torch.int8, torch.bfloat16, torch.float16}
         e, h, i = ex.num_experts, ex.hidden, ex.intermediate
-        for name, fmt, (rows, cols) in (("w13", gate_up, (2 * i, h)), ("w2", down, (h, i))):
+        # Q4_0 alone is symmetric: our C kernel's layout keeps its fp16 scales without zeros
+        sym_gate_up = cpu_quant.available() and {types["ffn_gate_exps"], types["ffn_up_exps"]} == {"Q4_0"}
+        sym_down = cpu_quant.available() and types["ffn_down_exps"] == "Q4_0"
+        for name, fmt, (rows, cols), sym in (
+            ("w13", gate_up, (2 * i, h), sym_gate_up),
+            ("w2", down, (h, i), sym_down),
+        ):
             got = _bytes(t for n, t in stored.items() if f".{name}." in n)
-            # int4: half a byte a weight + a bf16 scale and zero a 32-group; int8: a byte + a bf16 row scale
-            want = e * rows * cols * (0.5 + 4 / 32) if fmt == "int4" else e * (rows * cols + 2 * rows)
+            # int4: half a byte a weight + a bf16 scale and zero (or an fp16 scale) a 32-group;
+            # int8: a byte + a bf16 row scale
+            want = e * rows * cols * (0.5 + (2 if sym else 4) / 32) if fmt == "int4" else e * (rows * cols + 2 * rows)
             assert got == want, (name, got, want)
         assert _bytes(stored.values()) < _bytes(ref.weight_tensors().values()) / 3.5  # fp32: 4 bytes a weight
         for j in range(e):
