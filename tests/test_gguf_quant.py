@@ -263,3 +263,13 @@ def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path):
         native(path=None, quantization="gguf")
     with pytest.raises(ValueError, match="CPU path"):
         native(device=cuda, quantization="gguf")
+
+
+def test_weight_bytes_count_the_quantized_buffers(embedded_pair):
+    """``--mem-fraction-static`` sizes the KV pool from what is left after the weights: the packed
+    int4/int8 buffers (not in ``state_dict()``) must count. SmolLM2-135M: 134.5M weights, 4.5 bits
+    or so a weight at native precision (int4 layers, int8 embedding), 4 bytes in fp32."""
+    native, dense = embedded_pair
+    n = sum(t.numel() for t in dense.state_dict().values())
+    assert 0.5 * n < native.weight_bytes() < 1.0 * n
+    assert 4 * n <= dense.weight_bytes() < 4.1 * n  # (+ the rotary tables, buffers too)

@@ -285,9 +285,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     head_dim, v_dim = model.kv_cache_dims
     # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
     bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * kv_dtype.itemsize
-    weight_bytes = (
-        sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
-    )
+    weight_bytes = model.weight_bytes() if config.mem_fraction_static else 0
     tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist

@@ -111,6 +111,27 @@ class CausalLM(nn.Module, ABC):
             if isinstance(module, FusedExperts):
                 module.set_format(fmt)
 
+    def weight_bytes(self) -> int:
+        """Bytes the loaded weights hold, quantized buffers included (they are not persistent, so
+        ``state_dict()`` misses them, as it misses the layers kept in plain lists: a quantized
+        embedding table or LM head, quantized experts). Each storage counted once."""
+        from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+        from llmkit.core.model.moe import FusedExperts
+
+        tensors = [*self.parameters(), *self.buffers()]
+        for m in self.modules():
+            if isinstance(m, FusedExperts):
+                tensors += m.weight_tensors().values()
+            extra = m.qtable if isinstance(m, VocabEmbedding) else m.fmt_layer if isinstance(m, LMHead) else None
+            if isinstance(extra, Linear):
+                tensors += [*extra.parameters(), *extra.buffers()]
+        seen = {}
+        for t in tensors:
+            if t is not None and t.numel():
+                s = t.untyped_storage()
+                seen[(s.data_ptr(), t.device)] = s.nbytes()
+        return sum(seen.values())
+
     @property
     def num_layers(self) -> int:
         return int(self.config["num_hidden_layers"])
