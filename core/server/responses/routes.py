@@ -70,9 +70,13 @@ def responses_router(state, storage=None) -> APIRouter:
             log.exception("background response %s failed", resp["id"])
             failed(resp, f"internal error: {type(exc).__name__}")
         finally:
-            tasks.pop(resp["id"], None)
-            await events.aclose()  # aborts the generation if it is still running
-        await store.put(record)
+            try:
+                await events.aclose()  # aborts the generation if it is still running
+                await store.put(record)
+            finally:
+                # only once the final state is stored: a poll in between would find the stored
+                # "in_progress" with no task behind it and call the response lost to a restart
+                tasks.pop(resp["id"], None)
 
     @router.post("/v1/responses")
     async def create(raw: HTTPRequest):
