@@ -203,6 +203,13 @@ def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | No
     return gguf_path is not None and config.load_format != "dummy"
 
 
+def _weight_bytes(model) -> int:
+    """Bytes of the model's parameters and buffers, each tensor once: quantized layers keep their
+    packed weights in non-persistent buffers, which ``state_dict()`` leaves out."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     """The engine's parts; ``tp``: this rank's tensor-parallel group (every rank calls this in
     the same order: the pool size is agreed on with a collective)."""
@@ -283,9 +290,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     head_dim, v_dim = model.kv_cache_dims
     # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
     bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * kv_dtype.itemsize
-    weight_bytes = (
-        sum(t.numel() * t.element_size() for t in model.state_dict().values()) if config.mem_fraction_static else 0
-    )
+    weight_bytes = _weight_bytes(model) if config.mem_fraction_static else 0
     tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist
