@@ -255,7 +255,7 @@ def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path):
 
     assert native()  # the default, as llama.cpp serves it
     assert not native(quantization="none") and not native(dtype="float32") and not native(dtype="bfloat16")
-    assert not native(device=cuda)  # no GPU int4 kernel: dequantized
+    assert not native(device=cuda)  # GGUFs are dequantized on CUDA (int8 types, tables: no CUDA path)
     assert not native(load_format="dummy")
     assert not native(path=None)  # a safetensors checkpoint
     assert native(quantization="gguf")

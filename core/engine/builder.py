@@ -191,7 +191,8 @@ def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | No
     """Whether a GGUF is served at its native (quantized) precision, as llama.cpp serves it.
 
     The default for a GGUF on CPU; ``--quantization none`` or an explicit ``--dtype`` serves the
-    dequantized weights, and so does CUDA (no int4 kernel there yet). ``--quantization gguf`` asks
+    dequantized weights, and so does CUDA (int4 has a Triton kernel there, but a GGUF's int8 types
+    and quantized embedding tables have no CUDA path yet). ``--quantization gguf`` asks
     for it explicitly and fails where it cannot be had."""
     explicit = config.quantization == "gguf"
     if explicit and gguf_path is None:
@@ -257,8 +258,8 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
             "use --attention torch or another --kv-cache-dtype"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if quant and device.type != "cpu":
-        raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use the model's dtype")
+    if quant and device.type != "cpu" and quant != "int4":  # int4 has a Triton kernel on CUDA, int8 none
+        raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use int4 or the model's dtype")
     model = build_model(model_cls, hf_config, device, dtype, tp)
     if quant and config.load_format != "dummy":
         model.quantize_experts(quant, config.quantization_group_size)  # quantized as they load

@@ -14,7 +14,8 @@ per group of input columns (``group_size``, usually 128):
 
 In int4-group terms (``w = (q - 8) * scale + zero``): ``scale = s`` and ``zero = s * (7 - z)`` (GPTQ)
 or ``s * (8 - z)`` (AWQ). A GPTQ act-order layer (``desc_act``) has its input columns sorted by
-group at load, and the layer gathers its input in that order (``in_perm``).
+group at load, and the layer gathers its input in that order (``in_perm``). Both load onto
+:class:`Int4Format` on CPU (its C or torch kernel) and on CUDA (its Triton kernel).
 """
 
 from __future__ import annotations
@@ -78,16 +79,18 @@ class PackedInt4Tensor:
         return tuple(self.q.shape)
 
     def weight_format(self, layer):
-        from llmkit.core.model.int4_format import Int4Format
+        from llmkit.core.model.int4_format import Int4Format, device_of
 
-        if layer.weight is not None and layer.weight.device.type != "cpu":
-            return layer.format  # no int4 kernel off the CPU here: served dequantized (dequantize())
+        device = device_of(layer)
+        if device.type not in ("cpu", "cuda"):
+            return layer.format  # no int4 kernel there: served dequantized (dequantize())
         if self.in_perm is not None:
             if layer.parallel == "row":
                 raise ValueError(f"{self.name}: a GPTQ act-order (desc_act) weight cannot be split by input columns")
-            if getattr(layer, "in_perm", None) is not None and not torch.equal(layer.in_perm, self.in_perm):
+            perm = self.in_perm.to(device)
+            if getattr(layer, "in_perm", None) is not None and not torch.equal(layer.in_perm, perm):
                 raise ValueError(f"{self.name}: fused parts have different GPTQ act orders")
-            layer.register_buffer("in_perm", self.in_perm, persistent=False)
+            layer.register_buffer("in_perm", perm, persistent=False)
         fmt = layer.format
         if getattr(fmt, "name", "") == "int4" and fmt.group == self.group:
             return fmt

@@ -17,6 +17,12 @@ Kernels, measured on the project's 2-core VM (README, ``benchmarks/bench_kernels
   :func:`unpack_int4` inverts it.
 Either runs at every row count: both beat dequantizing for the call, and a row's result does not
 depend on how many rows the call has, so deterministic mode runs them as is.
+
+On CUDA a layer is packed on the device for the Triton w4a16 kernel
+(:mod:`llmkit.core.model.int4_triton`: int32 words ``[in/8, out]``, fp16/bf16 scales and zeros
+``[in/group, out]``) and multiplied by it at every row count, activations in the model dtype;
+deterministic mode runs it with one tile configuration for every row count. Only the packed
+buffers stay resident there too.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from llmkit.core.model.linear import WeightFormat, dense_linear
 # there is no limit; benchmarks lower it to time the dequantizing path.
 INT4_MAX_ROWS = 1 << 30
 _BLOCK_N = 64  # the CPU packing's row block; layers are padded to a multiple of it
+# Devices whose layers run the Triton kernel. Tests add "cpu" to run it under Triton's interpreter.
+TRITON_DEVICES = ("cuda",)
 
 
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,12 +108,14 @@ class Int4Format(WeightFormat):
     def create(self, layer, out_features: int, in_features: int) -> None:
         if in_features % self.group:
             raise ValueError(f"int4 group size {self.group} does not divide the layer's {in_features} input features")
+        device = device_of(layer)
         layer.weight = None
         n = -(-out_features // _BLOCK_N) * _BLOCK_N
-        # Staging until finalize(): the unpacked values (1 byte each), scales and zeros.
-        layer._q4 = torch.full((n, in_features), 8, dtype=torch.uint8)
-        layer._q4_scale = torch.zeros(n, in_features // self.group)
-        layer._q4_zero = torch.zeros(n, in_features // self.group)
+        # Staging until finalize(), on the layer's device: the unpacked values (1 byte each),
+        # scales and zeros.
+        layer._q4 = torch.full((n, in_features), 8, dtype=torch.uint8, device=device)
+        layer._q4_scale = torch.zeros(n, in_features // self.group, device=device)
+        layer._q4_zero = torch.zeros(n, in_features // self.group, device=device)
 
     def load(self, layer, src, dst_rows: slice, src_rows: slice, src_cols: slice) -> None:
         if src_cols.start % self.group or (src_cols.stop - src_cols.start) % self.group:
@@ -143,8 +153,14 @@ class Int4Format(WeightFormat):
         if getattr(layer, "_q4", None) is None:
             return
         # packed for the kernel that will run it (see the module docstring)
-        layer.q4_native = layer._q4.device.type == "cpu" and cpu_quant.available()
-        if layer.q4_native:
+        layer.q4_triton = layer._q4.device.type in TRITON_DEVICES
+        layer.q4_native = not layer.q4_triton and layer._q4.device.type == "cpu" and cpu_quant.available()
+        if layer.q4_triton:
+            from llmkit.core.model import int4_triton
+
+            n = layer.local_out
+            packed, sz = int4_triton.pack(layer._q4[:n], layer._q4_scale[:n], layer._q4_zero[:n])
+        elif layer.q4_native:
             scale, zero = layer._q4_scale, layer._q4_zero
             packed, sz = cpu_quant.q4_pack(layer._q4, scale, zero, sym=cpu_quant.symmetric(scale, zero))
         else:
@@ -160,6 +176,10 @@ class Int4Format(WeightFormat):
         n = layer.local_out
         b = layer._buffers  # (not nn.Module.__getattr__: ~0.6 us a lookup, 3 per call)
         perm = b["in_perm"]
+        if layer.q4_triton:
+            if perm is not None:  # GPTQ act order: the columns are stored sorted by group
+                x = x.index_select(1, perm)
+            return self._triton(x, b["q4_packed"], b["q4_scale_zero"], self.group, deterministic)
         if perm is None and layer.q4_native and x.dtype == torch.float32 and x.shape[0] <= INT4_MAX_ROWS:
             return cpu_quant.q4_linear(x, b["q4_packed"], b["q4_scale_zero"], self.group, n)
         if perm is not None:  # GPTQ act order: the columns are stored sorted by group
@@ -170,6 +190,12 @@ class Int4Format(WeightFormat):
             y = self._kernel(layer, x)
             return y if y.shape[1] == n else y[:, :n]  # drop the padding rows of the last 64-block
         return dense_linear(x, self._dequantize(layer).to(x.dtype), None, deterministic)
+
+    @staticmethod
+    def _triton(x, packed, scale_zero, group, deterministic):
+        from llmkit.core.model.int4_triton import w4a16_linear
+
+        return w4a16_linear(x, packed, scale_zero, group, deterministic)
 
     def _kernel(self, layer, x):
         # Decode runs this ~120 times a step, so the cheap spellings: buffers from ``_buffers``
@@ -189,7 +215,11 @@ class Int4Format(WeightFormat):
 
     def _dequantize(self, layer, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The stored weight (columns in stored order) dequantized to fp32, or its ``rows``."""
-        if layer.q4_native:
+        if layer.q4_triton:
+            from llmkit.core.model import int4_triton
+
+            q, scale, zero = int4_triton.unpack(layer.q4_packed, layer.q4_scale_zero, rows)
+        elif layer.q4_native:
             q, scale, zero = cpu_quant.q4_unpack(layer.q4_packed, layer.q4_scale_zero, rows)
         else:
             q = unpack_int4(layer.q4_packed, rows)
@@ -205,3 +235,14 @@ class Int4Format(WeightFormat):
     def embed(self, layer, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
         return self._dequantize(layer, flat).view(*ids.shape, -1)
+
+
+def device_of(layer) -> torch.device:
+    """Where a layer's weight lives: its dense weight's device before conversion, else its staging's
+    or packed buffer's, else its bias's; the default device (``with torch.device(...)`` while a
+    model is built) for a layer with none yet."""
+    for name in ("weight", "_q4", "q4_packed", "bias"):
+        t = getattr(layer, name, None)
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.get_default_device()

@@ -325,9 +325,13 @@ class LMHead(nn.Module):
             w = table.qtable.format.dense_weight(table.qtable)
         else:
             w = table.weight
-        layer = Linear(w.shape[1], w.shape[0])
-        layer.weight.data.copy_(w)
-        layer.set_format(fmt)
+        # built in ``fmt`` on the table's device (CUDA's int4 runs there), loaded straight from the
+        # table: no second dense copy
+        with torch.device(w.device):
+            layer = Linear(w.shape[1], w.shape[0], fmt=fmt)
+        rows, cols = slice(0, w.shape[0]), slice(0, w.shape[1])
+        fmt.load(layer, w.detach(), rows, rows, cols)
+        layer.finalize()
         self.fmt_layer = layer
 
     def forward(self, hidden: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
