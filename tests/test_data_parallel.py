@@ -142,7 +142,9 @@ def test_killed_replica_fails_its_clients_and_stops_the_server(model_dir):
     # One running request per replica and a queue behind it, so the replica is busy when killed.
     proc, url = start_server(["--model-path", model_dir, "--dp-size", "2", "--max-running-requests", "1", *COMMON])
     try:
-        clients = LongStreams(url, 8)
+        # 24 streams of 240 tokens, one at a time per replica: seconds of work queued, so a replica
+        # is still busy when the info request below gets through a loaded machine (8 were not)
+        clients = LongStreams(url, 24)
         assert clients.started.wait(60)
         busy = max(_replicas(url), key=lambda r: r["outstanding"])
         assert busy["outstanding"] > 0
@@ -155,6 +157,8 @@ def test_killed_replica_fails_its_clients_and_stops_the_server(model_dir):
         assert failed, [ev[-3:] for ev in streams]
         proc.wait(timeout=max(1.0, 10 - (time.monotonic() - killed)))
         assert proc.returncode != 0
-        assert re.search(rf"engine process \(rank {rank}, pid {pid}\) died: killed by signal 9", server_log(proc))
+        assert re.search(
+            rf"engine process \(rank {rank}, pid {pid}\) died: killed by signal 9", server_log(proc, tail=10**6)
+        )
     finally:
         stop_server(proc)
