@@ -247,51 +247,9 @@ def check_tensor_parallel(device: str) -> None:
 
 
 def _prefill_logits(model, ids: list[int], device: torch.device) -> torch.Tensor:
-    """``model``'s logits for every position of one prefill through the paged KV path on ``device``
-    (tests/test_reference_transformers.py's helper, device-generic)."""
-    from llmkit.core.model.attention import AttentionMetadata
-    from llmkit.core.model.causal_lm import ForwardContext
-    from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
-    from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
+    from test_reference_transformers import _prefill_logits as prefill
 
-    n = len(ids)
-    dtype = next(model.parameters()).dtype
-    pool = KVCachePool(
-        num_layers=model.num_layers,
-        num_pages=n + 2,
-        page_size=1,
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        dtype=dtype,
-        device=device,
-    )
-    req_pool = ReqToTokenPool(2, n + 1, device)
-    slots = pool.page_slots(pool.allocate(n)).to(device)
-    req_pool.table[0, :n] = slots
-    md = AttentionMetadata(
-        num_seqs=1,
-        q_lens=[n],
-        kv_lens=[n],
-        q_start_loc=torch.tensor([0, n], device=device),
-        q_lens_t=torch.tensor([n], device=device),
-        kv_lens_t=torch.tensor([n], device=device),
-        req_pool_indices=torch.tensor([0], device=device),
-        req_to_token=req_pool.table,
-        out_slots=slots,
-        page_size=1,
-        is_decode=False,
-    )
-    attn = TorchAttentionBackend(
-        num_heads=model.config["num_attention_heads"],
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        pool=pool,
-        device=device,
-    )
-    md = attn.prepare_metadata(md)
-    with torch.inference_mode():
-        hidden = model(torch.tensor(ids, device=device), torch.arange(n, device=device), ForwardContext(attn, md))
-        return model.compute_logits(hidden).float().cpu()
+    return prefill(model, ids, device)
 
 
 def check_checkpoint(method: str, act_order: bool, device: str, dtype: torch.dtype) -> None:

@@ -21,29 +21,30 @@ import model_utils
 from model_utils import save_tiny_model, start_engine
 
 
-def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
-    """Run our model over ``ids`` as one prefill through the paged KV path; logits for every position."""
-    n = len(ids)
+def _prefill_logits(model, ids: list[int], device: torch.device | None = None) -> torch.Tensor:
+    """Run our model over ``ids`` as one prefill through the paged KV path (on ``device``, the CPU
+    by default, the pool in the model's dtype); fp32 logits for every position, on the CPU."""
+    n, device = len(ids), device or torch.device("cpu")
     pool = KVCachePool(
         num_layers=model.num_layers,
         num_pages=n + 2,
         page_size=1,
         num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
+        dtype=next(model.parameters()).dtype,
+        device=device,
     )
-    req_pool = ReqToTokenPool(2, n + 1, torch.device("cpu"))
-    slots = pool.page_slots(pool.allocate(n))
+    req_pool = ReqToTokenPool(2, n + 1, device)
+    slots = pool.page_slots(pool.allocate(n)).to(device)
     req_pool.table[0, :n] = slots
     md = AttentionMetadata(
         num_seqs=1,
         q_lens=[n],
         kv_lens=[n],
-        q_start_loc=torch.tensor([0, n]),
-        q_lens_t=torch.tensor([n]),
-        kv_lens_t=torch.tensor([n]),
-        req_pool_indices=torch.tensor([0]),
+        q_start_loc=torch.tensor([0, n], device=device),
+        q_lens_t=torch.tensor([n], device=device),
+        kv_lens_t=torch.tensor([n], device=device),
+        req_pool_indices=torch.tensor([0], device=device),
         req_to_token=req_pool.table,
         out_slots=slots,
         page_size=1,
@@ -54,12 +55,12 @@ def _prefill_logits(model, ids: list[int]) -> torch.Tensor:
         num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         pool=pool,
-        device=torch.device("cpu"),
+        device=device,
     )
     md = attn.prepare_metadata(md)
     with torch.inference_mode():
-        hidden = model(torch.tensor(ids), torch.arange(n), ForwardContext(attn, md))
-        return model.compute_logits(hidden)
+        hidden = model(torch.tensor(ids, device=device), torch.arange(n, device=device), ForwardContext(attn, md))
+        return model.compute_logits(hidden).float().cpu()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
