@@ -178,3 +178,28 @@ def run_in_subprocesses(module: str, entry: str, jobs: list[list[str]], env: dic
             pytest.fail(f"subprocess failed (rc={p.returncode}):\n{err[-3000:]}")
         results.update(json.loads(line[len("RESULTS ") :]))
     return results
+
+
+def report_runs(runs: list[str], check) -> None:
+    """Subprocess side of :func:`run_in_subprocesses`: ``check(run)`` for each run, one ``RESULTS``
+    JSON line of ``"ok"`` or the failure (with the end of its traceback) per run."""
+    import traceback
+
+    results = {}
+    for run in runs:
+        try:
+            check(run)
+            results[run] = "ok"
+        except Exception as exc:  # reported to the parent test, which fails with this text
+            results[run] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+    print("RESULTS " + json.dumps(results))
+
+
+def interpreted(module: str, runs: list[str]) -> dict[str, str]:
+    """``tests/<module>.py``'s ``_main`` over ``runs`` under Triton's interpreter, in two parallel
+    subprocesses; skips without triton."""
+    import os
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return run_in_subprocesses(module, "_main", [runs[0::2], runs[1::2]], env)

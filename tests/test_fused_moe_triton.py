@@ -18,7 +18,7 @@ import torch
 
 from llmkit.core.model.moe import FusedExperts, grouped_topk, moe_align, silu_and_mul, softmax_topk
 
-from attention_utils import run_in_subprocesses
+from attention_utils import interpreted, report_runs, run_in_subprocesses
 
 # name: (tokens, hidden, intermediate, experts, top_k, routing, bias, activation)
 CASES: dict[str, dict] = {
@@ -73,22 +73,12 @@ def check_case(name: str, dtype: torch.dtype, device: str) -> None:
 
 def _main(runs: list[str]) -> None:
     """Subprocess entry: the ``name:dtype`` checks under the interpreter, reported as JSON."""
-    results = {}
-    for run in runs:
-        name, dtype = run.split(":")
-        try:
-            check_case(name, getattr(torch, dtype), "cpu")
-            results[run] = "ok"
-        except Exception as exc:  # reported to the parent test, which fails with this text
-            results[run] = f"{type(exc).__name__}: {exc}"
-    print("RESULTS " + json.dumps(results))
+    report_runs(runs, lambda run: check_case(run.split(":")[0], getattr(torch, run.split(":")[1]), "cpu"))
 
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    return run_in_subprocesses("test_fused_moe_triton", "_main", [RUNS[0::2], RUNS[1::2]], env)
+    return interpreted("test_fused_moe_triton", RUNS)
 
 
 @pytest.mark.parametrize("run", RUNS)

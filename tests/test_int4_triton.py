@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attention_utils import run_in_subprocesses
+from attention_utils import interpreted, report_runs, run_in_subprocesses
 
 N, K = 200, 384
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
@@ -318,23 +318,12 @@ def _main(runs: list[str]) -> None:
 
     assert int4_triton.is_interpreted()
     int4_format.TRITON_DEVICES = ("cuda", "cpu")
-    results = {}
-    for run in runs:
-        try:
-            run_case(run, "cpu")
-            results[run] = "ok"
-        except Exception as exc:  # reported to the parent test, which fails with this text
-            import traceback
-
-            results[run] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
-    print("RESULTS " + json.dumps(results))
+    report_runs(runs, lambda run: run_case(run, "cpu"))
 
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    return run_in_subprocesses("test_int4_triton", "_main", [RUNS[0::2], RUNS[1::2]], env)
+    return interpreted("test_int4_triton", RUNS)
 
 
 @pytest.mark.parametrize("run", RUNS)
