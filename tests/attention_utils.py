@@ -203,3 +203,30 @@ def interpreted(module: str, runs: list[str]) -> dict[str, str]:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     return run_in_subprocesses(module, "_main", [runs[0::2], runs[1::2]], env)
+
+
+def compile_for_cuda(fn, arch: str, ptrs: dict, consts: dict, **options):
+    """Compile Triton kernel ``fn`` for CUDA ``arch`` (e.g. "90") without a GPU: pointer arguments
+    typed by ``ptrs``, ``consts`` as constexprs, the rest int32."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", int(arch), 32), options=options)
+
+
+def compiled(module: str, runs: list[str]) -> dict[str, str]:
+    """``tests/<module>.py``'s ``_compile_main`` over ``runs`` in two subprocesses without the
+    interpreter; skips where Triton cannot compile for CUDA here."""
+    import os
+
+    from test_triton_attention import _can_compile_for_cuda
+
+    pytest.importorskip("triton")
+    reason = _can_compile_for_cuda()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMKIT_TRITON_INTERPRET")}
+    return run_in_subprocesses(module, "_compile_main", [runs[0::2], runs[1::2]], env)

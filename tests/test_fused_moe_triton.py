@@ -10,15 +10,12 @@ sm_90 with Triton's bundled ptxas, and on a CUDA device the cases run compiled.
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 
 from llmkit.core.model.moe import FusedExperts, grouped_topk, moe_align, silu_and_mul, softmax_topk
 
-from attention_utils import interpreted, report_runs, run_in_subprocesses
+from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
 
 # name: (tokens, hidden, intermediate, experts, top_k, routing, bias, activation)
 CASES: dict[str, dict] = {
@@ -117,55 +114,25 @@ COMPILE_RUNS = ["float16:90", "bfloat16:90", "bfloat16:80"]
 
 def _compile_main(runs: list[str]) -> None:
     """Subprocess entry (no TRITON_INTERPRET): compile the kernel for ``dtype:arch``."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from llmkit.core.model import fused_moe_triton as fm
 
-    results = {}
-    for run in runs:
+    def compile_both(run: str) -> None:
         dtype_name, arch = run.split(":")
         t = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype_name]
-        fn = fm._fused_moe_kernel
-        try:
-            for row_div, bias, weight in ((4, True, False), (1, False, True)):
-                ptrs = dict.fromkeys(["A", "B", "Bias", "C"], t)
-                ptrs.update(topk_weights="*fp32", sorted_ids="*i64", block_expert="*i64")
-                bm, bn, bk, warps = fm.moe_config(getattr(torch, dtype_name), 1024, 8)
-                consts = dict(
-                    A_ROW_DIV=row_div,
-                    HAS_BIAS=bias,
-                    MUL_WEIGHT=weight,
-                    BLOCK_M=bm,
-                    BLOCK_N=bn,
-                    BLOCK_K=bk,
-                    UPCAST=False,
-                    DOT_PREC=None,
-                )
-                sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
-                src = ASTSource(
-                    fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}
-                )
-                triton.compile(
-                    src, target=GPUTarget("cuda", int(arch), 32), options=dict(num_warps=warps, num_stages=2)
-                )
-            results[run] = "ok"
-        except Exception as exc:
-            results[run] = f"{type(exc).__name__}: {exc}"[:3000]
-    print("RESULTS " + json.dumps(results))
+        for row_div, bias, weight in ((4, True, False), (1, False, True)):
+            ptrs = dict.fromkeys(["A", "B", "Bias", "C"], t)
+            ptrs.update(topk_weights="*fp32", sorted_ids="*i64", block_expert="*i64")
+            bm, bn, bk, warps = fm.moe_config(getattr(torch, dtype_name), 1024, 8)
+            consts = dict(A_ROW_DIV=row_div, HAS_BIAS=bias, MUL_WEIGHT=weight, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+            consts.update(UPCAST=False, DOT_PREC=None)
+            compile_for_cuda(fm._fused_moe_kernel, arch, ptrs, consts, num_warps=warps, num_stages=2)
+
+    report_runs(runs, compile_both)
 
 
 @pytest.fixture(scope="module")
 def compile_results() -> dict[str, str]:
-    from test_triton_attention import _can_compile_for_cuda
-
-    pytest.importorskip("triton")
-    reason = _can_compile_for_cuda()
-    if reason:
-        pytest.skip(reason)
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMKIT_TRITON_INTERPRET")}
-    return run_in_subprocesses("test_fused_moe_triton", "_compile_main", [COMPILE_RUNS], env)
+    return compiled("test_fused_moe_triton", COMPILE_RUNS)
 
 
 @pytest.mark.parametrize("run", COMPILE_RUNS)

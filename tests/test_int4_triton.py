@@ -22,15 +22,13 @@ A layout mistake (nibble order, transposition, group offset) gives errors of ord
 
 from __future__ import annotations
 
-import json
-import os
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from attention_utils import interpreted, report_runs, run_in_subprocesses
+from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
 
 N, K = 200, 384
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
@@ -349,59 +347,30 @@ COMPILE_RUNS = ["float16:90", "bfloat16:90", "bfloat16:80", "float32:90"]
 def _compile_main(runs: list[str]) -> None:
     """Subprocess entry (no TRITON_INTERPRET): compile the kernel for ``dtype:arch`` in every
     configuration of the table, with and without zeros and a K split."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from llmkit.core.model import int4_triton as it
 
-    fn = it._w4a16_kernel
-    results = {}
-    for run in runs:
+    def compile_all(run: str) -> None:
         dtype_name, arch = run.split(":")
         t = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype_name]
-        try:
-            for _, (bm, bn, bk, warps, stages) in [*it._CONFIGS, (0, it._DETERMINISTIC)]:
-                for group, has_zero, split in ((32, True, 1), (128, False, 4)):
-                    ptrs = dict(X=t, Y=t, W="*i32", S="*fp16", Z="*fp16", P="*fp32")
-                    consts = dict(
-                        GROUP=group,
-                        HAS_ZERO=has_zero,
-                        SPLIT_K=split,
-                        BLOCK_M=bm,
-                        BLOCK_N=bn,
-                        BLOCK_K=min(bk, group),
-                        UPCAST=False,
-                        DOT_PREC="tf32" if dtype_name == "float32" else None,
-                    )
-                    sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
-                    src = ASTSource(
-                        fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}
-                    )
-                    if dtype_name == "float32":
-                        stages = min(stages, it._FP32_STAGES)
-                    compiled = triton.compile(
-                        src, target=GPUTarget("cuda", int(arch), 32), options=dict(num_warps=warps, num_stages=stages)
-                    )
-                    # ~100 KB at most (sm_86/89: 99 KB a block; sm_80: 163 KB; sm_90: 227 KB)
-                    assert compiled.metadata.shared <= (232448 if arch == "90" else 101376), (bm, bn, bk, stages)
-                    assert "ld.local" not in compiled.asm["ptx"], f"register spills at {bm}x{bn}x{bk}"
-            results[run] = "ok"
-        except Exception as exc:
-            results[run] = f"{type(exc).__name__}: {exc}"[:3000]
-    print("RESULTS " + json.dumps(results))
+        for _, (bm, bn, bk, warps, stages) in [*it._CONFIGS, (0, it._DETERMINISTIC)]:
+            for group, has_zero, split in ((32, True, 1), (128, False, 4)):
+                ptrs = dict(X=t, Y=t, W="*i32", S="*fp16", Z="*fp16", P="*fp32")
+                consts = dict(GROUP=group, HAS_ZERO=has_zero, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn)
+                consts.update(BLOCK_K=min(bk, group), UPCAST=False)
+                consts.update(DOT_PREC="tf32" if dtype_name == "float32" else None)
+                if dtype_name == "float32":
+                    stages = min(stages, it._FP32_STAGES)
+                out = compile_for_cuda(it._w4a16_kernel, arch, ptrs, consts, num_warps=warps, num_stages=stages)
+                # ~100 KB at most (sm_86/89: 99 KB a block; sm_80: 163 KB; sm_90: 227 KB)
+                assert out.metadata.shared <= (232448 if arch == "90" else 101376), (bm, bn, bk, stages)
+                assert "ld.local" not in out.asm["ptx"], f"register spills at {bm}x{bn}x{bk}"
+
+    report_runs(runs, compile_all)
 
 
 @pytest.fixture(scope="module")
 def compile_results() -> dict[str, str]:
-    from test_triton_attention import _can_compile_for_cuda
-
-    pytest.importorskip("triton")
-    reason = _can_compile_for_cuda()
-    if reason:
-        pytest.skip(reason)
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMKIT_TRITON_INTERPRET")}
-    return run_in_subprocesses("test_int4_triton", "_compile_main", [COMPILE_RUNS[0::2], COMPILE_RUNS[1::2]], env)
+    return compiled("test_int4_triton", COMPILE_RUNS)
 
 
 @pytest.mark.parametrize("run", COMPILE_RUNS)
