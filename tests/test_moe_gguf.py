@@ -5,8 +5,6 @@ and HF-named tensors our model loads; its logits equal transformers' on the same
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -255,9 +253,7 @@ def test_qwen3moe_gguf_loads_one_expert_at_a_time(tmp_path):
 def test_qwen3moe_gguf_serves_natively_through_the_engine(tmp_path, monkeypatch):
     """``--model-path x.gguf`` on CPU: the MoE family is served at native precision now, experts
     included, and answers."""
-    from llmkit.core.engine.messages import GenerateRequest, SamplingParams
-
-    from model_utils import copy_embedded_tokenizer, start_engine
+    from model_utils import _greedy, copy_embedded_tokenizer, start_engine
 
     monkeypatch.setenv("LLMKIT_CACHE_DIR", str(tmp_path / "cache"))
     ref = save_tiny_model("qwen3_moe", tmp_path / "hf", mlp_only_layers=[], norm_topk_prob=True)
@@ -269,16 +265,8 @@ def test_qwen3moe_gguf_serves_natively_through_the_engine(tmp_path, monkeypatch)
     try:
         ex = engine.runner.model.layers[0].mlp.experts
         assert ex.quantized and ex.format.name == "int4"
-        done, out = threading.Event(), []
-
-        def sink(o):
-            out.extend(o.token_ids)
-            if o.finished:
-                done.set()
-
-        params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=0)
-        engine.submit(GenerateRequest("r", IDS[:12], params), sink)
-        assert done.wait(120) and len(out) == 6
+        out, _ = _greedy(engine, "r", IDS[:12], 6)
+        assert len(out) == 6
     finally:
         engine.shutdown()
 
