@@ -58,23 +58,22 @@ static void linear(const CStack *s, const CLinear *l, const float *x, int64_t M,
                 y[m * l->n_out + i] += l->bias[i];
 }
 
-/* Blocks [0, nblocks) over x_in [M, hidden]. first: x_in is the embedding output (the residual
- * starts as it); else res holds the running residual. Each block's MLP output goes to x_out, the
- * next block's input; on return res is the residual (the final norm adds the two). x_in is only
- * read. scratch: M * (2 hidden + qkv_width + attn_width + 3 inter) floats. */
+/* Blocks [0, nblocks) over the embedding output x_in [M, hidden] (only read; the residual starts
+ * as it). Each block's MLP output goes to x_out, the next block's input; on return res is the
+ * residual (the final norm adds the two). scratch: M * (2 hidden + qkv_width + attn_width + 3 inter)
+ * floats. */
 void decoder_stack(const CStack *s, const CBlock *blocks, int64_t nblocks, const float *x_in, float *x_out, float *res,
-                   int64_t M, int first, float *scratch) {
+                   int64_t M, float *scratch) {
     const int64_t hid = s->hidden;
     float *h = scratch, *qkv = h + M * hid, *att = qkv + M * s->qkv_width, *y = att + M * s->attn_width;
     float *gu = y + M * hid, *act = gu + 2 * M * s->inter;
     for (int64_t b = 0; b < nblocks; b++) {
         const CBlock *blk = blocks + b;
-        const float *x = b == 0 ? x_in : x_out;
-        if (first && b == 0) {
-            memcpy(res, x, sizeof(float) * (size_t)(M * hid));
-            s->norm(x, NULL, NULL, blk->in_norm, h, M, hid, s->eps);
+        if (b == 0) {
+            memcpy(res, x_in, sizeof(float) * (size_t)(M * hid));
+            s->norm(x_in, NULL, NULL, blk->in_norm, h, M, hid, s->eps);
         } else {
-            s->norm(x, res, res, blk->in_norm, h, M, hid, s->eps); /* res += x, h = norm(res) */
+            s->norm(x_out, res, res, blk->in_norm, h, M, hid, s->eps); /* res += x, h = norm(res) */
         }
         linear(s, &blk->qkv, h, M, qkv);
         s->attend(s->attend_ctx, blk->layer, qkv, blk->qkv.n_out, att);

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from llmkit.core import native
-from llmkit.core.model import cpu_norm, cpu_pointwise, cpu_quant
+from llmkit.core.model import cpu_norm, cpu_pointwise, cpu_quant, int4_format, weight_formats
+from llmkit.core.model.int4_format import Int4Format
+from llmkit.core.model.weight_formats import Int8Format
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 LIN_INT4, LIN_INT8, LIN_INT4_SYM = 1, 2, 3
@@ -46,7 +48,7 @@ class CStack(ctypes.Structure):
 def _lib():
     return native.load(
         Path(__file__).with_name("cpu_decoder.c"),
-        decoder_stack=[_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, ctypes.c_int, _PTR],
+        decoder_stack=[_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR],
     )
 
 
@@ -79,9 +81,6 @@ def native_linear(layer) -> CLinear | None:
     """The layer as the stack calls it, or None where its format does not run a C kernel at every
     row count (a dense weight, int8 with a dense copy, GPTQ act order, torch's int4 layout) or it
     is sharded."""
-    from llmkit.core.model.int4_format import Int4Format
-    from llmkit.core.model.weight_formats import Int8Format
-
     fmt, b = layer.format, layer._buffers
     if layer.parallel != "replicated" or (layer.bias is not None and layer.bias.dtype != torch.float32):
         return None
@@ -104,7 +103,7 @@ class NativeStack:
     def __init__(self, blocks: list[CBlock], keep: list, hidden: int, inter: int, attn_width: int, eps: float):
         self._blocks = (CBlock * len(blocks))(*blocks)
         self._keep = keep  # the tensors the structs point into
-        self.hidden, self.inter, self.attn_width, self.eps = hidden, inter, attn_width, eps
+        self.hidden, self.inter, self.attn_width = hidden, inter, attn_width
         self.qkv_width = max(b.qkv.n_out for b in blocks)
         self.n = len(blocks)
         # the kernels and shapes once; each forward sets the attention callback
@@ -126,15 +125,13 @@ class NativeStack:
             keep += [*norms, *(t for m in lins for t in m._buffers.values() if t is not None)]
             keep += [m.bias for m in lins if m.bias is not None]
             out.append(CBlock(layer_id, in_norm.data_ptr(), post_norm.data_ptr(), *cl))
-        qkv, o, gate_up, down = blocks[0][3:]
-        hidden, inter = o.local_out, down.local_in
-        if gate_up.local_out != 2 * inter or any(b.o.k != out[0].o.k for b in out):
+        # one hidden, attention and MLP width for every block: the C code sizes its scratch by them
+        hidden, attn_width, inter = out[0].o.n_out, out[0].o.k, out[0].down.k
+        if any((b.o.n_out, b.o.k, b.gate_up.n_out, b.down.k) != (hidden, attn_width, 2 * inter, inter) for b in out):
             return None
-        return cls(out, keep, hidden, inter, o.local_in, eps)
+        return cls(out, keep, hidden, inter, attn_width, eps)
 
     def usable(self, x: torch.Tensor) -> bool:
-        from llmkit.core.model import int4_format, weight_formats
-
         rows = x.shape[0]
         return (
             x.dtype == torch.float32
@@ -143,15 +140,12 @@ class NativeStack:
             and rows <= min(int4_format.INT4_MAX_ROWS, weight_formats.INT8_NO_DENSE_MAX_ROWS)
         )
 
-    def run(
-        self, x: torch.Tensor, residual: torch.Tensor | None, attend: NativeAttend
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """All blocks over ``x [M, hidden]`` (fp32) -> ``(last MLP output, residual)``; ``residual``
-        None: ``x`` is the embedding output."""
+    def run(self, x: torch.Tensor, attend: NativeAttend) -> tuple[torch.Tensor, torch.Tensor]:
+        """All blocks over the embedding output ``x [M, hidden]`` (fp32) -> ``(last MLP output,
+        residual)``."""
         m = x.shape[0]
         x = x.contiguous()
-        res = torch.empty_like(x) if residual is None else residual.contiguous().clone()
-        out = torch.empty_like(x)
+        res, out = torch.empty_like(x), torch.empty_like(x)
         scratch = torch.empty(m * (2 * self.hidden + self.qkv_width + self.attn_width + 3 * self.inter))
         stack = self._stack
         stack.attend, stack.attend_ctx = attend.fn, attend.ctx
@@ -163,7 +157,6 @@ class NativeStack:
             out.data_ptr(),
             res.data_ptr(),
             m,
-            int(residual is None),
             scratch.data_ptr(),
         )
         return out, res

@@ -170,7 +170,7 @@ class StackedLM(CausalLM):
         if plan is not None and plan.usable(x):
             attend = ctx.attn.native_attend(rope, ctx.metadata)
             if attend is not None:
-                x, residual = plan.run(x, None, attend)
+                x, residual = plan.run(x, attend)
                 x, _ = self.norm(x, residual)
                 return x
         for layer in self.layers:
