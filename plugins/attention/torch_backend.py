@@ -186,18 +186,21 @@ class TorchAttentionBackend(AttentionBackend):
             out[start:end] = self._prompt(i, q[start:end], kbuf, vbuf, slots, kv_len, sliding_window, sinks, md.extra)
         return out.to(dtype)
 
-    def forward_qkv(self, qkv, rope, layer_id, md):
+    def _rope_native(self, rope, md) -> dict | None:
+        """This forward's C-kernel metadata where the kernel can also apply ``rope`` (fp32 tables
+        of the head size, values as wide as the keys); else None. forward_qkv's and
+        native_attend's shared conditions."""
         native = md.extra.get("torch_native")
-        cos2, sin2 = rope
+        cos2 = rope[0]
+        d = self.head_dim
+        if native is None or cos2.dtype != torch.float32 or cos2.shape[-1] != d or self.v_head_dim != d:
+            return None
+        return native
+
+    def forward_qkv(self, qkv, rope, layer_id, md):
+        native = self._rope_native(rope, md)
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if (
-            native is None
-            or qkv.stride(1) != 1
-            or cos2.dtype != torch.float32
-            or cos2.shape[-1] != d
-            or self.v_head_dim != d
-            or qkv.shape[1] != (h + 2 * hkv) * d
-        ):
+        if native is None or qkv.stride(1) != 1 or qkv.shape[1] != (h + 2 * hkv) * d:
             return None
         t = qkv.shape[0]
         q = qkv[:, : h * d].view(t, h, d)
@@ -206,26 +209,19 @@ class TorchAttentionBackend(AttentionBackend):
         kbuf, vbuf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
         if not cpu_attention.stores(kbuf.dtype, k, v, md.out_slots):  # (checks the fp32 dtype too)
             return None
+        cos2, sin2 = rope
         tables = (cos2.reshape(t, d), sin2.reshape(t, d))
         return self._native_attention(q, kbuf, vbuf, native, None, None, (k, v, md.out_slots), tables)
 
     def native_attend(self, rope, md):
-        native = md.extra.get("torch_native")
-        cos2, sin2 = rope
-        d = self.head_dim
+        native = self._rope_native(rope, md)
         pool = self.pool
-        if (
-            native is None
-            or cos2.dtype != torch.float32
-            or cos2.shape[-1] != d
-            or self.v_head_dim != d
-            or not pool.v_buffers
-            or not cpu_attention.stores(pool.dtype, None, None, md.out_slots)
-        ):
+        if native is None or not pool.v_buffers or not cpu_attention.stores(pool.dtype, None, None, md.out_slots):
             return None
         if getattr(self, "_pool_ptrs", None) is None:  # the buffers never move: their addresses once
             self._pool_ptrs = (cpu_attention.layer_ptrs(pool.k_buffers), cpu_attention.layer_ptrs(pool.v_buffers))
-        t = cos2.shape[0]
+        cos2, sin2 = rope
+        t, d = cos2.shape[0], self.head_dim
         return cpu_attention.attend_step(
             pool,
             self._pool_ptrs,
