@@ -144,10 +144,9 @@ class Int4Format(WeightFormat):
 
     def take_staged(self, layer) -> torch.Tensor:
         r = layer.local_out
-        scale, zero = layer._q4_scale[:r], layer._q4_zero[:r]
-        w = torch.mul(layer._q4[:r].view(r, -1, self.group), scale[..., None])  # uint8 x fp32 -> fp32
+        w = self._groups_to_dense(layer._q4[:r], layer._q4_scale[:r], layer._q4_zero[:r])
         layer._q4 = layer._q4_scale = layer._q4_zero = None
-        return w.add_((zero - 8 * scale)[..., None]).view(r, -1)
+        return w
 
     def finalize(self, layer) -> None:
         if getattr(layer, "_q4", None) is None:
@@ -226,9 +225,14 @@ class Int4Format(WeightFormat):
             sz = layer.q4_scale_zero.float()
             sz = sz[:, : layer.local_out] if rows is None else sz[:, rows]
             scale, zero = sz[..., 0].t(), sz[..., 1].t()
-        r, k = q.shape[0] if rows is not None else layer.local_out, q.shape[1]
-        scale, zero = scale[:r], zero[:r]
-        w = torch.mul(q[:r].view(r, k // self.group, self.group), scale[..., None])  # uint8 x fp32 -> fp32
+        r = q.shape[0] if rows is not None else layer.local_out
+        return self._groups_to_dense(q[:r], scale[:r], zero[:r])
+
+    def _groups_to_dense(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        """``(q - 8) * scale + zero`` per group: fp32 ``[R, K]`` from ``q [R, K]`` uint8 and
+        ``scale``/``zero [R, K/group]``."""
+        r, k = q.shape
+        w = torch.mul(q.view(r, k // self.group, self.group), scale[..., None])  # uint8 x fp32 -> fp32
         w.add_((zero - 8 * scale)[..., None])
         return w.view(r, k)
 

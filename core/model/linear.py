@@ -182,29 +182,25 @@ class Linear(HotModule):
             b = tensor.dequantize() if hasattr(tensor, "dequantize") else tensor
             self.bias.data[rows].copy_(b[lo:hi])
             return
-        if hasattr(tensor, "weight_format"):
+        quantized = hasattr(tensor, "weight_format")
+        if quantized:
             fmt = tensor.weight_format(self)
             if fmt is not self.format and not self._parts_loaded:
                 self.format = fmt
                 fmt.create(self, self.local_out, self.local_in)
             elif fmt is not self.format:
                 self._join_types(fmt)
-                tensor_in = tensor if self.format is fmt else tensor.dequantize()
-                self.format.load(self, tensor_in, rows, slice(lo, hi), self._cols)
-                self._part_done(part)
-                return
+                if self.format is not fmt:
+                    tensor = tensor.dequantize()
         self.format.load(self, tensor, rows, slice(lo, hi), self._cols)
-        if hasattr(tensor, "weight_format"):
+        if quantized:
             # An already quantized source (GGUF, GPTQ/AWQ) stages its values unpacked (int4: 1.25
             # bytes a weight; int8 from Q8_0/Q5_K/Q6_K: the fp32 weight): pack as soon as every
             # part is in, so only one layer's staging is resident at a time, not the whole model's
             # (an 8B Q4_0 GGUF staged ~8.7 GB until finalize_weights). finalize() is idempotent.
-            self._part_done(part)
-
-    def _part_done(self, part: int) -> None:
-        self._parts_loaded.add(part)
-        if len(self._parts_loaded) == len(self._row_map):
-            self.format.finalize(self)
+            self._parts_loaded.add(part)
+            if len(self._parts_loaded) == len(self._row_map):
+                self.format.finalize(self)
 
     def _join_types(self, fmt: WeightFormat) -> None:
         """The parts of a fused layer arrive in different quantized types (llama.cpp's Q4_K_M
