@@ -224,7 +224,7 @@ class _Converter:
     def kept(self, t) -> bool:
         """Whether ``t`` stays quantized: native loading of a served type (llama.cpp's split
         ``attn_k_b`` / ``attn_v_b`` are joined and transposed, so always dequantized)."""
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        kind = _block_kind(t.name)
         return self.native and t.tensor_type.name in self.types and kind not in ("attn_k_b", "attn_v_b")
 
     def __call__(self, t) -> Iterator[tuple[str, object]]:
@@ -290,14 +290,15 @@ class _Converter:
         yield out(hf, w)
 
 
+def _block_kind(name: str) -> str:
+    """A ``blk.N.KIND.suffix`` tensor's KIND (``ffn_gate_exps``...); "" for the others."""
+    return name.split(".")[2] if name.startswith("blk.") else ""
+
+
 def _served(name: str) -> bool:
     """Whether the GGUF tensor ``name`` is one :func:`gguf_tensors` keeps quantized when it can."""
-    if _hf_name(name) is not None:
-        return True
-    if not name.startswith("blk."):
-        return False
-    kind = name.split(".")[2]
-    return kind in _EXPERT_NAMES or kind in _DEEPSEEK_NAMES or kind in _GPT_OSS_NAMES
+    kind = _block_kind(name)
+    return _hf_name(name) is not None or kind in _EXPERT_NAMES or kind in _DEEPSEEK_NAMES or kind in _GPT_OSS_NAMES
 
 
 # Expert tensor types served dequantized at native precision: gpt-oss's MXFP4 experts (an E2M1
@@ -314,7 +315,7 @@ def check_native_types(reader) -> None:
         kind = t.tensor_type.name
         if not _served(t.name) or kind in SUPPORTED_TYPES + DENSE_TYPES:
             continue
-        if kind in DEQUANTIZED_EXPERT_TYPES and t.name.startswith("blk.") and t.name.split(".")[2] in _EXPERT_NAMES:
+        if kind in DEQUANTIZED_EXPERT_TYPES and _block_kind(t.name) in _EXPERT_NAMES:
             continue
         raise ValueError(
             f"GGUF tensor '{t.name}' has type {kind}, which llmkit cannot serve quantized; "

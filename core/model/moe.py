@@ -217,7 +217,8 @@ class FusedExperts(nn.Module):
         if filled:
             self._loaded |= {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
         if self._device.type != "cpu":
-            # (the Triton path multiplies the batched dense weights; there is no GPU int4 kernel)
+            # (the fused Triton MoE kernel multiplies the batched dense weights; quantized experts
+            # have no GPU path, though dense layers' int4 runs on CUDA through int4_triton)
             raise ValueError(f"quantized MoE experts are a CPU path; these are on {self._device}")
         if fmt.name == "int8" and getattr(fmt, "keep_dense", False):
             from llmkit.core.model.weight_formats import Int8Format
