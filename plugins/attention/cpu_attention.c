@@ -109,14 +109,14 @@ static inline int64_t row_chunks(int64_t len, int window) {
     return len > start ? (len - 1) / KV_CHUNK - start / KV_CHUNK + 1 : 0;
 }
 
-/* One task: query group `hk` of row b over chunk `c` of its keys. One chunk: the output, normalised.
+/* One task: query group `hk` of row b over chunk `chunk` of its keys. One chunk: the output, normalised.
  * Several: to `part` [G][Dv + 2] per task, the unnormalised output then the max and the sum. */
 static void attend_chunk(const float *qg, const void *kbuf, const void *vbuf, int kv_dtype, const float *lut,
                          int64_t k_slot, int64_t k_head, int64_t v_slot, int64_t v_head, const int64_t *row_slots,
-                         int64_t len, int window, int64_t c, int64_t nch, int hk, int G, int D, int Dv, float scale,
+                         int64_t len, int window, int64_t chunk, int64_t nch, int hk, int G, int D, int Dv, float scale,
                          const float *sinks, float *dst, float *part) {
-    const int64_t start = row_start(len, window), c0 = (start / KV_CHUNK + c) * KV_CHUNK;
-    const int64_t p0 = c0 > start ? c0 : start, p1 = c0 + KV_CHUNK < len ? c0 + KV_CHUNK : len, n = p1 - p0;
+    const int64_t start = row_start(len, window), k0 = (start / KV_CHUNK + chunk) * KV_CHUNK;
+    const int64_t p0 = k0 > start ? k0 : start, p1 = k0 + KV_CHUNK < len ? k0 + KV_CHUNK : len, n = p1 - p0;
     const int64_t *slots = row_slots + p0;
     const int64_t n4 = (n + 3) & ~(int64_t)3;
     const float **kp = malloc(sizeof(float *) * (size_t)(2 * n4));
@@ -153,7 +153,7 @@ static void attend_chunk(const float *qg, const void *kbuf, const void *vbuf, in
     float denom[G];
     for (int j = 0; j < G; j++) {
         float *s = scores + (int64_t)j * n;
-        const float sink = sinks && c == 0 ? sinks[hk * G + j] : -INFINITY;
+        const float sink = sinks && chunk == 0 ? sinks[hk * G + j] : -INFINITY;
         float mx = sink;
         for (int64_t t = 0; t < n; t++)
             mx = s[t] > mx ? s[t] : mx;
@@ -191,26 +191,26 @@ static void attend_chunk(const float *qg, const void *kbuf, const void *vbuf, in
     for (int j = 0; j < G; j++) {
         const float *p = scores + (int64_t)j * n;
         float *o_dst = nch == 1 ? dst + (int64_t)j * Dv : part + (int64_t)j * (Dv + 2);
-        int c_ = 0;
-        for (; c_ + 64 <= Dv; c_ += 64) {
+        int c0 = 0;
+        for (; c0 + 64 <= Dv; c0 += 64) {
             __m256 o[8];
             for (int i = 0; i < 8; i++)
                 o[i] = _mm256_setzero_ps();
             for (int64_t t = 0; t < n; t++) {
                 const __m256 pt = _mm256_set1_ps(p[t]);
-                const float *v = vp[t] + c_;
+                const float *v = vp[t] + c0;
                 for (int i = 0; i < 8; i++)
                     o[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * i), o[i]);
             }
             const __m256 dn = _mm256_set1_ps(denom[j]);
             for (int i = 0; i < 8; i++)
-                _mm256_storeu_ps(o_dst + c_ + 8 * i, nch == 1 ? _mm256_div_ps(o[i], dn) : o[i]);
+                _mm256_storeu_ps(o_dst + c0 + 8 * i, nch == 1 ? _mm256_div_ps(o[i], dn) : o[i]);
         }
-        for (; c_ < Dv; c_++) { /* channels past the last whole 64 */
+        for (; c0 < Dv; c0++) { /* channels past the last whole 64 */
             float o = 0.0f;
             for (int64_t t = 0; t < n; t++)
-                o += p[t] * vp[t][c_];
-            o_dst[c_] = nch == 1 ? o / denom[j] : o;
+                o += p[t] * vp[t][c0];
+            o_dst[c0] = nch == 1 ? o / denom[j] : o;
         }
     }
     free(scratch);
