@@ -18,7 +18,7 @@ the activations ``[BLOCK_M, BLOCK_K]``, the word tile ``[BLOCK_K/8, BLOCK_N]`` a
 into nibbles (``[BLOCK_K/8, 8, BLOCK_N]`` shifts, reshaped to ``[BLOCK_K, BLOCK_N]``), dequantized in
 fp32 (``q * scale + (zero - 8 scale)``), cast to the activation dtype and multiplied with ``tl.dot``
 into an fp32 accumulator; the output is written in the activation dtype. Rows past ``M``, columns
-past ``N`` and inputs past ``K`` are masked. fp32 activations (the LM head's) multiply in tf32.
+past ``N`` and inputs past ``K`` are masked. fp32 activations multiply in full fp32 (``ieee``), not tf32.
 
 Few rows (decode) leave most of the GPU idle with one program per ``BLOCK_N`` columns, so the K
 loop may be split over ``SPLIT_K`` programs writing fp32 partial sums, added in split order by
@@ -65,6 +65,7 @@ def _w4a16_kernel(
     BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ROWWISE: tl.constexpr,
 ):
     tl.static_assert(GROUP % BLOCK_K == 0, "a K step must lie inside one group")
     tl.static_assert(BLOCK_K % 8 == 0, "a K step is whole int32 words")
@@ -102,7 +103,10 @@ def _w4a16_kernel(
         else:
             bias = -8.0 * scale
         w = q * scale[None, :] + bias[None, :]  # [BLOCK_K, BLOCK_N]
-        if UPCAST:  # bf16 under the interpreter: its tl.dot on bf16 is wrong (triton #11584); the
+        if ROWWISE:  # products summed over K along an axis: one order for every row (see config)
+            prod = x.to(tl.float32)[:, :, None] * w.to(x.dtype).to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=1)
+        elif UPCAST:  # bf16 under the interpreter: its tl.dot on bf16 is wrong (triton #11584); the
             # same products in fp32 (a bf16 x bf16 product is exact there)
             w = w.to(x.dtype).to(tl.float32)
             acc += tl.dot(x.to(tl.float32), w, input_precision=DOT_PREC, out_dtype=tl.float32)
@@ -224,9 +228,13 @@ def w4a16_linear(
     if x.dtype == torch.float32 and cfg is None:
         stages = min(stages, _FP32_STAGES)
     upcast = is_interpreted() and x.dtype == torch.bfloat16
-    prec = "ieee" if (upcast or (x.dtype == torch.float32 and is_interpreted())) else None
-    if x.dtype == torch.float32 and prec is None:
-        prec = "tf32"
+    # Under the interpreter tl.dot is numpy's matmul, whose BLAS kernels round a row by its
+    # position in the tile (rows 3:19 of a call differ from the same rows at 0:16 of another), so a
+    # deterministic call there sums the products itself. Compiled, an MMA's row does not depend on
+    # its neighbours (the GPU check runs the same test compiled).
+    rowwise = deterministic and is_interpreted()
+    # fp32 asks for fp32 accuracy: tf32 (the GPU default) is ~1e-3 relative off
+    prec = "ieee" if (upcast or x.dtype == torch.float32) else None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if split == 1 else None
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
@@ -249,6 +257,7 @@ def w4a16_linear(
         BLOCK_K=bk,
         UPCAST=upcast,
         DOT_PREC=prec,
+        ROWWISE=rowwise,
         num_warps=warps,
         num_stages=stages,
     )
