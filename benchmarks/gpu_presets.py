@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-EOS, PAD = "<eos>", "<pad>"  # token ids 0 and 1; the rest are t2 .. t{vocab-1}
+EOS, PAD = "<eos>", "<pad>"  # token ids 0 and 1; then the 256 byte symbols, then t258 .. t{vocab-1}
 
 # config.json as the checkpoints ship it (Qwen/Qwen2.5-0.5B-Instruct, meta-llama/Llama-3.1-8B-Instruct),
 # with token ids moved to our tokenizer's. Qwen2 has Q/K/V biases by architecture (no config key).
@@ -182,18 +182,40 @@ PRESETS = {
 }
 
 
+def _byte_symbols() -> list[str]:
+    """The 256 characters a byte-level BPE writes for bytes 0-255 (GPT-2's table)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
 def write_model_dir(preset: str, path: Path) -> None:
-    """config.json plus a tokenizer whose vocabulary is exactly the model's vocab_size."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """config.json plus a byte-level BPE tokenizer whose vocabulary is exactly the model's vocab_size.
+
+    Every text tokenizes (a token for each of the 256 bytes) and every id decodes (the rest are
+    filler words ``t<id>``), under the tokenizer class transformers picks for the config's
+    model_type too: transformers 5 builds a Qwen2Tokenizer for ``qwen2`` from the file's vocab and
+    merges with its own byte-level pre-tokenizer, which turned the word-level vocabulary this
+    wrote before into zero tokens for any text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     config = dict(PRESETS[preset], bos_token_id=0, eos_token_id=0, pad_token_id=1)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     n = config["vocab_size"]
-    vocab = {EOS: 0, PAD: 1, **{f"t{i}": i for i in range(2, n)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+    symbols = _byte_symbols()
+    vocab = {EOS: 0, PAD: 1, **{c: 2 + i for i, c in enumerate(symbols)}}
+    vocab.update({f"t{i}": i for i in range(len(vocab), n)})
+    tok = Tokenizer(models.BPE(vocab, [], fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, unk_token=PAD)
     assert len(fast) == n, (len(fast), n)
     fast.save_pretrained(str(path))
 
