@@ -165,8 +165,23 @@ class Engine:
                 self.scheduler.abort(a)
                 self.output.emit(stream, final=True)
 
+    def _refusal(self, msg: GenerateRequest) -> str | None:
+        """Why ``msg`` cannot join a batch, checked before it does: a request the forward cannot
+        take would otherwise fail the whole step, and every request batched with it."""
+        ids = msg.prompt_ids
+        if len(ids) == 0:
+            return "the prompt has no tokens"
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            return f"prompt token ids must be in [0, {self.vocab_size})"
+        return None
+
     def _add(self, msg: GenerateRequest, sink: Sink) -> None:
         req = Request.from_message(msg, self.eos_token_ids)
+        refusal = self._refusal(msg)
+        if refusal is not None:  # the server checks this first; this is a backstop for any client
+            self.output.open(req, sink)
+            req.status, req.finish_reason = Status.FINISHED, "abort"
+            return self.output.fail(req.rid, refusal)
         if not req.params.greedy:
             req.generator = make_generator(req.params.seed, self.runner.device)
         self.output.open(req, sink)

@@ -132,11 +132,18 @@ def render_chat(state, body, kwargs: dict) -> str:
 async def tokenize_text(
     state, text: str, param: str, *, context: bool = True, add_special_tokens: bool = False
 ) -> list[int]:
+    """``text``'s token ids. ``context``: the text is a prompt to generate from, so it must fit the
+    context and give at least one token (a text of only characters the tokenizer drops gives
+    none, and the model cannot start from nothing)."""
     check_prompt_size(state, len(text), param, context=context)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise APIError("the text contains invalid Unicode (a lone surrogate)", param=param) from None
     if len(text) < 2048:
-        return state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-    return await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        ids = state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    else:
+        ids = await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    if context and not ids:
+        raise APIError(f"the {param} tokenizes to zero tokens: there is nothing to generate from", param=param)
+    return ids
