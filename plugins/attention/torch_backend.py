@@ -105,7 +105,7 @@ class TorchAttentionBackend(AttentionBackend):
         starts = md.q_starts or md.q_start_loc.tolist()
         rows = md.req_rows or md.req_pool_indices.tolist()
         if self._native_rows():
-            md.extra["torch_native"] = self._native_metadata(md, starts, rows)
+            md.extra["torch_native"] = self._native_metadata(md, starts, rows, self.device)
             return md
         decoding = md.decoding or [n == 1 for n in md.q_lens]
         dec = [i for i in range(md.num_seqs) if decoding[i]]
@@ -123,7 +123,9 @@ class TorchAttentionBackend(AttentionBackend):
                 "valid": valid,
                 "lens": lens_t,
                 # the rows of q (and of the output) the decode rows sit at; None: all of them, in order
-                "q_rows": None if len(dec) == md.num_seqs else torch.tensor([starts[i] for i in dec]),
+                "q_rows": None
+                if len(dec) == md.num_seqs
+                else torch.tensor([starts[i] for i in dec], device=self.device),
             }
         md.extra["torch_prompts"] = [
             (
@@ -144,17 +146,18 @@ class TorchAttentionBackend(AttentionBackend):
         return self._native
 
     @staticmethod
-    def _native_metadata(md: AttentionMetadata, starts: list[int], rows: list[int]) -> dict:
+    def _native_metadata(md: AttentionMetadata, starts: list[int], rows: list[int], device) -> dict:
         """Per query row: its sequence's slot-table row and how many keys it sees (its position + 1).
         A prompt row and the decode row at the same position are the same computation, so K/V
         recomputed after a preemption, or read from the prefix cache, are what decoding wrote."""
         if all(n == 1 for n in md.q_lens):
-            return {"table": md.req_to_token, "rows": torch.tensor(rows), "lens": torch.tensor(md.kv_lens)}
-        row_t = torch.zeros(sum(md.q_lens), dtype=torch.int64)
+            rows_t = torch.tensor(rows, device=device)
+            return {"table": md.req_to_token, "rows": rows_t, "lens": torch.tensor(md.kv_lens, device=device)}
+        row_t = torch.zeros(sum(md.q_lens), dtype=torch.int64, device=device)
         len_t = torch.zeros_like(row_t)
         for start, n, kv, row in zip(starts, md.q_lens, md.kv_lens, rows):
             row_t[start : start + n] = row
-            torch.arange(kv - n + 1, kv + 1, out=len_t[start : start + n])
+            torch.arange(kv - n + 1, kv + 1, out=len_t[start : start + n], device=device)
         return {"table": md.req_to_token, "rows": row_t, "lens": len_t}
 
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
