@@ -46,9 +46,11 @@ ContextLength = Annotated[
     typer.Option("--context-length", envvar="LLMKIT_CONTEXT_LENGTH", help="Override the model's context length."),
 ]
 MaxRunning = Annotated[
-    int,
+    Optional[int],
     typer.Option(
-        "--max-running-requests", envvar="LLMKIT_MAX_RUNNING_REQUESTS", help="Most requests decoding at once."
+        "--max-running-requests",
+        envvar="LLMKIT_MAX_RUNNING_REQUESTS",
+        help="Most requests decoding at once (default: 64 on CPU; on CUDA from the KV pool, 64 to 2048).",
     ),
 ]
 MaxTotalTokens = Annotated[
@@ -56,8 +58,9 @@ MaxTotalTokens = Annotated[
     typer.Option(
         "--max-total-tokens",
         envvar="LLMKIT_MAX_TOTAL_TOKENS",
-        help="KV cache pool size in tokens (default: max(2 x context, 512 x --max-running-requests), "
-        "at most 65,536 tokens or 20%% of RAM).",
+        help="KV cache pool size in tokens (default on CPU: max(2 x context, 512 x --max-running-requests), "
+        "at most 65,536 tokens or 20% of RAM; on CUDA: 0.88 of the GPU's memory less what is in use "
+        "after the weights, see --mem-fraction-static).",
     ),
 ]
 ChunkedPrefill = Annotated[
@@ -131,6 +134,15 @@ CudaGraphMaxBs = Annotated[
 DisableCudaGraph = Annotated[
     bool,
     typer.Option("--disable-cuda-graph", envvar="LLMKIT_DISABLE_CUDA_GRAPH", help="Run decode steps eagerly on CUDA."),
+]
+SkipServerWarmup = Annotated[
+    bool,
+    typer.Option(
+        "--skip-server-warmup",
+        envvar="LLMKIT_SKIP_SERVER_WARMUP",
+        help="Report ready without first serving two short requests (on CUDA the warm-up compiles the "
+        "kernels the first request would otherwise wait for; CPU has none).",
+    ),
 ]
 Quantization = Annotated[
     Optional[str],
@@ -235,7 +247,8 @@ MemFractionStatic = Annotated[
     typer.Option(
         "--mem-fraction-static",
         help="Fraction of the device's memory (RAM on CPU) for weights plus the KV pool; "
-        "the pool gets the rest after the weights (default: see --max-total-tokens). "
+        "the pool gets the rest after the weights (on CUDA after everything in use by then; "
+        "default there 0.88, on CPU see --max-total-tokens). "
         "--max-total-tokens wins when both are given.",
     ),
 ]

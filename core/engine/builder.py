@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -142,8 +143,6 @@ def _pool_tokens(
     except (ValueError, OSError):
         total = 16 << 30
     if config.mem_fraction_static:
-        if device is not None and device.type == "cuda":
-            total = torch.cuda.mem_get_info(device)[1]
         budget = int(total * config.mem_fraction_static) - weight_bytes
         if budget < bytes_per_token * min(max_context, 4096):
             raise ValueError(
@@ -152,12 +151,18 @@ def _pool_tokens(
             )
         return budget // bytes_per_token
     by_memory = int(total * 0.2) // bytes_per_token
-    return max(
-        min(65536, by_memory, default_pool_tokens(max_context, config.max_running_requests)), min(max_context, 4096)
-    )
+    running = config.max_running_requests or CPU_MAX_RUNNING
+    return max(min(65536, by_memory, default_pool_tokens(max_context, running)), min(max_context, 4096))
 
 
 TOKENS_PER_RUNNING_REQUEST = 512
+CPU_MAX_RUNNING = 64  # --max-running-requests' default on CPU (on CUDA: from the pool, below)
+# On CUDA, weights + KV pool + every other allocation so far may take this share of the GPU's
+# memory (SGLang's --mem-fraction-static); the rest is for activations, logits and CUDA graphs.
+CUDA_MEM_FRACTION = 0.88
+# The default pool's ceiling: the free-page list is a Python list (4M tokens ~ 150 MB of host
+# memory); past it the memory would idle anyway (4M tokens = 32 full 128k contexts).
+CUDA_MAX_POOL_TOKENS = 1 << 22
 
 
 def default_pool_tokens(max_context: int, max_running: int) -> int:
@@ -165,6 +170,31 @@ def default_pool_tokens(max_context: int, max_running: int) -> int:
     full-context requests, or 512 tokens for each of --max-running-requests, whichever is more
     (more than that only idles memory: 3 GB for a 135M model before)."""
     return max(2 * max_context, TOKENS_PER_RUNNING_REQUEST * max_running)
+
+
+def cuda_sizes(config: EngineConfig, bytes_per_token: int, max_context: int, row_bytes: int, device) -> tuple[int, int]:
+    """(KV pool tokens, max running requests) on CUDA, from the GPU's memory after the weights
+    (SGLang's sizing): the pool gets ``--mem-fraction-static`` (default 0.88) of the GPU less
+    what is already in use (weights, the CUDA context, other processes) and less the request
+    table's ``row_bytes`` a running request; the running limit follows the pool (512 running
+    per full context of tokens, 64 to 2048). Explicit flags win."""
+    free, total = torch.cuda.mem_get_info(device)
+    frac = config.mem_fraction_static or CUDA_MEM_FRACTION
+    budget = int(total * frac) - (total - free)
+    guess = max(budget, 0) // bytes_per_token
+    running = config.max_running_requests or min(max(guess * 512 // max_context, CPU_MAX_RUNNING), 2048)
+    if config.max_total_tokens:
+        return config.max_total_tokens, running
+    tokens = (budget - (running + 1) * row_bytes) // bytes_per_token
+    if tokens < min(max_context, 4096):
+        raise ValueError(
+            f"the GPU has too little free memory for the KV pool after the weights "
+            f"({free / 2**30:.1f} of {total / 2**30:.1f} GiB free, fraction {frac}); "
+            "raise --mem-fraction-static or set --max-total-tokens"
+        )
+    if not config.mem_fraction_static:
+        tokens = min(tokens, CUDA_MAX_POOL_TOKENS)
+    return tokens, running
 
 
 def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.dtype, tp=None):
@@ -286,15 +316,22 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     head_dim, v_dim = model.kv_cache_dims
     # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
     bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * kv_dtype.itemsize
-    weight_bytes = model.weight_bytes() if config.mem_fraction_static else 0
-    tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
+    page = config.page_size
+    if device.type == "cuda":
+        row_bytes = (max_context + page) * 8  # a request's row of the slot table (int64)
+        tokens, running = cuda_sizes(config, bytes_per_token, max_context, row_bytes, device)
+    else:
+        weight_bytes = model.weight_bytes() if config.mem_fraction_static else 0
+        tokens = _pool_tokens(config, bytes_per_token, max_context, device, weight_bytes)
+        running = config.max_running_requests or CPU_MAX_RUNNING
+    config_running = config.max_running_requests
+    config = dataclasses.replace(config, max_running_requests=running)  # the scheduler's limit
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist
 
         agreed = torch.tensor([tokens], dtype=torch.int64)
         dist.broadcast(agreed, 0, group=tp.group)
         tokens = int(agreed.item())
-    page = config.page_size
     pool = KVCachePool(
         num_layers=n_layers,
         num_pages=tokens // page + 1,
@@ -356,18 +393,24 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         max_context,
     )
     if not config.max_total_tokens and leader:
-        how = (
-            f"--mem-fraction-static {config.mem_fraction_static}"
-            if config.mem_fraction_static
-            else f"max(2 x context, {TOKENS_PER_RUNNING_REQUEST} x --max-running-requests {config.max_running_requests})"
-            ", at most 65,536 tokens or 20% of RAM"
-        )
+        if device.type == "cuda":
+            frac = config.mem_fraction_static or CUDA_MEM_FRACTION
+            how = f"{frac:g} of the GPU's memory less what was in use after the weights"
+        elif config.mem_fraction_static:
+            how = f"--mem-fraction-static {config.mem_fraction_static}"
+        else:
+            how = (
+                f"max(2 x context, {TOKENS_PER_RUNNING_REQUEST} x --max-running-requests {running})"
+                ", at most 65,536 tokens or 20% of RAM"
+            )
         log.info(
             "KV pool: %d tokens (%.2f GB) from %s; set it with --max-total-tokens N",
             tokens,
             tokens * bytes_per_token / 1e9,
             how,
         )
+    if leader and device.type == "cuda":
+        log.info("max running requests: %d%s", running, "" if config_running else " (from the KV pool)")
     vocab_size = int(hf_config["vocab_size"])
     eos_ids = _eos_ids(model_dir, hf_config, tokenizer)
     return EngineParts(

@@ -17,7 +17,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     page_size: int = 1
     max_total_tokens: int | None = None  # KV pool size in tokens; None: sized from memory
-    max_running_requests: int = 64
+    max_running_requests: int | None = None  # None: 64 on CPU; on CUDA from the KV pool's size
     max_queued_requests: int = 1024
     chunked_prefill_size: int = 2048
     schedule_policy: str = "fcfs"  # fcfs | lpm
@@ -32,6 +32,9 @@ class EngineConfig:
     quantization_group_size: int | None = None  # int4 group size (default 32)
     cuda_graph_max_bs: int | None = None  # None: every batch size the scheduler can run (<= 256)
     disable_cuda_graph: bool = False
+    # Serve two short requests before reporting ready (kernels compiled, graphs replayed once).
+    # None: on CUDA only (SGLang's --skip-server-warmup turns it off).
+    warmup: bool | None = None
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
     # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).
     overlap_schedule: bool | None = None

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.messages import GenerateRequest, RequestOutput
+from llmkit.core.engine.messages import GenerateRequest, RequestOutput, SamplingParams
 from llmkit.core.engine.output import OutputProcessor, Sink
 from llmkit.core.engine.request import Request, Status, TokenLogprob
 from llmkit.core.engine.sampler import Sampler, make_generator, token_logprob
@@ -81,8 +81,39 @@ class Engine:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
+        self._warm_up_if_configured()
         self._thread = threading.Thread(target=self._run, name="llmkit-engine", daemon=True)
         self._thread.start()
+
+    def _warm_up_if_configured(self) -> None:
+        warm = self.config.warmup
+        if warm or (warm is None and self.runner.device.type == "cuda"):
+            self.warm_up()
+
+    def warm_up(self, timeout: float = 300.0) -> None:
+        """Serve two short requests (one greedy, one sampled: a 32-token prompt, then 8 decode
+        steps, through the captured graphs where there are any) before the first client does.
+        On CUDA the first request otherwise pays for compiling the prefill and sampling kernels
+        (a 1.09 s TTFT on the H200). Runs on the calling thread, before the loop starts; leaves
+        the counters as it found them (the prompt stays in the prefix cache, evictable)."""
+        t0 = time.monotonic()
+        n = max(1, min(32, self.max_context - 9))
+        ids = [1 + i % (self.vocab_size - 1) for i in range(n)]
+        finished: list[RequestOutput] = []
+        sink = lambda o: finished.append(o) if o.finished else None  # noqa: E731
+        greedy = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.0)
+        sampled = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20, seed=0)
+        for i, params in enumerate((greedy, sampled)):
+            self._add(GenerateRequest(f"llmkit-warmup-{i}", ids, params), sink)
+        inflight = None
+        while self._has_work(inflight) and time.monotonic() - t0 < timeout:
+            inflight = self.step(inflight)
+        self.output.flush_deferred()
+        if len(finished) != 2 or any(o.error for o in finished):
+            raise RuntimeError(f"the start-up warm-up failed: {[o.error for o in finished]}")
+        self.steps = 0
+        self.scheduler.prefix_cache_queries = self.scheduler.prefix_cache_hits = 0
+        log.info("Warm-up: a %d-token prompt and 8 decode steps in %.2f s", n, time.monotonic() - t0)
 
     @classmethod
     def build_and_start(cls, config: EngineConfig, build: Callable[[], Any]) -> tuple[Engine, Any]:
@@ -102,6 +133,7 @@ class Engine:
                     torch.set_num_threads(config.num_threads)
                 parts = build()
                 engine = cls(config, parts)
+                engine._warm_up_if_configured()  # before the server reports ready
             except BaseException as exc:  # noqa: BLE001 (handed to the caller, which re-raises it)
                 box.put(exc)
                 return
