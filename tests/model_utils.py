@@ -91,6 +91,21 @@ def copy_embedded_tokenizer(path) -> None:
             shutil.copy(f, Path(path) / f.name)
 
 
+def tiny_model_dir(path, arch: str = "llama", **overrides):
+    """A tiny random-weight model at ``path`` with a tokenizer of its own (the GPU benchmarks'
+    byte-level one, 512 ids): servable where the embedded model's package is not installed (a
+    GPU machine). Returns ``path``."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from gpu_presets import write_model_dir
+
+    write_model_dir("tiny", Path(path))  # its tokenizer; the config is replaced below
+    save_tiny_model(arch, path, **overrides)
+    return path
+
+
 def start_engine(**kwargs) -> Engine:
     kwargs.setdefault("grammar_backend", "none")  # no compiler workers unless a test needs them
     cfg = EngineConfig(**kwargs)

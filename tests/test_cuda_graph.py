@@ -10,7 +10,7 @@ import torch
 from llmkit.core.engine.cuda_graph import batch_buckets
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
-from model_utils import start_engine
+from model_utils import start_engine, tiny_model_dir
 
 
 def test_buckets_cover_every_batch_size():
@@ -38,11 +38,13 @@ def _greedy(engine, prompts, n=24):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graph_replay_equals_eager():
+def test_graph_replay_equals_eager(tmp_path):
     prompts = [[1, 200 + i, 300, 400 + 7 * i] for i in range(5)]  # 5 seqs: replays the bs=8 bucket
     results = []
+    model = tiny_model_dir(tmp_path)  # no embedded-model package needed on the GPU machine
     for disable in (True, False):
         engine = start_engine(
+            model_path=str(model),
             device="cuda",
             attention="triton",
             disable_cuda_graph=disable,
@@ -60,10 +62,11 @@ def test_graph_replay_equals_eager():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_flashinfer_decodes_eagerly():
+def test_flashinfer_decodes_eagerly(tmp_path):
     """The flashinfer plugin has no graph hooks: it must run eagerly rather than fail to capture."""
     pytest.importorskip("flashinfer")
-    engine = start_engine(device="cuda", attention="flashinfer", dtype="float32")
+    model = str(tiny_model_dir(tmp_path))
+    engine = start_engine(model_path=model, device="cuda", attention="flashinfer", dtype="float32")
     try:
         assert engine.runner.graphs is None
         assert all(len(t) == 24 for t in _greedy(engine, [[1, 200, 300], [1, 201, 300, 401]]))

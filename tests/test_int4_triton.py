@@ -407,13 +407,16 @@ def test_compiled_table_configs_match_torch(m: int) -> None:
 
 @pytest.mark.gpu
 @gpu
-def test_int4_quantization_engine_on_cuda():
+def test_int4_quantization_engine_on_cuda(tmp_path):
     """``--quantization int4`` on CUDA: every linear layer on the Triton kernel, none dense."""
     from llmkit.core.model.linear import Linear
 
-    from model_utils import _greedy, start_engine
+    from model_utils import _greedy, start_engine, tiny_model_dir
 
-    engine = start_engine(device="cuda", quantization="int4", quantization_group_size=64, max_total_tokens=512)
+    model = str(tiny_model_dir(tmp_path))  # no embedded-model package needed on the GPU machine
+    engine = start_engine(
+        model_path=model, device="cuda", quantization="int4", quantization_group_size=64, max_total_tokens=512
+    )
     try:
         lins = [m for m in engine.runner.model.modules() if isinstance(m, Linear)]
         assert lins and all(m.format.name == "int4" and m.q4_triton and m.weight is None for m in lins)
