@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# GPU side of the check (one command on the GPU machine, ~8 minutes), after prepare.sh on the CPU side:
+#   bash benchmarks/gpu_check/run.sh OUTDIR [sections...]
+# sections (default all): tests probe bench http functional. Every section has its own time limit and
+# log under OUTDIR; OUTDIR/check.tar.gz holds them all and summary.md the figures
+# (python benchmarks/gpu_check/summarize.py OUTDIR rewrites it, and benchmarks/RESULTS.md, from them).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-/tmp/gpu_check}
+shift || true
+SECTIONS=${*:-tests probe http bench functional}
+mkdir -p "$OUT/logs"
+L="$OUT/logs"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+has() { [[ " $SECTIONS " == *" $1 "* ]]; }
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+
+stamp install
+if [ -z "${SKIP_INSTALL:-}" ]; then  # (SKIP_INSTALL=1: an environment that has everything, e.g. a dry run on CPU)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$L/install.log" 2>&1 || { cat "$L/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$L/install.log" 2>&1 \
+    || { cat "$L/install.log"; exit 1; }
+fi
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+    git log -1 --format='commit %h %s' 2>/dev/null || true
+} > "$L/env.txt" 2>&1
+cat "$L/env.txt"
+
+if has tests; then
+    stamp "gpu tests (each in its own process)"
+    timeout 140 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs \
+        tests/test_triton_attention.py tests/test_int4_triton.py tests/test_fused_moe_triton.py \
+        tests/test_kv_cache_dtype.py tests/test_cuda_graph.py $(ls tests/test_fused_ops.py 2>/dev/null) \
+        > "$L/gpu_tests.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -25
+fi
+if has probe; then
+    stamp "MLA extend probe"
+    timeout 40 python3 benchmarks/gpu_check/mla_probe.py > "$L/mla_probe.log" 2>&1; cat "$L/mla_probe.log" | tail -20
+fi
+serve_and_bench() {  # preset tag then bench runs "n:out" ...
+    local preset=$1 tag=$2; shift 2
+    local dir=/tmp/model-$preset
+    mkdir -p $dir && python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from gpu_presets import write_model_dir; write_model_dir('$preset', Path('$dir'))"
+    python3 -m llmkit.cli.main serve --model-path $dir --load-format dummy --port 30123 --batch-storage none \
+        > "$L/serve_$tag.log" 2>&1 &
+    local pid=$!
+    python3 -c "
+import os, time, urllib.request
+for _ in range(480):  # 4 minutes at most, and not a moment once the server has exited
+    try:
+        urllib.request.urlopen('http://127.0.0.1:30123/health', timeout=2); break
+    except Exception:
+        if not os.path.exists('/proc/$pid') or open('/proc/$pid/stat').read().split()[2] == 'Z':
+            break
+        time.sleep(0.5)
+" 
+    for run in "$@"; do
+        local n=${run%%:*} o=${run##*:}
+        timeout 120 python3 -m llmkit.cli.main bench serve --base-url http://127.0.0.1:30123 --num-prompts $n \
+            --backend openai-completions --random-input-len 6 --random-output-len $o --ignore-eos --no-progress \
+            --json "$OUT/http_${tag}_${n}x${o}.json" > "$L/http_${tag}_${n}x${o}.log" 2>&1
+        grep -E "Successful|Failed|throughput|Mean TTFT|Median TTFT|Mean TPOT|Median TPOT" "$L/http_${tag}_${n}x${o}.log"
+    done
+    kill $pid; wait $pid 2>/dev/null
+    grep -E "KV pool|max running|Warm-up|graphs|captured" "$L/serve_$tag.log" | head -8
+}
+if has http; then
+    stamp "HTTP: llama-3.1-8b"
+    if [ -n "${HTTP_PRESET:-}" ]; then  # a dry run: HTTP_PRESET=tiny
+        serve_and_bench "$HTTP_PRESET" "$HTTP_PRESET" 1:8 4:8
+    else
+        serve_and_bench llama-3.1-8b llama8b 1:500 100:500
+        stamp "HTTP: qwen2.5-0.5b"
+        serve_and_bench qwen2.5-0.5b qwen05 1:500
+    fi
+fi
+if has bench; then
+    stamp "in-process benchmarks"
+    timeout 60 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single --markdown \
+        --json "$OUT/qwen_single.json" > "$L/bench_qwen_single.log" 2>&1
+    timeout 75 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --no-transformers --markdown \
+        --json "$OUT/llama8b.json" > "$L/bench_llama8b.log" 2>&1
+    grep -hE "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | tail -20
+fi
+if has functional; then
+    stamp "functional pass (openai client)"
+    timeout 70 python3 benchmarks/gpu_check/functional.py .whl/smollm2-tokenizer > "$L/functional.log" 2>&1
+    grep -E "^[a-z_]+: " "$L/functional.log"
+fi
+stamp done
+tar czf "$OUT/check.tar.gz" -C "$OUT" logs $(cd "$OUT" && ls *.json 2>/dev/null)
