@@ -14,7 +14,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from test_triton_attention import CASES, _backends, _build  # noqa: E402
 
+from llmkit.plugins.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+
+from attention_utils import backend_kwargs  # noqa: E402
+
 BASE = CASES["extend_ps1_latent"]
+# a dry run on CPU: LLMKIT_TRITON_INTERPRET=1 TRITON_INTERPRET=1 (the interpreter stands in for CUDA)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 VARIANTS = {
     "orig": {},
     "no_decode_row": dict(seqs=[(0, 19), (21, 5)]),
@@ -33,13 +39,15 @@ def run(name: str, over: dict, dtype: torch.dtype) -> str:
     if spec.get("latent") is None:
         spec.pop("latent", None)
     outs = {}
-    for dev in ("cuda", "cpu"):
-        b = _build(spec, dev, dtype)
-        tri, ref = _backends(b, spec["heads"][0], v_head_dim=spec.get("latent"))
-        if dev == "cuda":
+    for dev in (DEV, "ref"):
+        b = _build(spec, "cpu" if dev == "ref" else dev, dtype)
+        if dev != "ref":
+            tri, ref = _backends(b, spec["heads"][0], v_head_dim=spec.get("latent"))
             outs["triton"] = tri.forward(b.q, b.k, b.v, 0, tri.prepare_metadata(b.md)).float().cpu()
             b.md.extra.clear()
-        outs[f"torch_{dev}"] = ref.forward(b.q, b.k, b.v, 0, ref.prepare_metadata(b.md)).float().cpu()
+        else:  # the reference: the torch backend on the CPU (no Triton there)
+            ref = TorchAttentionBackend(**backend_kwargs(b, spec["heads"][0], spec.get("latent")))
+        outs["torch_cpu" if dev == "ref" else f"torch_{dev}"] = ref.forward(b.q, b.k, b.v, 0, ref.prepare_metadata(b.md)).float().cpu()
     want = outs["torch_cpu"]
     errs = {k: (v - want).abs().max().item() for k, v in outs.items() if k != "torch_cpu"}
     worst = (outs["triton"] - want).abs().amax(dim=(1, 2))

@@ -8,7 +8,8 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || grep -qx '/.whl/' .gitignore 
 mkdir -p .whl
 # what the GPU image (torch, triton, transformers, httpx, typer, msgpack, ...) does not have
 pkgs="fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection xgrammar apache-tvm-ffi
-gguf pyzmq openai jiter distro sniffio jsonschema jsonschema-specifications referencing rpds-py python-multipart"
+gguf pyzmq openai jiter distro sniffio jsonschema jsonschema-specifications referencing rpds-py python-multipart
+httpx2 httpcore2 truststore opentelemetry-api typing-extensions anyio h11 idna certifi annotated-doc"
 specs=""
 for p in $pkgs; do
     v=$("${PYTHON:-python3}" -c "import importlib.metadata as m; print(m.version('$p'))" 2>/dev/null || true)
@@ -21,6 +22,8 @@ for s in $specs; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         $plat --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$s"
 done
+# every carried wheel's requirements are carried too, or on the GPU image (gpu_image_packages.txt)
+"${PYTHON:-python3}" benchmarks/gpu_check/closure.py .whl benchmarks/gpu_check/gpu_image_packages.txt
 du -sh .whl
 # The embedded model's tokenizer and chat template (not its 92 MB weights) for the functional pass
 "${PYTHON:-python3}" - <<'PY'
