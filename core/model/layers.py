@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,28 @@ from torch import nn
 
 from llmkit.core.model import cpu_norm, cpu_pointwise
 from llmkit.core.model.hot_module import HotModule
+
+# CUDA runs the fused Triton kernels of triton_pointwise.py (one kernel per op instead of 2-4);
+# LLMKIT_DISABLE_FUSED_KERNELS=1 keeps the torch forms (a benchmark's "before", or a suspect kernel).
+FUSED_ON_CUDA = os.environ.get("LLMKIT_DISABLE_FUSED_KERNELS", "") != "1"
+
+
+def _fused(x: torch.Tensor):
+    """The fused-kernel module where ``x`` is a CUDA tensor and they are on, else None."""
+    if not (x.is_cuda and FUSED_ON_CUDA):
+        return None
+    from llmkit.core.model import triton_pointwise  # imports triton: only once a CUDA tensor shows up
+
+    return triton_pointwise
+
+
+def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [T, 2 * inter]`` (gate first): one kernel on CUDA, one C
+    call on the CPU where it builds, else torch."""
+    fused = _fused(gate_up)
+    if fused is not None:
+        return fused.silu_mul(gate_up, inter)
+    return cpu_pointwise.silu_mul(gate_up, inter)
 
 
 class RMSNorm(HotModule):
@@ -24,6 +47,9 @@ class RMSNorm(HotModule):
         weight = self._parameters["weight"]  # (not nn.Module.__getattr__: a decode step makes 61 calls)
         if cpu_norm.usable(x, weight):
             return cpu_norm.rms_norm(x, weight, self.eps, residual)  # one C call (cpu_norm.c)
+        fused = _fused(x)
+        if fused is not None:
+            return fused.rms_norm(x, weight, self.eps, residual)  # one kernel, residual add included
         if residual is not None:
             x = x + residual
             residual = x
@@ -129,5 +155,9 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x`` [T, heads, D] (queries, keys, or both stacked) with a :meth:`table`: one C
-        call on the CPU (the same numbers), else ``x * cos2 + x.roll(D/2, -1) * sin2``."""
+        call on the CPU (the same numbers), one kernel on CUDA, else
+        ``x * cos2 + x.roll(D/2, -1) * sin2``."""
+        fused = _fused(x)
+        if fused is not None:
+            return fused.rotate(x, *table)
         return cpu_pointwise.rotate(x, *table)

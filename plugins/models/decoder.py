@@ -13,11 +13,11 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from llmkit.core.model import cpu_decoder, cpu_pointwise
+from llmkit.core.model import cpu_decoder
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.cpu_decoder import NativeStack
 from llmkit.core.model.hot_module import HotModule
-from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
+from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, silu_mul
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.source import materialize
@@ -81,7 +81,7 @@ class MLP(HotModule):
         self.inter = self.down_proj.local_in
 
     def forward(self, x, det: bool):
-        return self.down_proj(cpu_pointwise.silu_mul(self.gate_up_proj(x, det), self.inter), det)
+        return self.down_proj(silu_mul(self.gate_up_proj(x, det), self.inter), det)
 
 
 class PreNormBlock(HotModule):
