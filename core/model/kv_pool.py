@@ -161,16 +161,25 @@ class ReqToTokenPool:
 
     def flush(self) -> None:
         """Apply the writes since the last flush to the device table (one host-to-device copy)."""
+        writes = self.take_pending()
+        if writes is not None:
+            self.apply(writes.to(self.table.device))
+
+    def take_pending(self) -> torch.Tensor | None:
+        """The writes since the last call as ``[3, n]`` int64 (row, column, slot) on the host, for
+        the caller to move to the device with its other step inputs and :meth:`apply`; None if none."""
         if not self._pending:
-            return
+            return None
         rows = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, _, n in self._pending])
         cols = torch.cat([torch.arange(c, c + n, dtype=torch.int64) for _, c, n in self._pending])
         self._pending.clear()
         # Values from the host copy, not from the writes: a position written twice (a row freed
         # and handed out again within one step) gets its final value whatever the copy order.
-        vals = self.host[rows, cols]
-        rows, cols, vals = torch.stack([rows, cols, vals]).to(self.table.device)
-        self.table.index_put_((rows, cols), vals)
+        return torch.stack([rows, cols, self.host[rows, cols]])
+
+    def apply(self, writes: torch.Tensor) -> None:
+        """Write :meth:`take_pending`'s ``[3, n]`` (already on the table's device) into the table."""
+        self.table.index_put_((writes[0], writes[1]), writes[2])
 
     @property
     def num_free(self) -> int:
