@@ -11,9 +11,9 @@ Kernels, measured on the project's 2-core VM (README, ``benchmarks/bench_kernels
   and 2-3.2x from 16 to 512 rows with AVX512-VNNI (1.2-1.5x with AVX2 alone). The layer is packed
   in its layout (:func:`cpu_quant.q4_pack`).
 - otherwise torch's ``_weight_int4pack_mm_for_cpu`` with bf16 activations, in its packed layout
-  (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+, AVX-512 capability): output rows in blocks
-  of 64; block ``b`` is ``[in, 32]`` bytes whose byte ``j < 16`` holds rows ``64b + j`` (low
-  nibble) and ``64b + 32 + j`` (high), byte ``16 + j`` rows ``64b + 16 + j`` and ``64b + 48 + j``.
+  (``_convert_weight_to_int4pack_for_cpu``, torch 2.5+): output rows in blocks of ``B`` (64, or 32
+  in torch 2.13's build here: probed once, :func:`_torch_block`); block ``b`` is ``[in, B/2]``
+  bytes whose byte ``j`` holds rows ``Bb + j`` (low nibble) and ``Bb + B/2 + j`` (high).
   :func:`unpack_int4` inverts it.
 Either runs at every row count: both beat dequantizing for the call, and a row's result does not
 depend on how many rows the call has, so deterministic mode runs them as is.
@@ -27,6 +27,8 @@ buffers stay resident there too.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from llmkit.core.model import cpu_quant
@@ -37,7 +39,7 @@ from llmkit.core.model.linear import WeightFormat, dense_linear
 # row count here (at 512 rows it is within ~5 % of the fp32 GEMM, and dequantizing costs more), so
 # there is no limit; benchmarks lower it to time the dequantizing path.
 INT4_MAX_ROWS = 1 << 30
-_BLOCK_N = 64  # the CPU packing's row block; layers are padded to a multiple of it
+_BLOCK_N = 64  # layers are padded to a multiple of it: of the CPU packing's row block (64 or 32)
 # Devices whose layers run the Triton kernel. Tests add "cpu" to run it under Triton's interpreter.
 TRITON_DEVICES = ("cuda",)
 
@@ -72,19 +74,31 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_block() -> int:
+    """Rows per block of torch's CPU int4 packing, read off a probe: 64 where it was written
+    against, 32 in torch 2.13 here (where row 16's value lands in byte 0's high nibble)."""
+    q = torch.zeros(64, 2, dtype=torch.int32)
+    q[16, 0] = 1
+    first = torch._convert_weight_to_int4pack_for_cpu(q, 1).view(-1)[0].item()
+    return 32 if first >> 4 == 1 else 64
+
+
 def unpack_int4(packed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The ``q`` values ``[N, K]`` (uint8) of a packed weight, or only those of ``rows``."""
     n, k = packed.shape[0], packed.shape[1] * 2
-    blocks = packed.view(n // _BLOCK_N, k, 32)
+    block = _torch_block()
+    half = block // 2
+    blocks = packed.view(n // block, k, half)
     if rows is None:
-        out = torch.empty(n // _BLOCK_N, 2, 32, k, dtype=torch.uint8)
-        by_row = blocks.transpose(1, 2)  # [nb, 32, K]
+        out = torch.empty(n // block, 2, half, k, dtype=torch.uint8)
+        by_row = blocks.transpose(1, 2)  # [nb, B/2, K]
         torch.bitwise_and(by_row, 15, out=out[:, 0])
         torch.bitwise_right_shift(by_row, 4, out=out[:, 1])
         return out.view(n, k)
-    b, j = rows // _BLOCK_N, rows % _BLOCK_N
-    byte = blocks[b, :, j % 32]  # [r, K]
-    return torch.where((j >= 32)[:, None], byte >> 4, byte & 15)
+    b, j = rows // block, rows % block
+    byte = blocks[b, :, j % half]  # [r, K]
+    return torch.where((j >= half)[:, None], byte >> 4, byte & 15)
 
 
 class Int4Format(WeightFormat):
