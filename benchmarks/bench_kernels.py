@@ -61,7 +61,7 @@ def _time(layers, m, reps):
 
 CANDIDATES = {
     "fp32 (oneDNN/MKL)": lambda: None,
-    # our C integer-dot kernel where it builds (core/model/cpu_quant.py), else torch's bf16 one
+    # our C integer-dot kernel where it builds (core/model/cpu/cpu_quant.py), else torch's bf16 one
     "int8/ch kernel (C where it builds)": lambda: Int8Format(keep_dense=False),
     "int4 g32 kernel, bf16 act": lambda: Int4Format(32),
     "int4 g64 kernel, bf16 act": lambda: Int4Format(64),
@@ -92,7 +92,7 @@ def _forced(name):
 
 
 def _int4_kernels(rows: list[int], rounds: int) -> None:
-    from llmkit.core.model import cpu_quant
+    from llmkit.core.model.cpu import cpu_quant
     from llmkit.core.model.int4_format import pack_int4
 
     group, layers = 32, []

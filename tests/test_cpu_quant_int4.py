@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmkit.core import native
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.int4_format import Int4Format, quantize_int4
 from llmkit.core.model.linear import Linear
 

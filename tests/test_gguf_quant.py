@@ -25,7 +25,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.gguf_quant import INT4_TYPES, SUPPORTED_TYPES, GGUFTensor
 from llmkit.core.model.int4_format import unpack_int4
 from llmkit.core.model.linear import Linear

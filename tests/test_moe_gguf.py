@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.plugins import registry
 
 from model_utils import save_tiny_model

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from llmkit.core.engine.builder import build_model
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.gguf_quant import GGUFTensor
 from llmkit.core.model.int4_format import Int4Format
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, softmax_topk

@@ -6,7 +6,7 @@ requantizing; a dense checkpoint is quantized at load (asymmetric min/max per gr
 ``--quantization int4``). No dense copy stays resident.
 
 Kernels, measured on the project's 2-core VM (README, ``benchmarks/bench_kernels.py``):
-- our C kernel (:mod:`llmkit.core.model.cpu_quant`, llama.cpp's Q4 x Q8 integer scheme) where it
+- our C kernel (:mod:`llmkit.core.model.cpu.cpu_quant`, llama.cpp's Q4 x Q8 integer scheme) where it
   builds: a decode step's int4 layers, weights streaming from memory, 1.4-1.6x torch's at one row
   and 2-3.2x from 16 to 512 rows with AVX512-VNNI (1.2-1.5x with AVX2 alone). The layer is packed
   in its layout (:func:`cpu_quant.q4_pack`).
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.linear import WeightFormat, dense_linear
 
 # Rows per call up to which the int4 kernel runs; above it the weight is dequantized for the call.

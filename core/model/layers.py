@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model import cpu_norm, cpu_pointwise
+from llmkit.core.model.cpu import cpu_norm, cpu_pointwise
 from llmkit.core.model.hot_module import HotModule
 
 

@@ -13,9 +13,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from llmkit.core.model import cpu_decoder, cpu_pointwise
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.cpu_decoder import NativeStack
+from llmkit.core.model.cpu import cpu_decoder, cpu_pointwise
+from llmkit.core.model.cpu.cpu_decoder import NativeStack
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from llmkit.core import native
-from llmkit.core.model import cpu_norm, cpu_pointwise, cpu_quant, int4_format, weight_formats
+from llmkit.core.model import int4_format, weight_formats
+from llmkit.core.model.cpu import cpu_norm, cpu_pointwise, cpu_quant
 from llmkit.core.model.int4_format import Int4Format
 from llmkit.core.model.weight_formats import Int8Format
 
