@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmkit.core.model.cpu import cpu_decoder
-from llmkit.core.model.weight_formats import Int8Format
+from llmkit.core.model.quant.weight_formats import Int8Format
 
 from model_utils import load_ours, save_tiny_model
 from paged_runner import PagedRunner

@@ -26,9 +26,9 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from llmkit.core.model.cpu import cpu_quant
-from llmkit.core.model.gguf_quant import INT4_TYPES, SUPPORTED_TYPES, GGUFTensor
-from llmkit.core.model.int4_format import unpack_int4
 from llmkit.core.model.linear import Linear
+from llmkit.core.model.quant.gguf_quant import INT4_TYPES, SUPPORTED_TYPES, GGUFTensor
+from llmkit.core.model.quant.int4_format import unpack_int4
 
 ROWS, COLS = 192, 512  # 3 blocks of 64 output rows; 2 super-blocks of 256 columns
 

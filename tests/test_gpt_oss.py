@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
-from llmkit.core.model.mxfp4 import dequantize_mxfp4
+from llmkit.core.model.quant.mxfp4 import dequantize_mxfp4
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
 from paged_runner import PagedRunner, check_cached_prefix_chunked_decode, mixed_scenario, mixed_scenario_interpreted

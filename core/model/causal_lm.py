@@ -87,7 +87,7 @@ class CausalLM(nn.Module, ABC):
         see :meth:`quantize_experts`) stay as they are."""
         from llmkit.core.model.linear import Linear, LMHead
         from llmkit.core.model.moe import FusedExperts
-        from llmkit.core.model.weight_formats import weight_format
+        from llmkit.core.model.quant.weight_formats import weight_format
 
         fmt = weight_format(method, group_size)
         for module in list(self.modules()):
@@ -104,7 +104,7 @@ class CausalLM(nn.Module, ABC):
         quantized as its tensors arrive and the experts' fp32 weights (most of an MoE model) are
         never resident at once. The other layers are converted after loading (:meth:`quantize`)."""
         from llmkit.core.model.moe import FusedExperts
-        from llmkit.core.model.weight_formats import weight_format
+        from llmkit.core.model.quant.weight_formats import weight_format
 
         fmt = weight_format(method, group_size)
         for module in self.modules():

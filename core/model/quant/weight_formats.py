@@ -9,7 +9,7 @@ larger batches (prefill) keep using the dense weight; a layer loaded from an alr
 source (GGUF Q8_0 / Q5_K / Q6_K) keeps no dense copy and runs the kernel at every row count
 (dequantizing per call costs more).
 
-``int4``: see :mod:`llmkit.core.model.int4_format`.
+``int4``: see :mod:`llmkit.core.model.quant.int4_format`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def weight_format(name: str | None, group_size: int | None = None) -> WeightForm
     if name == "int8":
         return Int8Format()
     if name == "int4":
-        from llmkit.core.model.int4_format import Int4Format
+        from llmkit.core.model.quant.int4_format import Int4Format
 
         return Int4Format(group_size or DEFAULT_INT4_GROUP)
     raise ValueError(f"quantization '{name}' is not supported; supported: none, {', '.join(QUANTIZATIONS)}")
