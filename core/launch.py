@@ -47,7 +47,7 @@ def check_server_config(config: ServerConfig) -> None:
 def build_server(engine_config: EngineConfig, config: ServerConfig):
     """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
-    from llmkit.core.model.source import EMBEDDED_NAME
+    from llmkit.core.model.loader.source import EMBEDDED_NAME
     from llmkit.core.server.app import create_app
     from llmkit.core.server.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState

@@ -45,7 +45,7 @@ def _assert_same_as_python_layers(model, vocab: int) -> None:
 @pytest.fixture(scope="module")
 def embedded_native():
     from llmkit.core.engine.builder import architecture_of, build_model
-    from llmkit.core.model.source import embedded_gguf_path, iter_gguf_native, load_config, resolve_model_dir
+    from llmkit.core.model.loader.source import embedded_gguf_path, iter_gguf_native, load_config, resolve_model_dir
     from llmkit.core.plugins import registry
 
     cfg = load_config(resolve_model_dir(None, weights=False))

@@ -128,7 +128,7 @@ def test_greedy_32_tokens_equal_transformers_generate(tmp_path):
 
 def test_unknown_quantization_is_refused_naming_the_field(tmp_path):
     from llmkit.core.engine.builder import build_model
-    from llmkit.core.model.source import load_config
+    from llmkit.core.model.loader.source import load_config
     from llmkit.core.plugins import registry
 
     save_tiny_model("gpt_oss", tmp_path)

@@ -207,8 +207,8 @@ def check_tensor_parallel(device: str) -> None:
     """Column- and row-parallel shards of an int4 weight (two ranks, collectives done by hand)."""
     import test_int4_checkpoints as ck
 
-    from llmkit.core.model.int4_checkpoints import PackedInt4Tensor
     from llmkit.core.model.linear import Linear
+    from llmkit.core.model.loader.int4_checkpoints import PackedInt4Tensor
     from llmkit.core.model.parallel import TPGroup
 
     n, k, group = 256, 512, 128
@@ -262,8 +262,8 @@ def check_checkpoint(method: str, act_order: bool, device: str, dtype: torch.dty
     from safetensors.torch import save_file
 
     from llmkit.core.engine.builder import build_model
-    from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights
-    from llmkit.core.model.source import iter_safetensors, load_config
+    from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
     from llmkit.core.plugins import registry
 
     dev = torch.device(device)

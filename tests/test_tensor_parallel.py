@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.model.parallel import TPGroup
-from llmkit.core.model.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
 from fault_utils import LongStreams

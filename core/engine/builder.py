@@ -15,11 +15,17 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import Scheduler
-from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights, quant_method
 from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool, resolve_kv_cache_dtype
+from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights, quant_method
+from llmkit.core.model.loader.source import (
+    gguf_path_of,
+    iter_gguf_native,
+    iter_safetensors,
+    load_config,
+    resolve_model_dir,
+)
 from llmkit.core.model.prefix_cache import NoPrefixCache
 from llmkit.core.model.radix_cache import RadixCache
-from llmkit.core.model.source import gguf_path_of, iter_gguf_native, iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import PluginError, registry
 
 log = logging.getLogger("llmkit")
@@ -264,7 +270,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     if quant and config.load_format != "dummy":
         model.quantize_experts(quant, config.quantization_group_size)  # quantized as they load
     if config.load_format == "dummy":
-        from llmkit.core.model.dummy_weights import fill_dummy_weights
+        from llmkit.core.model.loader.dummy_weights import fill_dummy_weights
 
         fill_dummy_weights(model)
     elif native:

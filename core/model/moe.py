@@ -199,7 +199,7 @@ class FusedExperts(nn.Module):
 
     def load_stacked(self, tensor: torch.Tensor, proj: int) -> None:
         """Load all experts at once from a stacked ``[E, out, in]`` (or bias ``[E, out]``) tensor."""
-        from llmkit.core.model.source import materialize
+        from llmkit.core.model.loader.source import materialize
 
         tensor = materialize(tensor)
         for e in range(self.num_experts):

@@ -19,8 +19,8 @@ from llmkit.core.model.cpu.cpu_decoder import NativeStack
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.parallel import TPGroup
-from llmkit.core.model.source import materialize
 
 
 class Attention(HotModule):
