@@ -17,7 +17,7 @@ import torch
 from conftest import Server
 from typer.testing import CliRunner
 
-from llmkit.core.model.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
+from llmkit.core.kvcache.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
 
 from model_utils import load_ours, save_tiny_model, start_engine
 from paged_runner import PagedRunner

@@ -1,7 +1,7 @@
 """The import graph of core/ goes only downward, so each layer can be read (and replaced) alone.
 
-model, parsing, grammar -> engine -> server -> batches -> launch; plugins.py, hookspecs.py and
-native.py (the C-kernel builder) sit under everything. Same-rank packages do not import each other; the server reaches the engine only
+kvcache -> model, parsing, grammar -> engine -> server -> batches -> launch; plugins.py, hookspecs.py
+and native.py (the C-kernel builder) sit under everything. Same-rank packages do not import each other; the server reaches the engine only
 through its client protocol and its plain messages; core never imports a plugin or the CLI.
 Function-local imports count too.
 """
@@ -16,13 +16,14 @@ RANK = {
     "hookspecs": 0,
     "native": 0,
     "plugins": 1,
-    "model": 2,
-    "parsing": 2,
-    "grammar": 2,
-    "engine": 3,
-    "server": 4,
-    "batches": 5,
-    "launch": 6,
+    "kvcache": 2,
+    "model": 3,
+    "parsing": 3,
+    "grammar": 3,
+    "engine": 4,
+    "server": 5,
+    "batches": 6,
+    "launch": 7,
 }
 SERVER_MAY_USE = {"llmkit.core.engine.client", "llmkit.core.engine.messages"}
 

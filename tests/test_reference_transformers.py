@@ -10,9 +10,9 @@ import torch
 
 from llmkit.core.engine.builder import build_model
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.model.causal_lm import ForwardContext
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.loader.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend

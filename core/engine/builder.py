@@ -15,7 +15,9 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import Scheduler
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool, resolve_kv_cache_dtype
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool, resolve_kv_cache_dtype
+from llmkit.core.kvcache.prefix_cache import NoPrefixCache
+from llmkit.core.kvcache.radix_cache import RadixCache
 from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights, quant_method
 from llmkit.core.model.loader.source import (
     gguf_path_of,
@@ -24,8 +26,6 @@ from llmkit.core.model.loader.source import (
     load_config,
     resolve_model_dir,
 )
-from llmkit.core.model.prefix_cache import NoPrefixCache
-from llmkit.core.model.radix_cache import RadixCache
 from llmkit.core.plugins import PluginError, registry
 
 log = logging.getLogger("llmkit")

@@ -37,7 +37,7 @@ LATENT_KV = "latent_kv"
 ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV)
 
 if TYPE_CHECKING:
-    from llmkit.core.model.kv_pool import KVCachePool
+    from llmkit.core.kvcache.kv_pool import KVCachePool
 
 
 @dataclass
