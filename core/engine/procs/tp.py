@@ -90,13 +90,13 @@ def rank_device(config: EngineConfig, rank: int) -> str:
 
 
 def spawn_followers(config: EngineConfig, ranks) -> dict[int, subprocess.Popen]:
-    """Start follower ranks of this node as ``python -m llmkit.core.engine.tp_worker``."""
+    """Start follower ranks of this node as ``python -m llmkit.core.engine.procs.tp_worker``."""
     procs = {}
     for r in ranks:
         if r == 0:
             continue
         cfg = json.dumps(dataclasses.asdict(config))
-        procs[r] = subprocess.Popen([sys.executable, "-m", "llmkit.core.engine.tp_worker", cfg, str(r)])
+        procs[r] = subprocess.Popen([sys.executable, "-m", "llmkit.core.engine.procs.tp_worker", cfg, str(r)])
     return procs
 
 
