@@ -324,7 +324,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     )
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
     if tp is not None and tp.size > 1 and leader:
-        from llmkit.core.engine.procs.tp import StepBroadcaster
+        from llmkit.core.engine.step_wire import StepBroadcaster
 
         runner.broadcaster = StepBroadcaster(tp)
         req_pool.write_log = []

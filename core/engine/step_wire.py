@@ -1,0 +1,124 @@
+"""The tensor-parallel step on the wire: what rank 0 broadcasts before every forward.
+
+Rank 0's model runner sends each step (:class:`StepBroadcaster`) and every follower rank receives
+it (:func:`receive_step`) and runs the same forward on its shard; the collectives inside the layers
+keep the ranks in lock step. A step on the wire is two int64 tensors (a fixed header, then a
+payload), never a pickled object:
+
+    header:  op, T tokens, B sequences, S sampled rows, P prompt-logit ranges, W slot writes, payload length
+    payload: ids[T] positions[T] q_lens[B] kv_lens[B] rows[B] sample_rows[S] prompt (start, end)[P]
+             writes (row, start, n)[W] slots[sum n]
+
+The slot writes are the scheduler's changes to the request-to-token table since the last step
+(new tokens, prefix-cache hits, reused rows), so every follower's table mirrors rank 0's without
+ever copying whole rows. It sits beside the model runner, which uses it; the process plumbing that
+starts the ranks (``procs/tp*.py``) sits above the engine builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llmkit.core.model.parallel import TPGroup
+
+OP_STEP, OP_STOP = 1, 2
+_HEADER = 7
+
+
+@dataclass
+class StepInputs:
+    """One forward, as plain lists: what every rank needs to run it."""
+
+    ids: list[int]
+    positions: list[int]
+    q_lens: list[int]
+    kv_lens: list[int]
+    rows: list[int]
+    sample_rows: list[int] = field(default_factory=list)  # rows of the hidden states to sample from
+    prompt_ranges: list[tuple[int, int]] = field(default_factory=list)  # prompt-logprob spans
+    decoding: list[int] = field(default_factory=list)  # per sequence: 1 if its token is a generated one
+
+
+class StepBroadcaster:
+    """Rank 0's side of the wire."""
+
+    def __init__(self, tp: TPGroup) -> None:
+        self.tp = tp
+        self.on_fatal = None  # called with the exception when a step fails: the group is broken
+
+    def fail(self, exc: BaseException) -> None:
+        """A step failed on rank 0: a peer is gone or out of step, so no later step can work."""
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
+
+    def send(self, inp: StepInputs, writes: list[tuple[int, int, torch.Tensor]]) -> None:
+        import torch.distributed as dist
+
+        slots = [w[2] for w in writes]
+        flat = [
+            torch.tensor(
+                inp.ids + inp.positions + inp.q_lens + inp.kv_lens + inp.rows + inp.decoding + inp.sample_rows
+            ),
+            torch.tensor(
+                [x for r in inp.prompt_ranges for x in r] + [x for w in writes for x in (w[0], w[1], len(w[2]))]
+            ),
+            *slots,
+        ]
+        payload = torch.cat([t.to(torch.int64) for t in flat])
+        header = torch.tensor(
+            [
+                OP_STEP,
+                len(inp.ids),
+                len(inp.rows),
+                len(inp.sample_rows),
+                len(inp.prompt_ranges),
+                len(writes),
+                payload.numel(),
+            ],
+            dtype=torch.int64,
+        )
+        dist.broadcast(header, 0, group=self.tp.group)
+        dist.broadcast(payload, 0, group=self.tp.group)
+
+    def stop(self) -> None:
+        import torch.distributed as dist
+
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[0] = OP_STOP
+        dist.broadcast(header, 0, group=self.tp.group)
+
+
+def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Tensor]]] | None:
+    """A follower's side of the wire: the next step, or None when rank 0 stops."""
+    import torch.distributed as dist
+
+    header = torch.empty(_HEADER, dtype=torch.int64)
+    dist.broadcast(header, 0, group=tp.group)
+    op, t, b, s, p, w, n = header.tolist()
+    if op == OP_STOP:
+        return None
+    payload = torch.empty(n, dtype=torch.int64)
+    dist.broadcast(payload, 0, group=tp.group)
+    sizes = [t, t, b, b, b, b, s, 2 * p, 3 * w]
+    parts = payload.split(sizes + [n - sum(sizes)])
+    ids, pos, q_lens, kv_lens, rows, decoding, sample, prompt, write_hdr, slots = parts
+    flat_prompt = prompt.tolist()
+    inp = StepInputs(
+        ids=ids.tolist(),
+        positions=pos.tolist(),
+        q_lens=q_lens.tolist(),
+        kv_lens=kv_lens.tolist(),
+        rows=rows.tolist(),
+        sample_rows=sample.tolist(),
+        prompt_ranges=[(flat_prompt[i], flat_prompt[i + 1]) for i in range(0, len(flat_prompt), 2)],
+        decoding=decoding.tolist(),
+    )
+    writes, off = [], 0
+    hdr = write_hdr.tolist()
+    for i in range(0, len(hdr), 3):
+        row, start, k = hdr[i : i + 3]
+        writes.append((row, start, slots[off : off + k]))
+        off += k
+    return inp, writes
