@@ -208,7 +208,7 @@ def _rss_after_load(native: bool) -> float:
         f"""
         import gc, torch
         from llmkit.core.engine.builder import architecture_of, build_model
-        from llmkit.core.model import source
+        from llmkit.core.model.loader import source
         from llmkit.core.plugins import registry
         native = {native}
         d = source.resolve_model_dir(None, weights=not native)
