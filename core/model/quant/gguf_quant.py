@@ -52,9 +52,6 @@ class GGUFTensor:
     def row_slice(self, lo: int, hi: int) -> "GGUFTensor":
         return GGUFTensor(self.name, self.qtype, self.data[lo:hi], self.cols)
 
-    def with_rows(self, data: np.ndarray) -> "GGUFTensor":
-        return GGUFTensor(self.name, self.qtype, data, self.cols)
-
     def weight_format(self, layer):
         if self.qtype in INT4_TYPES:
             from llmkit.core.model.quant.int4_format import Int4Format
