@@ -101,7 +101,7 @@ def write_gguf(a, path: Path) -> None:
     import gguf
     from gguf import GGMLQuantizationType, GGUFValueType
 
-    from llmkit.core.model.source import embedded_gguf_path
+    from llmkit.core.model.loader.source import embedded_gguf_path
 
     if a.hidden % a.heads or a.heads % a.kv_heads or a.hidden % 32 or a.intermediate % 32:
         raise SystemExit("shape: hidden must divide by heads and 32, heads by kv-heads, intermediate by 32")

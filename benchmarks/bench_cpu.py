@@ -280,7 +280,7 @@ def main() -> None:
 
     import openai
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     from server_utils import start_server, stop_server
 

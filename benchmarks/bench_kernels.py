@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from llmkit.core.model import int4_format
-from llmkit.core.model.int4_format import Int4Format
 from llmkit.core.model.linear import Linear
-from llmkit.core.model.weight_formats import Int8Format
+from llmkit.core.model.quant import int4_format
+from llmkit.core.model.quant.int4_format import Int4Format
+from llmkit.core.model.quant.weight_formats import Int8Format
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
 LAYERS = 30
@@ -61,7 +61,7 @@ def _time(layers, m, reps):
 
 CANDIDATES = {
     "fp32 (oneDNN/MKL)": lambda: None,
-    # our C integer-dot kernel where it builds (core/model/cpu_quant.py), else torch's bf16 one
+    # our C integer-dot kernel where it builds (core/model/cpu/cpu_quant.py), else torch's bf16 one
     "int8/ch kernel (C where it builds)": lambda: Int8Format(keep_dense=False),
     "int4 g32 kernel, bf16 act": lambda: Int4Format(32),
     "int4 g64 kernel, bf16 act": lambda: Int4Format(64),
@@ -72,7 +72,7 @@ def _forced(name):
     """Context: force the kernel (0 rows -> always dequantize) of a quantized candidate."""
     from contextlib import contextmanager
 
-    from llmkit.core.model import weight_formats
+    from llmkit.core.model.quant import weight_formats
 
     @contextmanager
     def force(limit):
@@ -92,8 +92,8 @@ def _forced(name):
 
 
 def _int4_kernels(rows: list[int], rounds: int) -> None:
-    from llmkit.core.model import cpu_quant
-    from llmkit.core.model.int4_format import pack_int4
+    from llmkit.core.model.cpu import cpu_quant
+    from llmkit.core.model.quant.int4_format import pack_int4
 
     group, layers = 32, []
     for _ in range(LAYERS):  # distinct weights per layer: they stream from memory as in a step

@@ -219,7 +219,7 @@ def main() -> None:
     from bench_cpu import PROMPTS, llmkit_concurrent, llmkit_ttft, long_prompt
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import embedded_gguf_path, resolve_model_dir
+    from llmkit.core.model.loader.source import embedded_gguf_path, resolve_model_dir
 
     from server_utils import start_server, stop_server
 

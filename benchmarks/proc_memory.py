@@ -37,7 +37,7 @@ def tree_rss(pid: int) -> dict[str, float]:
 
 def tree_huge_mb(pid: int) -> float:
     """Anonymous memory of the process tree in transparent huge pages (``AnonHugePages``), MB: the
-    weights llmkit advises into 2 MB pages (core/model/hugepages.py) where the kernel found them."""
+    weights llmkit advises into 2 MB pages (core/model/cpu/hugepages.py) where the kernel found them."""
     kb = 0
     for p in tree_pids(pid):
         try:

@@ -28,9 +28,9 @@ from llmkit.core.engine.builder import build_engine_parts
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.loop import Engine
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
-from llmkit.core.model.int4_format import Int4Format
 from llmkit.core.model.linear import Linear, _gemm
-from llmkit.core.model.weight_formats import Int8Format
+from llmkit.core.model.quant.int4_format import Int4Format
+from llmkit.core.model.quant.weight_formats import Int8Format
 
 ACC: dict[str, float] = defaultdict(float)
 PYTHON_LAYERS = [False]  # --python-layers

@@ -176,7 +176,7 @@ def serve(
         check_serve_options(ctx.params)
         engine_config, server_config = build_configs(**ctx.params)
         if node_rank > 0:  # a node that runs tensor-parallel ranks only: no HTTP server here
-            from llmkit.core.engine.tp_node import serve_ranks
+            from llmkit.core.engine.procs.tp_node import serve_ranks
 
             raise typer.Exit(serve_ranks(engine_config))
         if trust_remote_code:

@@ -23,7 +23,7 @@ _EXPORTS = {
     "AttentionMetadata": "llmkit.core.model.attention",
     "CausalLM": "llmkit.core.model.causal_lm",
     "ForwardContext": "llmkit.core.model.causal_lm",
-    "KVCachePool": "llmkit.core.model.kv_pool",
+    "KVCachePool": "llmkit.core.kvcache.kv_pool",
     "Linear": "llmkit.core.model.linear",
     "LMHead": "llmkit.core.model.linear",
     "VocabEmbedding": "llmkit.core.model.linear",

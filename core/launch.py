@@ -47,7 +47,7 @@ def check_server_config(config: ServerConfig) -> None:
 def build_server(engine_config: EngineConfig, config: ServerConfig):
     """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
-    from llmkit.core.model.source import EMBEDDED_NAME
+    from llmkit.core.model.loader.source import EMBEDDED_NAME
     from llmkit.core.server.app import create_app
     from llmkit.core.server.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState
@@ -100,12 +100,12 @@ def _start_engine(config: EngineConfig):
     """The engine and its client: on a thread of this process, in its own process
     (``--engine-process``), or as ``--dp-size`` replicas in their own processes. Returns the client and the model directory."""
     if config.dp_size > 1:
-        from llmkit.core.engine.dp_client import DataParallelClient, start_replicas
+        from llmkit.core.engine.procs.dp_client import DataParallelClient, start_replicas
 
         client = DataParallelClient(start_replicas(config, config.dp_size), config.max_queued_requests)
         return client, client.model_dir
     if config.engine_process:
-        from llmkit.core.engine.process_client import ProcessEngineClient
+        from llmkit.core.engine.procs.process_client import ProcessEngineClient
 
         client = ProcessEngineClient(config, config.max_queued_requests)
         return client, client.model_dir

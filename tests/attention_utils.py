@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionMetadata
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 
 
 @dataclass

@@ -26,7 +26,7 @@ WORDS = [" the", " cat", " sat", " on", " a", " mat", ".", " It", " was", " warm
 def embedded_tokenizer():
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     return AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
 

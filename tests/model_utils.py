@@ -84,7 +84,7 @@ def copy_embedded_tokenizer(path) -> None:
     import shutil
     from pathlib import Path
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     for f in resolve_model_dir(None).iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
@@ -117,7 +117,7 @@ def start_engine(**kwargs) -> Engine:
 def load_ours(path, dtype=torch.float32):
     """Our model plugin for the checkpoint at ``path``, weights loaded, on CPU."""
     from llmkit.core.engine.builder import architecture_of, build_model
-    from llmkit.core.model.source import iter_safetensors, load_config
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
     from llmkit.core.plugins import registry
 
     config = load_config(path)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.model.causal_lm import ForwardContext
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 
 
 class PagedRunner:

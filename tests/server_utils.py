@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from llmkit.core.model.source import EMBEDDED_NAME
+from llmkit.core.model.loader.source import EMBEDDED_NAME
 
 STARTUP_TIMEOUT = 180.0
 

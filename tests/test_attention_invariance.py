@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.plugins.attention import cpu_attention
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 

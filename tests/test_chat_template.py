@@ -59,7 +59,7 @@ def _embedded_state(tool_call_parser):
     to render a prompt)."""
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
     from llmkit.core.server.config import ServerConfig
     from llmkit.core.server.state import ServerState
 

@@ -125,8 +125,8 @@ def test_gguf_conversion_gives_writable_tensors_without_warnings():
 
     from gguf import GGUFReader
 
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
-    from llmkit.core.model.source import embedded_gguf_path
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.model.loader.source import embedded_gguf_path
 
     reader = GGUFReader(str(embedded_gguf_path()))
     with warnings.catch_warnings():

@@ -211,7 +211,7 @@ def test_continuous_usage_stats(client):
 def test_echo_special_tokens_text_tokens_offsets_agree(client):
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
     ids = [1] + tok("user\nHello", add_special_tokens=False)["input_ids"] + [2, 1]

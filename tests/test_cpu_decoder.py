@@ -1,4 +1,4 @@
-"""The C decoder stack (core/model/cpu_decoder.c): the blocks of a Llama-style model in one C call.
+"""The C decoder stack (core/model/cpu/cpu_decoder.c): the blocks of a Llama-style model in one C call.
 It calls the same kernels as the Python layers in the same order, so every step's logits and every
 K/V byte it writes must equal the Python path's exactly: prompts, a prompt beside a decode row,
 batched decode, in fp32 and bf16 pools, on the embedded model at its native precision and on tiny
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmkit.core.model import cpu_decoder
-from llmkit.core.model.weight_formats import Int8Format
+from llmkit.core.model.cpu import cpu_decoder
+from llmkit.core.model.quant.weight_formats import Int8Format
 
 from model_utils import load_ours, save_tiny_model
 from paged_runner import PagedRunner
@@ -45,7 +45,7 @@ def _assert_same_as_python_layers(model, vocab: int) -> None:
 @pytest.fixture(scope="module")
 def embedded_native():
     from llmkit.core.engine.builder import architecture_of, build_model
-    from llmkit.core.model.source import embedded_gguf_path, iter_gguf_native, load_config, resolve_model_dir
+    from llmkit.core.model.loader.source import embedded_gguf_path, iter_gguf_native, load_config, resolve_model_dir
     from llmkit.core.plugins import registry
 
     cfg = load_config(resolve_model_dir(None, weights=False))

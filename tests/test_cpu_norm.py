@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmkit.core.model import cpu_norm
+from llmkit.core.model.cpu import cpu_norm
 from llmkit.core.model.layers import RMSNorm
 
 pytestmark = pytest.mark.skipif(not cpu_norm.usable(torch.zeros(1), torch.zeros(1)), reason="no C kernel here")

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmkit.core.model import cpu_pointwise
+from llmkit.core.model.cpu import cpu_pointwise
 from llmkit.core.model.layers import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(cpu_pointwise._lib() is None, reason="no C kernel here")

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from llmkit.core import native
-from llmkit.core.model import cpu_quant
-from llmkit.core.model.int4_format import Int4Format, quantize_int4
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.linear import Linear
+from llmkit.core.model.quant.int4_format import Int4Format, quantize_int4
 
 pytestmark = pytest.mark.skipif(not cpu_quant.available(), reason="no C kernel here")
 

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from llmkit.core.engine.dp_router import PrefixRouter
+from llmkit.core.engine.procs.dp_router import PrefixRouter
 
 from fault_utils import LongStreams
 from server_utils import server_log, start_server, stop_server

@@ -157,7 +157,7 @@ def test_greedy_32_tokens_equal_transformers_generate(tmp_path):
 )
 def test_unsupported_variants_are_refused_naming_the_field(tmp_path, change, message):
     from llmkit.core.engine.builder import build_model
-    from llmkit.core.model.source import load_config
+    from llmkit.core.model.loader.source import load_config
     from llmkit.core.plugins import registry
 
     save_tiny_model("deepseek_v3", tmp_path)

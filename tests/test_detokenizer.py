@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from llmkit.core.engine.detokenizer import IncrementalDetokenizer
-from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.model.loader.source import resolve_model_dir
 
 TEXTS = [
     "Hello, world! 你好，世界。🙂👍🏽 naïve café — done.",

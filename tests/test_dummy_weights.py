@@ -14,7 +14,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.loop import Engine
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.layers import RMSNorm
-from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.model.loader.source import resolve_model_dir
 
 from model_utils import tiny_config
 

@@ -18,6 +18,7 @@ import pytest
 from server_utils import server_log, start_server, stop_server
 
 CORE_ENGINE = Path(__file__).resolve().parent.parent / "core" / "engine"
+PROCS = CORE_ENGINE / "procs"
 MSGS = [{"role": "user", "content": "List three colours."}]
 
 
@@ -110,6 +111,6 @@ def test_killed_engine_fails_clients_and_stops_the_server():
 
 
 def test_nothing_is_pickled_on_the_ipc_path():
-    for name in ("ipc.py", "worker.py", "process_client.py", "messages.py"):
-        text = (CORE_ENGINE / name).read_text()
-        assert not re.search(r"\bpickle\b|recv_pyobj|send_pyobj|multiprocessing", text), name
+    for path in (PROCS / "ipc.py", PROCS / "worker.py", PROCS / "process_client.py", CORE_ENGINE / "messages.py"):
+        text = path.read_text()
+        assert not re.search(r"\bpickle\b|recv_pyobj|send_pyobj|multiprocessing", text), path.name

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmkit.core.model.moe import FusedExperts, grouped_topk, moe_align, silu_and_mul, softmax_topk
+from llmkit.core.model.moe import FusedExperts, grouped_topk, silu_and_mul, softmax_topk
+from llmkit.core.model.moe_align import moe_align
 
 from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
 

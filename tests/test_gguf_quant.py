@@ -25,10 +25,10 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from llmkit.core.model import cpu_quant
-from llmkit.core.model.gguf_quant import INT4_TYPES, SUPPORTED_TYPES, GGUFTensor
-from llmkit.core.model.int4_format import unpack_int4
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.linear import Linear
+from llmkit.core.model.quant.gguf_quant import INT4_TYPES, SUPPORTED_TYPES, GGUFTensor
+from llmkit.core.model.quant.int4_format import unpack_int4
 
 ROWS, COLS = 192, 512  # 3 blocks of 64 output rows; 2 super-blocks of 256 columns
 
@@ -134,7 +134,7 @@ def test_quantized_linear_matches_dequantized_fp32(qtype, m, int8_kernel):
 def test_unsupported_type_fails_naming_it_and_the_supported_list(tmp_path):
     import gguf
 
-    from llmkit.core.model.gguf_loader import check_native_types
+    from llmkit.core.model.loader.gguf_loader import check_native_types
 
     path = tmp_path / "q5_0.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -159,7 +159,7 @@ def test_unpack_inverts_the_cpu_packing():
 @pytest.fixture(scope="module")
 def embedded_pair():
     from llmkit.core.engine.builder import architecture_of, build_model
-    from llmkit.core.model.source import (
+    from llmkit.core.model.loader.source import (
         embedded_gguf_path,
         iter_gguf_native,
         iter_safetensors,
@@ -182,7 +182,7 @@ def test_embedded_model_native_logits_match_the_dequantized_reference(embedded_p
     from test_reference_transformers import _prefill_logits
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     native, dense = embedded_pair
     assert native.layers[0].self_attn.qkv_proj.format.name == "int4"
@@ -208,7 +208,7 @@ def _rss_after_load(native: bool) -> float:
         f"""
         import gc, torch
         from llmkit.core.engine.builder import architecture_of, build_model
-        from llmkit.core.model import source
+        from llmkit.core.model.loader import source
         from llmkit.core.plugins import registry
         native = {native}
         d = source.resolve_model_dir(None, weights=not native)
@@ -246,7 +246,7 @@ def test_deterministic_rows_do_not_depend_on_their_batch(qtype, int8_kernel):
 def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path):
     from llmkit.core.engine.builder import native_gguf
     from llmkit.core.engine.config import EngineConfig
-    from llmkit.core.model.source import embedded_gguf_path
+    from llmkit.core.model.loader.source import embedded_gguf_path
 
     cpu, cuda, gguf_file = torch.device("cpu"), torch.device("cuda"), embedded_gguf_path()
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
-from llmkit.core.model.mxfp4 import dequantize_mxfp4
+from llmkit.core.model.quant.mxfp4 import dequantize_mxfp4
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model
 from paged_runner import PagedRunner, check_cached_prefix_chunked_decode, mixed_scenario, mixed_scenario_interpreted
@@ -128,7 +128,7 @@ def test_greedy_32_tokens_equal_transformers_generate(tmp_path):
 
 def test_unknown_quantization_is_refused_naming_the_field(tmp_path):
     from llmkit.core.engine.builder import build_model
-    from llmkit.core.model.source import load_config
+    from llmkit.core.model.loader.source import load_config
     from llmkit.core.plugins import registry
 
     save_tiny_model("gpt_oss", tmp_path)

@@ -56,7 +56,7 @@ def test_triton_interpreter_opt_in_sets_triton_interpret(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer is installed")
 def test_flashinfer_missing_names_the_extra():
-    from llmkit.core.model.kv_pool import KVCachePool
+    from llmkit.core.kvcache.kv_pool import KVCachePool
     from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend
 
     reason = FlashInferAttentionBackend.availability(torch.device("cuda"))

@@ -7,8 +7,8 @@ import mmap
 import pytest
 import torch
 
-from llmkit.core.model import hugepages
-from llmkit.core.model.hugepages import HUGE, huge_copy, huge_empty
+from llmkit.core.model.cpu import hugepages
+from llmkit.core.model.cpu.hugepages import HUGE, huge_copy, huge_empty
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")

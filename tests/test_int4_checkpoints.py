@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import save_file
 
 from llmkit.core.engine.builder import build_model
-from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights, quant_method
-from llmkit.core.model.source import iter_safetensors, load_config
+from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights, quant_method
+from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
 GROUP = 128

@@ -1,4 +1,4 @@
-"""CUDA's int4 path: the Triton w4a16 kernel (:mod:`llmkit.core.model.int4_triton`) and
+"""CUDA's int4 path: the Triton w4a16 kernel (:mod:`llmkit.core.model.quant.int4_triton`) and
 :class:`Int4Format` on it, against torch.
 
 On CPU the kernel runs in Triton's interpreter, in fresh subprocesses with ``TRITON_INTERPRET=1``
@@ -56,8 +56,8 @@ RUNS = KERNEL_RUNS + OTHER_RUNS
 
 def _weights(n: int, k: int, group: int, device="cpu", seed: int = 0):
     """Random ``q, scale, zero`` (``w = (q - 8) * scale + zero``) and the kernel's packing of them."""
-    from llmkit.core.model import int4_triton
-    from llmkit.core.model.int4_format import quantize_int4
+    from llmkit.core.model.quant import int4_triton
+    from llmkit.core.model.quant.int4_format import quantize_int4
 
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05
@@ -68,7 +68,7 @@ def _weights(n: int, k: int, group: int, device="cpu", seed: int = 0):
 
 def _dequantized(words, sz, group: int) -> torch.Tensor:
     """The fp32 weight the packed buffers hold (their stored, rounded scales and zeros)."""
-    from llmkit.core.model import int4_triton
+    from llmkit.core.model.quant import int4_triton
 
     q, scale, zero = int4_triton.unpack(words, sz)
     n, k = q.shape
@@ -87,7 +87,7 @@ def _check_close(got, x, w, what: str, tol: dict) -> None:
 
 
 def check_kernel(group: int, dtype: torch.dtype, m: int, device: str, tol=TOL) -> None:
-    from llmkit.core.model.int4_triton import w4a16_linear
+    from llmkit.core.model.quant.int4_triton import w4a16_linear
 
     q, scale, zero, (words, sz) = _weights(N, K, group, device)
     assert words.shape == (K // 8, N) and words.dtype == torch.int32 and sz.shape == (2, K // group, N)
@@ -105,7 +105,7 @@ def check_kernel(group: int, dtype: torch.dtype, m: int, device: str, tol=TOL) -
 
 
 def check_split_k(device: str) -> None:
-    from llmkit.core.model.int4_triton import config, w4a16_linear
+    from llmkit.core.model.quant.int4_triton import config, w4a16_linear
 
     _, _, _, (words, sz) = _weights(N, K, 32, device)
     w = _dequantized(words, sz, 32)
@@ -118,8 +118,8 @@ def check_split_k(device: str) -> None:
 
 def check_partial_k_step(device: str) -> None:
     """K = 352 = 2.75 groups of 128, multiplied in 64-wide K steps: the last step is half masked."""
-    from llmkit.core.model import int4_triton
-    from llmkit.core.model.int4_triton import w4a16_linear
+    from llmkit.core.model.quant import int4_triton
+    from llmkit.core.model.quant.int4_triton import w4a16_linear
 
     k, group = 352, 128
     g = torch.Generator().manual_seed(3)
@@ -134,8 +134,8 @@ def check_partial_k_step(device: str) -> None:
 
 
 def check_scale_only(device: str) -> None:
-    from llmkit.core.model import int4_triton
-    from llmkit.core.model.int4_triton import w4a16_linear
+    from llmkit.core.model.quant import int4_triton
+    from llmkit.core.model.quant.int4_triton import w4a16_linear
 
     g = torch.Generator().manual_seed(4)
     q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8).to(device)
@@ -150,8 +150,8 @@ def check_scale_only(device: str) -> None:
 
 
 def check_bf16_scales(device: str) -> None:
-    from llmkit.core.model import int4_triton
-    from llmkit.core.model.int4_triton import w4a16_linear
+    from llmkit.core.model.quant import int4_triton
+    from llmkit.core.model.quant.int4_triton import w4a16_linear
 
     q, scale, zero, _ = _weights(N, K, 128, device)
     scale, zero = scale * 1e-4, zero * 1e-4  # scales ~1e-6: subnormal in fp16
@@ -167,7 +167,7 @@ def check_bf16_scales(device: str) -> None:
 def check_rows_do_not_depend_on_m(device: str) -> None:
     """Deterministic mode: one tile configuration, K not split, so a row's result is the same
     whatever other rows share the call."""
-    from llmkit.core.model.int4_triton import w4a16_linear
+    from llmkit.core.model.quant.int4_triton import w4a16_linear
 
     _, _, _, (words, sz) = _weights(N, K, 32, device)
     for dtype in (torch.float16, torch.float32):
@@ -180,8 +180,8 @@ def check_rows_do_not_depend_on_m(device: str) -> None:
 
 def check_format(device: str) -> None:
     """A dense layer converted to Int4Format runs the Triton kernel with nothing dense resident."""
-    from llmkit.core.model.int4_format import Int4Format
     from llmkit.core.model.linear import Linear
+    from llmkit.core.model.quant.int4_format import Int4Format
 
     g = torch.Generator().manual_seed(6)
     w = torch.randn(N, K, generator=g) * 0.05
@@ -209,8 +209,8 @@ def check_tensor_parallel(device: str) -> None:
     """Column- and row-parallel shards of an int4 weight (two ranks, collectives done by hand)."""
     import test_int4_checkpoints as ck
 
-    from llmkit.core.model.int4_checkpoints import PackedInt4Tensor
     from llmkit.core.model.linear import Linear
+    from llmkit.core.model.loader.int4_checkpoints import PackedInt4Tensor
     from llmkit.core.model.parallel import TPGroup
 
     n, k, group = 256, 512, 128
@@ -264,8 +264,8 @@ def check_checkpoint(method: str, act_order: bool, device: str, dtype: torch.dty
     from safetensors.torch import save_file
 
     from llmkit.core.engine.builder import build_model
-    from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights
-    from llmkit.core.model.source import iter_safetensors, load_config
+    from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
     from llmkit.core.plugins import registry
 
     dev = torch.device(device)
@@ -314,7 +314,7 @@ def run_case(run: str, device: str, tol=TOL) -> None:
 
 def _main(runs: list[str]) -> None:
     """Subprocess entry: the runs under the interpreter, with it standing in for CUDA."""
-    from llmkit.core.model import int4_format, int4_triton
+    from llmkit.core.model.quant import int4_format, int4_triton
 
     assert int4_triton.is_interpreted()
     int4_format.TRITON_DEVICES = ("cuda", "cpu")
@@ -333,8 +333,8 @@ def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]
 
 def test_cpu_layers_keep_their_kernels():
     """Without the interpreter standing in, a CPU layer packs for the CPU kernels as before."""
-    from llmkit.core.model.int4_format import TRITON_DEVICES, Int4Format
     from llmkit.core.model.linear import Linear
+    from llmkit.core.model.quant.int4_format import TRITON_DEVICES, Int4Format
 
     assert TRITON_DEVICES == ("cuda",)
     layer = Linear(256, 64)
@@ -349,7 +349,7 @@ COMPILE_RUNS = ["float16:90", "bfloat16:90", "bfloat16:80", "float32:90"]
 def _compile_main(runs: list[str]) -> None:
     """Subprocess entry (no TRITON_INTERPRET): compile the kernel for ``dtype:arch`` in every
     configuration of the table, with and without zeros and a K split."""
-    from llmkit.core.model import int4_triton as it
+    from llmkit.core.model.quant import int4_triton as it
 
     def compile_all(run: str) -> None:
         dtype_name, arch = run.split(":")
@@ -395,7 +395,7 @@ def test_compiled_matches_torch(run: str) -> None:
 @pytest.mark.parametrize("m", [1, 7, 16, 33, 64, 100, 1000])
 def test_compiled_table_configs_match_torch(m: int) -> None:
     """Every row range of the configuration table, K split where it applies, on a larger layer."""
-    from llmkit.core.model.int4_triton import config, w4a16_linear
+    from llmkit.core.model.quant.int4_triton import config, w4a16_linear
 
     _, _, _, (words, sz) = _weights(1000, 2048, 128, "cuda")
     w = _dequantized(words, sz, 128)

@@ -17,7 +17,7 @@ import torch
 from conftest import Server
 from typer.testing import CliRunner
 
-from llmkit.core.model.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
+from llmkit.core.kvcache.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
 
 from model_utils import load_ours, save_tiny_model, start_engine
 from paged_runner import PagedRunner
@@ -126,7 +126,7 @@ def _greedy_logits(model, ids: list[int], kv_dtype, steps: int, forced: list[int
 def embedded():
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     path = resolve_model_dir(None)
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -161,7 +161,7 @@ def test_native_gguf_weights_with_a_bf16_kv_cache():
     measured 0.76 at most over these 40 x 49k logits, ~0.1 on average. Bound: 1.0; greedy may flip
     only where the top-2 gap is within 2 x that."""
     from llmkit.core.engine.builder import architecture_of, build_model
-    from llmkit.core.model.source import embedded_gguf_path, iter_gguf_native, load_config, resolve_model_dir
+    from llmkit.core.model.loader.source import embedded_gguf_path, iter_gguf_native, load_config, resolve_model_dir
     from llmkit.core.plugins import registry
 
     cfg = load_config(resolve_model_dir(None, weights=False))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.plugins import registry
 
 from model_utils import save_tiny_model
@@ -104,7 +104,7 @@ def _write_gguf(ref, path, experts: dict[str, str] | None = None) -> None:
 
 
 def test_qwen3moe_gguf_matches_transformers(tmp_path):
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_tensors
 
     # llama.cpp's qwen3moe: every layer sparse, top-k renormalised
     ref = save_tiny_model("qwen3_moe", tmp_path / "hf", mlp_only_layers=[], norm_topk_prob=True)
@@ -139,7 +139,7 @@ def _native_and_dequantized(tmp_path, types: dict[str, str], arch: str = "qwen3_
     """A qwen3moe (or deepseek2) GGUF with its experts in ``types`` (hidden and expert width 256
     where a K-type needs whole 256-column super-blocks), loaded natively and dequantized (what
     ``--quantization none`` serves)."""
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_native_tensors, gguf_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_native_tensors, gguf_tensors
 
     k = any(t.endswith("_K") for t in types.values())
     size = dict(hidden_size=256, moe_intermediate_size=256) if k else {}
@@ -227,7 +227,7 @@ def test_qwen3moe_gguf_loads_one_expert_at_a_time(tmp_path):
     """Loading never holds more than one expert's unpacked staging: each expert's gate and up
     tensors come in turn and its layer packs as soon as both are in (a whole stacked tensor's
     staging would be 1.25 bytes a weight of the layer, int8's 4)."""
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_native_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_native_tensors
     from llmkit.core.model.moe import FusedExperts
 
     ref = save_tiny_model("qwen3_moe", tmp_path / "hf", mlp_only_layers=[], norm_topk_prob=True)
@@ -341,7 +341,7 @@ def test_gpt_oss_mxfp4_gguf_matches_transformers(tmp_path, native):
     """Dequantized, and at native precision, where the MXFP4 experts are dequantized at load (no
     int4 or int8 layout holds E2M1 values with power-of-two scales exactly) and the rest loads as
     it is (F32 here)."""
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_native_tensors, gguf_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_native_tensors, gguf_tensors
 
     ref = save_tiny_model("gpt_oss", tmp_path / "hf", swiglu_limit=7.0)  # llama.cpp's fixed clamp
     _write_gpt_oss_gguf(ref, tmp_path / "tiny.gguf")
@@ -440,7 +440,7 @@ def _write_deepseek2_gguf(ref, path, sigmoid: bool, experts: dict[str, str] | No
 )
 @pytest.mark.parametrize("native", [False, True])
 def test_deepseek2_gguf_matches_transformers(tmp_path, arch, cls, native):
-    from llmkit.core.model.gguf_loader import gguf_config, gguf_native_tensors, gguf_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_native_tensors, gguf_tensors
 
     ref = save_tiny_model(arch, tmp_path / "hf")
     _write_deepseek2_gguf(ref, tmp_path / "tiny.gguf", sigmoid=arch == "deepseek_v3")
@@ -460,7 +460,7 @@ def test_deepseek2_gguf_matches_transformers(tmp_path, arch, cls, native):
 def test_deepseek2_gguf_serves_with_the_tokenizer_beside_it(tmp_path, monkeypatch):
     """transformers cannot rebuild a deepseek2 tokenizer from GGUF metadata: the conversion takes
     the tokenizer files next to the .gguf (and says so when there are none)."""
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     from model_utils import copy_embedded_tokenizer
 

@@ -21,13 +21,13 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from llmkit.core.engine.builder import build_model
-from llmkit.core.model import cpu_quant
-from llmkit.core.model.gguf_quant import GGUFTensor
-from llmkit.core.model.int4_format import Int4Format
+from llmkit.core.model.cpu import cpu_quant
+from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, softmax_topk
 from llmkit.core.model.parallel import TPGroup
-from llmkit.core.model.source import iter_safetensors, load_config
-from llmkit.core.model.weight_formats import Int8Format
+from llmkit.core.model.quant.gguf_quant import GGUFTensor
+from llmkit.core.model.quant.int4_format import Int4Format
+from llmkit.core.model.quant.weight_formats import Int8Format
 from llmkit.core.plugins import registry
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine

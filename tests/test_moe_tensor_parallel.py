@@ -24,8 +24,8 @@ def _rank(rank: int, size: int, init: str, model_dir: str, out: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).parent))
     from llmkit.core.engine.builder import build_model
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
     from llmkit.core.model.parallel import TPGroup
-    from llmkit.core.model.source import iter_safetensors, load_config
     from llmkit.core.plugins import registry
 
     from paged_runner import PagedRunner

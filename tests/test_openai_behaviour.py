@@ -114,7 +114,7 @@ def test_completion_grid(client, server, echo, logprobs, token_ids):
 def _tokenize(server, text):
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.source import resolve_model_dir
+    from llmkit.core.model.loader.source import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
     return tok(text, add_special_tokens=False)["input_ids"]

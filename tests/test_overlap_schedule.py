@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
-from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.model.loader.source import resolve_model_dir
 
 from model_utils import start_engine
 from server_utils import start_server, stop_server
@@ -134,7 +134,7 @@ def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
     from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.engine.loop import Engine
-    from llmkit.core.model.kv_pool import ReqToTokenPool
+    from llmkit.core.kvcache.kv_pool import ReqToTokenPool
 
     cfg = EngineConfig(
         grammar_backend="none",
@@ -162,7 +162,7 @@ def test_overlap_with_a_host_mirrored_slot_table(prompts, reference):
 def test_mirrored_slot_table_flush_keeps_the_last_write():
     import torch
 
-    from llmkit.core.model.kv_pool import ReqToTokenPool
+    from llmkit.core.kvcache.kv_pool import ReqToTokenPool
 
     pool = ReqToTokenPool(3, 8, torch.device("cpu"), mirror=True)
     pool.write(1, 0, torch.tensor([5, 6, 7]))

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.model.loader.source import resolve_model_dir
 
 from model_utils import tiny_config
 from server_utils import server_log, start_server, stop_server

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.model.moe import FusedExperts, softmax_topk
-from llmkit.core.model.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
 from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer, load_ours, save_tiny_model

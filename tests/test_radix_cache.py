@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from llmkit.core.model.kv_pool import KVCachePool
-from llmkit.core.model.radix_cache import RadixCache
+from llmkit.core.kvcache.kv_pool import KVCachePool
+from llmkit.core.kvcache.radix_cache import RadixCache
 
 
 def _pool(pages=64, page=1):

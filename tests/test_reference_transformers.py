@@ -10,10 +10,10 @@ import torch
 
 from llmkit.core.engine.builder import build_model
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.model.causal_lm import ForwardContext
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
-from llmkit.core.model.source import iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.model.loader.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.plugins import registry
 from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
@@ -149,7 +149,7 @@ def test_greedy_matches_transformers_generate(embedded_reference):
 
 
 def test_gguf_path_and_embedded_default_resolve_to_the_same_conversion():
-    from llmkit.core.model.source import embedded_gguf_path
+    from llmkit.core.model.loader.source import embedded_gguf_path
 
     converted = resolve_model_dir(None)
     assert resolve_model_dir(str(embedded_gguf_path())) == converted

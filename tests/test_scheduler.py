@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
-from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.model.loader.source import resolve_model_dir
 
 from model_utils import start_engine
 

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.model.parallel import TPGroup
-from llmkit.core.model.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
 from fault_utils import LongStreams
@@ -102,7 +102,7 @@ def test_no_pickle_on_the_process_boundary():
     """Every process boundary (server <-> engine, rank 0 <-> ranks) is msgpack or int64 tensors."""
     root = Path(__file__).resolve().parents[1] / "core" / "engine"
     files = ["ipc.py", "worker.py", "process_client.py", "dp_client.py", "tp.py", "tp_worker.py", "tp_launch.py"]
-    files.append("tp_node.py")
+    files = [f"procs/{f}" for f in [*files, "tp_node.py"]] + ["step_wire.py"]
     banned = re.compile(r"pickle|_pyobj|_object")  # pickle, recv_pyobj, broadcast_object_list, ...
     for name in files:
         for node in ast.walk(ast.parse((root / name).read_text())):

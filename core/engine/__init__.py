@@ -1,2 +1,3 @@
-"""The engine: scheduler, engine loop, model runner, sampler, output handling, and the
-``EngineClient`` boundary the server talks through."""
+"""The engine: scheduler, engine loop, model runner (and the tensor-parallel step wire it
+broadcasts), sampler, output handling, and the ``EngineClient`` boundary the server talks through;
+``procs/`` runs it across processes (engine process, tensor- and data-parallel ranks)."""

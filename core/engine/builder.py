@@ -16,11 +16,17 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import Scheduler
-from llmkit.core.model.int4_checkpoints import int4_checkpoint_weights, quant_method
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool, resolve_kv_cache_dtype
-from llmkit.core.model.prefix_cache import NoPrefixCache
-from llmkit.core.model.radix_cache import RadixCache
-from llmkit.core.model.source import gguf_path_of, iter_gguf_native, iter_safetensors, load_config, resolve_model_dir
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool, resolve_kv_cache_dtype
+from llmkit.core.kvcache.prefix_cache import NoPrefixCache
+from llmkit.core.kvcache.radix_cache import RadixCache
+from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights, quant_method
+from llmkit.core.model.loader.source import (
+    gguf_path_of,
+    iter_gguf_native,
+    iter_safetensors,
+    load_config,
+    resolve_model_dir,
+)
 from llmkit.core.plugins import PluginError, registry
 
 log = logging.getLogger("llmkit")
@@ -294,7 +300,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     if quant and config.load_format != "dummy":
         model.quantize_experts(quant, config.quantization_group_size)  # quantized as they load
     if config.load_format == "dummy":
-        from llmkit.core.model.dummy_weights import fill_dummy_weights
+        from llmkit.core.model.loader.dummy_weights import fill_dummy_weights
 
         fill_dummy_weights(model)
     elif native:
@@ -355,7 +361,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     )
     runner = ModelRunner(model, attn, pool, req_pool, device, config.enable_deterministic_inference)
     if tp is not None and tp.size > 1 and leader:
-        from llmkit.core.engine.tp import StepBroadcaster
+        from llmkit.core.engine.step_wire import StepBroadcaster
 
         runner.broadcaster = StepBroadcaster(tp)
         req_pool.write_log = []

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str | None = None  # None: the embedded SmolLM2-135M-Instruct
-    served_model_name: str | None = None
     dtype: str = "auto"  # auto -> float32 on CPU (bf16 math is slow there), bfloat16 on CUDA
     device: str = "auto"
     attention: str = "auto"

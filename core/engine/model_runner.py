@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.engine.scheduler import ScheduledBatch
-from llmkit.core.engine.tp import StepBroadcaster, StepInputs
+from llmkit.core.engine.step_wire import StepBroadcaster, StepInputs
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
 
 
 @dataclass

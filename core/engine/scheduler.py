@@ -17,8 +17,8 @@ import torch
 
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.request import Request, Status
-from llmkit.core.model.kv_pool import KVCachePool, ReqToTokenPool
-from llmkit.core.model.prefix_cache import PrefixCache
+from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.kvcache.prefix_cache import PrefixCache
 
 
 @dataclass

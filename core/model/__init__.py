@@ -1,3 +1,3 @@
-"""Models and their memory: the CausalLM and attention-backend contracts, shared layers, the paged
-KV pool and the radix prefix cache, batched MoE experts, and weight loading (safetensors, GGUF, MXFP4,
-block FP8, dummy weights)."""
+"""Models: the CausalLM and attention-backend contracts, the shared layers (the one linear layer,
+norms and rotary embeddings, batched MoE experts) and, one folder down, weight formats
+(``quant/``), weight loading (``loader/``) and the CPU C kernels (``cpu/``)."""

@@ -37,7 +37,7 @@ LATENT_KV = "latent_kv"
 ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV)
 
 if TYPE_CHECKING:
-    from llmkit.core.model.kv_pool import KVCachePool
+    from llmkit.core.kvcache.kv_pool import KVCachePool
 
 
 @dataclass
@@ -131,8 +131,8 @@ class AttentionBackend(ABC):
         return None
 
     def native_attend(self, rope: tuple[torch.Tensor, torch.Tensor], metadata: AttentionMetadata):
-        """Optional: :meth:`forward_qkv` for a C caller (``core/model/cpu_decoder.c``), as a
-        :class:`~llmkit.core.model.cpu_decoder.NativeAttend` valid for this forward: a function
+        """Optional: :meth:`forward_qkv` for a C caller (``core/model/cpu/cpu_decoder.c``), as a
+        :class:`~llmkit.core.model.cpu.cpu_decoder.NativeAttend` valid for this forward: a function
         ``void fn(const void *ctx, int64_t layer, const float *qkv, int64_t qkv_row, float *out)``
         taking the fp32 fused projection ``qkv [T, (H + 2 Hkv) D]`` (rows ``qkv_row`` floats
         apart, Q and K not rotated) and writing ``out [T, H, D]``, numbers identical to

@@ -13,17 +13,6 @@ from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.parallel import SINGLE, TPGroup
 
 
-def release_free_heap() -> None:
-    """Hand the heap that loading freed (staging buffers, dequantized transients) back to the OS;
-    glibc keeps it otherwise, and the resident size of a quantized model would show it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 @dataclass
 class ForwardContext:
     """What every layer needs for one forward pass, passed explicitly (no globals)."""
@@ -72,65 +61,35 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the module's parameters."""
 
+    # The walks over the layers live in quantize.py (they know the layer types and the format
+    # table); these methods stay so the engine calls them on any model and a plugin can extend them.
     def finalize_weights(self) -> None:
         """Let every linear layer pack its weight once loading is done."""
-        from llmkit.core.model.linear import Linear
+        from llmkit.core.model import quantize
 
-        for module in list(self.modules()):
-            if isinstance(module, Linear):
-                module.finalize()
-        release_free_heap()
+        quantize.finalize_weights(self)
 
     def quantize(self, method: str, group_size: int | None = None) -> None:
         """Convert the dense weights of every linear layer, the LM head and the MoE experts to the
         weight format ``method`` names (``--quantization``); experts already quantized (at load,
         see :meth:`quantize_experts`) stay as they are."""
-        from llmkit.core.model.linear import Linear, LMHead
-        from llmkit.core.model.moe import FusedExperts
-        from llmkit.core.model.weight_formats import weight_format
+        from llmkit.core.model import quantize
 
-        fmt = weight_format(method, group_size)
-        for module in list(self.modules()):
-            if isinstance(module, Linear):
-                module.set_format(fmt.for_features(module.local_in))
-            elif isinstance(module, LMHead):
-                module.set_format(fmt.for_features(int(self.config["hidden_size"])))
-            elif isinstance(module, FusedExperts):
-                module.set_format(fmt, filled=True)  # (loaded, or dummy weights)
-        release_free_heap()
+        quantize.quantize(self, int(self.config["hidden_size"]), method, group_size)
 
     def quantize_experts(self, method: str, group_size: int | None = None) -> None:
         """Before loading: give the MoE experts ``--quantization``'s format, so each expert is
         quantized as its tensors arrive and the experts' fp32 weights (most of an MoE model) are
         never resident at once. The other layers are converted after loading (:meth:`quantize`)."""
-        from llmkit.core.model.moe import FusedExperts
-        from llmkit.core.model.weight_formats import weight_format
+        from llmkit.core.model import quantize
 
-        fmt = weight_format(method, group_size)
-        for module in self.modules():
-            if isinstance(module, FusedExperts):
-                module.set_format(fmt)
+        quantize.quantize_experts(self, method, group_size)
 
     def weight_bytes(self) -> int:
-        """Bytes the loaded weights hold, quantized buffers included (they are not persistent, so
-        ``state_dict()`` misses them, as it misses the layers kept in plain lists: a quantized
-        embedding table or LM head, quantized experts). Each storage counted once."""
-        from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
-        from llmkit.core.model.moe import FusedExperts
+        """Bytes the loaded weights hold, quantized buffers included; each storage counted once."""
+        from llmkit.core.model import quantize
 
-        tensors = [*self.parameters(), *self.buffers()]
-        for m in self.modules():
-            if isinstance(m, FusedExperts):
-                tensors += m.weight_tensors().values()
-            extra = m.qtable if isinstance(m, VocabEmbedding) else m.fmt_layer if isinstance(m, LMHead) else None
-            if isinstance(extra, Linear):
-                tensors += [*extra.parameters(), *extra.buffers()]
-        seen = {}
-        for t in tensors:
-            if t is not None and t.numel():
-                s = t.untyped_storage()
-                seen[(s.data_ptr(), t.device)] = s.nbytes()
-        return sum(seen.values())
+        return quantize.weight_bytes(self)
 
     @property
     def num_layers(self) -> int:

@@ -1,6 +1,6 @@
 """The fused-MoE Triton kernel: one grouped GEMM over the (token, slot) rows sorted by expert.
 
-As in SGLang's and vLLM's ``fused_moe``: :func:`~llmkit.core.model.moe.moe_align` lays the ``T x k``
+As in SGLang's and vLLM's ``fused_moe``: :func:`~llmkit.core.model.moe_align.moe_align` lays the ``T x k``
 assignments out expert by expert, each expert's run padded to a whole number of ``BLOCK_M`` rows,
 so every block of sorted rows belongs to one expert. A program takes one such block and one tile of
 output columns, gathers its rows of the activations, loads *its block's expert's* weight tile, and
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llmkit.core.model.moe import moe_align
+from llmkit.core.model.moe_align import moe_align
 
 
 @triton.jit

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model import cpu_norm, cpu_pointwise
+from llmkit.core.model.cpu import cpu_norm, cpu_pointwise
 from llmkit.core.model.hot_module import HotModule
 
 # CUDA runs the fused Triton kernels of triton_pointwise.py (one kernel per op instead of 2-4);

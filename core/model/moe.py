@@ -11,7 +11,8 @@ and each *active* expert multiplies its contiguous block of rows in one GEMM. Th
 experts, never over tokens; the results are scattered back to their (token, slot) places and
 combined with the routing weights in slot order, so a token's sum never depends on its batch-mates.
 On CUDA (with ``triton`` installed) the same computation runs as one fused grouped GEMM per
-projection (:mod:`llmkit.core.model.fused_moe_triton`), over the rows :func:`moe_align` sorts.
+projection (:mod:`llmkit.core.model.fused_moe_triton`), over the rows
+:func:`~llmkit.core.model.moe_align.moe_align` sorts.
 
 Weight format. Like a :class:`~llmkit.core.model.linear.Linear`, the experts carry one: ``dense``
 (the batched parameters above) or a quantized one (int4, int8). Quantized, each expert's two
@@ -89,35 +90,6 @@ def grouped_topk(
     if renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return weights * scale, ids
-
-
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lay the ``T x k`` (token, slot) assignments out expert by expert for a grouped GEMM.
-
-    Returns ``sorted_ids`` ``[num_blocks * block_m]``: the flat (token, slot) index ``t * k + j`` of
-    each row, each expert's rows contiguous (in (token, slot) order) and padded with ``T * k`` up to
-    a multiple of ``block_m``; and ``block_expert`` ``[num_blocks]``, the expert of each block, -1 for
-    the blocks past the last expert's. ``num_blocks`` is an upper bound computed from the shapes
-    alone, so nothing is read back to the host."""
-    flat = topk_ids.reshape(-1).long()
-    n = flat.numel()
-    dev = flat.device
-    # scatter_add, not bincount: bincount sizes its output from the max id, a read-back on CUDA
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    # sum_e ceil(c_e / bm) < n / bm + (active experts), and at most min(E, n) experts are active
-    num_blocks = -(-n // block_m) + min(num_experts, n)
-    order = torch.argsort(flat, stable=True)
-    expert_of = flat[order]
-    first = torch.cumsum(counts, 0) - counts  # each expert's first row in ``order``
-    dest = (ends - padded)[expert_of] + torch.arange(n, device=dev) - first[expert_of]
-    sorted_ids = torch.full((num_blocks * block_m,), n, dtype=torch.int64, device=dev)
-    sorted_ids[dest] = order
-    block_start = torch.arange(num_blocks, device=dev) * block_m
-    block_expert = torch.searchsorted(ends, block_start, right=True)
-    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
-    return sorted_ids, block_expert
 
 
 class FusedExperts(nn.Module):
@@ -199,7 +171,7 @@ class FusedExperts(nn.Module):
 
     def load_stacked(self, tensor: torch.Tensor, proj: int) -> None:
         """Load all experts at once from a stacked ``[E, out, in]`` (or bias ``[E, out]``) tensor."""
-        from llmkit.core.model.source import materialize
+        from llmkit.core.model.loader.source import materialize
 
         tensor = materialize(tensor)
         for e in range(self.num_experts):
@@ -221,7 +193,7 @@ class FusedExperts(nn.Module):
             # have no GPU path, though dense layers' int4 runs on CUDA through int4_triton)
             raise ValueError(f"quantized MoE experts are a CPU path; these are on {self._device}")
         if fmt.name == "int8" and getattr(fmt, "keep_dense", False):
-            from llmkit.core.model.weight_formats import Int8Format
+            from llmkit.core.model.quant.weight_formats import Int8Format
 
             fmt = Int8Format(keep_dense=False)  # the experts' dense copy would be the fp32 model again
         self.format = fmt

@@ -120,7 +120,7 @@ def attend_step(pool, ptrs: tuple, native: dict, slots, rope, heads: int, scale:
     """A :class:`~llmkit.core.model.cpu_decoder.NativeAttend` running ``attend_step`` (this
     forward's rows, slots and rotary tables ``(cos2, sin2) [T, D]``) over the per-layer pools
     (``ptrs``: :func:`layer_ptrs` of the pool's K and V buffers)."""
-    from llmkit.core.model.cpu_decoder import NativeAttend
+    from llmkit.core.model.cpu.cpu_decoder import NativeAttend
 
     k0, v0 = pool.k_buffers[0], pool.v_buffers[0]
     kp, vp = ptrs

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from llmkit.core.kvcache.kv_pool import gather_kv, store_kv
 from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
-from llmkit.core.model.kv_pool import gather_kv, store_kv
 from llmkit.plugins.attention import cpu_attention
 
 _ROWS = 4  # GEMM row counts are padded to a multiple of this (see above)

@@ -13,14 +13,14 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from llmkit.core.model import cpu_decoder
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.cpu_decoder import NativeStack
+from llmkit.core.model.cpu import cpu_decoder
+from llmkit.core.model.cpu.cpu_decoder import NativeStack
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, silu_mul
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
+from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.parallel import TPGroup
-from llmkit.core.model.source import materialize
 
 
 class Attention(HotModule):

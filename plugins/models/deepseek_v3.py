@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from llmkit.core.model.attention import LATENT_KV
-from llmkit.core.model.fp8 import dequantize_fp8_blocks
 from llmkit.core.model.layers import RMSNorm, _rope_params, _yarn_mscale
 from llmkit.core.model.linear import Linear, VocabEmbedding
+from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
 from llmkit.core.model.parallel import TPGroup
-from llmkit.core.model.source import materialize
+from llmkit.core.model.quant.fp8 import dequantize_fp8_blocks
 from llmkit.plugins.models.decoder import MLP, PreNormBlock, StackedLM
 from llmkit.plugins.models.mla import MLAttention
 

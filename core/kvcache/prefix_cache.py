@@ -13,7 +13,7 @@ import torch
 
 
 class PrefixCache(ABC):
-    """Interface of a prefix cache over a :class:`~llmkit.core.model.kv_pool.KVCachePool`."""
+    """Interface of a prefix cache over a :class:`~llmkit.core.kvcache.kv_pool.KVCachePool`."""
 
     @abstractmethod
     def match_prefix(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:

@@ -12,7 +12,7 @@ import signal
 import time
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.tp import describe_exit, ranks_of_node, spawn_followers
+from llmkit.core.engine.procs.tp import describe_exit, ranks_of_node, spawn_followers
 
 log = logging.getLogger("llmkit")
 

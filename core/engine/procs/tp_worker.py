@@ -1,7 +1,7 @@
 """A follower rank of a tensor-parallel engine.
 
-``python -m llmkit.core.engine.tp_worker CONFIG_JSON RANK``: joins the group and runs every step
-rank 0 broadcasts (see :mod:`llmkit.core.engine.tp`). It exits when rank 0 says stop, when its
+``python -m llmkit.core.engine.procs.tp_worker CONFIG_JSON RANK``: joins the group and runs every step
+rank 0 broadcasts (see :mod:`llmkit.core.engine.procs.tp`). It exits when rank 0 says stop, when its
 parent is gone, or when a collective fails because a peer died.
 """
 
@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.tp import rank_device, run_follower
+from llmkit.core.engine.procs.tp import rank_device, run_follower
 
 log = logging.getLogger("llmkit")
 

@@ -8,10 +8,10 @@ model is ever resident (one layer's worth is, transiently, for the int8 mapping)
 Type -> kernel layout (chosen by measurement, see the README's CPU quantization table):
 
 - ``Q4_0``, ``Q4_1``, ``Q4_K``: exactly int4 in groups of 32 with a scale and a zero
-  (:class:`~llmkit.core.model.int4_format.Int4Format`): Q4_0 ``d*(q-8)``, Q4_1 ``d*q+m``, Q4_K
+  (:class:`~llmkit.core.model.quant.int4_format.Int4Format`): Q4_0 ``d*(q-8)``, Q4_1 ``d*q+m``, Q4_K
   ``d*sc*q - dmin*m`` per 32-column sub-block. The only rounding is the kernel's bf16 scale/zero.
 - ``Q8_0``, ``Q5_K``, ``Q6_K``: requantized to int8 per output channel
-  (:class:`~llmkit.core.model.weight_formats.Int8Format` without a dense copy); torch has no
+  (:class:`~llmkit.core.model.quant.weight_formats.Int8Format` without a dense copy); torch has no
   grouped int8 kernel, so this adds at most half a per-row step of rounding.
 """
 
@@ -52,16 +52,13 @@ class GGUFTensor:
     def row_slice(self, lo: int, hi: int) -> "GGUFTensor":
         return GGUFTensor(self.name, self.qtype, self.data[lo:hi], self.cols)
 
-    def with_rows(self, data: np.ndarray) -> "GGUFTensor":
-        return GGUFTensor(self.name, self.qtype, data, self.cols)
-
     def weight_format(self, layer):
         if self.qtype in INT4_TYPES:
-            from llmkit.core.model.int4_format import Int4Format
+            from llmkit.core.model.quant.int4_format import Int4Format
 
             fmt = layer.format
             return fmt if getattr(fmt, "name", "") == "int4" and fmt.group == self.group else Int4Format(self.group)
-        from llmkit.core.model.weight_formats import Int8Format
+        from llmkit.core.model.quant.weight_formats import Int8Format
 
         fmt = layer.format
         return fmt if getattr(fmt, "name", "") == "int8" and not fmt.keep_dense else Int8Format(keep_dense=False)

@@ -188,8 +188,8 @@ def _hf_name(name: str) -> str | None:
 
 def gguf_tensors(reader, config: dict, native: bool = False) -> Iterator[tuple[str, object]]:
     """Yield ``(hf_name, fp32 tensor)`` for every weight, dequantized. With ``native``, the weights of
-    a type served quantized (:data:`~llmkit.core.model.gguf_quant.SUPPORTED_TYPES`) come as
-    :class:`~llmkit.core.model.gguf_quant.GGUFTensor` over the file's blocks instead: Q/K rows
+    a type served quantized (:data:`~llmkit.core.model.quant.gguf_quant.SUPPORTED_TYPES`) come as
+    :class:`~llmkit.core.model.quant.gguf_quant.GGUFTensor` over the file's blocks instead: Q/K rows
     unpermuted and stacked experts split per expert, both of which move whole rows of blocks, and
     each expert's gate and up tensors yielded in turn (its gate/up layer packs as soon as both are
     in, so one expert's staging is resident at a time, not a whole stacked tensor's)."""
@@ -213,7 +213,7 @@ class _Converter:
     split ``kv_b_proj`` until both are read."""
 
     def __init__(self, config: dict, native: bool) -> None:
-        from llmkit.core.model.gguf_quant import SUPPORTED_TYPES
+        from llmkit.core.model.quant.gguf_quant import SUPPORTED_TYPES
 
         self.config, self.native, self.types = config, native, SUPPORTED_TYPES
         self.names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
@@ -231,7 +231,7 @@ class _Converter:
         """The HF-named tensors of GGUF tensor ``t``: none, one, or one per expert."""
         from gguf.quants import dequantize
 
-        from llmkit.core.model.gguf_quant import GGUFTensor
+        from llmkit.core.model.quant.gguf_quant import GGUFTensor
 
         config, names = self.config, self.names
         permute = config["model_type"] == "llama"
@@ -309,7 +309,7 @@ DEQUANTIZED_EXPERT_TYPES = ("MXFP4",)
 
 def check_native_types(reader) -> None:
     """Fail before loading anything if a weight's type cannot be served quantized."""
-    from llmkit.core.model.gguf_quant import DENSE_TYPES, SUPPORTED_TYPES
+    from llmkit.core.model.quant.gguf_quant import DENSE_TYPES, SUPPORTED_TYPES
 
     for t in reader.tensors:
         kind = t.tensor_type.name

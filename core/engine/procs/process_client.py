@@ -1,7 +1,7 @@
 """``ProcessEngineClient``: the EngineClient of an engine running in its own process.
 
 The server keeps only the tokenizer and a queue per live request; the engine process (see
-:mod:`llmkit.core.engine.worker`) owns the model, KV cache, grammar matchers and detokenizer. A
+:mod:`llmkit.core.engine.procs.worker`) owns the model, KV cache, grammar matchers and detokenizer. A
 reader thread turns output frames into asyncio events. If the engine process dies, every waiting
 client gets an error at once, ``/health`` fails, and the server is told to exit (SIGTERM to
 itself, so it drains what is left and exits non-zero).
@@ -27,10 +27,10 @@ from typing import Any, AsyncIterator
 
 import zmq
 
-from llmkit.core.engine import ipc
 from llmkit.core.engine.client import QueueSlots
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput, from_wire, to_wire
+from llmkit.core.engine.procs import ipc
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
 
 log = logging.getLogger("llmkit")
@@ -58,7 +58,7 @@ class ProcessEngineClient(QueueSlots):
         cmd = [
             sys.executable,
             "-m",
-            "llmkit.core.engine.worker",
+            "llmkit.core.engine.procs.worker",
             json.dumps(dataclasses.asdict(config)),
             self._ipc_dir,
             str(rank),

@@ -79,7 +79,7 @@ class PackedInt4Tensor:
         return tuple(self.q.shape)
 
     def weight_format(self, layer):
-        from llmkit.core.model.int4_format import Int4Format, device_of
+        from llmkit.core.model.quant.int4_format import Int4Format, device_of
 
         device = device_of(layer)
         if device.type not in ("cpu", "cuda"):

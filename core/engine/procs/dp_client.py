@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llmkit.core.engine.client import QueueSlots
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.dp_router import PrefixRouter
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
+from llmkit.core.engine.procs.dp_router import PrefixRouter
 from llmkit.core.grammar.contract import GrammarSpec
 
 log = logging.getLogger("llmkit")
@@ -40,7 +40,7 @@ _SUMMED = (
 def start_replicas(config: EngineConfig, dp_size: int) -> list:
     """Start ``dp_size`` engine processes at once; each gets an equal share of the CPU threads
     unless ``--num-threads`` says otherwise. If one fails to start, the others are stopped."""
-    from llmkit.core.engine.process_client import ProcessEngineClient
+    from llmkit.core.engine.procs.process_client import ProcessEngineClient
 
     threads = config.num_threads or max(1, (os.cpu_count() or 1) // (dp_size * config.tp_size))
     config = dataclasses.replace(config, num_threads=threads)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from llmkit.core import native
-from llmkit.core.model.hugepages import huge_empty
+from llmkit.core.model.cpu.hugepages import huge_empty
 
 _SOURCE = Path(__file__).with_name("cpu_quant_gemm.c")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p

@@ -1,10 +1,9 @@
-"""Tensor parallelism (``--tp-size N``): N ranks on ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
+"""The tensor-parallel step on the wire: what rank 0 broadcasts before every forward.
 
-Rank 0 is the engine: it schedules, samples and talks to the server. Before every forward it
-broadcasts the step to the other ranks (the *followers*), which run the same forward on their
-shard of the weights and of the KV cache; the collectives inside the layers (all-reduce after
-row-parallel layers, all-gather of the logits) keep the ranks in lock step. A step on the wire is
-two int64 tensors (a fixed header, then a payload), never a pickled object:
+Rank 0's model runner sends each step (:class:`StepBroadcaster`) and every follower rank receives
+it (:func:`receive_step`) and runs the same forward on its shard; the collectives inside the layers
+keep the ranks in lock step. A step on the wire is two int64 tensors (a fixed header, then a
+payload), never a pickled object:
 
     header:  op, T tokens, B sequences, S sampled rows, P prompt-logit ranges, W slot writes, payload length
     payload: ids[T] positions[T] q_lens[B] kv_lens[B] rows[B] sample_rows[S] prompt (start, end)[P]
@@ -12,33 +11,20 @@ two int64 tensors (a fixed header, then a payload), never a pickled object:
 
 The slot writes are the scheduler's changes to the request-to-token table since the last step
 (new tokens, prefix-cache hits, reused rows), so every follower's table mirrors rank 0's without
-ever copying whole rows.
+ever copying whole rows. It sits beside the model runner, which uses it; the process plumbing that
+starts the ranks (``procs/tp*.py``) sits above the engine builder.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import json
-import logging
-import os
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import torch
 
-from llmkit.core.engine.config import EngineConfig
 from llmkit.core.model.parallel import TPGroup
-
-log = logging.getLogger("llmkit")
 
 OP_STEP, OP_STOP = 1, 2
 _HEADER = 7
-# A follower waits for the next step for as long as the server is idle; a dead peer is noticed
-# through its closed connection (or, on one node, by rank 0 watching its followers), not a timeout.
-_IDLE_TIMEOUT = datetime.timedelta(days=30)
 
 
 @dataclass
@@ -53,55 +39,6 @@ class StepInputs:
     sample_rows: list[int] = field(default_factory=list)  # rows of the hidden states to sample from
     prompt_ranges: list[tuple[int, int]] = field(default_factory=list)  # prompt-logprob spans
     decoding: list[int] = field(default_factory=list)  # per sequence: 1 if its token is a generated one
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ranks_of_node(config: EngineConfig) -> range:
-    per_node = config.tp_size // config.nnodes
-    return range(config.node_rank * per_node, (config.node_rank + 1) * per_node)
-
-
-def init_tp(config: EngineConfig, rank: int) -> TPGroup:
-    """Join the tensor-parallel group at ``config.dist_init_addr`` as ``rank``."""
-    import torch.distributed as dist
-
-    backend = "nccl" if config.device.startswith("cuda") else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{config.dist_init_addr}",
-        rank=rank,
-        world_size=config.tp_size,
-        timeout=_IDLE_TIMEOUT,
-    )
-    return TPGroup(rank=rank, size=config.tp_size, group=dist.group.WORLD)
-
-
-def rank_device(config: EngineConfig, rank: int) -> str:
-    """Each rank of a node on its own GPU (after the GPUs of the data-parallel replicas before it)."""
-    if not config.device.startswith("cuda"):
-        return config.device
-    per_node = config.tp_size // config.nnodes
-    return f"cuda:{config.dp_rank * per_node + rank % per_node}"
-
-
-def spawn_followers(config: EngineConfig, ranks) -> dict[int, subprocess.Popen]:
-    """Start follower ranks of this node as ``python -m llmkit.core.engine.tp_worker``."""
-    procs = {}
-    for r in ranks:
-        if r == 0:
-            continue
-        cfg = json.dumps(dataclasses.asdict(config))
-        procs[r] = subprocess.Popen([sys.executable, "-m", "llmkit.core.engine.tp_worker", cfg, str(r)])
-    return procs
-
-
-def describe_exit(code: int) -> str:
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
 class StepBroadcaster:
@@ -185,24 +122,3 @@ def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Te
         writes.append((row, start, slots[off : off + k]))
         off += k
     return inp, writes
-
-
-def run_follower(config: EngineConfig, rank: int) -> int:
-    """A follower rank: build this rank's shard of the engine, then run every step rank 0 sends."""
-    from llmkit.core.engine.builder import build_engine_parts
-
-    tp = init_tp(config, rank)
-    parts = build_engine_parts(config, tp=tp)
-    log.info("tensor-parallel rank %d of %d ready (pid %d)", rank, tp.size, os.getpid())
-    runner, req_pool = parts.runner, parts.runner.req_pool
-    with torch.inference_mode():
-        while True:
-            step = receive_step(tp)
-            if step is None:
-                break
-            inp, writes = step
-            for row, start, slots in writes:
-                req_pool.write(row, start, slots)
-            runner.execute(inp)
-    log.info("tensor-parallel rank %d stopped", rank)
-    return 0

@@ -96,7 +96,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
     import gguf
     from transformers import AutoTokenizer
 
-    from llmkit.core.model.gguf_loader import gguf_config
+    from llmkit.core.model.loader.gguf_loader import gguf_config
 
     reader = gguf.GGUFReader(str(gguf_path))
     (out / "config.json").write_text(json.dumps(gguf_config(reader), indent=2))
@@ -121,7 +121,7 @@ def _write_dense_weights(gguf_path: Path, out: Path) -> None:
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from llmkit.core.model.gguf_loader import gguf_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_tensors
 
     log.info("Dequantizing %s to fp32 safetensors in %s (once)", gguf_path.name, out)
     reader = gguf.GGUFReader(str(gguf_path))
@@ -144,7 +144,7 @@ def iter_gguf_native(gguf_path: Path, config: dict) -> Iterator[tuple[str, objec
     import gguf
     from tqdm import tqdm
 
-    from llmkit.core.model.gguf_loader import gguf_native_tensors
+    from llmkit.core.model.loader.gguf_loader import gguf_native_tensors
 
     reader = gguf.GGUFReader(str(gguf_path))
     yield from tqdm(gguf_native_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor")

@@ -8,8 +8,8 @@ from typing import Sequence
 
 import torch
 
-from llmkit.core.model.kv_pool import KVCachePool
-from llmkit.core.model.prefix_cache import PrefixCache
+from llmkit.core.kvcache.kv_pool import KVCachePool
+from llmkit.core.kvcache.prefix_cache import PrefixCache
 
 _clock = itertools.count()
 

@@ -6,7 +6,7 @@ requantizing; a dense checkpoint is quantized at load (asymmetric min/max per gr
 ``--quantization int4``). No dense copy stays resident.
 
 Kernels, measured on the project's 2-core VM (README, ``benchmarks/bench_kernels.py``):
-- our C kernel (:mod:`llmkit.core.model.cpu_quant`, llama.cpp's Q4 x Q8 integer scheme) where it
+- our C kernel (:mod:`llmkit.core.model.cpu.cpu_quant`, llama.cpp's Q4 x Q8 integer scheme) where it
   builds: a decode step's int4 layers, weights streaming from memory, 1.4-1.6x torch's at one row
   and 2-3.2x from 16 to 512 rows with AVX512-VNNI (1.2-1.5x with AVX2 alone). The layer is packed
   in its layout (:func:`cpu_quant.q4_pack`).
@@ -19,7 +19,7 @@ Either runs at every row count: both beat dequantizing for the call, and a row's
 depend on how many rows the call has, so deterministic mode runs them as is.
 
 On CUDA a layer is packed on the device for the Triton w4a16 kernel
-(:mod:`llmkit.core.model.int4_triton`: int32 words ``[in/8, out]``, fp16/bf16 scales and zeros
+(:mod:`llmkit.core.model.quant.int4_triton`: int32 words ``[in/8, out]``, fp16/bf16 scales and zeros
 ``[in/group, out]``) and multiplied by it at every row count, activations in the model dtype;
 deterministic mode runs it with one tile configuration for every row count. Only the packed
 buffers stay resident there too.
@@ -31,7 +31,7 @@ import functools
 
 import torch
 
-from llmkit.core.model import cpu_quant
+from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.linear import WeightFormat, dense_linear
 
 # Rows per call up to which the int4 kernel runs; above it the weight is dequantized for the call.
@@ -169,7 +169,7 @@ class Int4Format(WeightFormat):
         layer.q4_triton = layer._q4.device.type in TRITON_DEVICES
         layer.q4_native = not layer.q4_triton and layer._q4.device.type == "cpu" and cpu_quant.available()
         if layer.q4_triton:
-            from llmkit.core.model import int4_triton
+            from llmkit.core.model.quant import int4_triton
 
             n = layer.local_out
             packed, sz = int4_triton.pack(layer._q4[:n], layer._q4_scale[:n], layer._q4_zero[:n])
@@ -206,7 +206,7 @@ class Int4Format(WeightFormat):
 
     @staticmethod
     def _triton(x, packed, scale_zero, group, deterministic):
-        from llmkit.core.model.int4_triton import w4a16_linear
+        from llmkit.core.model.quant.int4_triton import w4a16_linear
 
         return w4a16_linear(x, packed, scale_zero, group, deterministic)
 
@@ -229,7 +229,7 @@ class Int4Format(WeightFormat):
     def _dequantize(self, layer, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The stored weight (columns in stored order) dequantized to fp32, or its ``rows``."""
         if layer.q4_triton:
-            from llmkit.core.model import int4_triton
+            from llmkit.core.model.quant import int4_triton
 
             q, scale, zero = int4_triton.unpack(layer.q4_packed, layer.q4_scale_zero, rows)
         elif layer.q4_native:

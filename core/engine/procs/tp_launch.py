@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import zmq
 
-from llmkit.core.engine import ipc
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.tp import describe_exit, free_port, init_tp, rank_device, ranks_of_node, spawn_followers
+from llmkit.core.engine.procs import ipc
+from llmkit.core.engine.procs.tp import describe_exit, free_port, init_tp, rank_device, ranks_of_node, spawn_followers
 from llmkit.core.model.parallel import TPGroup
 
 log = logging.getLogger("llmkit")

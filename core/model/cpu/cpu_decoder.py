@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from llmkit.core import native
-from llmkit.core.model import cpu_norm, cpu_pointwise, cpu_quant, int4_format, weight_formats
-from llmkit.core.model.int4_format import Int4Format
-from llmkit.core.model.weight_formats import Int8Format
+from llmkit.core.model.cpu import cpu_norm, cpu_pointwise, cpu_quant
+from llmkit.core.model.quant import int4_format, weight_formats
+from llmkit.core.model.quant.int4_format import Int4Format
+from llmkit.core.model.quant.weight_formats import Int8Format
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 LIN_INT4, LIN_INT8, LIN_INT4_SYM = 1, 2, 3

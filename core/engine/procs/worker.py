@@ -1,8 +1,8 @@
 """The engine in its own process (``llmkit serve --engine-process``).
 
-``python -m llmkit.core.engine.worker CONFIG_JSON IPC_DIR [RANK]``: builds the engine from the
+``python -m llmkit.core.engine.procs.worker CONFIG_JSON IPC_DIR [RANK]``: builds the engine from the
 EngineConfig given as JSON, runs it on its thread exactly as in-process, and speaks the frames of
-:mod:`llmkit.core.engine.ipc`. ZeroMQ sockets are single-threaded, so each thread that sends owns
+:mod:`llmkit.core.engine.procs.ipc`. ZeroMQ sockets are single-threaded, so each thread that sends owns
 one: the engine thread sends outputs, this thread sends replies, a small thread sends stats.
 """
 
@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
-from llmkit.core.engine import ipc
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, from_wire, to_wire
+from llmkit.core.engine.procs import ipc
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
 
 log = logging.getLogger("llmkit")
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
 
         tp = None
         if config.tp_size > 1:
-            from llmkit.core.engine.tp_launch import Followers
+            from llmkit.core.engine.procs.tp_launch import Followers
 
             config, followers = Followers.start(config, ipc.outbox_address(ipc_dir))
             tp = followers.join_group()

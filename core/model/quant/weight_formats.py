@@ -1,7 +1,7 @@
 """Weight formats built into the core, and the ``--quantization`` name table.
 
 ``int8``: weight-only, symmetric per output channel. The kernel is our C one
-(:mod:`llmkit.core.model.cpu_quant`: int8 activation blocks, integer dot products) where it builds,
+(:mod:`llmkit.core.model.cpu.cpu_quant`: int8 activation blocks, integer dot products) where it builds,
 else torch's ``_weight_int8pack_mm`` with bf16 activations; the C kernel is as fast or faster at
 every row count measured (1-512) and twice as fast for the embedded model's 49k-row LM head. It
 halves the bytes a decode step reads, but is slower than the fp32 GEMM beyond a few dozen rows, so
@@ -9,15 +9,15 @@ larger batches (prefill) keep using the dense weight; a layer loaded from an alr
 source (GGUF Q8_0 / Q5_K / Q6_K) keeps no dense copy and runs the kernel at every row count
 (dequantizing per call costs more).
 
-``int4``: see :mod:`llmkit.core.model.int4_format`.
+``int4``: see :mod:`llmkit.core.model.quant.int4_format`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from llmkit.core.model import cpu_quant
-from llmkit.core.model.hugepages import huge_copy
+from llmkit.core.model.cpu import cpu_quant
+from llmkit.core.model.cpu.hugepages import huge_copy
 from llmkit.core.model.linear import DENSE, WeightFormat, dense_linear
 
 INT8_MAX_ROWS = 16  # rows per call up to which a layer with a dense copy runs the kernel
@@ -83,7 +83,7 @@ def weight_format(name: str | None, group_size: int | None = None) -> WeightForm
     if name == "int8":
         return Int8Format()
     if name == "int4":
-        from llmkit.core.model.int4_format import Int4Format
+        from llmkit.core.model.quant.int4_format import Int4Format
 
         return Int4Format(group_size or DEFAULT_INT4_GROUP)
     raise ValueError(f"quantization '{name}' is not supported; supported: none, {', '.join(QUANTIZATIONS)}")

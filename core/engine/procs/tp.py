@@ -1,0 +1,100 @@
+"""Tensor parallelism (``--tp-size N``): N ranks on ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
+
+Rank 0 is the engine: it schedules, samples and talks to the server. Before every forward it
+broadcasts the step to the other ranks (the *followers*), which run the same forward on their
+shard of the weights and of the KV cache (the step's wire format: :mod:`llmkit.core.engine.step_wire`).
+This module joins the group, places and starts the follower ranks, and runs a follower's loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.step_wire import receive_step
+from llmkit.core.model.parallel import TPGroup
+
+log = logging.getLogger("llmkit")
+
+# A follower waits for the next step for as long as the server is idle; a dead peer is noticed
+# through its closed connection (or, on one node, by rank 0 watching its followers), not a timeout.
+_IDLE_TIMEOUT = datetime.timedelta(days=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ranks_of_node(config: EngineConfig) -> range:
+    per_node = config.tp_size // config.nnodes
+    return range(config.node_rank * per_node, (config.node_rank + 1) * per_node)
+
+
+def init_tp(config: EngineConfig, rank: int) -> TPGroup:
+    """Join the tensor-parallel group at ``config.dist_init_addr`` as ``rank``."""
+    import torch.distributed as dist
+
+    backend = "nccl" if config.device.startswith("cuda") else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{config.dist_init_addr}",
+        rank=rank,
+        world_size=config.tp_size,
+        timeout=_IDLE_TIMEOUT,
+    )
+    return TPGroup(rank=rank, size=config.tp_size, group=dist.group.WORLD)
+
+
+def rank_device(config: EngineConfig, rank: int) -> str:
+    """Each rank of a node on its own GPU (after the GPUs of the data-parallel replicas before it)."""
+    if not config.device.startswith("cuda"):
+        return config.device
+    per_node = config.tp_size // config.nnodes
+    return f"cuda:{config.dp_rank * per_node + rank % per_node}"
+
+
+def spawn_followers(config: EngineConfig, ranks) -> dict[int, subprocess.Popen]:
+    """Start follower ranks of this node as ``python -m llmkit.core.engine.procs.tp_worker``."""
+    procs = {}
+    for r in ranks:
+        if r == 0:
+            continue
+        cfg = json.dumps(dataclasses.asdict(config))
+        procs[r] = subprocess.Popen([sys.executable, "-m", "llmkit.core.engine.procs.tp_worker", cfg, str(r)])
+    return procs
+
+
+def describe_exit(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def run_follower(config: EngineConfig, rank: int) -> int:
+    """A follower rank: build this rank's shard of the engine, then run every step rank 0 sends."""
+    from llmkit.core.engine.builder import build_engine_parts
+
+    tp = init_tp(config, rank)
+    parts = build_engine_parts(config, tp=tp)
+    log.info("tensor-parallel rank %d of %d ready (pid %d)", rank, tp.size, os.getpid())
+    runner, req_pool = parts.runner, parts.runner.req_pool
+    with torch.inference_mode():
+        while True:
+            step = receive_step(tp)
+            if step is None:
+                break
+            inp, writes = step
+            for row, start, slots in writes:
+                req_pool.write(row, start, slots)
+            runner.execute(inp)
+    log.info("tensor-parallel rank %d stopped", rank)
+    return 0

@@ -1,0 +1,3 @@
+"""KV memory, testable on the CPU without a model: the paged pool of K/V tensors and its page
+allocator (``kv_pool``), and prefix management apart from it (``prefix_cache``: the contract and
+the no-op; ``radix_cache``: SGLang's radix tree over token ids)."""
