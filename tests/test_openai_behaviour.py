@@ -34,6 +34,16 @@ def test_chat_stream_equals_non_stream(client):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_chat_stream_deltas_carry_reasoning_content(client):
+    """SGLang clients read chunk.choices[0].delta.reasoning_content on every chunk (the role and
+    finish chunks too): it is null when there is no reasoning, never missing."""
+    chunks = [
+        c for c in client.chat.completions.create(model="m", messages=MSG, max_tokens=8, stream=True) if c.choices
+    ]
+    assert len(chunks) >= 3 and chunks[-1].choices[0].finish_reason
+    assert [c.choices[0].delta.reasoning_content for c in chunks] == [None] * len(chunks)
+
+
 def test_completion_stream_equals_non_stream(client):
     kw = dict(model="m", prompt="The three primary colors are", temperature=0, max_tokens=30)
     full = client.completions.create(**kw)
