@@ -14,10 +14,11 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.nullable import NullMeansDefault
 
 # Anthropic's error types by status; statuses it does not use are mapped onto ones it does.
 _TYPES = {
@@ -40,7 +41,7 @@ def anthropic_error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse(status_code=status, content=body)
 
 
-class _Strict(BaseModel):
+class _Strict(NullMeansDefault):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 

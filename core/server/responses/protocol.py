@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.nullable import NullMeansDefault
 from llmkit.core.server.state import new_id
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(NullMeansDefault):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str = "default"
     input: str | list[dict[str, Any]]
