@@ -161,3 +161,27 @@ def test_generate_streaming_equals_non_streaming(http):
 def test_streaming_bad_input_is_a_plain_400(http):
     r = http.post("/generate", json={"text": "x", "stream": True, "sampling_params": {"top_p": 2}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
+
+
+def test_duplicate_rid_in_flight_is_a_400_and_leaks_nothing(srv):
+    """A second /generate under the rid of one still running used to take over its engine stream:
+    the first hung forever and its slot leaked. Now it is a 400, and the rid is free again once
+    the first ends."""
+    import httpx
+
+    body = {"text": "Count: 1, 2, 3,", "rid": "dup-1", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(base_url=srv.base_url, timeout=60) as c:
+        with c.stream("POST", "/generate", json=body) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))  # it is running
+            second = c.post("/generate", json={**body, "stream": False})
+            assert second.status_code == 400, second.text
+            assert second.json()["error"]["param"] == "rid" and "dup-1" in second.json()["error"]["message"]
+            last = [line for line in lines if line.startswith("data: ")]
+        assert last[-1] == "data: [DONE]"
+        assert json.loads(last[-2][6:])["meta_info"]["finish_reason"]["type"] == "length"
+        again = c.post("/generate", json={**body, "stream": False, "sampling_params": {"max_new_tokens": 2}})
+        assert again.status_code == 200, again.text
+        assert c.get("/get_server_info").json()["num_running_reqs"] == 0
