@@ -224,3 +224,17 @@ def test_auth(url):
     # x-api-key is accepted on the OpenAI routes too, and a wrong one there is OpenAI-shaped
     assert httpx.get(url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
     assert "error" in httpx.get(url + "/v1/models", headers={"x-api-key": "no"}).json()
+
+
+def test_refusals_match_anthropic(client):
+    """Anthropic's 400s: temperature outside [0, 1], and a tool_result answering no tool_use of
+    the message before."""
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model="m", max_tokens=4, messages=ASK, extra_body={"temperature": 1.5})
+    assert exc.value.body["error"] == {"type": "invalid_request_error", "message": "temperature: range: 0..1"}
+    orphan = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "18 C"}]}]
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model="m", max_tokens=4, messages=orphan)
+    assert exc.value.body["error"]["message"].startswith(
+        "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_x."
+    )

@@ -302,6 +302,29 @@ def test_unknown_previous_response_is_404(client):
         client.responses.retrieve("../../etc/passwd")
 
 
+def test_refusals_match_openai(client):
+    """Where OpenAI refuses, with its status and words: a malformed id (not a 404), an output
+    answering no call, and continuing from a response that is still running."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="m", input="x", previous_response_id="bad", max_output_tokens=2)
+    assert exc.value.body["param"] == "previous_response_id"
+    assert exc.value.body["message"] == "Invalid 'previous_response_id': 'bad'. Expected an ID that begins with 'resp'."
+    orphan = [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_x", "output": "1"}]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="m", input=orphan, max_output_tokens=2)
+    assert exc.value.body["param"] == "input"
+    assert exc.value.body["message"] == "No tool call found for function call output with call_id call_x."
+    running = client.responses.create(
+        model="m", input="Write a long story.", background=True, max_output_tokens=2000, temperature=0
+    )
+    try:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.responses.create(model="m", input="go on", previous_response_id=running.id, max_output_tokens=2)
+        assert exc.value.body["param"] == "previous_response_id" and "still" in exc.value.body["message"]
+    finally:
+        assert client.responses.cancel(running.id).status == "cancelled"
+
+
 def test_truncation_auto_drops_the_oldest_turns(client):
     ctx = client.models.list().data[0].model_extra["max_model_len"]
     big = "word " * (ctx * 6 // 10)  # two of these are over the context, one fits

@@ -99,8 +99,10 @@ def _messages(body: CountTokensRequest) -> list[dict]:
         out.append({"role": "system", "content": _text_of(body.system, "system")})
     if not body.messages:
         raise APIError("messages: at least one message is required", param="messages")
+    called: set = set()  # tool_use ids of the message before, which tool_results must answer
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
+        answerable, called = called, set()
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
@@ -112,6 +114,7 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             elif kind == "tool_use" and m.role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise APIError(f"{where}[{j}]: tool_use needs an id and a name", param=f"{where}[{j}]")
+                called.add(b["id"])
                 calls.append(
                     {
                         "id": b["id"],
@@ -122,6 +125,13 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             elif kind == "tool_result" and m.role == "user":
                 if not isinstance(b.get("tool_use_id"), str):
                     raise APIError(f"{where}[{j}]: tool_result needs a tool_use_id", param=f"{where}[{j}]")
+                if b["tool_use_id"] not in answerable:  # Anthropic's wording
+                    raise APIError(
+                        f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                        f"{b['tool_use_id']}. Each `tool_result` block must have a corresponding `tool_use` block "
+                        "in the previous message.",
+                        param=f"{where}[{j}]",
+                    )
                 result = _text_of(b.get("content") or "", f"{where}[{j}].content")
                 out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
             elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
@@ -194,6 +204,8 @@ def to_chat(body: CountTokensRequest):
             for t in body.tools
         ]
     if isinstance(body, MessagesRequest):
+        if body.temperature is not None and not 0 <= body.temperature <= 1:
+            raise APIError("temperature: range: 0..1", param="temperature")  # Anthropic's range and words
         chat.update(
             max_tokens=body.max_tokens,
             stop=body.stop_sequences,

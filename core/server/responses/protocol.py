@@ -126,6 +126,16 @@ def normalize_input(body: ResponsesRequest) -> list[dict]:
     return items
 
 
+def check_call_outputs(items: list[dict]) -> None:
+    """Each function_call_output answers a function_call made before it (OpenAI's 400)."""
+    calls = set()
+    for it in items:
+        if it["type"] == "function_call":
+            calls.add(it["call_id"])
+        elif it["type"] == "function_call_output" and it["call_id"] not in calls:
+            raise APIError(f"No tool call found for function call output with call_id {it['call_id']}.", param="input")
+
+
 def items_to_messages(items: list[dict]) -> list[dict]:
     """Input and output items to chat messages (calls join the assistant turn they belong to)."""
     msgs: list[dict] = []
