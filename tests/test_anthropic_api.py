@@ -238,3 +238,13 @@ def test_refusals_match_anthropic(client):
     assert exc.value.body["error"]["message"].startswith(
         "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_x."
     )
+
+
+def test_count_tokens_has_the_generation_bound(client, url):
+    """A system prompt past the context's character bound is refused before rendering or
+    tokenizing, in Anthropic's shape."""
+    ctx = httpx.post(url + "/tokenize", json={"prompt": "x"}, headers={"Authorization": f"Bearer {KEY}"}).json()
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.count_tokens(model="m", messages=ASK, system="a" * (ctx["max_model_len"] * 32 + 1))
+    assert exc.value.body["error"]["type"] == "invalid_request_error"
+    assert "context length" in exc.value.body["error"]["message"]

@@ -45,6 +45,22 @@ def test_tokenize_messages_counts_the_chat_prompt(http, srv):
     assert no_gen["count"] < tok["count"] and tok["tokens"][: no_gen["count"]] == no_gen["tokens"]
 
 
+def test_tokenize_and_detokenize_have_the_generation_bounds(http):
+    """Past the context's character bound the tokenizer never runs; past the context in tokens
+    the answer (ids, token strings, decoded text) is refused rather than sent."""
+    ctx = http.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+    huge = "a" * (ctx * 32 + 1)
+    for body, param in (({"prompt": huge}, "prompt"), ({"messages": [{"role": "user", "content": huge}]}, "messages")):
+        r = http.post("/tokenize", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    r = http.post("/tokenize", json={"prompt": "a " * (ctx + 1), "return_token_strs": True})
+    assert r.status_code == 400 and "context length" in r.json()["error"]["message"], r.text[:300]
+    r = http.post("/detokenize", json={"tokens": [1] * (ctx + 1)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text[:300]
+    assert http.post("/detokenize", json={"tokens": [1] * 3000}).status_code == 200  # decoded off the loop
+
+
 @pytest.mark.parametrize(
     "path,body,param",
     [

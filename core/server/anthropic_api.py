@@ -262,15 +262,16 @@ def anthropic_router(state) -> APIRouter:
 
     async def count_tokens(raw: HTTPRequest) -> Response:
         from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
-        from llmkit.core.server.prompt import render_chat, tokenize_text
+        from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
         from llmkit.core.server.render_pool import run_render
 
         chat = to_chat(await parse(raw, CountTokensRequest))
+        check_prompt_size(state, message_chars(chat), "messages")  # the generation bound, before rendering
         try:
             text = await run_render(state, render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
         except TemplateRenderError as exc:
             raise APIError(str(exc), param="messages") from None
-        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", context=False))})
+        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages"))})
 
     router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])

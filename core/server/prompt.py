@@ -24,16 +24,17 @@ def _chars_per_token(tokenizer) -> int:
     return max(1, min(longest, MAX_CHARS_PER_TOKEN))
 
 
-def check_prompt_size(state, chars: int, param: str, *, context: bool = True) -> None:
-    """The cheap bound, checked on a character count before any rendering or tokenizing
-    (``context=False``: only --max-prompt-size, for endpoints that count tokens)."""
+def check_prompt_size(state, chars: int, param: str) -> None:
+    """The cheap bound, checked on a character count before any rendering or tokenizing. The
+    counting routes (/tokenize, count_tokens) take it too: past it the tokenizer's seconds of CPU
+    would only earn a number larger than the context."""
     if chars > state.options.max_prompt_size:
         raise APIError(
             f"the prompt is longer than {state.options.max_prompt_size} characters (--max-prompt-size)",
             param=param,
             code="context_length_exceeded",
         )
-    if context and chars > state.max_context * _chars_per_token(state.tokenizer):
+    if chars > state.max_context * _chars_per_token(state.tokenizer):
         raise APIError(
             f"The input ({chars} characters, so more than {state.max_context} tokens) is longer than "
             f"the model's context length ({state.max_context} tokens).",
@@ -129,10 +130,8 @@ def render_chat(state, body, kwargs: dict) -> str:
     return text
 
 
-async def tokenize_text(
-    state, text: str, param: str, *, context: bool = True, add_special_tokens: bool = False
-) -> list[int]:
-    check_prompt_size(state, len(text), param, context=context)
+async def tokenize_text(state, text: str, param: str, *, add_special_tokens: bool = False) -> list[int]:
+    check_prompt_size(state, len(text), param)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
