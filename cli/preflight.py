@@ -36,6 +36,8 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         ("--max-total-tokens", "max_total_tokens"),
         ("--num-threads", "num_threads"),
         ("--batch-max-in-flight", "batch_max_in_flight"),
+        ("--max-system-blocks", "max_system_blocks"),
+        ("--max-prompt-logprobs-tokens", "max_prompt_logprobs_tokens"),
     ):
         value = p.get(key)
         if value is not None and value < 1:

@@ -248,3 +248,14 @@ def test_count_tokens_has_the_generation_bound(client, url):
         client.messages.count_tokens(model="m", messages=ASK, system="a" * (ctx["max_model_len"] * 32 + 1))
     assert exc.value.body["error"]["type"] == "invalid_request_error"
     assert "context length" in exc.value.body["error"]["message"]
+
+
+def test_system_block_count_is_capped(client):
+    """10,000 system blocks took 8.5 s: past --max-system-blocks (256 by default) it is a 400."""
+    blocks = [{"type": "text", "text": "Be brief."}] * 257
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model="m", max_tokens=2, messages=ASK, system=blocks)
+    assert "--max-system-blocks" in exc.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.count_tokens(model="m", messages=ASK, system=blocks)
+    assert client.messages.count_tokens(model="m", messages=ASK, system=blocks[:256]).input_tokens > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from conftest import Server
 
@@ -59,6 +60,21 @@ def test_tokenize_and_detokenize_have_the_generation_bounds(http):
     r = http.post("/detokenize", json={"tokens": [1] * (ctx + 1)})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text[:300]
     assert http.post("/detokenize", json={"tokens": [1] * 3000}).status_code == 200  # decoded off the loop
+
+
+def test_prompt_logprobs_are_capped(http, srv):
+    """Prompt logprobs are a vocabulary-wide softmax per prompt token (2,000 took 6.7 s): past
+    --max-prompt-logprobs-tokens (1024 by default) a request is a 400, not seconds of CPU."""
+    long = "word " * 1100
+    body = {"text": long, "return_logprob": True, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 1}}
+    r = http.post("/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_logprob", r.text[:300]
+    assert "--max-prompt-logprobs-tokens" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        srv.client.completions.create(model="m", prompt=long, echo=True, logprobs=1, max_tokens=1)
+    assert exc.value.param == "echo"
+    ok = srv.client.completions.create(model="m", prompt=long, logprobs=1, max_tokens=1)  # no prompt logprobs
+    assert ok.choices[0].logprobs.tokens
 
 
 @pytest.mark.parametrize(

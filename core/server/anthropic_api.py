@@ -222,7 +222,11 @@ def anthropic_router(state) -> APIRouter:
     async def parse(raw: HTTPRequest, cls):
         from llmkit.core.server.body import parse_model, read_json
 
-        return parse_model(cls, await read_json(raw))
+        body = parse_model(cls, await read_json(raw))
+        cap = state.options.max_system_blocks
+        if isinstance(body.system, list) and len(body.system) > cap:
+            raise APIError(f"system: at most {cap} blocks (--max-system-blocks)", param="system")
+        return body
 
     def guarded(handler):
         """Every error leaves in Anthropic's shape."""

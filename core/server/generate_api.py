@@ -19,6 +19,7 @@ from pydantic import ConfigDict
 
 from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.logprobs import check_prompt_logprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import _Model
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
@@ -201,6 +202,7 @@ def generate_router(state) -> APIRouter:
                 prompt_of.append(ids)
             await attach_grammar(state, s, group)
             reqs += group
+        check_prompt_logprobs(state, reqs, "return_logprob")
         # Checked and taken with no await in between, so two concurrent requests cannot both pass.
         if rid in state.generate_rids:
             # The engine keys a request's outputs by its id: a second one under the same id would

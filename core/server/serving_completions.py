@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.logprobs import CompletionLogprobs
+from llmkit.core.server.logprobs import CompletionLogprobs, check_prompt_logprobs
 from llmkit.core.server.model_names import check_model
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
@@ -96,6 +96,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             )
             reqs.append(r)
             echoes.append(text if body.echo else "")
+    check_prompt_logprobs(state, reqs, "echo")
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
