@@ -176,6 +176,22 @@ def test_required_tool_choice(client):
     assert [it.type for it in r.output] == ["function_call"] and r.status == "completed"
 
 
+def test_required_tool_choice_wins_over_text_format(client):
+    """instructor's RESPONSES_TOOLS mode sends a forced tool choice and text.format together:
+    the call is made (the format governs text answers)."""
+    r = client.responses.create(
+        model="m",
+        input=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+        temperature=0,
+        max_output_tokens=64,
+        reasoning=NO_THINK,
+    )
+    assert [it.type for it in r.output] == ["function_call"] and r.output[0].name == "get_weather"
+
+
 def test_structured_text_format(client):
     kw = {
         "model": "m",
