@@ -57,7 +57,7 @@ MaxTotalTokens = Annotated[
         "--max-total-tokens",
         envvar="LLMKIT_MAX_TOTAL_TOKENS",
         help="KV cache pool size in tokens (default: max(2 x context, 512 x --max-running-requests), "
-        "at most 65,536 tokens or 20%% of RAM).",
+        "at most 65,536 tokens or 20% of RAM).",
     ),
 ]
 ChunkedPrefill = Annotated[

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmkit.cli.help_format import FlagCommand
 from llmkit.cli.options import (
     Attention,
     ChatTemplate,
@@ -51,7 +52,7 @@ from llmkit.cli.options import (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=FlagCommand)(serve)
 
 
 def serve(
@@ -376,5 +377,5 @@ def batch_executor_for(args: list[str]):
 
 def _serve_only_app() -> typer.Typer:
     app = typer.Typer()
-    app.command("serve")(serve)
+    app.command("serve", cls=FlagCommand)(serve)
     return app
