@@ -7,12 +7,14 @@ from typing import Annotated
 
 import typer
 
-batch_app = typer.Typer(name="batch", help="Run OpenAI batch files offline.", no_args_is_help=True)
+from llmkit.cli.help_format import FlagCommand, FlagGroup
+
+batch_app = typer.Typer(name="batch", help="Run OpenAI batch files offline.", no_args_is_help=True, cls=FlagGroup)
 
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@batch_app.command("run", context_settings=_PASS_THROUGH)
+@batch_app.command("run", context_settings=_PASS_THROUGH, cls=FlagCommand)
 def run(
     ctx: typer.Context,
     input_path: Annotated[

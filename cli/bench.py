@@ -8,7 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-bench_app = typer.Typer(name="bench", help="Benchmarks.", no_args_is_help=True)
+from llmkit.cli.help_format import FlagCommand, FlagGroup
+
+bench_app = typer.Typer(name="bench", help="Benchmarks.", no_args_is_help=True, cls=FlagGroup)
 BACKENDS = ("openai-chat", "openai-completions")
 
 
@@ -25,7 +27,7 @@ def _rate(value: str) -> float:
     return rate
 
 
-@bench_app.command("serve")
+@bench_app.command("serve", cls=FlagCommand)
 def serve(
     *,
     base_url: Annotated[

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from llmkit.cli import batch, bench, plugins_cmd, serve
+from llmkit.cli.help_format import FlagGroup
 
 
 def _help_width() -> None:
@@ -23,6 +24,7 @@ def _help_width() -> None:
 _help_width()
 app = typer.Typer(
     name="llmkit",
+    cls=FlagGroup,
     help="llmkit: a plugin-architecture LLM server with an OpenAI API.",
     no_args_is_help=True,
     add_completion=False,

@@ -6,9 +6,11 @@ import json
 
 import typer
 
+from llmkit.cli.help_format import FlagCommand
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("plugins")
+    @app.command("plugins", cls=FlagCommand)
     def plugins(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
         """List registered plugins (attention backends, models, parsers, storage, grammars)."""
         from llmkit.core.plugins import registry

@@ -36,6 +36,8 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         ("--max-total-tokens", "max_total_tokens"),
         ("--num-threads", "num_threads"),
         ("--batch-max-in-flight", "batch_max_in_flight"),
+        ("--max-system-blocks", "max_system_blocks"),
+        ("--max-prompt-logprobs-tokens", "max_prompt_logprobs_tokens"),
     ):
         value = p.get(key)
         if value is not None and value < 1:
@@ -62,6 +64,7 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         _check_choice("--quantization", p["quantization"], QUANTIZATIONS)
     _check_plugins(p)
     device = _check_device(p["device"])
+    _check_attention(p["attention"], device)
     group = p.get("quantization_group_size")
     if group is not None:
         if p["quantization"] != "int4":
@@ -165,8 +168,24 @@ def _check_plugins(p: dict) -> None:
             continue
         names = reg.names(kind)
         if value not in names:
-            valid = ", ".join([*extra, *names])
+            valid = ", ".join(dict.fromkeys([*extra, *names]))  # a plugin may also be named "none"
             raise OptionError(f"unknown {what} '{value}' ({flag}); valid: {valid}")
+
+
+def _check_attention(name: str, device: str) -> None:
+    """A backend that cannot run on the device is refused now, not after the model loads."""
+    if name in (None, "auto"):
+        return
+    import torch
+
+    from llmkit.core.plugins import PluginError, registry
+
+    try:
+        why = registry().attention_backend(name).availability(torch.device(device))
+    except PluginError as exc:
+        raise OptionError(f"--attention {name}: {exc}") from None
+    if why is not None:
+        raise OptionError(f"--attention {name} cannot run on {device}: {why}")
 
 
 def _check_device(device: str) -> str:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmkit.cli.help_format import FlagCommand
 from llmkit.cli.options import (
     Attention,
     ChatTemplate,
@@ -52,7 +53,7 @@ from llmkit.cli.options import (
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=FlagCommand)(serve)
 
 
 def serve(
@@ -108,6 +109,16 @@ def serve(
     max_prompt_size: Annotated[
         int, typer.Option("--max-prompt-size", help="Prompt cap in characters, checked before tokenizing.")
     ] = 16 << 20,
+    max_system_blocks: Annotated[
+        int, typer.Option("--max-system-blocks", help="Content blocks an Anthropic system prompt may have.")
+    ] = 256,
+    max_prompt_logprobs_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-prompt-logprobs-tokens",
+            help="Prompt tokens one request may ask prompt logprobs for (echo, /generate).",
+        ),
+    ] = 1024,
     queue_timeout: Annotated[
         float,
         typer.Option("--queue-timeout", help="Seconds a request may wait for the engine before a 503 (0: no limit)."),
@@ -252,6 +263,8 @@ def build_configs(
     max_payload_size,
     shutdown_timeout,
     max_prompt_size,
+    max_system_blocks,
+    max_prompt_logprobs_tokens,
     queue_timeout,
     header_timeout,
     keep_alive_timeout,
@@ -323,6 +336,8 @@ def build_configs(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         max_prompt_size=max_prompt_size,
+        max_system_blocks=max_system_blocks,
+        max_prompt_logprobs_tokens=max_prompt_logprobs_tokens,
         queue_timeout=queue_timeout,
         header_timeout=header_timeout,
         keep_alive_timeout=keep_alive_timeout,
@@ -366,5 +381,5 @@ def batch_executor_for(args: list[str]):
 
 def _serve_only_app() -> typer.Typer:
     app = typer.Typer()
-    app.command("serve")(serve)
+    app.command("serve", cls=FlagCommand)(serve)
     return app

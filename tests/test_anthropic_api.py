@@ -224,3 +224,38 @@ def test_auth(url):
     # x-api-key is accepted on the OpenAI routes too, and a wrong one there is OpenAI-shaped
     assert httpx.get(url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
     assert "error" in httpx.get(url + "/v1/models", headers={"x-api-key": "no"}).json()
+
+
+def test_refusals_match_anthropic(client):
+    """Anthropic's 400s: temperature outside [0, 1], and a tool_result answering no tool_use of
+    the message before."""
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model="m", max_tokens=4, messages=ASK, extra_body={"temperature": 1.5})
+    assert exc.value.body["error"] == {"type": "invalid_request_error", "message": "temperature: range: 0..1"}
+    orphan = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "18 C"}]}]
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model="m", max_tokens=4, messages=orphan)
+    assert exc.value.body["error"]["message"].startswith(
+        "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_x."
+    )
+
+
+def test_count_tokens_has_the_generation_bound(client, url):
+    """A system prompt past the context's character bound is refused before rendering or
+    tokenizing, in Anthropic's shape."""
+    ctx = httpx.post(url + "/tokenize", json={"prompt": "x"}, headers={"Authorization": f"Bearer {KEY}"}).json()
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.count_tokens(model="m", messages=ASK, system="a" * (ctx["max_model_len"] * 32 + 1))
+    assert exc.value.body["error"]["type"] == "invalid_request_error"
+    assert "context length" in exc.value.body["error"]["message"]
+
+
+def test_system_block_count_is_capped(client):
+    """10,000 system blocks took 8.5 s: past --max-system-blocks (256 by default) it is a 400."""
+    blocks = [{"type": "text", "text": "Be brief."}] * 257
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model="m", max_tokens=2, messages=ASK, system=blocks)
+    assert "--max-system-blocks" in exc.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.count_tokens(model="m", messages=ASK, system=blocks)
+    assert client.messages.count_tokens(model="m", messages=ASK, system=blocks[:256]).input_tokens > 0

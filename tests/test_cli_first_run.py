@@ -107,6 +107,32 @@ def test_help_shows_whole_flag_names_when_piped():
     assert "model id" in line
 
 
+def test_grammar_backend_error_names_each_choice_once():
+    res, _ = _serve("--grammar-backend", "nope")
+    valid = res.stderr.split("valid: ", 1)[1].strip().split(", ")
+    assert "none" in valid and len(valid) == len(set(valid)), res.stderr
+
+
+def test_help_has_no_doubled_percent_or_typed_flags():
+    """Flags take no value, so no "<bool>" after them (--help included); help text is not
+    %-formatted, so "20%%" would show as written."""
+    for cmd in ([], ["serve"], ["batch", "run"], ["plugins"], ["bench", "serve"]):
+        out = CliRunner().invoke(app, [*cmd, "--help"], terminal_width=200).output
+        assert "<bool>" not in out and "%%" not in out, (cmd, out)
+        help_line = next(x for x in out.splitlines() if "--help" in x)
+        assert help_line.split("--help", 1)[1].split()[0] == "Show", help_line
+    out = CliRunner().invoke(app, ["serve", "--help"], terminal_width=200).output
+    assert "20% of RAM" in out and "<int>" in out  # valued options keep their type
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_only_attention_on_cpu_fails_before_loading():
+    res, took = _serve("--attention", "flashinfer")
+    _one_line_error(res, "--attention flashinfer", "needs a CUDA device", "torch")
+    assert "pip install" not in res.stderr
+    assert took < 20  # nothing was loaded
+
+
 def test_mem_fraction_static_sizes_the_kv_pool():
     from llmkit.core.engine.builder import _pool_tokens
     from llmkit.core.engine.config import EngineConfig

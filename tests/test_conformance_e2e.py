@@ -71,6 +71,26 @@ def test_forced_tool_arguments_keep_property_order(client):
     assert list(json.loads(args)) == ["zeta", "alpha"]
 
 
+def test_forced_tool_call_wins_over_response_format(client):
+    """The format governs text answers; a forced (named or required) call is still made."""
+    tool = openai.pydantic_function_tool(Verdict, name="verdict")
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": ORDERED, "strict": True}}
+    for choice in ({"type": "function", "function": {"name": "verdict"}}, "required"):
+        r = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Judge."}],
+            tools=[tool],
+            tool_choice=choice,
+            response_format=fmt,
+            temperature=0,
+            max_tokens=60,
+        )
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, (choice, ch)
+        assert ch.message.tool_calls[0].function.name == "verdict"
+        assert list(json.loads(ch.message.tool_calls[0].function.arguments)) == ["zeta", "alpha"]
+
+
 # -- 2. forced tool calls with local $defs (nested pydantic models) ------------------------------------
 
 

@@ -169,6 +169,20 @@ def test_served_model_name_repeats_into_aliases():
     assert server.served_model_name == "main" and server.served_model_aliases == ("alias1", "alias2")
 
 
+def test_cost_cap_flags_reach_the_server_config():
+    import typer
+
+    from llmkit.cli.serve import _serve_only_app, build_configs
+
+    cmd = typer.main.get_command(_serve_only_app())
+    ctx = cmd.make_context("serve", ["--max-system-blocks", "3", "--max-prompt-logprobs-tokens", "5"])
+    _, server = build_configs(**ctx.params)
+    assert server.max_system_blocks == 3 and server.max_prompt_logprobs_tokens == 5
+    with TestClient(fake_app(max_prompt_logprobs_tokens=5)) as client:
+        body = {"model": "m", "prompt": "one two three four five six", "echo": True, "logprobs": 0, "max_tokens": 1}
+        assert "--max-prompt-logprobs-tokens" in _error(client.post("/v1/completions", json=body), 400)["message"]
+
+
 # --- 5. a request that can never fit is a 400; a full queue is a 429 with Retry-After --------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from conftest import Server
 
@@ -43,6 +44,37 @@ def test_tokenize_messages_counts_the_chat_prompt(http, srv):
     assert tok["count"] == chat.usage.prompt_tokens
     no_gen = http.post("/tokenize", json={"messages": MSGS, "add_generation_prompt": False}).json()
     assert no_gen["count"] < tok["count"] and tok["tokens"][: no_gen["count"]] == no_gen["tokens"]
+
+
+def test_tokenize_and_detokenize_have_the_generation_bounds(http):
+    """Past the context's character bound the tokenizer never runs; past the context in tokens
+    the answer (ids, token strings, decoded text) is refused rather than sent."""
+    ctx = http.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+    huge = "a" * (ctx * 32 + 1)
+    for body, param in (({"prompt": huge}, "prompt"), ({"messages": [{"role": "user", "content": huge}]}, "messages")):
+        r = http.post("/tokenize", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    r = http.post("/tokenize", json={"prompt": "a " * (ctx + 1), "return_token_strs": True})
+    assert r.status_code == 400 and "context length" in r.json()["error"]["message"], r.text[:300]
+    r = http.post("/detokenize", json={"tokens": [1] * (ctx + 1)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text[:300]
+    assert http.post("/detokenize", json={"tokens": [1] * 3000}).status_code == 200  # decoded off the loop
+
+
+def test_prompt_logprobs_are_capped(http, srv):
+    """Prompt logprobs are a vocabulary-wide softmax per prompt token (2,000 took 6.7 s): past
+    --max-prompt-logprobs-tokens (1024 by default) a request is a 400, not seconds of CPU."""
+    long = "word " * 1100
+    body = {"text": long, "return_logprob": True, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 1}}
+    r = http.post("/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_logprob", r.text[:300]
+    assert "--max-prompt-logprobs-tokens" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        srv.client.completions.create(model="m", prompt=long, echo=True, logprobs=1, max_tokens=1)
+    assert exc.value.param == "echo"
+    ok = srv.client.completions.create(model="m", prompt=long, logprobs=1, max_tokens=1)  # no prompt logprobs
+    assert ok.choices[0].logprobs.tokens
 
 
 @pytest.mark.parametrize(
@@ -161,3 +193,27 @@ def test_generate_streaming_equals_non_streaming(http):
 def test_streaming_bad_input_is_a_plain_400(http):
     r = http.post("/generate", json={"text": "x", "stream": True, "sampling_params": {"top_p": 2}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
+
+
+def test_duplicate_rid_in_flight_is_a_400_and_leaks_nothing(srv):
+    """A second /generate under the rid of one still running used to take over its engine stream:
+    the first hung forever and its slot leaked. Now it is a 400, and the rid is free again once
+    the first ends."""
+    import httpx
+
+    body = {"text": "Count: 1, 2, 3,", "rid": "dup-1", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(base_url=srv.base_url, timeout=60) as c:
+        with c.stream("POST", "/generate", json=body) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))  # it is running
+            second = c.post("/generate", json={**body, "stream": False})
+            assert second.status_code == 400, second.text
+            assert second.json()["error"]["param"] == "rid" and "dup-1" in second.json()["error"]["message"]
+            last = [line for line in lines if line.startswith("data: ")]
+        assert last[-1] == "data: [DONE]"
+        assert json.loads(last[-2][6:])["meta_info"]["finish_reason"]["type"] == "length"
+        again = c.post("/generate", json={**body, "stream": False, "sampling_params": {"max_new_tokens": 2}})
+        assert again.status_code == 200, again.text
+        assert c.get("/get_server_info").json()["num_running_reqs"] == 0

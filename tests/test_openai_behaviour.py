@@ -34,6 +34,16 @@ def test_chat_stream_equals_non_stream(client):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_chat_stream_deltas_carry_reasoning_content(client):
+    """SGLang clients read chunk.choices[0].delta.reasoning_content on every chunk (the role and
+    finish chunks too): it is null when there is no reasoning, never missing."""
+    chunks = [
+        c for c in client.chat.completions.create(model="m", messages=MSG, max_tokens=8, stream=True) if c.choices
+    ]
+    assert len(chunks) >= 3 and chunks[-1].choices[0].finish_reason
+    assert [c.choices[0].delta.reasoning_content for c in chunks] == [None] * len(chunks)
+
+
 def test_completion_stream_equals_non_stream(client):
     kw = dict(model="m", prompt="The three primary colors are", temperature=0, max_tokens=30)
     full = client.completions.create(**kw)
@@ -109,6 +119,28 @@ def test_completion_grid(client, server, echo, logprobs, token_ids):
                 assert lp.token_logprobs[0] is None
             else:
                 assert lp.token_logprobs[0] is not None
+
+
+CHAT_PROMPT = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_completion_stream_logprobs_finish_lists_tokens(client):
+    """SGLang's test_completion_stream reads logprobs.tokens[0] on every chunk: a finish after the
+    (left out) stop token must not bring a chunk whose logprobs list nothing."""
+    kw = dict(model="m", prompt=CHAT_PROMPT, temperature=0, max_tokens=60, logprobs=2)
+    full = client.completions.create(**kw)
+    assert full.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(**kw, stream=True))
+    tokens = []
+    for c in chunks:
+        lp = c.choices[0].logprobs
+        assert lp is not None and lp.tokens and isinstance(lp.top_logprobs[0], dict), c
+        tokens += lp.tokens
+    assert tokens == full.choices[0].logprobs.tokens
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "stop"
+    assert sum(c.choices[0].finish_reason is not None for c in chunks) == 1
+    assert chunks[-1].choices[0].matched_stop == full.choices[0].matched_stop
 
 
 def _tokenize(server, text):

@@ -176,6 +176,22 @@ def test_required_tool_choice(client):
     assert [it.type for it in r.output] == ["function_call"] and r.status == "completed"
 
 
+def test_required_tool_choice_wins_over_text_format(client):
+    """instructor's RESPONSES_TOOLS mode sends a forced tool choice and text.format together:
+    the call is made (the format governs text answers)."""
+    r = client.responses.create(
+        model="m",
+        input=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+        temperature=0,
+        max_output_tokens=64,
+        reasoning=NO_THINK,
+    )
+    assert [it.type for it in r.output] == ["function_call"] and r.output[0].name == "get_weather"
+
+
 def test_structured_text_format(client):
     kw = {
         "model": "m",
@@ -300,6 +316,29 @@ def test_unknown_previous_response_is_404(client):
     assert exc.value.body["param"] == "previous_response_id"
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("../../etc/passwd")
+
+
+def test_refusals_match_openai(client):
+    """Where OpenAI refuses, with its status and words: a malformed id (not a 404), an output
+    answering no call, and continuing from a response that is still running."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="m", input="x", previous_response_id="bad", max_output_tokens=2)
+    assert exc.value.body["param"] == "previous_response_id"
+    assert exc.value.body["message"] == "Invalid 'previous_response_id': 'bad'. Expected an ID that begins with 'resp'."
+    orphan = [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_x", "output": "1"}]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="m", input=orphan, max_output_tokens=2)
+    assert exc.value.body["param"] == "input"
+    assert exc.value.body["message"] == "No tool call found for function call output with call_id call_x."
+    running = client.responses.create(
+        model="m", input="Write a long story.", background=True, max_output_tokens=2000, temperature=0
+    )
+    try:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.responses.create(model="m", input="go on", previous_response_id=running.id, max_output_tokens=2)
+        assert exc.value.body["param"] == "previous_response_id" and "still" in exc.value.body["message"]
+    finally:
+        assert client.responses.cancel(running.id).status == "cancelled"
 
 
 def test_truncation_auto_drops_the_oldest_turns(client):

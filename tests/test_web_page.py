@@ -44,3 +44,19 @@ def test_disable_web_ui():
     with _client(enable_web_ui=False, api_key="k") as client:
         assert client.get("/", headers={"Authorization": "Bearer k"}).status_code == 404
         assert client.get("/web/app.js").status_code == 401  # no longer public
+
+
+def test_page_sends_a_content_security_policy_and_nosniff():
+    """The page may run only its own module and reach only this server; no file is sniffed into
+    another type. (test_web_ui.py drives the page in Chromium under this policy.)"""
+    with _client() as client:
+        r = client.get("/")
+        csp = dict(d.strip().split(" ", 1) for d in r.headers["content-security-policy"].split(";"))
+        assert csp["default-src"] == "'none'" and csp["script-src"] == "'self'" and csp["connect-src"] == "'self'"
+        assert csp["frame-ancestors"] == "'none'"
+        for path in ("/", "/web/app.js", "/web/style.css"):
+            assert client.get(path).headers["x-content-type-options"] == "nosniff", path
+        # the page holds no inline script that would need 'unsafe-inline' (the config is JSON data)
+        scripts = re.findall(r"<script([^>]*)>(.*?)</script>", r.text, re.S)
+        assert all('src="/web/' in attrs or ("application/json" in attrs) for attrs, _ in scripts), scripts
+        assert " style=" not in r.text and "<style" not in r.text

@@ -14,10 +14,11 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.nullable import NullMeansDefault
 
 # Anthropic's error types by status; statuses it does not use are mapped onto ones it does.
 _TYPES = {
@@ -40,7 +41,7 @@ def anthropic_error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse(status_code=status, content=body)
 
 
-class _Strict(BaseModel):
+class _Strict(NullMeansDefault):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -98,8 +99,10 @@ def _messages(body: CountTokensRequest) -> list[dict]:
         out.append({"role": "system", "content": _text_of(body.system, "system")})
     if not body.messages:
         raise APIError("messages: at least one message is required", param="messages")
+    called: set = set()  # tool_use ids of the message before, which tool_results must answer
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
+        answerable, called = called, set()
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
@@ -111,6 +114,7 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             elif kind == "tool_use" and m.role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise APIError(f"{where}[{j}]: tool_use needs an id and a name", param=f"{where}[{j}]")
+                called.add(b["id"])
                 calls.append(
                     {
                         "id": b["id"],
@@ -121,6 +125,13 @@ def _messages(body: CountTokensRequest) -> list[dict]:
             elif kind == "tool_result" and m.role == "user":
                 if not isinstance(b.get("tool_use_id"), str):
                     raise APIError(f"{where}[{j}]: tool_result needs a tool_use_id", param=f"{where}[{j}]")
+                if b["tool_use_id"] not in answerable:  # Anthropic's wording
+                    raise APIError(
+                        f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                        f"{b['tool_use_id']}. Each `tool_result` block must have a corresponding `tool_use` block "
+                        "in the previous message.",
+                        param=f"{where}[{j}]",
+                    )
                 result = _text_of(b.get("content") or "", f"{where}[{j}].content")
                 out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
             elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
@@ -193,6 +204,8 @@ def to_chat(body: CountTokensRequest):
             for t in body.tools
         ]
     if isinstance(body, MessagesRequest):
+        if body.temperature is not None and not 0 <= body.temperature <= 1:
+            raise APIError("temperature: range: 0..1", param="temperature")  # Anthropic's range and words
         chat.update(
             max_tokens=body.max_tokens,
             stop=body.stop_sequences,
@@ -209,7 +222,11 @@ def anthropic_router(state) -> APIRouter:
     async def parse(raw: HTTPRequest, cls):
         from llmkit.core.server.body import parse_model, read_json
 
-        return parse_model(cls, await read_json(raw))
+        body = parse_model(cls, await read_json(raw))
+        cap = state.options.max_system_blocks
+        if isinstance(body.system, list) and len(body.system) > cap:
+            raise APIError(f"system: at most {cap} blocks (--max-system-blocks)", param="system")
+        return body
 
     def guarded(handler):
         """Every error leaves in Anthropic's shape."""
@@ -249,15 +266,16 @@ def anthropic_router(state) -> APIRouter:
 
     async def count_tokens(raw: HTTPRequest) -> Response:
         from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
-        from llmkit.core.server.prompt import render_chat, tokenize_text
+        from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
         from llmkit.core.server.render_pool import run_render
 
         chat = to_chat(await parse(raw, CountTokensRequest))
+        check_prompt_size(state, message_chars(chat), "messages")  # the generation bound, before rendering
         try:
             text = await run_render(state, render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
         except TemplateRenderError as exc:
             raise APIError(str(exc), param="messages") from None
-        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", context=False))})
+        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", generate=False))})
 
     router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])

@@ -19,6 +19,8 @@ class ServerConfig:
     max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)
     max_prompt_list: int = 256
     max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
+    max_system_blocks: int = 256  # an Anthropic system's blocks (10,000 cost 8.5 s)
+    max_prompt_logprobs_tokens: int = 1024  # prompt logprobs are a vocab-wide softmax per token
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30
     header_timeout: float = 10.0  # seconds to send a request's headers (slow-header connections close)

@@ -8,6 +8,7 @@ same checks as the OpenAI endpoints, under SGLang's parameter names.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from pydantic import ConfigDict
 
 from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.logprobs import check_prompt_logprobs
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import _Model
 from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
@@ -200,7 +202,17 @@ def generate_router(state) -> APIRouter:
                 prompt_of.append(ids)
             await attach_grammar(state, s, group)
             reqs += group
+        check_prompt_logprobs(state, reqs, "return_logprob")
+        # Checked and taken with no await in between, so two concurrent requests cannot both pass.
+        if rid in state.generate_rids:
+            # The engine keys a request's outputs by its id: a second one under the same id would
+            # take the first's stream and leave it (and its engine slot) waiting forever.
+            raise APIError(f"a request with rid '{rid}' is already in flight; give each its own rid", param="rid")
         gen = start_generation(state, reqs, http=True)
+        if body.rid is not None:
+            state.generate_rids.add(rid)
+            ended = asyncio.gather(*gen.tasks, return_exceptions=True)
+            ended.add_done_callback(lambda _f: state.generate_rids.discard(rid))
         many = batch or len(reqs) > 1
 
         def result(i: int) -> dict:

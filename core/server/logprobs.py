@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from llmkit.core.engine.messages import TokenLogprob
+from llmkit.core.server.errors import APIError
+
+
+def check_prompt_logprobs(state, reqs, param: str) -> None:
+    """Each prompt token's logprobs cost a softmax over the whole vocabulary (2,000 tokens took
+    6.7 s): a request may ask for them over at most --max-prompt-logprobs-tokens tokens."""
+    n = sum(len(r.prompt_ids) for r in reqs if r.return_prompt_logprobs)
+    cap = state.options.max_prompt_logprobs_tokens
+    if n > cap:
+        raise APIError(
+            f"prompt logprobs were asked for over {n} prompt tokens, more than the limit of {cap} "
+            "(--max-prompt-logprobs-tokens)",
+            param=param,
+        )
 
 
 def _text(tokenizer, tid: int) -> str:

@@ -24,16 +24,17 @@ def _chars_per_token(tokenizer) -> int:
     return max(1, min(longest, MAX_CHARS_PER_TOKEN))
 
 
-def check_prompt_size(state, chars: int, param: str, *, context: bool = True) -> None:
-    """The cheap bound, checked on a character count before any rendering or tokenizing
-    (``context=False``: only --max-prompt-size, for endpoints that count tokens)."""
+def check_prompt_size(state, chars: int, param: str) -> None:
+    """The cheap bound, checked on a character count before any rendering or tokenizing. The
+    counting routes (/tokenize, count_tokens) take it too: past it the tokenizer's seconds of CPU
+    would only earn a number larger than the context."""
     if chars > state.options.max_prompt_size:
         raise APIError(
             f"the prompt is longer than {state.options.max_prompt_size} characters (--max-prompt-size)",
             param=param,
             code="context_length_exceeded",
         )
-    if context and chars > state.max_context * _chars_per_token(state.tokenizer):
+    if chars > state.max_context * _chars_per_token(state.tokenizer):
         raise APIError(
             f"The input ({chars} characters, so more than {state.max_context} tokens) is longer than "
             f"the model's context length ({state.max_context} tokens).",
@@ -130,12 +131,12 @@ def render_chat(state, body, kwargs: dict) -> str:
 
 
 async def tokenize_text(
-    state, text: str, param: str, *, context: bool = True, add_special_tokens: bool = False
+    state, text: str, param: str, *, add_special_tokens: bool = False, generate: bool = True
 ) -> list[int]:
-    """``text``'s token ids. ``context``: the text is a prompt to generate from, so it must fit the
-    context and give at least one token (a text of only characters the tokenizer drops gives
-    none, and the model cannot start from nothing)."""
-    check_prompt_size(state, len(text), param, context=context)
+    """``text``'s token ids. ``generate``: the text is a prompt to generate from, so it must give
+    at least one token (a text of only characters the tokenizer drops gives none, and the model
+    cannot start from nothing); /tokenize and count_tokens pass False."""
+    check_prompt_size(state, len(text), param)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -144,6 +145,6 @@ async def tokenize_text(
         ids = state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
     else:
         ids = await asyncio.to_thread(lambda: state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-    if context and not ids:
+    if generate and not ids:
         raise APIError(f"the {param} tokenizes to zero tokens: there is nothing to generate from", param=param)
     return ids

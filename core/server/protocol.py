@@ -1,17 +1,20 @@
 """Request models of the OpenAI API plus SGLang's extras (top-level fields, sent by OpenAI SDK
 clients through ``extra_body``). Pydantic lives only here, at the HTTP edge.
 
-Models are strict (``"10"`` is not an int) and ignore unknown fields, as OpenAI does.
+Models are strict (``"10"`` is not an int) and ignore unknown fields, as OpenAI does; a null
+optional field takes its default (see ``nullable``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from llmkit.core.server.nullable import NullMeansDefault
 
 
-class _Model(BaseModel):
+class _Model(NullMeansDefault):
     model_config = ConfigDict(extra="allow", strict=True)
 
 

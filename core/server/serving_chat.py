@@ -218,6 +218,8 @@ async def _stream(state, gen, body, reqs, procs, cid, created, include_usage):
         return usage(out.prompt_tokens, sum(completion_tokens), out.cached_tokens)
 
     def chunk(i, delta, finish=None, matched=None, logprobs=None, usage=None):
+        # SGLang clients read delta.reasoning_content on every chunk: the key is always there.
+        delta.setdefault("reasoning_content", None)
         c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None:
             c["matched_stop"] = matched

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.logprobs import CompletionLogprobs
+from llmkit.core.server.logprobs import CompletionLogprobs, check_prompt_logprobs
 from llmkit.core.server.model_names import check_model
 from llmkit.core.server.prompt import tokenize_text
 from llmkit.core.server.protocol import CompletionRequest
@@ -96,6 +96,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             )
             reqs.append(r)
             echoes.append(text if body.echo else "")
+    check_prompt_logprobs(state, reqs, "echo")
     from llmkit.core.server.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
@@ -190,9 +191,16 @@ async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n
     per_prompt = len(reqs) // n_prompts
     prompt_seen: dict[int, int] = {}
     generated = [0] * len(reqs)
+    # With logprobs, each index's latest chunk waits for the next output: a finish that brings
+    # no token (the stop token is left out) then rides on it, as SGLang's finish does, instead
+    # of a chunk whose logprobs list nothing.
+    held: dict[int, dict] = {}
     try:
         async for i, out in gen.outputs():
             if out.error:
+                for chunk in held.values():
+                    yield sse(chunk)
+                held.clear()
                 yield sse({"error": APIError(out.error, status=500).body()["error"]})
                 break
             acc = accs[i]
@@ -204,24 +212,37 @@ async def _stream(state, gen, body, reqs, echoes, cid, created, include_usage, n
             pending_echo[i] = ""
             if out.finished:
                 finals[i] = out
-            if text or out.finished or (acc is not None and acc.data["tokens"]):
-                choice = {
-                    "index": i,
-                    "text": text,
-                    "logprobs": acc.take() if acc else None,
-                    "finish_reason": out.finish_reason if out.finished else None,
-                }
+            lps = acc.take() if acc is not None and acc.data["tokens"] else None
+            if not (text or out.finished or lps):
+                continue
+            extra = {}
+            if continuous:  # usage so far; each prompt's tokens count once
+                prompt_seen[i // per_prompt] = out.prompt_tokens
+                generated[i] = out.completion_tokens
+                extra["usage"] = usage(sum(prompt_seen.values()), sum(generated), out.cached_tokens)
+            prev = held.pop(i, None)
+            if acc is not None and prev is not None and out.finished and not text and lps is None:
+                chunk = {**prev, **extra}
+                chunk["choices"] = [{**prev["choices"][0], "finish_reason": out.finish_reason}]
+            else:
+                if prev is not None:
+                    yield sse(prev)
+                choice = {"index": i, "text": text, "logprobs": lps, "finish_reason": None}
                 if out.finished:
-                    choice["matched_stop"] = None if out.finish_reason == "length" else out.matched_stop
-                extra = {}
-                if continuous:  # usage so far; each prompt's tokens count once
-                    prompt_seen[i // per_prompt] = out.prompt_tokens
-                    generated[i] = out.completion_tokens
-                    extra["usage"] = usage(sum(prompt_seen.values()), sum(generated), out.cached_tokens)
-                yield sse({**base, "choices": [choice], **extra})
+                    choice["finish_reason"] = out.finish_reason
+                chunk = {**base, "choices": [choice], **extra}
+            if out.finished:
+                chunk["choices"][0]["matched_stop"] = None if out.finish_reason == "length" else out.matched_stop
+                yield sse(chunk)
+            elif acc is not None:
+                held[i] = chunk
+            else:
+                yield sse(chunk)
         if include_usage and all(finals):
             yield sse({**base, "choices": [], "usage": _usage(reqs, finals, n_prompts)})
-    except APIError as exc:
+    except APIError as exc:  # shutdown or queue timeout: what was generated goes out first
+        for chunk in held.values():
+            yield sse(chunk)
         yield sse(exc.body())
     finally:
         gen.cancel()

@@ -29,6 +29,7 @@ class ServerState:
     metrics: Any = None  # ServerMetrics (create_app makes it unless --disable-metrics)
     render_pool: Any = field(default_factory=render_pool)  # chat templates render here (render_pool.py)
     in_flight: set = field(default_factory=set)  # Generations of HTTP requests (drained on shutdown)
+    generate_rids: set = field(default_factory=set)  # caller-chosen /generate rids now running
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:

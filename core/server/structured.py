@@ -85,7 +85,10 @@ def _spec(state, body):
     except GrammarError as exc:
         raise APIError(exc.message, param=exc.param) from None
     schema = tool_choice_schema(body)
-    if schema is not None and spec is None:
+    if schema is not None:
+        # A forced call is the whole answer: the format (checked above) governs text answers,
+        # and there is none here. Letting the format win dropped the call (instructor's
+        # RESPONSES_TOOLS mode sends both).
         spec = GrammarSpec("json_schema", schema, param="tool_choice")
     return spec
 

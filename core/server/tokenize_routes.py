@@ -7,6 +7,7 @@ renders them, so ``count`` is the prompt size a chat request would have.
 
 from __future__ import annotations
 
+import asyncio
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
@@ -16,7 +17,7 @@ from fastapi import Request as HTTPRequest
 
 from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.prompt import message_dicts, render_chat, tokenize_text
+from llmkit.core.server.prompt import check_prompt_size, message_dicts, render_chat, tokenize_text
 from llmkit.core.server.protocol import ChatCompletionRequest, _Model
 from llmkit.core.server.render_pool import run_render
 
@@ -36,6 +37,18 @@ class TokenizeRequest(_Model):
 class DetokenizeRequest(_Model):
     model: str | None = None
     tokens: list[int]
+
+
+def _raw_chars(messages: list[dict]) -> int:
+    """Characters of text in messages not yet validated (the rendered prompt is at least this long)."""
+    n = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            n += len(content)
+        elif isinstance(content, list):
+            n += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return n
 
 
 def _render(state, body: TokenizeRequest) -> str:
@@ -81,21 +94,37 @@ def tokenize_router(state) -> APIRouter:
         if body.messages is not None:
             if not body.messages:
                 raise APIError("Messages cannot be empty.", param="messages")
+            check_prompt_size(state, _raw_chars(body.messages), "messages")  # before rendering: cheap
             text = await run_render(state, _render, state, body)
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         else:
             text, special = body.prompt, body.add_special_tokens is not False
-        # counting only: --max-prompt-size, no context bound
-        ids = await tokenize_text(state, text, "prompt", context=False, add_special_tokens=special)
+        # The generation routes' bounds: characters before tokenizing (off the event loop), then
+        # tokens, which also caps the answer (ids and token strings) at the context's size.
+        ids = await tokenize_text(state, text, "prompt", add_special_tokens=special, generate=False)
+        if len(ids) > state.max_context:
+            raise APIError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length ({state.max_context} tokens).",
+                param="prompt" if body.messages is None else "messages",
+                code="context_length_exceeded",
+            )
         strs = state.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.max_context, "tokens": ids, "token_strs": strs}
 
     async def detokenize(raw: HTTPRequest):
         body = await parse(raw, DetokenizeRequest)
+        if len(body.tokens) > state.max_context:  # no prompt or answer is longer: caps the answer too
+            raise APIError(
+                f"at most {state.max_context} tokens (the model's context length) per request",
+                param="tokens",
+                code="context_length_exceeded",
+            )
         bad = [t for t in body.tokens if not 0 <= t < state.vocab_size]
         if bad:
             raise APIError(f"token ids {bad[:10]} are out of vocabulary (size {state.vocab_size})", param="tokens")
-        return {"prompt": state.tokenizer.decode(body.tokens)}
+        if len(body.tokens) < 2048:
+            return {"prompt": state.tokenizer.decode(body.tokens)}
+        return {"prompt": await asyncio.to_thread(state.tokenizer.decode, body.tokens)}
 
     for prefix in ("", "/v1"):
         router.add_api_route(prefix + "/tokenize", tokenize, methods=["POST"])

@@ -23,6 +23,13 @@ MEDIA_TYPES = {
     ".png": "image/png",
 }
 CONFIG_MARK = "<!--llmkit-config-->"
+# The page runs only its own module and talks only to this server: an injected script or a
+# framing page gets nothing (the config's inline JSON is a data block, which never executes).
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+NOSNIFF = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
 
 
 def web_router(state):
@@ -43,13 +50,14 @@ def web_router(state):
 
     @router.get("/", include_in_schema=False)
     async def page():
-        return Response(index, media_type=MEDIA_TYPES[".html"], headers={"Cache-Control": "no-cache"})
+        headers = {**NOSNIFF, "Content-Security-Policy": CSP}
+        return Response(index, media_type=MEDIA_TYPES[".html"], headers=headers)
 
     @router.get("/web/{name}", include_in_schema=False)
     async def static(name: str):
         path = files.get(name)  # only the shipped files: no path ever reaches the file system
         if path is None:
             return error_response(f"no such file: {name}", 404)
-        return Response(path.read_bytes(), media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+        return Response(path.read_bytes(), media_type=MEDIA_TYPES[path.suffix], headers=NOSNIFF)
 
     return router

@@ -42,9 +42,11 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
-        if importlib.util.find_spec("flashinfer") is None:
+        # The device first: on CPU installing flashinfer would not help, so do not suggest it.
+        on_cuda = torch.device(device).type == "cuda"
+        if on_cuda and importlib.util.find_spec("flashinfer") is None:
             return MISSING
-        if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        if not on_cuda or not torch.cuda.is_available():
             return "the flashinfer attention backend needs a CUDA device; on CPU use: torch"
         return None
 

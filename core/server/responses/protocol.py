@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.nullable import NullMeansDefault
 from llmkit.core.server.state import new_id
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(NullMeansDefault):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str = "default"
     input: str | list[dict[str, Any]]
@@ -123,6 +124,16 @@ def normalize_input(body: ResponsesRequest) -> list[dict]:
         else:
             raise APIError(f"{where}.type '{kind}' is not supported", param=f"{where}.type")
     return items
+
+
+def check_call_outputs(items: list[dict]) -> None:
+    """Each function_call_output answers a function_call made before it (OpenAI's 400)."""
+    calls = set()
+    for it in items:
+        if it["type"] == "function_call":
+            calls.add(it["call_id"])
+        elif it["type"] == "function_call_output" and it["call_id"] not in calls:
+            raise APIError(f"No tool call found for function call output with call_id {it['call_id']}.", param="input")
 
 
 def items_to_messages(items: list[dict]) -> list[dict]:

@@ -15,6 +15,7 @@ from llmkit.core.server.errors import APIError
 from llmkit.core.server.responses.objects import ItemIds, failed, finish, skeleton, stream_events
 from llmkit.core.server.responses.protocol import (
     ResponsesRequest,
+    check_call_outputs,
     items_to_messages,
     normalize_input,
     to_chat_body,
@@ -78,6 +79,24 @@ def responses_router(state, storage=None) -> APIRouter:
                 # "in_progress" with no task behind it and call the response lost to a restart
                 tasks.pop(resp["id"], None)
 
+    async def previous(pid: str) -> dict:
+        """The stored response a request continues from; refused as OpenAI does when the id is
+        malformed or the response has not finished (its output is not known yet)."""
+        if not pid.startswith("resp"):
+            raise APIError(
+                f"Invalid 'previous_response_id': '{pid}'. Expected an ID that begins with 'resp'.",
+                param="previous_response_id",
+                code="invalid_value",
+            )
+        prev = await store.get(pid, param="previous_response_id")
+        status = prev["response"]["status"]
+        if status in LIVE and pid in tasks:
+            raise APIError(
+                f"Previous response with id '{pid}' is still {status}; continue from it once it has finished.",
+                param="previous_response_id",
+            )
+        return prev
+
     @router.post("/v1/responses")
     async def create(raw: HTTPRequest):
         from llmkit.core.server.body import parse_model, read_json
@@ -91,8 +110,9 @@ def responses_router(state, storage=None) -> APIRouter:
         items = normalize_input(body)
         context: list[dict] = []
         if body.previous_response_id is not None:
-            prev = await store.get(body.previous_response_id, param="previous_response_id")
+            prev = await previous(body.previous_response_id)
             context = prev["context"] + prev["input_items"] + prev["response"]["output"]
+        check_call_outputs(context + items)
         msgs = items_to_messages(context + items)
         if body.instructions:  # instructions are not carried over to continuations, as OpenAI
             msgs.insert(0, {"role": "system", "content": body.instructions})
