@@ -47,7 +47,9 @@ def run(name: str, over: dict, dtype: torch.dtype) -> str:
             b.md.extra.clear()
         else:  # the reference: the torch backend on the CPU (no Triton there)
             ref = TorchAttentionBackend(**backend_kwargs(b, spec["heads"][0], spec.get("latent")))
-        outs["torch_cpu" if dev == "ref" else f"torch_{dev}"] = ref.forward(b.q, b.k, b.v, 0, ref.prepare_metadata(b.md)).float().cpu()
+        outs["torch_cpu" if dev == "ref" else f"torch_{dev}"] = (
+            ref.forward(b.q, b.k, b.v, 0, ref.prepare_metadata(b.md)).float().cpu()
+        )
     want = outs["torch_cpu"]
     errs = {k: (v - want).abs().max().item() for k, v in outs.items() if k != "torch_cpu"}
     worst = (outs["triton"] - want).abs().amax(dim=(1, 2))

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU side of the check (one command on the GPU machine, ~8 minutes), after prepare.sh on the CPU side:
 #   bash benchmarks/gpu_check/run.sh OUTDIR [sections...]
-# sections (default all): tests probe bench http functional. Every section has its own time limit and
+# sections (default all): tests probe http kernels functional bench. BENCH_TRANSFORMERS=" " adds the
+# transformers baseline to the in-process benchmarks (slow: ~30 s a run). Every section has its own time limit and
 # log under OUTDIR; OUTDIR/check.tar.gz holds them all and summary.md the figures
 # (python benchmarks/gpu_check/summarize.py OUTDIR rewrites it, and benchmarks/RESULTS.md, from them).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-/tmp/gpu_check}
 shift || true
-SECTIONS=${*:-tests probe http bench functional}
+SECTIONS=${*:-tests probe http kernels functional bench}
 mkdir -p "$OUT/logs"
 L="$OUT/logs"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -80,18 +81,24 @@ if has http; then
         serve_and_bench qwen2.5-0.5b qwen05 1:500
     fi
 fi
-if has bench; then
-    stamp "in-process benchmarks"
-    timeout 60 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single --markdown \
-        --json "$OUT/qwen_single.json" > "$L/bench_qwen_single.log" 2>&1
-    timeout 75 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --no-transformers --markdown \
-        --json "$OUT/llama8b.json" > "$L/bench_llama8b.log" 2>&1
-    grep -hE "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | tail -20
+if has kernels; then
+    stamp "kernels a decode step launches (fused on / off)"
+    timeout 90 python3 benchmarks/gpu_check/count_kernels.py > "$L/kernels.log" 2>&1; tail -1 "$L/kernels.log"
 fi
 if has functional; then
     stamp "functional pass (openai client)"
     timeout 70 python3 benchmarks/gpu_check/functional.py .whl/smollm2-tokenizer > "$L/functional.log" 2>&1
     grep -E "^[a-z_]+: " "$L/functional.log"
+fi
+if has bench; then
+    stamp "in-process benchmarks"
+    timeout 45 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single --markdown --attention triton \
+        ${BENCH_TRANSFORMERS:---no-transformers} --json "$OUT/qwen_single.json" > "$L/bench_qwen_single.log" 2>&1
+    LLMKIT_DISABLE_FUSED_KERNELS=1 timeout 40 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single \
+        --attention triton --no-transformers --json "$OUT/qwen_single_unfused.json" > "$L/bench_qwen_unfused.log" 2>&1
+    timeout 75 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --attention triton ${BENCH_TRANSFORMERS:---no-transformers} --markdown \
+        --json "$OUT/llama8b.json" > "$L/bench_llama8b.log" 2>&1
+    grep -hE "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | tail -20
 fi
 stamp done
 tar czf "$OUT/check.tar.gz" -C "$OUT" logs $(cd "$OUT" && ls *.json 2>/dev/null)
