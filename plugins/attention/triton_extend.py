@@ -260,8 +260,14 @@ def extend_attention(
     _, num_heads, head_dim = q.shape
     group = num_heads // k_buf.shape[1]
     dv = o.shape[-1]
+    block_dv = triton.next_power_of_2(dv)
     if v_buf is None:
         v_buf = k_buf
+        # Latent KV (the values are the keys' first channels, read through the same buffer): a value
+        # block under 64 channels came out wrong compiled (Triton 3.6, sm_90: rows that saw keys past
+        # the first 16 of a 64-key tile, MLA extend at page size 1, head 40 / latent 32) and right
+        # under the interpreter; 64 was right in the same probe (benchmarks/gpu_check/mla_probe.py).
+        block_dv = max(block_dv, 64)
     assert q.stride(-1) == 1 and o.stride(-1) == 1 and req_to_token.stride(-1) == 1
     block_d = triton.next_power_of_2(head_dim)
     block_m, block_n, warps = extend_config(block_d, q.dtype, is_interpreted())
@@ -295,7 +301,7 @@ def extend_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
-        BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_DV=block_dv,
         UPCAST=upcast,
         DOT_PREC=prec,
         HAS_SINKS=sinks is not None,
