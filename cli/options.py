@@ -140,7 +140,7 @@ SkipServerWarmup = Annotated[
     typer.Option(
         "--skip-server-warmup",
         envvar="LLMKIT_SKIP_SERVER_WARMUP",
-        help="Report ready without first serving two short requests (on CUDA the warm-up compiles the "
+        help="Report ready without first serving a few short requests (on CUDA the warm-up compiles the "
         "kernels the first request would otherwise wait for; CPU has none).",
     ),
 ]

@@ -31,7 +31,7 @@ class EngineConfig:
     quantization_group_size: int | None = None  # int4 group size (default 32)
     cuda_graph_max_bs: int | None = None  # None: every batch size the scheduler can run (<= 256)
     disable_cuda_graph: bool = False
-    # Serve two short requests before reporting ready (kernels compiled, graphs replayed once).
+    # Serve a few short requests before reporting ready (kernels compiled, graphs replayed once).
     # None: on CUDA only (SGLang's --skip-server-warmup turns it off).
     warmup: bool | None = None
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
