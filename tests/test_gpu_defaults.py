@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmkit.core.engine import builder
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.engine.stages import sizing
 
 from model_utils import start_engine
 
@@ -37,19 +37,19 @@ def h200_after_weights(monkeypatch):
 
 
 def test_pool_and_running_limit_come_from_the_gpu(h200_after_weights):
-    tokens, running = builder.cuda_sizes(EngineConfig(), LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda")
+    tokens, running = sizing.cuda_sizes(EngineConfig(), LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda")
     # the old default was the CPU formula's 65,536 tokens and 64 running requests
     assert running == 2048  # 512 a full context of pool, capped
-    budget = int(H200 * builder.CUDA_MEM_FRACTION) - h200_after_weights - (running + 1) * ROW
+    budget = int(H200 * sizing.CUDA_MEM_FRACTION) - h200_after_weights - (running + 1) * ROW
     assert tokens == budget // LLAMA8B_TOKEN
     assert 800_000 < tokens < 1_000_000  # ~110 GB of KV: 14x the 8.6 GB the CPU formula gave
-    assert (tokens * LLAMA8B_TOKEN + h200_after_weights) / H200 <= builder.CUDA_MEM_FRACTION
+    assert (tokens * LLAMA8B_TOKEN + h200_after_weights) / H200 <= sizing.CUDA_MEM_FRACTION
 
 
 def test_explicit_flags_win(h200_after_weights):
     cfg = EngineConfig(max_running_requests=128, max_total_tokens=100_000)
-    assert builder.cuda_sizes(cfg, LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda") == (100_000, 128)
-    tokens, running = builder.cuda_sizes(
+    assert sizing.cuda_sizes(cfg, LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda") == (100_000, 128)
+    tokens, running = sizing.cuda_sizes(
         EngineConfig(mem_fraction_static=0.6), LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda"
     )
     budget = int(H200 * 0.6) - h200_after_weights
@@ -59,22 +59,22 @@ def test_explicit_flags_win(h200_after_weights):
 
 def test_small_models_stop_at_the_pool_ceiling(h200_after_weights):
     qwen05_token = 24 * 2 * (64 + 64) * 2
-    tokens, running = builder.cuda_sizes(EngineConfig(), qwen05_token, 32768, 32769 * 8, "cuda")
-    assert tokens == builder.CUDA_MAX_POOL_TOKENS and running == 2048
+    tokens, running = sizing.cuda_sizes(EngineConfig(), qwen05_token, 32768, 32769 * 8, "cuda")
+    assert tokens == sizing.CUDA_MAX_POOL_TOKENS and running == 2048
 
 
 def test_too_little_memory_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (GIB, 24 * GIB))
     with pytest.raises(ValueError, match="too little free memory"):
-        builder.cuda_sizes(EngineConfig(), LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda")
+        sizing.cuda_sizes(EngineConfig(), LLAMA8B_TOKEN, LLAMA8B_CONTEXT, ROW, "cuda")
 
 
 def test_cpu_keeps_its_running_default(tmp_path):
     write_model_dir("tiny", tmp_path)
     engine = start_engine(model_path=str(tmp_path), load_format="dummy")
     try:
-        assert engine.scheduler.config.max_running_requests == builder.CPU_MAX_RUNNING
-        assert engine.runner.req_pool.table.shape[0] == builder.CPU_MAX_RUNNING + 1
+        assert engine.scheduler.config.max_running_requests == sizing.CPU_MAX_RUNNING
+        assert engine.runner.req_pool.table.shape[0] == sizing.CPU_MAX_RUNNING + 1
     finally:
         engine.shutdown()
 

@@ -1,0 +1,192 @@
+"""Stage 1 of building an engine: what the configuration resolves to (device, dtypes, attention
+backend, grammar, model source and class), every choice that can be refused refused before the
+(slow) model construction."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.kvcache.kv_pool import resolve_kv_cache_dtype
+from llmkit.core.model.loader.int4_checkpoints import quant_method
+from llmkit.core.model.loader.source import gguf_path_of, load_config, resolve_model_dir
+from llmkit.core.plugins import PluginError, registry
+
+log = logging.getLogger("llmkit")
+
+# --load-format values: "auto" loads the checkpoint; "dummy" fills random weights (benchmarks).
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # bf16 math is slow on CPUs without AVX512-BF16/AMX; fp32 is the fast path there.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }
+    if name not in table:
+        raise ValueError(f"unknown dtype '{name}'; valid: auto, {', '.join(sorted(table))}")
+    return table[name]
+
+
+def select_attention(name: str, device: torch.device):
+    """Return (name, backend class); fail with the valid names if unknown or unavailable."""
+    reg = registry()
+    names = reg.names("attention")
+    candidates = reg.auto_attention(device.type) if name == "auto" else [name]
+    reasons = []
+    for cand in candidates:
+        if cand not in names:
+            if name != "auto":
+                raise PluginError(f"unknown attention backend '{cand}'; valid names: {', '.join(names)}")
+            continue
+        try:
+            cls = reg.attention_backend(cand)
+        except PluginError as exc:
+            reasons.append(f"{cand}: {exc}")
+            continue
+        why = cls.availability(device)
+        if why is None:
+            return cand, cls
+        reasons.append(f"{cand}: {why}")
+    usable = [n for n in names if _usable(reg, n, device)]
+    raise PluginError(
+        f"attention backend '{name}' cannot run on {device.type} ({'; '.join(reasons)}); "
+        f"backends that work here: {', '.join(usable) or 'none'}"
+    )
+
+
+def _usable(reg, name: str, device: torch.device) -> bool:
+    try:
+        return reg.attention_backend(name).availability(device) is None
+    except Exception:
+        return False
+
+
+def architecture_of(hf_config: dict) -> str:
+    archs = hf_config.get("architectures")
+    if archs:
+        return archs[0]
+    # config.json files written by ``PretrainedConfig.save_pretrained`` on a bare config carry no
+    # "architectures"; the model type still names the causal LM (model plugins declare theirs).
+    model_type = hf_config.get("model_type", "?")
+    arch = registry().architecture_for_model_type(model_type)
+    if arch is None:
+        raise ValueError(
+            f"config.json names no 'architectures' and no model plugin declares its model_type '{model_type}'"
+        )
+    return arch
+
+
+NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
+
+
+def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | None) -> bool:
+    """Whether a GGUF is served at its native (quantized) precision, as llama.cpp serves it.
+
+    The default for a GGUF on CPU; ``--quantization none`` or an explicit ``--dtype`` serves the
+    dequantized weights, and so does CUDA (int4 has a Triton kernel there, but a GGUF's int8 types
+    and quantized embedding tables have no CUDA path yet). ``--quantization gguf`` asks
+    for it explicitly and fails where it cannot be had."""
+    explicit = config.quantization == "gguf"
+    if explicit and gguf_path is None:
+        raise ValueError("--quantization gguf serves a GGUF's own quantized weights: give a .gguf --model-path")
+    if explicit and device.type != "cpu":
+        raise ValueError("--quantization gguf is a CPU path; on CUDA leave it out (GGUFs are dequantized)")
+    if not explicit and (config.quantization or config.dtype != "auto" or device.type != "cpu"):
+        return False
+    return gguf_path is not None and config.load_format != "dummy"
+
+
+@dataclass
+class Plan:
+    """What the configuration resolves to, checked before anything slow runs."""
+
+    device: torch.device
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    attn_name: str
+    attn_cls: Any
+    grammar_name: str
+    quant: str | None
+    gguf_path: Path | None
+    native: bool  # a GGUF served at its own precision
+    model_dir: Path
+    hf_config: dict
+    arch: str
+    model_cls: Any
+    int4_method: str | None
+
+
+def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
+    """Stage 1: device, dtypes, attention backend, grammar, model source and class; every choice
+    that can be refused is refused here, before the (slow) model construction."""
+    if config.load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load format '{config.load_format}'; valid: {', '.join(LOAD_FORMATS)}")
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    attn_name, attn_cls = select_attention(config.attention, device)
+    grammar_name = (config.grammar_backend or registry().default("grammar")) if leader else "none"
+    if grammar_name != "none":
+        registry().entry("grammar", grammar_name)  # an unknown name fails before loading
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None
+    gguf_path = gguf_path_of(config.model_path)
+    native = native_gguf(config, device, gguf_path)
+    model_dir = resolve_model_dir(config.model_path, weights=not native)
+    hf_config = load_config(model_dir)
+    if native and hf_config.get("model_type") not in NATIVE_GGUF_TYPES:
+        # an architecture whose layers have no quantized format: served dequantized
+        log.info(
+            "%s: native GGUF weights are served for %s only; dequantizing",
+            hf_config.get("model_type"),
+            ", ".join(NATIVE_GGUF_TYPES),
+        )
+        native = False
+        model_dir = resolve_model_dir(config.model_path)
+    arch = architecture_of(hf_config)
+    model_cls = registry().model(arch)
+    # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the
+    # others an unsupported one fails here, before the model is built.
+    int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
+    needed = frozenset(model_cls.attention_features)
+    if config.attention == "auto" and not needed <= attn_cls.features:
+        log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)
+        attn_name, attn_cls = select_attention("torch", device)
+    attn_cls.check_features(needed, attn_name)
+    why = attn_cls.kv_cache_dtype_support(kv_dtype, device)
+    if why and config.attention == "auto":
+        log.info(
+            "attention: %s cannot serve --kv-cache-dtype %s (%s); using torch", attn_name, config.kv_cache_dtype, why
+        )
+        attn_name, attn_cls = select_attention("torch", device)
+    elif why:
+        raise ValueError(
+            f"attention backend '{attn_name}' cannot serve --kv-cache-dtype {config.kv_cache_dtype}: {why}; "
+            "use --attention torch or another --kv-cache-dtype"
+        )
+    if quant and device.type != "cpu" and quant != "int4":  # int4 has a Triton kernel on CUDA, int8 none
+        raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use int4 or the model's dtype")
+    return Plan(
+        device, dtype, kv_dtype, attn_name, attn_cls, grammar_name, quant, gguf_path, native, model_dir,
+        hf_config, arch, model_cls, int4_method,
+    )  # fmt: skip
