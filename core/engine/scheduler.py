@@ -107,7 +107,7 @@ class Scheduler:
                 return False
             first = req.prefix_len + len(req.own_pages) * self.page
             req.own_pages.extend(pages)
-            slots = self.pool.page_slots(pages)
+            slots = pages if self.page == 1 else self.pool.page_slots(pages)  # a page is a slot at size 1
             self.req_pool.write(req.req_pool_idx, first, slots)
         return True
 
