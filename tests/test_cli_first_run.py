@@ -134,7 +134,7 @@ def test_cuda_only_attention_on_cpu_fails_before_loading():
 
 
 def test_mem_fraction_static_sizes_the_kv_pool():
-    from llmkit.core.engine.builder import _pool_tokens
+    from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
     from llmkit.core.engine.config import EngineConfig
 
     cpu = torch.device("cpu")

@@ -324,7 +324,7 @@ def test_best_of_equal_to_n_is_served(http):
 def test_default_kv_pool_is_sized_from_context_and_running_requests():
     import torch
 
-    from llmkit.core.engine.builder import _pool_tokens
+    from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
     from llmkit.core.engine.config import EngineConfig
 
     cpu = torch.device("cpu")
