@@ -134,8 +134,8 @@ def test_cuda_only_attention_on_cpu_fails_before_loading():
 
 
 def test_mem_fraction_static_sizes_the_kv_pool():
-    from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
     from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
 
     cpu = torch.device("cpu")
     small = _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, cpu, weight_bytes=1 << 20)

@@ -140,7 +140,11 @@ def test_shared_prefix_stays_on_one_replica(dp2):
 
 def test_killed_replica_fails_its_clients_and_stops_the_server(model_dir):
     # One running request per replica and a queue behind it, so the replica is busy when killed.
-    proc, url = start_server(["--model-path", model_dir, "--dp-size", "2", "--max-running-requests", "1", *COMMON])
+    # A short drain: the server exits once the other replica's in-flight streams end or 2 s pass,
+    # so how long it takes does not depend on how fast this machine decodes their queue (with the
+    # default 30 s a fast machine still had ~10 s of queued streams to finish, and the bound failed)
+    args = ["--model-path", model_dir, "--dp-size", "2", "--max-running-requests", "1", "--shutdown-timeout", "2"]
+    proc, url = start_server([*args, *COMMON])
     try:
         # 24 streams of 240 tokens, one at a time per replica: seconds of work queued, so a replica
         # is still busy when the info request below gets through a loaded machine (8 were not)

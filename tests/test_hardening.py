@@ -324,8 +324,8 @@ def test_best_of_equal_to_n_is_served(http):
 def test_default_kv_pool_is_sized_from_context_and_running_requests():
     import torch
 
-    from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
     from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
 
     cpu = torch.device("cpu")
     bpt = 46080  # SmolLM2-135M in fp32: 30 layers x 2 x 3 KV heads x 64 x 4 bytes
