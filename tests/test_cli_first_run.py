@@ -137,13 +137,12 @@ def test_mem_fraction_static_sizes_the_kv_pool():
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
 
-    cpu = torch.device("cpu")
-    small = _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, cpu, weight_bytes=1 << 20)
-    large = _pool_tokens(EngineConfig(mem_fraction_static=0.02), 1024, 8192, cpu, weight_bytes=1 << 20)
+    small = _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, weight_bytes=1 << 20)
+    large = _pool_tokens(EngineConfig(mem_fraction_static=0.02), 1024, 8192, weight_bytes=1 << 20)
     assert large - small == pytest.approx(small + 1024, rel=1e-3)  # linear in the fraction, weights off the top
     with pytest.raises(ValueError, match="too little memory"):
-        _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, cpu, weight_bytes=1 << 50)
-    assert _pool_tokens(EngineConfig(mem_fraction_static=0.5, max_total_tokens=100), 1024, 8192, cpu) == 100
+        _pool_tokens(EngineConfig(mem_fraction_static=0.01), 1024, 8192, weight_bytes=1 << 50)
+    assert _pool_tokens(EngineConfig(mem_fraction_static=0.5, max_total_tokens=100), 1024, 8192) == 100
 
 
 def test_gguf_conversion_gives_writable_tensors_without_warnings():

@@ -322,15 +322,12 @@ def test_best_of_equal_to_n_is_served(http):
 
 
 def test_default_kv_pool_is_sized_from_context_and_running_requests():
-    import torch
-
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.engine.stages.sizing import cpu_pool_tokens as _pool_tokens
 
-    cpu = torch.device("cpu")
     bpt = 46080  # SmolLM2-135M in fp32: 30 layers x 2 x 3 KV heads x 64 x 4 bytes
-    assert _pool_tokens(EngineConfig(), bpt, 8192, cpu) * bpt < 2 << 30  # was 65,536 tokens = 3 GB
-    assert _pool_tokens(EngineConfig(max_running_requests=64), bpt, 8192, cpu) == 32768
-    assert _pool_tokens(EngineConfig(max_running_requests=4), bpt, 8192, cpu) == 16384  # two full contexts
-    assert _pool_tokens(EngineConfig(max_running_requests=4096), bpt, 8192, cpu) <= 65536
-    assert _pool_tokens(EngineConfig(max_total_tokens=1000), bpt, 8192, cpu) == 1000
+    assert _pool_tokens(EngineConfig(), bpt, 8192) * bpt < 2 << 30  # was 65,536 tokens = 3 GB
+    assert _pool_tokens(EngineConfig(max_running_requests=64), bpt, 8192) == 32768
+    assert _pool_tokens(EngineConfig(max_running_requests=4), bpt, 8192) == 16384  # two full contexts
+    assert _pool_tokens(EngineConfig(max_running_requests=4096), bpt, 8192) <= 65536
+    assert _pool_tokens(EngineConfig(max_total_tokens=1000), bpt, 8192) == 1000

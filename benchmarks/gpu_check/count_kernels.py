@@ -45,12 +45,14 @@ def count(preset: str, steps: int) -> dict:
     def sink(o):
         got.extend(o.token_ids)
         if len(got) >= 4 and not started.is_set():  # prefill and the first decodes are behind us
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             prof.start()
             started.set()
             marks.append(len(got))
         elif len(got) >= marks[0] + steps and not done.is_set():
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             prof.stop()
             done.set()
 

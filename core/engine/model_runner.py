@@ -3,6 +3,7 @@ returns logits for the rows that need them."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -75,11 +76,7 @@ class ModelRunner:
         logits are sampled (None: every row). The scheduler's slot-table writes travel with them."""
         q_lens, rows = inp.q_lens, inp.rows
         decode = len(inp.ids) == len(rows)  # one token per sequence (fewer ops, same values)
-        q_start = list(range(len(rows) + 1))
-        if not decode:
-            q_start = [0]
-            for n in q_lens:
-                q_start.append(q_start[-1] + n)
+        q_start = list(range(len(rows) + 1)) if decode else [0, *itertools.accumulate(q_lens)]
         parts = [inp.ids, inp.positions, rows, inp.kv_lens, q_start, q_lens]
         sampled = bool(inp.sample_rows) and len(inp.sample_rows) < len(inp.ids)
         if sampled:

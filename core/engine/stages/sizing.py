@@ -11,9 +11,9 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 
 
-def cpu_pool_tokens(
-    config: EngineConfig, bytes_per_token: int, max_context: int, device=None, weight_bytes: int = 0
-) -> int:
+def cpu_pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, weight_bytes: int = 0) -> int:
+    """The pool on CPU: --max-total-tokens, else --mem-fraction-static of RAM after the weights,
+    else the workload's default (at most 65,536 tokens or 20 % of RAM)."""
     if config.max_total_tokens:
         return config.max_total_tokens
     try:
@@ -95,7 +95,7 @@ def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
         tokens, running = cuda_sizes(config, bytes_per_token, max_context, row_bytes, plan.device)
     else:
         weight_bytes = model.weight_bytes() if config.mem_fraction_static else 0
-        tokens = cpu_pool_tokens(config, bytes_per_token, max_context, plan.device, weight_bytes)
+        tokens = cpu_pool_tokens(config, bytes_per_token, max_context, weight_bytes)
         running = config.max_running_requests or CPU_MAX_RUNNING
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist
