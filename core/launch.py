@@ -49,7 +49,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
     from llmkit.core.model.loader.source import EMBEDDED_NAME
     from llmkit.core.server.app import create_app
-    from llmkit.core.server.chat_template import ChatTemplate
+    from llmkit.core.server.prompts.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState
 
     check_server_config(config)
@@ -66,7 +66,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     tok = client.tokenizer
     source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
     template = ChatTemplate(source, tok.bos_token or "", tok.eos_token or "") if source else None
-    from llmkit.core.server.tool_prompt import warn_if_no_tool_support
+    from llmkit.core.server.prompts.tool_prompt import warn_if_no_tool_support
 
     warn_if_no_tool_support(template, config.tool_call_parser)
     if not config.served_model_name:

@@ -107,8 +107,8 @@ def fake_app(storage=None, **config):
     """The real OpenAI app over a :class:`FakeEngineClient` (use with ``fastapi.testclient``);
     ``storage`` keeps stored Responses (None: in memory)."""
     from llmkit.core.server.app import create_app
-    from llmkit.core.server.chat_template import ChatTemplate
     from llmkit.core.server.config import ServerConfig
+    from llmkit.core.server.prompts.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState
 
     config.setdefault("served_model_aliases", ("m",))  # the tests' short name for the model

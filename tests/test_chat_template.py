@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmkit.core.server.chat_template import ChatTemplate, TemplateRenderError, check_template_kwargs
+from llmkit.core.server.prompts.chat_template import ChatTemplate, TemplateRenderError, check_template_kwargs
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -93,8 +93,8 @@ WEATHER = {
     ],
 )
 def test_template_without_tools_gets_them_in_the_system_prompt(parser, choice, marker):
-    from llmkit.core.server.prompt import render_chat
-    from llmkit.core.server.protocol import ChatCompletionRequest
+    from llmkit.core.server.openai.protocol import ChatCompletionRequest
+    from llmkit.core.server.prompts.prompt import render_chat
 
     state = _embedded_state(parser)
     assert not state.chat_template.supports_tools

@@ -253,7 +253,7 @@ def test_slow_template_does_not_stall_other_requests():
 
     import httpx
 
-    from llmkit.core.server.chat_template import ChatTemplate
+    from llmkit.core.server.prompts.chat_template import ChatTemplate
 
     app = fake_app()
     tok = app.state.llmkit.tokenizer

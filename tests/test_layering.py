@@ -19,16 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "core"
 TOPS = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli"}
 BUDGET = 15  # modules per folder, __init__.py not counted
-# Issue 27: core/server/ (28 modules, and the one circle left: limits -> anthropic_api -> chat_bridge
-# -> serving_chat -> state -> shutdown -> limits) is split by API in its own pass, while it is being
-# edited. Remove these two exemptions with that split; any other folder over budget or circle fails.
-BUDGET_EXEMPT = {"core/server"}
-CIRCLE_EXEMPT = {
-    frozenset(
-        f"llmkit.core.server.{m}"
-        for m in ("anthropic_api", "anthropic_stream", "chat_bridge", "limits", "serving_chat", "shutdown", "state")
-    )
-}
 RANK = {
     "hookspecs": 0,
     "native": 0,
@@ -192,13 +182,13 @@ def _over_budget() -> list[str]:
         for folder in sorted(p for p in (ROOT / top).rglob("*") if p.is_dir() and (p / "__init__.py").exists()):
             rel = folder.relative_to(ROOT).as_posix()
             n = sum(1 for f in folder.glob("*.py") if f.name != "__init__.py")
-            if n > BUDGET and rel not in BUDGET_EXEMPT:
+            if n > BUDGET:
                 bad.append(f"{rel}/ holds {n} modules (budget {BUDGET}): split it by concern into subfolders")
     return bad
 
 
 def test_no_import_circles():
-    circles = [c for c in _circles() if frozenset(c) not in CIRCLE_EXEMPT]
+    circles = _circles()
     assert circles == [], "import circles (function-local imports included):\n" + "\n".join(
         " <-> ".join(c) for c in circles
     )

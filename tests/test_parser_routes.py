@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from llmkit.core.server.parser_routes import parser_router
+from llmkit.core.server.sglang.parsers import parser_router
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def protocol_body_validator(endpoint: str, body: dict) -> str | None:
     """Check a batch line's body with the server's request models (pass as ``body_validator``)."""
     from pydantic import ValidationError
 
-    from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
+    from llmkit.core.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     cls = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
     try:

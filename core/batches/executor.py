@@ -12,9 +12,9 @@ BATCH_PRIORITY = 1  # online requests (priority 0) are always scheduled first
 
 def make_batch_executor(state):
     from llmkit.core.server.body import parse_model
-    from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
-    from llmkit.core.server.serving_chat import create_chat_completion
-    from llmkit.core.server.serving_completions import create_completion
+    from llmkit.core.server.openai.chat import create_chat_completion
+    from llmkit.core.server.openai.completions import create_completion
+    from llmkit.core.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     routes = {
         "/v1/chat/completions": (ChatCompletionRequest, create_chat_completion),

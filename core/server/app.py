@@ -15,13 +15,13 @@ from fastapi.responses import JSONResponse
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.body import parse_model, read_json
-from llmkit.core.server.errors import APIError, error_response
+from llmkit.core.server.errors import APIError, anthropic_error, error_response
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
 from llmkit.core.server.model_names import model_not_found, served_names
-from llmkit.core.server.parser_routes import parser_router
-from llmkit.core.server.protocol import ChatCompletionRequest, CompletionRequest
-from llmkit.core.server.serving_chat import create_chat_completion
-from llmkit.core.server.serving_completions import create_completion
+from llmkit.core.server.openai.chat import create_chat_completion
+from llmkit.core.server.openai.completions import create_completion
+from llmkit.core.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from llmkit.core.server.sglang.parsers import parser_router
 from llmkit.core.server.shutdown import DrainMiddleware
 from llmkit.core.server.state import ServerState, new_id
 
@@ -67,11 +67,10 @@ class _APIKeyMiddleware:
             _digest(x_key or ""), self.key_digest
         ):
             return await self.app(scope, receive, send)
-        resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
         if scope["path"].startswith("/v1/messages"):
-            from llmkit.core.server.anthropic_api import anthropic_error
-
             resp = anthropic_error("invalid x-api-key", 401)
+        else:
+            resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
         await resp(scope, receive, send)
 
 
@@ -208,10 +207,10 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             **state.client.stats(),
         }
 
-    from llmkit.core.server.anthropic_api import anthropic_router
-    from llmkit.core.server.generate_api import generate_router
+    from llmkit.core.server.anthropic.routes import anthropic_router
     from llmkit.core.server.responses.routes import responses_router
-    from llmkit.core.server.tokenize_routes import tokenize_router
+    from llmkit.core.server.sglang.generate import generate_router
+    from llmkit.core.server.sglang.tokenize import tokenize_router
 
     app.include_router(tokenize_router(state))
     app.include_router(generate_router(state))

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llmkit.core.server.errors import APIError
+from llmkit.core.server.errors import APIError, shaped_error
 
 UPLOAD_PATH = "/v1/files"  # batch input files are larger than request bodies (OpenAI: 200 MB)
 
@@ -25,19 +25,6 @@ class PayloadTooLarge(APIError):
             status=413,
             code="payload_too_large",
         )
-
-
-def shaped_error(path: str, message: str, status: int, *, param=None, code=None, headers=None):
-    """An error response in the API's own shape: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
-    if path.startswith("/v1/messages"):
-        from llmkit.core.server.anthropic_api import anthropic_error
-
-        resp = anthropic_error(message, status)
-    else:
-        resp = APIError(message, status, param=param, code=code).response()
-    for k, v in (headers or {}).items():
-        resp.headers[k] = v
-    return resp
 
 
 class BodyLimitMiddleware:

@@ -7,7 +7,7 @@ import functools
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 def _admits_none(tp) -> bool:
@@ -46,3 +46,10 @@ class NullMeansDefault(BaseModel):
             if any(data.get(k, 0) is None for k in drop):
                 data = {k: v for k, v in data.items() if not (v is None and k in drop)}
         return data
+
+
+class RequestModel(NullMeansDefault):
+    """A request body of the OpenAI-style APIs: strict types (``"10"`` is not an int), unknown
+    fields ignored (kept in ``model_extra``), null meaning "not sent"."""
+
+    model_config = ConfigDict(extra="allow", strict=True)

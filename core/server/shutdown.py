@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 
-from llmkit.core.server.errors import APIError
+from llmkit.core.server.errors import APIError, shaped_error
 
 log = logging.getLogger("llmkit")
 OPEN_WHILE_DRAINING = frozenset({"/health", "/health_generate"})
@@ -36,8 +36,6 @@ class DrainMiddleware:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.state.client.draining and scope["path"] not in OPEN_WHILE_DRAINING:
-            from llmkit.core.server.limits import shaped_error
-
             exc = shutting_down()
             resp = shaped_error(scope["path"], exc.message, 503, code=exc.code, headers={"Connection": "close"})
             return await resp(scope, receive, send)

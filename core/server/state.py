@@ -11,9 +11,9 @@ from typing import Any, AsyncIterator
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest as Request
 from llmkit.core.engine.messages import RequestOutput
-from llmkit.core.server.chat_template import ChatTemplate
 from llmkit.core.server.config import ServerConfig
-from llmkit.core.server.render_pool import render_pool
+from llmkit.core.server.prompts.chat_template import ChatTemplate
+from llmkit.core.server.prompts.render_pool import render_pool
 
 
 @dataclass

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from llmkit.core.server.chat_bridge import ChatEvent, ChatResult
+from llmkit.core.server.openai.chat_events import ChatEvent, ChatResult
 from llmkit.core.server.responses.protocol import ResponsesRequest
 from llmkit.core.server.state import new_id
 

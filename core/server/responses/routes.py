@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llmkit.core.server.chat_bridge import chat_request, complete_chat, start_chat_stream
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.openai.chat_events import chat_request, complete_chat, start_chat_stream
 from llmkit.core.server.responses.objects import ItemIds, failed, finish, skeleton, stream_events
 from llmkit.core.server.responses.protocol import (
     ResponsesRequest,

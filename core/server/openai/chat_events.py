@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from fastapi.responses import Response
 
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.protocol import ChatCompletionRequest, StreamOptions
-from llmkit.core.server.serving_chat import create_chat_completion
+from llmkit.core.server.openai.chat import create_chat_completion
+from llmkit.core.server.openai.protocol import ChatCompletionRequest, StreamOptions
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from llmkit.core.server.anthropic_api import MessagesRequest, tool_input
-from llmkit.core.server.chat_bridge import ChatEvent, ChatResult
+from llmkit.core.server.anthropic.protocol import MessagesRequest, tool_input
+from llmkit.core.server.openai.chat_events import ChatEvent, ChatResult
 
 
 def stop_reason(result: ChatResult, body: MessagesRequest) -> tuple[str, str | None]:

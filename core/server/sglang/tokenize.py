@@ -15,14 +15,15 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 
-from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.prompt import check_prompt_size, message_dicts, render_chat, tokenize_text
-from llmkit.core.server.protocol import ChatCompletionRequest, _Model
-from llmkit.core.server.render_pool import run_render
+from llmkit.core.server.nullable import RequestModel
+from llmkit.core.server.openai.protocol import ChatCompletionRequest
+from llmkit.core.server.prompts.chat_template import TemplateRenderError, check_template_kwargs
+from llmkit.core.server.prompts.prompt import check_prompt_size, message_dicts, render_chat, tokenize_text
+from llmkit.core.server.prompts.render_pool import run_render
 
 
-class TokenizeRequest(_Model):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -34,7 +35,7 @@ class TokenizeRequest(_Model):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(_Model):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]
 

@@ -9,32 +9,26 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import ConfigDict
-
-from llmkit.core.server.nullable import NullMeansDefault
+from llmkit.core.server.nullable import RequestModel
 
 
-class _Model(NullMeansDefault):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class ContentPart(_Model):
+class ContentPart(RequestModel):
     type: str
     text: str | None = None
 
 
-class ToolCallFunction(_Model):
+class ToolCallFunction(RequestModel):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCall(_Model):
+class ToolCall(RequestModel):
     id: str | None = None
     type: str = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(_Model):
+class ChatMessage(RequestModel):
     role: Literal["system", "user", "assistant", "tool", "function", "developer"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -43,24 +37,24 @@ class ChatMessage(_Model):
     reasoning_content: str | None = None
 
 
-class FunctionDef(_Model):
+class FunctionDef(RequestModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = False
 
 
-class Tool(_Model):
+class Tool(RequestModel):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class StreamOptions(_Model):
+class StreamOptions(RequestModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _Sampling(_Model):
+class _Sampling(RequestModel):
     model: str = "default"
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0

@@ -108,7 +108,7 @@ def render_chat(state, body, kwargs: dict) -> str:
             name = body.tool_choice.get("function", {}).get("name")
             tools = [t for t in tools if t["function"]["name"] == name]
     if tools:
-        from llmkit.core.server.tool_prompt import inject_tools, template_supports_tools
+        from llmkit.core.server.prompts.tool_prompt import inject_tools, template_supports_tools
 
         if not template_supports_tools(state.chat_template):
             forced = body.tool_choice == "required" or isinstance(body.tool_choice, dict)

@@ -8,15 +8,15 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
-from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
-from llmkit.core.server.choice_text import ChoiceProcessor
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.logprobs import chat_logprobs
+from llmkit.core.server.generation.choice_text import ChoiceProcessor
+from llmkit.core.server.generation.logprobs import chat_logprobs
+from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import check_model
-from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
-from llmkit.core.server.protocol import ChatCompletionRequest
-from llmkit.core.server.render_pool import run_render
-from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.openai.protocol import ChatCompletionRequest
+from llmkit.core.server.prompts.chat_template import TemplateRenderError, check_template_kwargs
+from llmkit.core.server.prompts.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
+from llmkit.core.server.prompts.render_pool import run_render
 from llmkit.core.server.state import ServerState, new_id, start_generation, usage, wants_stream_usage
 from llmkit.core.server.streaming import (
     check_stream_options,
@@ -99,7 +99,7 @@ async def create_chat_completion(
         GenerateRequest(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i), priority=priority)
         for i in range(body.n)
     ]
-    from llmkit.core.server.structured import attach_grammar
+    from llmkit.core.server.generation.structured import attach_grammar
 
     constraint = await attach_grammar(state, body, reqs, prompt_text)
     if constraint is not None:

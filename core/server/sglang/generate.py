@@ -19,15 +19,15 @@ from pydantic import ConfigDict
 
 from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.logprobs import check_prompt_logprobs
-from llmkit.core.server.prompt import tokenize_text
-from llmkit.core.server.protocol import _Model
-from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.generation.logprobs import check_prompt_logprobs
+from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.nullable import RequestModel
+from llmkit.core.server.prompts.prompt import tokenize_text
 from llmkit.core.server.state import new_id, start_generation
 from llmkit.core.server.streaming import sse, sse_done, sse_response, watch_disconnect
 
 
-class GenerateSampling(_Model):
+class GenerateSampling(RequestModel):
     # SGLang refuses unknown sampling parameters; so do we, naming them.
     model_config = ConfigDict(extra="forbid", strict=True)
     max_new_tokens: int | None = 128
@@ -61,7 +61,7 @@ class GenerateSampling(_Model):
         return self.sampling_seed
 
 
-class GenerateRequest(_Model):
+class GenerateRequest(RequestModel):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
@@ -163,7 +163,7 @@ def generate_router(state) -> APIRouter:
     @router.post("/generate")
     async def generate(raw: HTTPRequest):
         from llmkit.core.server.body import parse_model, read_json
-        from llmkit.core.server.structured import attach_grammar
+        from llmkit.core.server.generation.structured import attach_grammar
 
         started = time.monotonic()
         body = parse_model(GenerateRequest, await read_json(raw))

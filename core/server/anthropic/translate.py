@@ -1,82 +1,14 @@
-"""Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
-
-A request is translated into a chat completion and served by the chat machinery (see
-``chat_bridge``); only the shapes differ. As Anthropic does, unknown fields are a 400 and
-``max_tokens`` is required. ``thinking`` is the template's thinking switch (off unless enabled,
-as on Anthropic); ``budget_tokens`` is checked but not enforced while decoding.
-"""
+"""A Messages request as the chat completion request that serves it: system and content blocks
+to messages, tool_use/tool_result to tool calls, tool_choice, and ``thinking`` as the template's
+thinking switch (off unless enabled, as on Anthropic; ``budget_tokens`` is checked but not
+enforced while decoding)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from typing import Any
 
-from fastapi import APIRouter
-from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
-from pydantic import ConfigDict
-
-from llmkit.core.engine.client import QueueFullError
+from llmkit.core.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.nullable import NullMeansDefault
-
-# Anthropic's error types by status; statuses it does not use are mapped onto ones it does.
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-_STATUS = {415: 400, 422: 400}
-
-
-def anthropic_error(message: str, status: int = 400) -> JSONResponse:
-    status = _STATUS.get(status, status)
-    body = {"type": "error", "error": {"type": _TYPES.get(status, "invalid_request_error"), "message": message}}
-    return JSONResponse(status_code=status, content=body)
-
-
-class _Strict(NullMeansDefault):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class AnthropicMessage(_Strict):
-    role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class AnthropicTool(_Strict):
-    name: str
-    description: str | None = None
-    input_schema: dict[str, Any]
-    type: Literal["custom"] | None = None
-    cache_control: dict[str, Any] | None = None
-
-
-class CountTokensRequest(_Strict):
-    model: str
-    messages: list[AnthropicMessage]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[AnthropicTool] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-
-
-class MessagesRequest(CountTokensRequest):
-    max_tokens: int
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    metadata: dict[str, Any] | None = None
-    stream: bool = False
-    # The prefix cache reuses any shared prompt prefix anyway: a cache breakpoint changes nothing.
-    cache_control: dict[str, Any] | None = None
 
 
 def _text_of(blocks, where: str) -> str:
@@ -185,7 +117,7 @@ def _thinking_kwargs(body: CountTokensRequest) -> dict:
 
 def to_chat(body: CountTokensRequest):
     """The chat completion request that serves this Messages request."""
-    from llmkit.core.server.chat_bridge import chat_request
+    from llmkit.core.server.openai.chat_events import chat_request
 
     choice, parallel = _tool_choice(body)
     chat: dict[str, Any] = {
@@ -214,78 +146,3 @@ def to_chat(body: CountTokensRequest):
             top_k=body.top_k,
         )
     return chat_request({k: v for k, v in chat.items() if v is not None})
-
-
-def anthropic_router(state) -> APIRouter:
-    router = APIRouter()
-
-    async def parse(raw: HTTPRequest, cls):
-        from llmkit.core.server.body import parse_model, read_json
-
-        body = parse_model(cls, await read_json(raw))
-        cap = state.options.max_system_blocks
-        if isinstance(body.system, list) and len(body.system) > cap:
-            raise APIError(f"system: at most {cap} blocks (--max-system-blocks)", param="system")
-        return body
-
-    def guarded(handler):
-        """Every error leaves in Anthropic's shape."""
-
-        async def route(raw: HTTPRequest) -> Response:
-            try:
-                return await handler(raw)
-            except APIError as exc:
-                return anthropic_error(exc.message, exc.status)
-            except QueueFullError as exc:
-                return anthropic_error(str(exc), 429)
-            except Exception as exc:
-                import logging
-
-                logging.getLogger("llmkit").exception("unhandled error on %s", raw.url.path)
-                return anthropic_error(f"Internal server error: {type(exc).__name__}", 500)
-
-        return route
-
-    async def messages(raw: HTTPRequest) -> Response:
-        from llmkit.core.server.anthropic_stream import message_object, stream_message
-        from llmkit.core.server.chat_bridge import complete_chat, start_chat_stream
-        from llmkit.core.server.state import new_id
-
-        body = await parse(raw, MessagesRequest)
-        chat = to_chat(body)
-        mid = new_id("msg_")
-        if body.stream:
-            from fastapi.responses import StreamingResponse
-
-            events = await start_chat_stream(state, chat)
-            return StreamingResponse(stream_message(events, body, mid), media_type="text/event-stream")
-        result = await complete_chat(state, chat, raw)
-        if isinstance(result, Response):
-            return result
-        return JSONResponse(message_object(result, body, mid))
-
-    async def count_tokens(raw: HTTPRequest) -> Response:
-        from llmkit.core.server.chat_template import TemplateRenderError, check_template_kwargs
-        from llmkit.core.server.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
-        from llmkit.core.server.render_pool import run_render
-
-        chat = to_chat(await parse(raw, CountTokensRequest))
-        check_prompt_size(state, message_chars(chat), "messages")  # the generation bound, before rendering
-        try:
-            text = await run_render(state, render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
-        except TemplateRenderError as exc:
-            raise APIError(str(exc), param="messages") from None
-        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", generate=False))})
-
-    router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
-    router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])
-    return router
-
-
-def tool_input(arguments: str) -> dict:
-    """A call's arguments as the ``input`` object (a parser's unparsable text becomes {})."""
-    try:
-        value = json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}

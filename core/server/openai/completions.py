@@ -9,11 +9,11 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.logprobs import CompletionLogprobs, check_prompt_logprobs
+from llmkit.core.server.generation.logprobs import CompletionLogprobs, check_prompt_logprobs
+from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import check_model
-from llmkit.core.server.prompt import tokenize_text
-from llmkit.core.server.protocol import CompletionRequest
-from llmkit.core.server.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.openai.protocol import CompletionRequest
+from llmkit.core.server.prompts.prompt import tokenize_text
 from llmkit.core.server.state import ServerState, new_id, start_generation, usage, wants_stream_usage
 from llmkit.core.server.streaming import (
     check_stream_options,
@@ -97,7 +97,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             reqs.append(r)
             echoes.append(text if body.echo else "")
     check_prompt_logprobs(state, reqs, "echo")
-    from llmkit.core.server.structured import attach_grammar
+    from llmkit.core.server.generation.structured import attach_grammar
 
     await attach_grammar(state, body, reqs)  # no chat template: no reasoning block to wait for
     gen = start_generation(state, reqs, http=raw is not None)  # starts now: queue slots are held until each ends

@@ -1,0 +1,1 @@
+"""SGLang's native routes: ``/generate``, ``/tokenize`` and ``/detokenize``, and the parser routes."""
