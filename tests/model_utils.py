@@ -7,6 +7,7 @@ import torch
 from llmkit.core.engine.builder import build_engine_parts
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.loop import Engine
+from llmkit.core.model import quantize
 
 
 def tiny_config(arch: str, **overrides):
@@ -123,7 +124,7 @@ def load_ours(path, dtype=torch.float32):
     config = load_config(path)
     model = build_model(registry().model(architecture_of(config)), config, torch.device("cpu"), dtype)
     model.load_weights(iter_safetensors(path))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     return model
 
 

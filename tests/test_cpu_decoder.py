@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmkit.core.model import quantize
 from llmkit.core.model.cpu import cpu_decoder
 from llmkit.core.model.quant.weight_formats import Int8Format
 
@@ -51,7 +52,7 @@ def embedded_native():
     cfg = load_config(resolve_model_dir(None, weights=False))
     model = build_model(registry().model(architecture_of(cfg)), cfg, torch.device("cpu"), torch.float32)
     model.load_weights(iter_gguf_native(embedded_gguf_path(), cfg))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     return model
 
 
@@ -62,7 +63,7 @@ def test_embedded_model_stack_equals_the_python_layers(embedded_native):
 def test_int4_with_qkv_bias_and_int8_without_dense_copy(tmp_path):
     save_tiny_model("qwen2", tmp_path)  # Qwen2: a bias on the fused QKV projection
     model = load_ours(tmp_path)
-    model.quantize("int4", 32)
+    quantize.quantize(model, "int4", 32)
     for layer in model.layers[1:]:  # int8 as a GGUF's Q8_0 leaves it: no dense copy
         for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
             lin.set_format(Int8Format(keep_dense=False))
@@ -75,10 +76,10 @@ def test_formats_without_a_kernel_at_every_row_count_keep_the_python_layers(tmp_
     save_tiny_model("llama", tmp_path)
     model = load_ours(tmp_path)
     assert model._native_blocks() is None  # dense fp32 weights
-    model.quantize("int8")  # keeps a dense copy for many rows
+    quantize.quantize(model, "int8")  # keeps a dense copy for many rows
     assert model._native_blocks() is None
     model = load_ours(tmp_path)
-    model.quantize("int4", 32)
+    quantize.quantize(model, "int4", 32)
     assert model._native_blocks() is not None
     model.native_stack = False
     assert model._native_blocks() is None
@@ -87,5 +88,5 @@ def test_formats_without_a_kernel_at_every_row_count_keep_the_python_layers(tmp_
 def test_qk_norm_models_keep_the_python_layers(tmp_path):
     save_tiny_model("qwen3", tmp_path)
     model = load_ours(tmp_path)
-    model.quantize("int4", 32)
+    quantize.quantize(model, "int4", 32)
     assert model._native_blocks() is None

@@ -25,6 +25,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
+from llmkit.core.model import quantize as walks
 from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.quant.gguf_quant import INT4_TYPES, SUPPORTED_TYPES, GGUFTensor
@@ -172,7 +173,7 @@ def embedded_pair():
     cls = registry().model(architecture_of(cfg))
     native = build_model(cls, cfg, torch.device("cpu"), torch.float32)
     native.load_weights(iter_gguf_native(embedded_gguf_path(), cfg))
-    native.finalize_weights()
+    walks.finalize_weights(native)
     dense = build_model(cls, cfg, torch.device("cpu"), torch.float32)
     dense.load_weights(iter_safetensors(resolve_model_dir(None)))
     return native, dense
@@ -208,6 +209,7 @@ def _rss_after_load(native: bool) -> float:
         f"""
         import gc, torch
         from llmkit.core.engine.builder import architecture_of, build_model
+        from llmkit.core.model import quantize as walks
         from llmkit.core.model.loader import source
         from llmkit.core.plugins import registry
         native = {native}
@@ -216,7 +218,7 @@ def _rss_after_load(native: bool) -> float:
         base = int(open("/proc/self/statm").read().split()[1])
         m = build_model(registry().model(architecture_of(cfg)), cfg, torch.device("cpu"), torch.float32)
         m.load_weights(source.iter_gguf_native(source.embedded_gguf_path(), cfg) if native else source.iter_safetensors(d))
-        m.finalize_weights()
+        walks.finalize_weights(m)
         gc.collect()
         rss = int(open("/proc/self/statm").read().split()[1])
         print((rss - base) * 4096 / 1e6)
@@ -271,5 +273,5 @@ def test_weight_bytes_count_the_quantized_buffers(embedded_pair):
     or so a weight at native precision (int4 layers, int8 embedding), 4 bytes in fp32."""
     native, dense = embedded_pair
     n = sum(t.numel() for t in dense.state_dict().values())
-    assert 0.5 * n < native.weight_bytes() < 1.0 * n
-    assert 4 * n <= dense.weight_bytes() < 4.1 * n  # (+ the rotary tables, buffers too)
+    assert 0.5 * n < walks.weight_bytes(native) < 1.0 * n
+    assert 4 * n <= walks.weight_bytes(dense) < 4.1 * n  # (+ the rotary tables, buffers too)

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model import quantize
 from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights, quant_method
 from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
@@ -120,7 +121,7 @@ def test_int4_checkpoint_matches_its_dequantized_reference(method, act_order, tm
     assert quant_method(cfg) == method
     model = build_model(registry().model("LlamaForCausalLM"), cfg, torch.device("cpu"), torch.float32)
     model.load_weights(int4_checkpoint_weights(iter_safetensors(tmp_path), cfg))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     layer = model.layers[1].mlp.down_proj
     assert layer.format.name == "int4" and layer.format.group == GROUP and layer.weight is None
     ref_w = ref.model.layers[1].mlp.down_proj.weight.detach()

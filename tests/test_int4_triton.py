@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmkit.core.model import quantize
+
 from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
 
 N, K = 200, 384
@@ -278,11 +280,11 @@ def check_checkpoint(method: str, act_order: bool, device: str, dtype: torch.dty
         cls = registry().model("LlamaForCausalLM")
         model = build_model(cls, cfg, dev, dtype)
         model.load_weights(int4_checkpoint_weights(iter_safetensors(qdir), cfg))
-        model.finalize_weights()
+        quantize.finalize_weights(model)
         dense_cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
         dense = build_model(cls, dense_cfg, dev, dtype)
         dense.load_weights(iter_safetensors(ddir))
-        dense.finalize_weights()
+        quantize.finalize_weights(dense)
     for i, layer in enumerate(model.layers):
         for lin in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
             assert lin.format.name == "int4" and lin.q4_triton and lin.weight is None, lin

@@ -18,6 +18,7 @@ from conftest import Server
 from typer.testing import CliRunner
 
 from llmkit.core.kvcache.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
+from llmkit.core.model import quantize
 
 from model_utils import load_ours, save_tiny_model, start_engine
 from paged_runner import PagedRunner
@@ -167,7 +168,7 @@ def test_native_gguf_weights_with_a_bf16_kv_cache():
     cfg = load_config(resolve_model_dir(None, weights=False))
     model = build_model(registry().model(architecture_of(cfg)), cfg, CPU, torch.float32)
     model.load_weights(iter_gguf_native(embedded_gguf_path(), cfg))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     ids = list(range(100, 140))
     ref, toks = _greedy_logits(model, ids, torch.float32, 8)
     got, _ = _greedy_logits(model, ids, torch.bfloat16, 8, forced=toks)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model import quantize
 from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.plugins import registry
 
@@ -115,7 +116,7 @@ def test_qwen3moe_gguf_matches_transformers(tmp_path):
     assert registry().architecture_for_model_type("qwen3_moe") == "Qwen3MoeForCausalLM"
     model = build_model(registry().model("Qwen3MoeForCausalLM"), config, torch.device("cpu"), torch.float32)
     model.load_weights(gguf_tensors(reader, config))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     with torch.no_grad():
         full = ref(torch.tensor([IDS])).logits[0]
     runner = PagedRunner(model, 16)
@@ -156,7 +157,7 @@ def _native_and_dequantized(tmp_path, types: dict[str, str], arch: str = "qwen3_
     for stream in (gguf_native_tensors, gguf_tensors):
         model = build_model(cls, config, torch.device("cpu"), torch.float32)
         model.load_weights(stream(reader, config))
-        model.finalize_weights()
+        quantize.finalize_weights(model)
         models.append(model)
     return models
 
@@ -350,7 +351,7 @@ def test_gpt_oss_mxfp4_gguf_matches_transformers(tmp_path, native):
     assert config["model_type"] == "gpt_oss" and config["rope_scaling"]["rope_type"] == "yarn"
     model = build_model(registry().model("GptOssForCausalLM"), config, torch.device("cpu"), torch.float32)
     model.load_weights((gguf_native_tensors if native else gguf_tensors)(reader, config))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     assert not any(layer.mlp.experts.quantized for layer in model.layers)
     assert [layer.self_attn.sliding_window for layer in model.layers] == [16, None]
     ids = [(37 * i + 11) % 512 for i in range(40)]  # past the 16-token window
@@ -449,7 +450,7 @@ def test_deepseek2_gguf_matches_transformers(tmp_path, arch, cls, native):
     assert registry().architecture_for_model_type(config["model_type"]) == cls
     model = build_model(registry().model(cls), config, torch.device("cpu"), torch.float32)
     model.load_weights((gguf_native_tensors if native else gguf_tensors)(reader, config))
-    model.finalize_weights()
+    quantize.finalize_weights(model)
     with torch.no_grad():
         full = ref(torch.tensor([IDS])).logits[0]
     runner = PagedRunner(model, 16)

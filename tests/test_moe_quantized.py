@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from llmkit.core.engine.builder import build_model
+from llmkit.core.model import quantize as walks
 from llmkit.core.model.cpu import cpu_quant
 from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, softmax_topk
@@ -212,9 +213,9 @@ def test_dense_moe_checkpoint_quantized_at_load(tmp_path, arch, method):
     config = load_config(tmp_path)
     cls = registry().model(config["architectures"][0])
     model = build_model(cls, config, torch.device("cpu"), torch.float32)
-    model.quantize_experts(method, 32)
+    walks.quantize_experts(model, method, 32)
     model.load_weights(iter_safetensors(tmp_path))
-    model.finalize_weights()
+    walks.finalize_weights(model)
     fp32 = load_ours(tmp_path)
     deq = load_ours(tmp_path)
     pairs = [

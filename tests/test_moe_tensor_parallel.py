@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from llmkit.core.model import quantize
+
 from model_utils import save_tiny_model
 
 pytestmark = pytest.mark.slow  # ~20 s: two spawned processes per model
@@ -38,7 +40,7 @@ def _rank(rank: int, size: int, init: str, model_dir: str, out: str) -> None:
         cls = registry().model(config["architectures"][0])
         model = build_model(cls, config, torch.device("cpu"), torch.float32, tp=tp)
         model.load_weights(iter_safetensors(Path(model_dir)))
-        model.finalize_weights()
+        quantize.finalize_weights(model)
         runner = PagedRunner(model, 16)
         s = runner.new_seq()
         (prefill,) = runner.step([(s, IDS[:36])])

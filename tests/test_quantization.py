@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.builder import architecture_of, build_model
+from llmkit.core.model import quantize
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.model.quant.int4_format import Int4Format
@@ -35,7 +36,7 @@ def test_quantized_embedded_model_logits_close():
     hidden = torch.randn(3, cfg["hidden_size"])
     with torch.inference_mode():
         ref = model.compute_logits(hidden)
-        model.quantize("int8")
+        quantize.quantize(model, "int8")
         got = model.compute_logits(hidden)
     assert ((got - ref).norm() / ref.norm()).item() < 0.02
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 2 / 3
@@ -71,7 +72,7 @@ def test_int4_quantized_embedded_model_logits_close():
     hidden = torch.randn(3, cfg["hidden_size"])
     with torch.inference_mode():
         ref = model.compute_logits(hidden)
-        model.quantize("int4", 64)
+        quantize.quantize(model, "int4", 64)
         got = model.compute_logits(hidden)
     assert model.layers[0].mlp.down_proj.format.name == "int4" and model.layers[0].mlp.down_proj.format.group == 64
     assert ((got - ref).norm() / ref.norm()).item() < 0.1

@@ -30,6 +30,7 @@ from llmkit.core.engine.stages.sizing import CUDA_MEM_FRACTION, TOKENS_PER_RUNNI
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import NoPrefixCache
 from llmkit.core.kvcache.radix_cache import RadixCache
+from llmkit.core.model import quantize
 from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights
 from llmkit.core.model.loader.source import (
     iter_gguf_native,
@@ -137,7 +138,7 @@ def load_model(plan: Plan, config: EngineConfig, tp):
     finalize and quantize."""
     model = build_model(plan.model_cls, plan.hf_config, plan.device, plan.dtype, tp)
     if plan.quant and config.load_format != "dummy":
-        model.quantize_experts(plan.quant, config.quantization_group_size)  # quantized as they load
+        quantize.quantize_experts(model, plan.quant, config.quantization_group_size)  # as they load
     if config.load_format == "dummy":
         from llmkit.core.model.loader.dummy_weights import fill_dummy_weights
 
@@ -149,10 +150,9 @@ def load_model(plan: Plan, config: EngineConfig, tp):
             if plan.native or plan.int4_method:
                 raise
             raise ValueError(f"the checkpoint in {plan.model_dir} does not fit {plan.arch}: {exc.args[0]}") from None
-    if hasattr(model, "finalize_weights"):
-        model.finalize_weights()
+    quantize.finalize_weights(model)
     if plan.quant:
-        model.quantize(plan.quant, config.quantization_group_size)
+        quantize.quantize(model, plan.quant, config.quantization_group_size)
     return model
 
 

@@ -61,35 +61,11 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors into the module's parameters."""
 
-    # The walks over the layers live in quantize.py (they know the layer types and the format
-    # table); these methods stay so the engine calls them on any model and a plugin can extend them.
-    def finalize_weights(self) -> None:
-        """Let every linear layer pack its weight once loading is done."""
-        from llmkit.core.model import quantize
-
-        quantize.finalize_weights(self)
-
-    def quantize(self, method: str, group_size: int | None = None) -> None:
-        """Convert the dense weights of every linear layer, the LM head and the MoE experts to the
-        weight format ``method`` names (``--quantization``); experts already quantized (at load,
-        see :meth:`quantize_experts`) stay as they are."""
-        from llmkit.core.model import quantize
-
-        quantize.quantize(self, int(self.config["hidden_size"]), method, group_size)
-
-    def quantize_experts(self, method: str, group_size: int | None = None) -> None:
-        """Before loading: give the MoE experts ``--quantization``'s format, so each expert is
-        quantized as its tensors arrive and the experts' fp32 weights (most of an MoE model) are
-        never resident at once. The other layers are converted after loading (:meth:`quantize`)."""
-        from llmkit.core.model import quantize
-
-        quantize.quantize_experts(self, method, group_size)
-
-    def weight_bytes(self) -> int:
-        """Bytes the loaded weights hold, quantized buffers included; each storage counted once."""
-        from llmkit.core.model import quantize
-
-        return quantize.weight_bytes(self)
+    def weights_changed(self) -> None:
+        """Hook, called after loading (once every linear layer has packed its weight) and again
+        after ``--quantization`` converted them: a model derives here what it computes from its
+        weights, or drops what it derived. The walks over the layers themselves live in
+        ``quantize.py``, which the engine calls; the contract imports nothing below it."""
 
     @property
     def num_layers(self) -> int:

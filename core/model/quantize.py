@@ -2,8 +2,9 @@
 once loading is done, convert layers and experts to a weight format, count the weights' bytes.
 
 They live here, not in the model contract (``causal_lm.py``), because they must know the layer
-types (``linear``, ``moe``) and the format table (``quant.weight_formats``); the contract's methods
-of the same names delegate here, so a plugin can still override them and call ``super()``.
+types (``linear``, ``moe``) and the format table (``quant.weight_formats``). After a walk that
+changes the weights the model's :meth:`CausalLM.weights_changed` hook runs, so a model plugin can
+derive (or drop) what it computes from them.
 """
 
 from __future__ import annotations
@@ -26,19 +27,26 @@ def release_free_heap() -> None:
         pass
 
 
+def _changed(model: nn.Module) -> None:
+    hook = getattr(model, "weights_changed", None)  # a model plugin need not derive CausalLM
+    if hook is not None:
+        hook()
+
+
 def finalize_weights(model: nn.Module) -> None:
     """Let every linear layer pack its weight once loading is done."""
     for module in list(model.modules()):
         if isinstance(module, Linear):
             module.finalize()
+    _changed(model)
     release_free_heap()
 
 
-def quantize(model: nn.Module, hidden_size: int, method: str, group_size: int | None = None) -> None:
-    """Convert the dense weights of every linear layer, the LM head (``hidden_size`` input
-    features) and the MoE experts to the weight format ``method`` names; experts already quantized
+def quantize(model: nn.Module, method: str, group_size: int | None = None) -> None:
+    """Convert the dense weights of every linear layer, the LM head and the MoE experts to the weight format ``method`` names; experts already quantized
     (at load, see :func:`quantize_experts`) stay as they are."""
     fmt = weight_format(method, group_size)
+    hidden_size = int(model.config["hidden_size"])  # the LM head's input features
     for module in list(model.modules()):
         if isinstance(module, Linear):
             module.set_format(fmt.for_features(module.local_in))
@@ -46,6 +54,7 @@ def quantize(model: nn.Module, hidden_size: int, method: str, group_size: int | 
             module.set_format(fmt.for_features(hidden_size))
         elif isinstance(module, FusedExperts):
             module.set_format(fmt, filled=True)  # (loaded, or dummy weights)
+    _changed(model)
     release_free_heap()
 
 

@@ -135,13 +135,8 @@ class StackedLM(CausalLM):
     native_stack = True
     _native_plan: "NativeStack | None | bool" = False  # False: not built yet (weights may change)
 
-    def finalize_weights(self) -> None:
-        super().finalize_weights()
-        self._native_plan = False
-
-    def quantize(self, method: str, group_size: int | None = None) -> None:
-        super().quantize(method, group_size)
-        self._native_plan = False
+    def weights_changed(self) -> None:
+        self._native_plan = False  # built again from the packed (or quantized) weights
 
     def _native_blocks(self) -> NativeStack | None:
         """The layers as a :class:`NativeStack`: Llama-style blocks (no Q/K norm, the dense gated

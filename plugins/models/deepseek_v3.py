@@ -175,9 +175,9 @@ class DeepseekV3ForCausalLM(StackedLM):
                 scale *= m * m
         return scale
 
-    def finalize_weights(self) -> None:
-        super().finalize_weights()
-        for layer in self.layers:
+    def weights_changed(self) -> None:
+        super().weights_changed()
+        for layer in self.layers:  # (after --quantization: from the quantized kv_b_proj)
             layer.self_attn.absorb()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

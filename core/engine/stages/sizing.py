@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.engine.config import EngineConfig
+from llmkit.core.model import quantize
 
 
 def cpu_pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, weight_bytes: int = 0) -> int:
@@ -94,7 +95,7 @@ def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
         row_bytes = (max_context + config.page_size) * 8  # a request's row of the slot table (int64)
         tokens, running = cuda_sizes(config, bytes_per_token, max_context, row_bytes, plan.device)
     else:
-        weight_bytes = model.weight_bytes() if config.mem_fraction_static else 0
+        weight_bytes = quantize.weight_bytes(model) if config.mem_fraction_static else 0
         tokens = cpu_pool_tokens(config, bytes_per_token, max_context, weight_bytes)
         running = config.max_running_requests or CPU_MAX_RUNNING
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
