@@ -51,7 +51,7 @@ class EngineParts:
     vocab_size: int
     eos_token_ids: frozenset[int]
     max_context: int
-    grammar: Any = None  # the grammar backend; None when structured output is disabled
+    grammar: Any = None  # the grammar backend (the ``none`` plugin's when structured output is off)
 
 
 def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
@@ -253,9 +253,8 @@ def _log_loaded(plan: Plan, config: EngineConfig, kv: KVSize, tp, leader: bool, 
 
 
 def build_grammar_backend(name: str, tokenizer, vocab_size: int, eos_ids):
-    """The structured-output backend (``none``: constraint requests get a 400)."""
-    if name == "none":
-        return None
+    """The structured-output backend the plugin ``name`` registers (``none``'s refuses every
+    constraint with a 400)."""
     from llmkit.core.grammar.contract import create_grammar_backend
 
     # The compile workers start with the first constrained request (a few seconds, once), so a

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any, AsyncIterator, Protocol
 
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
-from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+from llmkit.core.grammar.contract import GrammarSpec
 
 COMPILE_TIMEOUT_S = 5.0
 
@@ -86,8 +86,6 @@ class InProcessEngineClient(QueueSlots):
         self._stopped = False
 
     async def check_grammar(self, spec: GrammarSpec) -> None:
-        if self.engine.grammar is None:
-            raise GrammarError(spec.param, "structured output is disabled on this server (--grammar-backend none)")
         await self.engine.grammar.compile_async(spec, timeout=COMPILE_TIMEOUT_S)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:

@@ -158,8 +158,10 @@ class AttentionBackend(ABC):
             )
 
     # CUDA-graph hooks: graphs are part of the backend contract, not a special case in the runner.
-    def init_capture_graph(self, max_bs: int, max_context: int) -> None:
-        """Allocate the static buffers that captured decode graphs read from."""
+    def init_capture_graph(self, max_bs: int, max_context: int, deterministic: bool = False) -> None:
+        """Allocate the static buffers that captured decode graphs read from. ``deterministic``
+        (``--enable-deterministic-inference``): every captured batch size must reduce in the same
+        order, so a sequence's result does not depend on which graph replays it."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
     def prepare_for_capture(self, bs: int) -> AttentionMetadata:

@@ -27,7 +27,7 @@ from llmkit.core.server.state import ServerState, new_id
 
 log = logging.getLogger("llmkit")
 # Open without the key, by exact path: a later /health_generate-like route is not open by accident.
-OPEN_PATHS = frozenset({"/health", "/ping"})
+OPEN_PATHS = frozenset({"/health"})  # a load balancer probes it without the key
 
 
 def _digest(s: str) -> bytes:

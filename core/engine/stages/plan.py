@@ -145,8 +145,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     attn_name, attn_cls = select_attention(config.attention, device)
     grammar_name = (config.grammar_backend or registry().default("grammar")) if leader else "none"
-    if grammar_name != "none":
-        registry().entry("grammar", grammar_name)  # an unknown name fails before loading
+    registry().entry("grammar", grammar_name)  # an unknown name fails before loading
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None
