@@ -1,22 +1,24 @@
 """Run a chat completion on behalf of another API (Anthropic Messages, OpenAI Responses).
 
-Those APIs are translated into a :class:`ChatCompletionRequest` and served by the chat machinery
-itself (template, sampling checks, grammar, reasoning and tool parsers), so every API gets the
-same validation and the same text. Both modes fold into a :class:`ChatResult`: non-streaming from
-the chat response, streaming chunk by chunk, which is what makes the two modes equal.
+Those APIs are translated into a :class:`ChatCompletionRequest` and served by a chat run
+(template, sampling checks, grammar, reasoning and tool parsers), so every API gets the same
+validation and the same text. Both modes fold into a :class:`ChatResult`: non-streaming from the
+run's completion object, streaming from its chunk objects one by one, which is what makes the two
+modes equal. The objects are read as the run makes them; nothing is encoded and parsed back.
 """
 
 from __future__ import annotations
 
-import json
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi.responses import Response
 
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.openai.chat import create_chat_completion
+from llmkit.core.server.openai.chat_run import start_chat
 from llmkit.core.server.openai.protocol import ChatCompletionRequest, StreamOptions
+from llmkit.core.server.streaming import watch_disconnect
 
 
 @dataclass
@@ -64,10 +66,10 @@ def chat_request(body: dict) -> ChatCompletionRequest:
 
 async def complete_chat(state, body: ChatCompletionRequest, raw) -> ChatResult | Response:
     """Non-streaming: the result, or the bare response when the client went away (499)."""
-    resp = await create_chat_completion(state, body.model_copy(update={"stream": False, "n": 1}), raw)
-    if resp.status_code != 200:
-        return resp
-    data = json.loads(resp.body)
+    run = await start_chat(state, body.model_copy(update={"stream": False, "n": 1}), raw)
+    data = await watch_disconnect(raw, run.complete())
+    if isinstance(data, Response):
+        return data
     choice = data["choices"][0]
     msg = choice["message"]
     calls = [
@@ -103,18 +105,17 @@ async def start_chat_stream(state, body: ChatCompletionRequest) -> AsyncIterator
     # continuous usage: the role chunk tells the prompt's size before anything is generated
     options = StreamOptions(include_usage=True, continuous_usage_stats=True)
     body = body.model_copy(update={"stream": True, "n": 1, "stream_options": options})
-    resp = await create_chat_completion(state, body, None, http=True)
-    return _events(resp.body_iterator)
+    run = await start_chat(state, body, None, http=True)
+    events = _events(run.chunks(include_usage=True))
+    weakref.finalize(events, run.gen.cancel)  # never iterated: its finally never runs
+    return events
 
 
 async def _events(chunks) -> AsyncIterator[ChatEvent]:
     result = ChatResult()
     calls: dict[int, ToolCallResult] = {}
     try:
-        async for line in chunks:
-            if not line.startswith("data: ") or line.startswith("data: [DONE]"):
-                continue
-            data = json.loads(line[6:])
+        async for data in chunks:
             if "error" in data:
                 yield ChatEvent(error=APIError(data["error"].get("message") or "error", status=500))
                 return
