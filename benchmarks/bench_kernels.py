@@ -26,7 +26,7 @@ import torch
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.quant import int4_format
 from llmkit.core.model.quant.int4_format import Int4Format
-from llmkit.core.model.quant.weight_formats import Int8Format
+from llmkit.core.model.quant.int8 import Int8Format
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
 LAYERS = 30
@@ -72,7 +72,7 @@ def _forced(name):
     """Context: force the kernel (0 rows -> always dequantize) of a quantized candidate."""
     from contextlib import contextmanager
 
-    from llmkit.core.model.quant import weight_formats
+    from llmkit.core.model.quant import int8 as weight_formats
 
     @contextmanager
     def force(limit):

@@ -30,7 +30,7 @@ from llmkit.core.engine.loop import Engine
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.linear import Linear, _gemm
 from llmkit.core.model.quant.int4_format import Int4Format
-from llmkit.core.model.quant.weight_formats import Int8Format
+from llmkit.core.model.quant.int8 import Int8Format
 
 ACC: dict[str, float] = defaultdict(float)
 PYTHON_LAYERS = [False]  # --python-layers

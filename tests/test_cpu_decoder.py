@@ -11,7 +11,7 @@ import torch
 
 from llmkit.core.model import quantize
 from llmkit.core.model.cpu import cpu_decoder
-from llmkit.core.model.quant.weight_formats import Int8Format
+from llmkit.core.model.quant.int8 import Int8Format
 
 from model_utils import load_ours, save_tiny_model
 from paged_runner import PagedRunner

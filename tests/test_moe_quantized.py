@@ -28,7 +28,7 @@ from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, softmax_topk
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.quant.gguf_quant import GGUFTensor
 from llmkit.core.model.quant.int4_format import Int4Format
-from llmkit.core.model.quant.weight_formats import Int8Format
+from llmkit.core.model.quant.int8 import Int8Format
 from llmkit.core.plugins import registry
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine

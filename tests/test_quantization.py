@@ -10,7 +10,7 @@ from llmkit.core.model import quantize
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, resolve_model_dir
 from llmkit.core.model.quant.int4_format import Int4Format
-from llmkit.core.model.quant.weight_formats import INT8_MAX_ROWS, Int8Format
+from llmkit.core.model.quant.int8 import INT8_MAX_ROWS, Int8Format
 from llmkit.core.plugins import registry
 
 

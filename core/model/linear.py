@@ -70,6 +70,12 @@ class WeightFormat:
 
     name = "dense"
 
+    @classmethod
+    def for_quantization(cls, group_size: int | None) -> "WeightFormat":
+        """The format ``--quantization`` builds from its name (``--quantization-group-size``:
+        the groups of a grouped method; ignored by the others)."""
+        return cls()
+
     def create(self, layer: "Linear", out_features: int, in_features: int) -> None:
         layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 

@@ -193,7 +193,7 @@ class FusedExperts(nn.Module):
             # have no GPU path, though dense layers' int4 runs on CUDA through int4_triton)
             raise ValueError(f"quantized MoE experts are a CPU path; these are on {self._device}")
         if fmt.name == "int8" and getattr(fmt, "keep_dense", False):
-            from llmkit.core.model.quant.weight_formats import Int8Format
+            from llmkit.core.model.quant.int8 import Int8Format
 
             fmt = Int8Format(keep_dense=False)  # the experts' dense copy would be the fp32 model again
         self.format = fmt

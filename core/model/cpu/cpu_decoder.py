@@ -20,9 +20,9 @@ import torch
 
 from llmkit.core import native
 from llmkit.core.model.cpu import cpu_norm, cpu_pointwise, cpu_quant
-from llmkit.core.model.quant import int4_format, weight_formats
+from llmkit.core.model.quant import int4_format, int8
 from llmkit.core.model.quant.int4_format import Int4Format
-from llmkit.core.model.quant.weight_formats import Int8Format
+from llmkit.core.model.quant.int8 import Int8Format
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 LIN_INT4, LIN_INT8, LIN_INT4_SYM = 1, 2, 3
@@ -138,7 +138,7 @@ class NativeStack:
             x.dtype == torch.float32
             and x.device.type == "cpu"
             and x.shape[-1] == self.hidden
-            and rows <= min(int4_format.INT4_MAX_ROWS, weight_formats.INT8_NO_DENSE_MAX_ROWS)
+            and rows <= min(int4_format.INT4_MAX_ROWS, int8.INT8_NO_DENSE_MAX_ROWS)
         )
 
     def run(self, x: torch.Tensor, attend: NativeAttend) -> tuple[torch.Tensor, torch.Tensor]:

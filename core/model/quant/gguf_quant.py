@@ -11,7 +11,7 @@ Type -> kernel layout (chosen by measurement, see the README's CPU quantization 
   (:class:`~llmkit.core.model.quant.int4_format.Int4Format`): Q4_0 ``d*(q-8)``, Q4_1 ``d*q+m``, Q4_K
   ``d*sc*q - dmin*m`` per 32-column sub-block. The only rounding is the kernel's bf16 scale/zero.
 - ``Q8_0``, ``Q5_K``, ``Q6_K``: requantized to int8 per output channel
-  (:class:`~llmkit.core.model.quant.weight_formats.Int8Format` without a dense copy); torch has no
+  (:class:`~llmkit.core.model.quant.int8.Int8Format` without a dense copy); torch has no
   grouped int8 kernel, so this adds at most half a per-row step of rounding.
 """
 
@@ -58,7 +58,7 @@ class GGUFTensor:
 
             fmt = layer.format
             return fmt if getattr(fmt, "name", "") == "int4" and fmt.group == self.group else Int4Format(self.group)
-        from llmkit.core.model.quant.weight_formats import Int8Format
+        from llmkit.core.model.quant.int8 import Int8Format
 
         fmt = layer.format
         return fmt if getattr(fmt, "name", "") == "int8" and not fmt.keep_dense else Int8Format(keep_dense=False)

@@ -101,15 +101,22 @@ def unpack_int4(packed: torch.Tensor, rows: torch.Tensor | None = None) -> torch
     return torch.where((j >= half)[:, None], byte >> 4, byte & 15)
 
 
+DEFAULT_GROUP = 32  # --quantization-group-size when not given (llama.cpp's Q4_0 block)
+
+
 class Int4Format(WeightFormat):
     """Weight-only int4 in groups of ``group`` input columns, through ``_weight_int4pack_mm_for_cpu``."""
 
     name = "int4"
 
-    def __init__(self, group: int = 32) -> None:
+    def __init__(self, group: int = DEFAULT_GROUP) -> None:
         if group not in (32, 64, 128, 256):
             raise ValueError(f"int4 group size {group} is not one of 32, 64, 128, 256")
         self.group = group
+
+    @classmethod
+    def for_quantization(cls, group_size: int | None) -> "Int4Format":
+        return cls(group_size or DEFAULT_GROUP)
 
     def for_features(self, in_features: int) -> "Int4Format":
         """This format, or the one with the largest smaller group that divides ``in_features``

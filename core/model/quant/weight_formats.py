@@ -1,93 +1,29 @@
-"""Weight formats built into the core, and the ``--quantization`` name table.
+"""The ``--quantization`` table: a method's name to the weight format that implements it, one
+module per method (imported only when chosen, as the int4 one pulls in its kernels).
 
-``int8``: weight-only, symmetric per output channel. The kernel is our C one
-(:mod:`llmkit.core.model.cpu.cpu_quant`: int8 activation blocks, integer dot products) where it builds,
-else torch's ``_weight_int8pack_mm`` with bf16 activations; the C kernel is as fast or faster at
-every row count measured (1-512) and twice as fast for the embedded model's 49k-row LM head. It
-halves the bytes a decode step reads, but is slower than the fp32 GEMM beyond a few dozen rows, so
-larger batches (prefill) keep using the dense weight; a layer loaded from an already quantized
-source (GGUF Q8_0 / Q5_K / Q6_K) keeps no dense copy and runs the kernel at every row count
-(dequantizing per call costs more).
-
-``int4``: see :mod:`llmkit.core.model.quant.int4_format`.
+A dense checkpoint is converted after loading (``quantize.py``); formats a checkpoint already
+comes in (GGUF blocks, GPTQ/AWQ int4, FP8, MXFP4) are read by the loaders, not named here.
 """
 
 from __future__ import annotations
 
-import torch
+import importlib
 
-from llmkit.core.model.cpu import cpu_quant
-from llmkit.core.model.cpu.hugepages import huge_copy
-from llmkit.core.model.linear import DENSE, WeightFormat, dense_linear
+from llmkit.core.model.linear import DENSE, WeightFormat
 
-INT8_MAX_ROWS = 16  # rows per call up to which a layer with a dense copy runs the kernel
-INT8_NO_DENSE_MAX_ROWS = 1 << 30  # the same without a dense copy: no limit (benchmarks lower it)
-
-
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8 weights and their bf16 scales."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q.contiguous(), scale.to(torch.bfloat16)
-
-
-class Int8Format(WeightFormat):
-    """``keep_dense``: keep the loaded fp32 weight for calls with many rows (a dense checkpoint
-    quantized with ``--quantization int8``); without it only the int8 weight stays resident."""
-
-    name = "int8"
-
-    def __init__(self, keep_dense: bool = True) -> None:
-        self.keep_dense = keep_dense
-
-    def finalize(self, layer) -> None:
-        if layer.weight is None:  # already finalized
-            return
-        q, scale = quantize_int8(layer.weight)
-        layer.register_buffer("qweight", huge_copy(q), persistent=False)  # (see hugepages.py)
-        layer.register_buffer("qscale", scale, persistent=False)
-        if not self.keep_dense:
-            layer.weight = None
-
-    def apply(self, layer, x, deterministic):
-        # Without a dense copy (a GGUF's Q8_0/Q5_K/Q6_K, the embedded model's tied LM head) the
-        # kernel runs at every row count: dequantizing per call costs more, and the kernel's rows
-        # do not depend on the row count, so neither does a request's output on its batch.
-        dense = layer.weight is not None
-        if x.shape[0] <= (INT8_MAX_ROWS if dense else INT8_NO_DENSE_MAX_ROWS) and not (dense and deterministic):
-            return self._kernel(layer, x)
-        return dense_linear(x, self.dense_weight(layer).to(x.dtype), None, deterministic)
-
-    @staticmethod
-    def _kernel(layer, x):
-        b = layer._buffers
-        if x.device.type == "cpu" and x.shape[1] % 32 == 0 and cpu_quant.available():
-            y = cpu_quant.q8_linear(x, b["qweight"], b["qscale"])
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), b["qweight"], b["qscale"]).to(x.dtype)
-
-    def dense_weight(self, layer):
-        if layer.weight is not None:
-            return layer.weight
-        return layer.qweight.float() * layer.qscale.float()[:, None]
-
-    def embed(self, layer, ids):
-        return layer.qweight[ids].float() * layer.qscale[ids].float()[..., None]
+FORMATS = {  # name -> "module:Class"; the class builds itself from --quantization-group-size
+    "int8": "llmkit.core.model.quant.int8:Int8Format",
+    "int4": "llmkit.core.model.quant.int4_format:Int4Format",
+}
+QUANTIZATIONS = tuple(FORMATS)
 
 
 def weight_format(name: str | None, group_size: int | None = None) -> WeightFormat:
-    """The format ``--quantization NAME`` converts dense weights to (``group_size``: int4 groups)."""
+    """The format ``--quantization NAME`` converts dense weights to (``group_size``: its groups,
+    for the methods that have them)."""
     if name in (None, "", "none"):
         return DENSE
-    if name == "int8":
-        return Int8Format()
-    if name == "int4":
-        from llmkit.core.model.quant.int4_format import Int4Format
-
-        return Int4Format(group_size or DEFAULT_INT4_GROUP)
-    raise ValueError(f"quantization '{name}' is not supported; supported: none, {', '.join(QUANTIZATIONS)}")
-
-
-QUANTIZATIONS = ("int8", "int4")
-DEFAULT_INT4_GROUP = 32
+    if name not in FORMATS:
+        raise ValueError(f"quantization '{name}' is not supported; supported: none, {', '.join(QUANTIZATIONS)}")
+    module, cls = FORMATS[name].split(":")
+    return getattr(importlib.import_module(module), cls).for_quantization(group_size)
