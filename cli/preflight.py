@@ -11,12 +11,15 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from llmkit.cli.serve_options import SERVE_OPTIONS
+
 DTYPES = ("auto", "float32", "fp32", "float16", "half", "bfloat16", "bf16")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "fp8_e4m3", "fp8", "fp8_e5m2")
 QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOAD_FORMATS = ("auto", "dummy")
+FLAGS = {row.name: row.flags[0] for row in SERVE_OPTIONS}  # by parameter name: page_size -> --page-size
 
 
 class OptionError(ValueError):
@@ -27,34 +30,29 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
     """Raise :class:`OptionError` for the first invalid option in ``p`` (serve's parameters)."""
     if check_port and not 1 <= p["port"] <= 65535:
         raise OptionError(f"--port {p['port']} is out of range: use a port from 1 to 65535")
-    for flag, key in (
-        ("--page-size", "page_size"),
-        ("--max-running-requests", "max_running_requests"),
-        ("--max-queued-requests", "max_queued_requests"),
-        ("--chunked-prefill-size", "chunked_prefill_size"),
-        ("--context-length", "context_length"),
-        ("--max-total-tokens", "max_total_tokens"),
-        ("--num-threads", "num_threads"),
-        ("--batch-max-in-flight", "batch_max_in_flight"),
-        ("--max-system-blocks", "max_system_blocks"),
-        ("--max-prompt-logprobs-tokens", "max_prompt_logprobs_tokens"),
+    for key in (
+        "page_size",
+        "max_running_requests",
+        "max_queued_requests",
+        "chunked_prefill_size",
+        "context_length",
+        "max_total_tokens",
+        "num_threads",
+        "batch_max_in_flight",
+        "max_system_blocks",
+        "max_prompt_logprobs_tokens",
     ):
         value = p.get(key)
         if value is not None and value < 1:
-            raise OptionError(f"{flag} must be at least 1 (got {value})")
-    for flag, key in (
-        ("--max-payload-size", "max_payload_size"),
-        ("--max-prompt-size", "max_prompt_size"),
-        ("--header-timeout", "header_timeout"),
-        ("--keep-alive-timeout", "keep_alive_timeout"),
-    ):
+            raise OptionError(f"{FLAGS[key]} must be at least 1 (got {value})")
+    for key in ("max_payload_size", "max_prompt_size", "header_timeout", "keep_alive_timeout"):
         value = p.get(key)
         if value is not None and value <= 0:
-            raise OptionError(f"{flag} must be positive (got {value})")
-    for flag, key in (("--queue-timeout", "queue_timeout"), ("--shutdown-timeout", "shutdown_timeout")):
+            raise OptionError(f"{FLAGS[key]} must be positive (got {value})")
+    for key in ("queue_timeout", "shutdown_timeout"):
         value = p.get(key)
         if value is not None and value < 0:
-            raise OptionError(f"{flag} must be 0 or more (got {value})")
+            raise OptionError(f"{FLAGS[key]} must be 0 or more (got {value})")
     _check_paths(p)
     _check_choice("--dtype", p["dtype"], DTYPES)
     _check_choice("--kv-cache-dtype", p["kv_cache_dtype"], KV_CACHE_DTYPES)

@@ -159,24 +159,26 @@ def test_served_name_aliases_and_no_model_are_served(http, model):
 def test_served_model_name_repeats_into_aliases():
     import typer
 
-    from llmkit.cli.serve import _serve_only_app, build_configs
+    from llmkit.cli.serve import _serve_only_app
+    from llmkit.cli.serve_options import build_configs
 
     cmd = typer.main.get_command(_serve_only_app())
     ctx = cmd.make_context(
         "serve", ["--served-model-name", "main", "--served-model-name", "alias1", "--served-model-name", "alias2"]
     )
-    _, server = build_configs(**ctx.params)
+    _, server = build_configs(ctx.params)
     assert server.served_model_name == "main" and server.served_model_aliases == ("alias1", "alias2")
 
 
 def test_cost_cap_flags_reach_the_server_config():
     import typer
 
-    from llmkit.cli.serve import _serve_only_app, build_configs
+    from llmkit.cli.serve import _serve_only_app
+    from llmkit.cli.serve_options import build_configs
 
     cmd = typer.main.get_command(_serve_only_app())
     ctx = cmd.make_context("serve", ["--max-system-blocks", "3", "--max-prompt-logprobs-tokens", "5"])
-    _, server = build_configs(**ctx.params)
+    _, server = build_configs(ctx.params)
     assert server.max_system_blocks == 3 and server.max_prompt_logprobs_tokens == 5
     with TestClient(fake_app(max_prompt_logprobs_tokens=5)) as client:
         body = {"model": "m", "prompt": "one two three four five six", "echo": True, "logprobs": 0, "max_tokens": 1}

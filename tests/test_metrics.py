@@ -114,8 +114,9 @@ def test_disable_metrics():
 def test_serve_flags_reach_the_server_config(args, expected):
     import typer
 
-    from llmkit.cli.serve import _serve_only_app, build_configs
+    from llmkit.cli.serve import _serve_only_app
+    from llmkit.cli.serve_options import build_configs
 
     ctx = typer.main.get_command(_serve_only_app()).make_context("serve", args)
-    _, server = build_configs(**ctx.params)
+    _, server = build_configs(ctx.params)
     assert (server.enable_metrics, server.metrics_no_auth, server.enable_web_ui) == expected

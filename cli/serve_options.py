@@ -1,0 +1,446 @@
+"""Every ``llmkit serve`` option, declared once: its flags (SGLang's names where one exists, so
+command lines pasted from its docs work), envvar, type, default, help, and the config field it
+fills. ``serve``'s parameters and :func:`build_configs` are generated from this table."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from llmkit.cli.option_table import ServeOption, accepted_only, config_fields, negated, only_when_given
+
+
+def _served_names(names, _) -> dict:
+    # The first name is the id in /v1/models (empty: launch uses the model path); the rest are aliases.
+    return {
+        "server.served_model_name": (names or [""])[0],
+        "server.served_model_aliases": tuple((names or [])[1:]),
+    }
+
+
+def _batch_storage(name, _) -> dict:
+    return {"server.enable_batches": name != "none", "server.batch_storage": None if name == "none" else name}
+
+
+def _engine_process(given, p) -> dict:
+    # Data- and tensor-parallel engines always run in processes of their own.
+    return {"engine.engine_process": given or p["dp_size"] > 1 or p["tp_size"] > 1}
+
+
+SERVE_OPTIONS = (
+    ServeOption(
+        ("--model-path", "--model"),
+        Optional[str],
+        None,
+        to="engine",
+        envvar="LLMKIT_MODEL_PATH",
+        help="HF model directory or .gguf file; default: the embedded SmolLM2-135M-Instruct.",
+    ),
+    ServeOption(("--host",), str, "127.0.0.1", to="server", envvar="LLMKIT_HOST"),
+    ServeOption(("--port",), int, 30000, to="server", envvar="LLMKIT_PORT"),
+    ServeOption(
+        ("--served-model-name",),
+        Optional[list[str]],
+        None,
+        to=_served_names,
+        envvar="LLMKIT_SERVED_MODEL_NAME",
+        help="The model id in /v1/models (default: the model path); repeat it to add aliases requests may use. "
+        "Requests naming any other model get 404.",
+    ),
+    ServeOption(
+        ("--chat-template",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_CHAT_TEMPLATE",
+        help="A Jinja chat template file overriding the tokenizer's.",
+    ),
+    ServeOption(
+        ("--attention", "--attention-backend"),
+        str,
+        "auto",
+        to="engine",
+        envvar="LLMKIT_ATTENTION",
+        help="Attention backend: auto, torch, triton, flashinfer, or a plugin's name.",
+    ),
+    ServeOption(
+        ("--reasoning-parser",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_REASONING_PARSER",
+        help="Separate reasoning_content: qwen3, deepseek-r1, ...",
+    ),
+    ServeOption(
+        ("--tool-call-parser",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_TOOL_CALL_PARSER",
+        help="Parse tool calls: hermes, llama3, mistral, ...",
+    ),
+    ServeOption(
+        ("--grammar-backend",),
+        Optional[str],
+        None,
+        to="engine",
+        envvar="LLMKIT_GRAMMAR_BACKEND",
+        help="Structured outputs: xgrammar, a plugin's backend, or none. Default: the grammar plugin "
+        "registered as default.",
+        typer_args={"show_default": "xgrammar"},
+    ),
+    ServeOption(
+        ("--dtype",),
+        str,
+        "auto",
+        to="engine",
+        envvar="LLMKIT_DTYPE",
+        help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.",
+    ),
+    ServeOption(
+        ("--kv-cache-dtype",),
+        str,
+        "auto",
+        to="engine",
+        envvar="LLMKIT_KV_CACHE_DTYPE",
+        help="KV cache dtype: auto (the model's: fp32 on CPU), bfloat16/bf16 or float16/fp16 (half an fp32 "
+        "pool: twice the tokens in the same memory), fp8_e4m3/fp8 or fp8_e5m2 (unscaled; torch backend, "
+        "or triton on CUDA 8.9+).",
+    ),
+    ServeOption(("--device",), str, "auto", to="engine", envvar="LLMKIT_DEVICE", help="auto, cpu, cuda, cuda:N."),
+    ServeOption(
+        ("--api-key",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_API_KEY",
+        help="Require 'Authorization: Bearer KEY' (except /health*).",
+    ),
+    ServeOption(
+        ("--context-length",),
+        Optional[int],
+        None,
+        to="engine",
+        envvar="LLMKIT_CONTEXT_LENGTH",
+        help="Override the model's context length.",
+    ),
+    ServeOption(
+        ("--max-running-requests",),
+        Optional[int],
+        None,
+        to="engine",
+        envvar="LLMKIT_MAX_RUNNING_REQUESTS",
+        help="Most requests decoding at once (default: 64 on CPU; on CUDA from the KV pool, 64 to 2048).",
+    ),
+    ServeOption(
+        ("--max-queued-requests",),
+        int,
+        1024,
+        to="engine",
+        help="Requests held at once; beyond this new ones get 429.",
+    ),
+    ServeOption(
+        ("--max-total-tokens",),
+        Optional[int],
+        None,
+        to="engine",
+        envvar="LLMKIT_MAX_TOTAL_TOKENS",
+        help="KV cache pool size in tokens (default on CPU: max(2 x context, 512 x --max-running-requests), "
+        "at most 65,536 tokens or 20% of RAM; on CUDA: 0.88 of the GPU's memory less what is in use "
+        "after the weights, see --mem-fraction-static).",
+    ),
+    ServeOption(
+        ("--chunked-prefill-size",),
+        int,
+        2048,
+        to="engine",
+        envvar="LLMKIT_CHUNKED_PREFILL_SIZE",
+        help="Token budget per step (prefill chunks plus decode tokens).",
+    ),
+    ServeOption(
+        ("--schedule-policy",),
+        str,
+        "fcfs",
+        to="engine",
+        envvar="LLMKIT_SCHEDULE_POLICY",
+        help="fcfs or lpm (longest prefix match first).",
+    ),
+    ServeOption(
+        ("--disable-radix-cache",),
+        bool,
+        False,
+        to="engine",
+        envvar="LLMKIT_DISABLE_RADIX_CACHE",
+        help="Turn off prefix sharing.",
+    ),
+    ServeOption(("--page-size",), int, 1, to="engine", envvar="LLMKIT_PAGE_SIZE", help="Tokens per KV page."),
+    ServeOption(
+        ("--enable-deterministic-inference",),
+        bool,
+        False,
+        to="engine",
+        envvar="LLMKIT_DETERMINISTIC",
+        help="Batch-invariant numerics: a request's output never depends on its batch.",
+    ),
+    ServeOption(
+        ("--num-threads",),
+        Optional[int],
+        None,
+        to="engine",
+        envvar="LLMKIT_NUM_THREADS",
+        help="torch CPU threads (default: all cores).",
+    ),
+    ServeOption(
+        ("--quantization",),
+        Optional[str],
+        None,
+        to="engine",
+        envvar="LLMKIT_QUANTIZATION",
+        help="Weights. Default: a GGUF on CPU at its own precision (Q4_0/Q4_1/Q4_K as int4, "
+        "Q8_0/Q5_K/Q6_K as int8; an explicit --dtype dequantizes), anything else dense; none: dense (a GGUF "
+        "dequantized); gguf: a GGUF's own precision or an error; int8 (per channel) or int4 (grouped): "
+        "weight-only, quantized at load (CPU).",
+    ),
+    ServeOption(
+        ("--quantization-group-size",),
+        Optional[int],
+        None,
+        to="engine",
+        envvar="LLMKIT_QUANTIZATION_GROUP_SIZE",
+        help="Input columns per scale for --quantization int4: 32 (default), 64, 128 or 256.",
+    ),
+    ServeOption(
+        ("--cuda-graph-max-bs",),
+        Optional[int],
+        None,
+        to="engine",
+        envvar="LLMKIT_CUDA_GRAPH_MAX_BS",
+        help="Largest decode batch replayed from a captured CUDA graph (default: --max-running-requests, at most 256).",
+    ),
+    ServeOption(
+        ("--disable-cuda-graph",),
+        bool,
+        False,
+        to="engine",
+        envvar="LLMKIT_DISABLE_CUDA_GRAPH",
+        help="Run decode steps eagerly on CUDA.",
+    ),
+    ServeOption(
+        ("--skip-server-warmup",),
+        bool,
+        False,
+        to=only_when_given("engine.warmup", False),
+        envvar="LLMKIT_SKIP_SERVER_WARMUP",
+        help="Report ready without first serving a few short requests (on CUDA the warm-up compiles the "
+        "kernels the first request would otherwise wait for; CPU has none).",
+    ),
+    ServeOption(
+        ("--disable-overlap-schedule",),
+        bool,
+        False,
+        to=only_when_given("engine.overlap_schedule", False),
+        envvar="LLMKIT_DISABLE_OVERLAP_SCHEDULE",
+        help="Post-process each step before launching the next (overlap is on by default on CUDA).",
+    ),
+    ServeOption(
+        ("--enable-overlap-schedule",),
+        bool,
+        False,
+        to=only_when_given("engine.overlap_schedule", True),
+        envvar="LLMKIT_ENABLE_OVERLAP_SCHEDULE",
+        help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).",
+    ),
+    ServeOption(
+        ("--load-format",),
+        str,
+        "auto",
+        to="engine",
+        envvar="LLMKIT_LOAD_FORMAT",
+        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).",
+    ),
+    ServeOption(("--max-payload-size",), int, 32 << 20, to="server", help="Request body cap in bytes."),
+    ServeOption(
+        ("--shutdown-timeout",),
+        int,
+        30,
+        to="server",
+        help="Seconds to drain in-flight requests after SIGTERM (those left then get 503; "
+        "a second SIGTERM exits at once).",
+    ),
+    ServeOption(
+        ("--max-prompt-size",),
+        int,
+        16 << 20,
+        to="server",
+        help="Prompt cap in characters, checked before tokenizing.",
+    ),
+    ServeOption(
+        ("--max-system-blocks",),
+        int,
+        256,
+        to="server",
+        help="Content blocks an Anthropic system prompt may have.",
+    ),
+    ServeOption(
+        ("--max-prompt-logprobs-tokens",),
+        int,
+        1024,
+        to="server",
+        help="Prompt tokens one request may ask prompt logprobs for (echo, /generate).",
+    ),
+    ServeOption(
+        ("--queue-timeout",),
+        float,
+        600.0,
+        to="server",
+        help="Seconds a request may wait for the engine before a 503 (0: no limit).",
+    ),
+    ServeOption(
+        ("--header-timeout",),
+        float,
+        10.0,
+        to="server",
+        help="Seconds a connection has to send a request's headers before it is closed.",
+    ),
+    ServeOption(
+        ("--keep-alive-timeout",),
+        float,
+        5.0,
+        to="server",
+        help="Seconds an idle keep-alive connection stays open.",
+    ),
+    ServeOption(
+        ("--batch-storage",),
+        Optional[str],
+        None,
+        to=_batch_storage,
+        envvar="LLMKIT_BATCH_STORAGE",
+        help="Storage backend for /v1/files and /v1/batches: local, s3, or a plugin's; "
+        "'none' disables the endpoints. Default: the storage plugin registered as default.",
+        typer_args={"show_default": "local"},
+    ),
+    ServeOption(
+        ("--file-storage-path",),
+        str,
+        "./llmkit_storage",
+        to="server",
+        envvar="LLMKIT_FILE_STORAGE_PATH",
+        help="Root directory of the local storage backend.",
+    ),
+    ServeOption(
+        ("--storage-option",),
+        Optional[list[str]],
+        None,
+        to=lambda pairs, _: {"server.storage_options": tuple(pairs or ())},
+        help="KEY=VALUE for the storage backend (repeatable), e.g. bucket=..., prefix=..., endpoint_url=...",
+    ),
+    ServeOption(
+        ("--batch-max-in-flight",),
+        int,
+        4,
+        to="server",
+        help="Batch lines handed to the engine at once (fewer: faster online responses while a batch runs).",
+    ),
+    ServeOption(("--log-level",), str, "info", to="server"),
+    ServeOption(
+        ("--tp-size", "--tp", "--tensor-parallel-size"),
+        int,
+        1,
+        to="engine",
+        help="Tensor parallelism: this many ranks (processes; one GPU each on CUDA, gloo on CPU) share every layer.",
+        typer_args={"min": 1},
+    ),
+    ServeOption(
+        ("--dp-size", "--dp", "--data-parallel-size"),
+        int,
+        1,
+        to="engine",
+        envvar="LLMKIT_DP_SIZE",
+        help="Data parallelism: this many engine replicas, each in its own process, behind one server; "
+        "requests go to the least loaded replica, or to the one holding their prompt's prefix.",
+        typer_args={"min": 1},
+    ),
+    ServeOption(
+        ("--nnodes",),
+        int,
+        1,
+        to="engine",
+        help="Nodes the --tp-size ranks are spread over (node 0 serves HTTP).",
+        typer_args={"min": 1},
+    ),
+    ServeOption(
+        ("--node-rank",),
+        int,
+        0,
+        to="engine",
+        help="This node's index (0..nnodes-1); nodes > 0 run ranks only.",
+        typer_args={"min": 0},
+    ),
+    ServeOption(
+        ("--dist-init-addr", "--dist-init-address"),
+        Optional[str],
+        None,
+        to="engine",
+        help="HOST:PORT where the ranks meet (torch.distributed TCP rendezvous); needed with --nnodes > 1.",
+    ),
+    ServeOption(
+        ("--mem-fraction-static",),
+        Optional[float],
+        None,
+        to="engine",
+        help="Fraction of the device's memory (RAM on CPU) for weights plus the KV pool; "
+        "the pool gets the rest after the weights (on CUDA after everything in use by then; "
+        "default there 0.88, on CPU see --max-total-tokens). "
+        "--max-total-tokens wins when both are given.",
+    ),
+    ServeOption(
+        ("--trust-remote-code",),
+        bool,
+        False,
+        to=accepted_only,  # llmkit never runs a checkpoint's code: no config field
+        help="Accepted for SGLang compatibility; llmkit never runs code from a checkpoint "
+        "(architectures come from installed plugins), so it changes nothing.",
+    ),
+    ServeOption(
+        ("--disable-metrics",),
+        bool,
+        False,
+        to=negated("server.enable_metrics"),
+        envvar="LLMKIT_DISABLE_METRICS",
+        help="Do not serve Prometheus metrics at /metrics.",
+    ),
+    ServeOption(
+        ("--metrics-no-auth",),
+        bool,
+        False,
+        to="server",
+        envvar="LLMKIT_METRICS_NO_AUTH",
+        help="Serve /metrics without the --api-key (for a scraper without the key).",
+    ),
+    ServeOption(
+        ("--disable-web-ui",),
+        bool,
+        False,
+        to=negated("server.enable_web_ui"),
+        envvar="LLMKIT_DISABLE_WEB_UI",
+        help="Do not serve the chat playground at /.",
+    ),
+    ServeOption(
+        ("--engine-process",),
+        bool,
+        False,
+        to=_engine_process,
+        envvar="LLMKIT_ENGINE_PROCESS",
+        help="Run the engine in its own process (ZeroMQ + msgpack over unix sockets), so the server's Python "
+        "work never shares the engine's GIL; a dead engine process fails its requests and stops the server.",
+    ),
+)
+
+
+def build_configs(params: dict):
+    """The engine and server configs from ``llmkit serve``'s options (``ctx.params``: every row's
+    value by name), checked first by ``check_serve_options``."""
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.server.config import ServerConfig
+
+    engine, server = config_fields(SERVE_OPTIONS, params)
+    return EngineConfig(**engine), ServerConfig(**server)
