@@ -98,7 +98,7 @@ def tiny_model_dir(path, arch: str = "llama", **overrides):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from gpu_presets import write_model_dir
 
     write_model_dir("tiny", Path(path))  # its tokenizer; the config is replaced below

@@ -162,8 +162,8 @@ def run_in_subprocesses(module: str, entry: str, jobs: list[list[str]], env: dic
     """Run ``tests/<module>.py``'s ``entry(job)`` in one fresh interpreter per job, in parallel (the
     Triton interpreter must be chosen before triton is imported); each prints one ``RESULTS`` JSON
     line, merged here."""
-    here = Path(__file__).resolve().parent
-    code = f"import sys; sys.path.insert(0, {str(here)!r}); import {module} as t; t.{entry}(sys.argv[1:])"
+    paths = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # helpers, tests
+    code = f"import sys; sys.path[:0] = {paths!r}; import {module} as t; t.{entry}(sys.argv[1:])"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, *job], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE

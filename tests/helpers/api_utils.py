@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-THINK_TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
+THINK_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "think_template.jinja"
 REASONING_ARGS = ["--chat-template", str(THINK_TEMPLATE), "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"]
 
 WEATHER_SCHEMA = {
