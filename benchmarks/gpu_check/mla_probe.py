@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.attention.test_triton_attention
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "helpers"))
 
 # name: (case overrides, launch overrides)
@@ -65,11 +65,10 @@ def patched_launcher(over: dict):
 
 
 def run(name: str) -> dict:
-    from test_triton_attention import CASES, _backends, _build
-
     from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
     from attention_utils import backend_kwargs
+    from tests.attention.test_triton_attention import CASES, _backends, _build
 
     case, over = VARIANTS[name]
     patched_launcher(over)

@@ -13,6 +13,7 @@ named for its concern instead of behind a file-name prefix.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def test_the_checker_sees_violations(tmp_path, monkeypatch):
     (fake / "server").mkdir()
     (fake / "engine" / "x.py").write_text("def f():\n    from llmkit.core.server.app import create_app\n")
     (fake / "server" / "y.py").write_text("from llmkit.core.engine.loop import Engine\n")
-    monkeypatch.setattr(__import__(__name__), "CORE", fake)
+    monkeypatch.setattr(sys.modules[__name__], "CORE", fake)
     found = _violations()
     assert any("upward" in v for v in found) and any("client and messages" in v for v in found)
 
@@ -236,7 +237,7 @@ def test_the_circle_and_budget_checks_see_violations(tmp_path, monkeypatch):
     (pkg / "b.py").write_text("def f():\n    from llmkit.core.thing.a import x\n")
     for i in range(BUDGET - 2):  # with a.py and b.py: exactly the budget
         (pkg / f"m{i}.py").write_text("")
-    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert _circles() == [["llmkit.core.thing.a", "llmkit.core.thing.b"]]
     assert _over_budget() == []
     (pkg / "one_more.py").write_text("")

@@ -20,6 +20,9 @@ import torch
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionMetadata
 
+HELPERS = Path(__file__).resolve().parent  # tests/helpers
+TESTS = HELPERS.parent
+
 
 @dataclass
 class Batch:
@@ -158,12 +161,23 @@ def backend_kwargs(batch: Batch, num_heads: int, v_head_dim: int | None = None) 
     return kwargs
 
 
+def _test_module(module: str) -> str:
+    """The dotted name of test module ``module`` (a file name such as ``test_fused_ops``, found in any
+    folder under tests/), as pytest imports it: ``tests.model.test_fused_ops``."""
+    if "." in module:
+        return module
+    found = sorted(TESTS.rglob(f"{module}.py"))
+    if len(found) != 1:
+        raise LookupError(f"{module}.py: {len(found)} files under {TESTS}, expected one: {found}")
+    return ".".join(found[0].relative_to(TESTS.parent).with_suffix("").parts)
+
+
 def run_in_subprocesses(module: str, entry: str, jobs: list[list[str]], env: dict[str, str]) -> dict:
-    """Run ``tests/<module>.py``'s ``entry(job)`` in one fresh interpreter per job, in parallel (the
-    Triton interpreter must be chosen before triton is imported); each prints one ``RESULTS`` JSON
-    line, merged here."""
-    paths = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # helpers, tests
-    code = f"import sys; sys.path[:0] = {paths!r}; import {module} as t; t.{entry}(sys.argv[1:])"
+    """Run ``entry(job)`` of test module ``module`` (see :func:`_test_module`) in one fresh
+    interpreter per job, in parallel (the Triton interpreter must be chosen before triton is
+    imported); each prints one ``RESULTS`` JSON line, merged here."""
+    paths = [str(HELPERS), str(TESTS.parent)]  # these helpers, and the repository root for ``tests.*``
+    code = f"import sys; sys.path[:0] = {paths!r}; import {_test_module(module)} as t; t.{entry}(sys.argv[1:])"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, *job], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -196,7 +210,7 @@ def report_runs(runs: list[str], check) -> None:
 
 
 def interpreted(module: str, runs: list[str]) -> dict[str, str]:
-    """``tests/<module>.py``'s ``_main`` over ``runs`` under Triton's interpreter, in two parallel
+    """Test module ``module``'s ``_main`` over ``runs`` under Triton's interpreter, in two parallel
     subprocesses; skips without triton."""
     import os
 
@@ -218,11 +232,11 @@ def compile_for_cuda(fn, arch: str, ptrs: dict, consts: dict, **options):
 
 
 def compiled(module: str, runs: list[str]) -> dict[str, str]:
-    """``tests/<module>.py``'s ``_compile_main`` over ``runs`` in two subprocesses without the
+    """Test module ``module``'s ``_compile_main`` over ``runs`` in two subprocesses without the
     interpreter; skips where Triton cannot compile for CUDA here."""
     import os
 
-    from test_triton_attention import _can_compile_for_cuda
+    from tests.attention.test_triton_attention import _can_compile_for_cuda
 
     pytest.importorskip("triton")
     reason = _can_compile_for_cuda()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import Server
 from typer.testing import CliRunner
 
 from llmkit.core.kvcache.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv, resolve_kv_cache_dtype, store_kv
@@ -22,6 +21,7 @@ from llmkit.core.kvcache.kv_pool import KV_CACHE_DTYPES, KVCachePool, gather_kv,
 from model_utils import load_ours, save_tiny_model, start_engine
 from paged_runner import PagedRunner
 from server_utils import start_server, stop_server
+from tests.conftest import Server
 
 CPU = torch.device("cpu")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

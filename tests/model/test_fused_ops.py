@@ -103,13 +103,12 @@ def check_tiny_model_logits(device: str) -> None:
     import tempfile
     from pathlib import Path
 
-    from test_reference_transformers import _prefill_logits
-
     from llmkit.core.model import layers, triton_pointwise
     from llmkit.core.model.cpu import cpu_norm, cpu_pointwise
     from llmkit.plugins.attention import cpu_attention
 
     from model_utils import load_ours, save_tiny_model
+    from tests.model.test_reference_transformers import _prefill_logits
 
     with tempfile.TemporaryDirectory() as d:
         save_tiny_model("qwen2", Path(d))

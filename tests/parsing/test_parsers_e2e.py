@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Server
 
 from server_utils import start_server, stop_server
+from tests.conftest import Server
 
 TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
 MSG = [{"role": "user", "content": "9.11 and 9.8, which is greater?"}]

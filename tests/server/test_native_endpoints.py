@@ -7,9 +7,9 @@ import json
 
 import openai
 import pytest
-from conftest import Server
 
 from server_utils import start_server, stop_server
+from tests.conftest import Server
 
 MSGS = [{"role": "user", "content": "Name a color."}]
 

@@ -101,7 +101,7 @@ def test_the_scale_only_layout_computes_what_the_pairs_compute():
 def test_a_q4_0_layer_keeps_its_fp16_scales():
     """GGUF Q4_0's scale is an fp16: the scale-only layout keeps it exactly (the pairs would round it
     to bf16), so the layer's dequantized weight is the gguf package's reference bit for bit."""
-    from test_gguf_quant import _blocks, _layer, _reference
+    from tests.model.quant.test_gguf_quant import _blocks, _layer, _reference
 
     blocks = _blocks("Q4_0", rows=64, cols=256)
     layer = _layer(blocks, "Q4_0", rows=64, cols=256)

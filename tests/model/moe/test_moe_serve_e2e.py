@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Server
 
 from model_utils import copy_embedded_tokenizer, save_tiny_model
 from server_utils import start_server, stop_server
+from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
 

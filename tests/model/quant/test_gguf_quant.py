@@ -179,10 +179,11 @@ def embedded_pair():
 
 
 def test_embedded_model_native_logits_match_the_dequantized_reference(embedded_pair):
-    from test_reference_transformers import _prefill_logits
     from transformers import AutoTokenizer
 
     from llmkit.core.model.loader.source import resolve_model_dir
+
+    from tests.model.test_reference_transformers import _prefill_logits
 
     native, dense = embedded_pair
     assert native.layers[0].self_attn.qkv_proj.format.name == "int4"

@@ -113,7 +113,7 @@ def _write(method: str, path, act_order: bool = False):
 
 @pytest.mark.parametrize("method, act_order", [("gptq", False), ("gptq", True), ("awq", False)])
 def test_int4_checkpoint_matches_its_dequantized_reference(method, act_order, tmp_path):
-    from test_reference_transformers import _prefill_logits
+    from tests.model.test_reference_transformers import _prefill_logits
 
     ref = _write(method, tmp_path, act_order)
     cfg = load_config(tmp_path)

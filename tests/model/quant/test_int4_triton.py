@@ -207,11 +207,11 @@ def check_format(device: str) -> None:
 
 def check_tensor_parallel(device: str) -> None:
     """Column- and row-parallel shards of an int4 weight (two ranks, collectives done by hand)."""
-    import test_int4_checkpoints as ck
-
     from llmkit.core.model.linear import Linear
     from llmkit.core.model.loader.int4_checkpoints import PackedInt4Tensor
     from llmkit.core.model.parallel import TPGroup
+
+    import tests.model.quant.test_int4_checkpoints as ck
 
     n, k, group = 256, 512, 128
     gen = torch.Generator().manual_seed(7)
@@ -247,7 +247,7 @@ def check_tensor_parallel(device: str) -> None:
 
 
 def _prefill_logits(model, ids: list[int], device: torch.device) -> torch.Tensor:
-    from test_reference_transformers import _prefill_logits as prefill
+    from tests.model.test_reference_transformers import _prefill_logits as prefill
 
     return prefill(model, ids, device)
 
@@ -260,13 +260,14 @@ def check_checkpoint(method: str, act_order: bool, device: str, dtype: torch.dty
     fp16-rounded (2^-12 relative); the rest is the dtype's rounding in the kernel vs the dense GEMM:
     0.5% relative in fp32 (measured 1.5e-4 under the interpreter, the zeros' rounding), 3% in bf16
     (not measured: no GPU here)."""
-    import test_int4_checkpoints as ck
     from safetensors.torch import save_file
 
     from llmkit.core.engine.builder import build_model
     from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights
     from llmkit.core.model.loader.source import iter_safetensors, load_config
     from llmkit.core.plugins import registry
+
+    import tests.model.quant.test_int4_checkpoints as ck
 
     dev = torch.device(device)
     with tempfile.TemporaryDirectory() as tmp:
