@@ -9,7 +9,7 @@ import pytest
 
 from llmkit.core import hookspecs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOOKS = sorted(name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("llmkit_"))
 
 

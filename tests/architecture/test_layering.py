@@ -16,7 +16,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core"
 TOPS = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli"}
 BUDGET = 15  # modules per folder, __init__.py not counted

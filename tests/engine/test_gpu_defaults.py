@@ -18,7 +18,7 @@ from llmkit.core.engine.stages import sizing
 
 from model_utils import start_engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gpu_presets import write_model_dir  # noqa: E402
 
 GIB = 1 << 30

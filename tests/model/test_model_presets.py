@@ -12,7 +12,7 @@ import torch
 from llmkit.core.engine.builder import build_model
 from llmkit.core.plugins import registry
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from gpu_presets import PRESETS  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import pytest
 from server_utils import start_server, stop_server
 from tests.conftest import Server
 
-TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
+TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "think_template.jinja"
 MSG = [{"role": "user", "content": "9.11 and 9.8, which is greater?"}]
 
 

@@ -16,7 +16,7 @@ from metrics_utils import parse_metrics, value
 from server_utils import start_server, stop_server
 
 M = "metrics-model"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "llmkit-dashboard.json"
 
 

@@ -23,7 +23,7 @@ from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from model_utils import start_engine
 from server_utils import start_server, stop_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gpu_presets import PRESETS, write_model_dir  # noqa: E402
 
 DROPPED = "~"  # the test tokenizer's normalizer deletes it: "~~~" is a text of zero tokens

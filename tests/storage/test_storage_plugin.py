@@ -25,7 +25,7 @@ class TestMemstoreContract(StorageContract):
 
 def test_entry_point_plugin_is_discovered_and_runs_a_batch(tmp_path):
     site = install_memstore(tmp_path)
-    tests_dir = os.path.join(os.path.dirname(__file__), "helpers")
+    tests_dir = os.path.join(os.path.dirname(__file__), os.pardir, "helpers")
     code = textwrap.dedent("""
         import asyncio, json, sys
         from llmkit.core.plugins import registry

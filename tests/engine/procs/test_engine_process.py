@@ -17,7 +17,7 @@ import pytest
 
 from server_utils import server_log, start_server, stop_server
 
-CORE_ENGINE = Path(__file__).resolve().parent.parent / "core" / "engine"
+CORE_ENGINE = Path(__file__).resolve().parents[3] / "core" / "engine"
 PROCS = CORE_ENGINE / "procs"
 MSGS = [{"role": "user", "content": "List three colours."}]
 

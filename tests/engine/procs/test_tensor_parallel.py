@@ -100,7 +100,7 @@ def test_each_rank_holds_its_slice_of_the_weights(llama_dir):
 
 def test_no_pickle_on_the_process_boundary():
     """Every process boundary (server <-> engine, rank 0 <-> ranks) is msgpack or int64 tensors."""
-    root = Path(__file__).resolve().parents[1] / "core" / "engine"
+    root = Path(__file__).resolve().parents[3] / "core" / "engine"
     files = ["ipc.py", "worker.py", "process_client.py", "dp_client.py", "tp.py", "tp_worker.py", "tp_launch.py"]
     files = [f"procs/{f}" for f in [*files, "tp_node.py"]] + ["step_wire.py"]
     banned = re.compile(r"pickle|_pyobj|_object")  # pickle, recv_pyobj, broadcast_object_list, ...

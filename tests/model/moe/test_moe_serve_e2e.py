@@ -16,7 +16,7 @@ from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 TOOL = {
     "type": "function",
     "function": {

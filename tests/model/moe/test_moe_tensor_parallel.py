@@ -22,7 +22,7 @@ IDS = [(37 * i + 11) % 512 for i in range(40)]
 def _rank(rank: int, size: int, init: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
 
-    sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "helpers"))
     from llmkit.core.engine.builder import build_model
     from llmkit.core.model.loader.source import iter_safetensors, load_config
     from llmkit.core.model.parallel import TPGroup

@@ -15,7 +15,7 @@ from browser_utils import artifacts_dir, chromium_paths, start_chromium
 from metrics_utils import parse_metrics, value
 from server_utils import start_server, stop_server
 
-TEMPLATE = Path(__file__).parent / "data" / "think_template.jinja"
+TEMPLATE = Path(__file__).resolve().parents[2] / "data" / "think_template.jinja"
 KEY = "playground-key"
 M = "web-model"
 PATHS = chromium_paths()
