@@ -1,6 +1,6 @@
 """Which construct makes MLA extend with page size 1 wrong when compiled (issue 34 item 2)?
 
-Each variant runs in its own process (a CUDA fault ends only its own): tests/test_triton_attention.py's
+Each variant runs in its own process (a CUDA fault ends only its own): tests/attention/test_triton_attention.py's
 ``extend_ps1_latent`` case, with the extend kernel launched under other tile sizes, pipeline
 stages or value-block widths. Prints the Triton kernel's max abs error against the torch backend run
 on the CPU over the same batch, and the query rows that are off.

@@ -176,7 +176,7 @@ def test_gguf_experts_stay_quantized(tmp_path, arch, types):
     scale and zero round (2^-9 relative each: measured 0.17 % relative, bound 0.5 %); Q8_0/Q6_K are
     requantized to int8 per row (at most half a row step: measured <= 0.63 %, bound 1 %). On the
     logits, two sparse layers of two quantized projections each, plus the C kernels' int8
-    activation blocks (~0.5 % a projection, tests/test_gguf_quant.py): measured 0.8-2.3 % (the
+    activation blocks (~0.5 % a projection, tests/model/quant/test_gguf_quant.py): measured 0.8-2.3 % (the
     256-wide K-type models the most; 0.3-1.8 % on torch's bf16 kernels), bound 5 %, about twice the
     worst; and the greedy token equal wherever the reference's top-2 margin exceeds twice the error."""
     from llmkit.core.model.moe import FusedExperts

@@ -5,9 +5,9 @@ kernels and on torch's fallback (``LLMKIT_NATIVE=0``).
 
 Tolerances. Against the *dequantized* quantized weights only the kernels' activation rounding is
 left: int8 activation blocks of 32 in our C kernels (max / 254 a value), bf16 activations in
-torch's; ~0.5 % a projection (tests/test_gguf_quant.py), two projections an expert: measured
+torch's; ~0.5 % a projection (tests/model/quant/test_gguf_quant.py), two projections an expert: measured
 0.3-1.0 % (a module's output or a tiny model's logits), bound 2 %. Against the original fp32 weights the quantization itself adds: 4-bit min/max
-groups of Gaussian weights ~9 % a layer (tests/test_quantization.py), int8 rows ~1 %.
+groups of Gaussian weights ~9 % a layer (tests/model/quant/test_quantization.py), int8 rows ~1 %.
 """
 
 from __future__ import annotations
