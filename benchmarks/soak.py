@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 TOPICS = ["the ocean", "volcanoes", "bread", "chess", "the moon", "bicycles", "coffee", "jazz", "glaciers"]
 SCHEMA = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "helpers"))
 from server_utils import server_log, start_server, stop_server  # noqa: E402
 
 CONFIG = dict(

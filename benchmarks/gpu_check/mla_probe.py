@@ -1,6 +1,6 @@
 """Which construct makes MLA extend with page size 1 wrong when compiled (issue 34 item 2)?
 
-Each variant runs in its own process (a CUDA fault ends only its own): tests/test_triton_attention.py's
+Each variant runs in its own process (a CUDA fault ends only its own): tests/attention/test_triton_attention.py's
 ``extend_ps1_latent`` case, with the extend kernel launched under other tile sizes, pipeline
 stages or value-block widths. Prints the Triton kernel's max abs error against the torch backend run
 on the CPU over the same batch, and the query rows that are off.
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.attention.test_triton_attention
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "helpers"))
 
 # name: (case overrides, launch overrides)
 VARIANTS = {
@@ -64,11 +65,10 @@ def patched_launcher(over: dict):
 
 
 def run(name: str) -> dict:
-    from test_triton_attention import CASES, _backends, _build
-
     from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
 
     from attention_utils import backend_kwargs
+    from tests.attention.test_triton_attention import CASES, _backends, _build
 
     case, over = VARIANTS[name]
     patched_launcher(over)

@@ -26,7 +26,7 @@ package's ``llmkit`` entry point::
 ``llmkit serve --batch-storage mystore`` then builds it with ``MyStorage.from_options(options)``
 (by default ``MyStorage(**options)``; options are strings from the command line).
 
-Contract, checked by ``tests/storage_contract.py`` (reuse it for your backend):
+Contract, checked by ``tests/helpers/storage_contract.py`` (reuse it for your backend):
 
 * Methods are synchronous and may block; llmkit calls them from worker threads, possibly several
   at once, so a backend must be thread-safe.

@@ -8,7 +8,7 @@ now and then, so without this, streaming would not equal non-streaming and a see
 once a prompt hits the prefix cache. SDPA's fused CPU kernel does not give it (its row results
 depend on the query count and the key-block split), so attention is three batched GEMMs and a
 softmax here, laid out so the results hold still (measured on this CPU's BLAS, and kept by
-``tests/test_attention_invariance.py``):
+``tests/attention/test_attention_invariance.py``):
 - a GEMM whose row count is a multiple of :data:`_ROWS` takes the same kernel whatever its size,
   and each output row depends only on its inputs' rows (1-3 rows take another kernel, and so do
   5-7 and 9-11 when the batch has one matrix);

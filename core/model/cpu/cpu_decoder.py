@@ -4,7 +4,7 @@ A model builds a :class:`NativeStack` from its blocks' weights once (:func:`nati
 whether a layer's format can go in: int4 in our C layout, int8 without a dense copy) and runs it
 with the attention backend's :meth:`~llmkit.core.model.attention.AttentionBackend.native_attend`
 callback. Every step is the same C kernel the Python path calls, in the same order, so the output
-is bit for bit the Python path's (tests/test_cpu_decoder.py); only the ~60 us a block of Python
+is bit for bit the Python path's (tests/model/cpu/test_cpu_decoder.py); only the ~60 us a block of Python
 and ctypes glue between the kernels goes (README, ``benchmarks/profile_decode_step.py``).
 """
 

@@ -205,7 +205,7 @@ class Int4Format(WeightFormat):
         if perm is not None:  # GPTQ act order: the columns are stored sorted by group
             x = x.index_select(1, perm)
         if x.shape[0] <= INT4_MAX_ROWS:
-            # Its rows do not depend on the row count (tests/test_gguf_quant.py), so deterministic
+            # Its rows do not depend on the row count (tests/model/quant/test_gguf_quant.py), so deterministic
             # mode runs it too.
             y = self._kernel(layer, x)
             return y if y.shape[1] == n else y[:, :n]  # drop the padding rows of the last 64-block
