@@ -295,6 +295,14 @@ SERVE_OPTIONS = (
         help="Seconds a request may wait for the engine before a 503 (0: no limit).",
     ),
     ServeOption(
+        ("--health-stall-timeout",),
+        float,
+        300.0,
+        to="server",
+        help="Seconds without engine progress (a step that never ends, a frozen engine process) after "
+        "which /health answers 503.",
+    ),
+    ServeOption(
         ("--header-timeout",),
         float,
         10.0,

@@ -31,11 +31,7 @@ from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import NoPrefixCache
 from llmkit.core.kvcache.radix_cache import RadixCache
 from llmkit.core.model import quantize
-from llmkit.core.model.loader.int4_checkpoints import int4_checkpoint_weights
-from llmkit.core.model.loader.source import (
-    iter_gguf_native,
-    iter_safetensors,
-)
+from llmkit.core.model.loader.loaders import WeightSource, get_loader
 
 log = logging.getLogger("llmkit")
 
@@ -124,32 +120,19 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     )
 
 
-def _weights(plan: Plan, tp):
-    """The checkpoint's tensors, from the loader its source calls for (None: dummy weights)."""
-    if plan.native:
-        return iter_gguf_native(plan.gguf_path, plan.hf_config)
-    if plan.int4_method:
-        return int4_checkpoint_weights(iter_safetensors(plan.model_dir), plan.hf_config)
-    return iter_safetensors(plan.model_dir, lazy=tp is not None and tp.size > 1)
-
-
 def load_model(plan: Plan, config: EngineConfig, tp):
     """Stage 2: build the model on its device and fill it (the checkpoint, or dummy weights), then
     finalize and quantize."""
     model = build_model(plan.model_cls, plan.hf_config, plan.device, plan.dtype, tp)
-    if plan.quant and config.load_format != "dummy":
+    if plan.quant and plan.loader != "dummy":
         quantize.quantize_experts(model, plan.quant, config.quantization_group_size)  # as they load
-    if config.load_format == "dummy":
-        from llmkit.core.model.loader.dummy_weights import fill_dummy_weights
-
-        fill_dummy_weights(model)
-    else:
-        try:
-            model.load_weights(_weights(plan, tp))
-        except KeyError as exc:  # a missing or unknown tensor: the checkpoint does not fit the class
-            if plan.native or plan.int4_method:
-                raise
-            raise ValueError(f"the checkpoint in {plan.model_dir} does not fit {plan.arch}: {exc.args[0]}") from None
+    lazy = tp is not None and tp.size > 1
+    try:
+        get_loader(plan.loader)(model, WeightSource(plan.model_dir, plan.gguf_path, plan.hf_config, lazy))
+    except KeyError as exc:  # a missing or unknown tensor: the checkpoint does not fit the class
+        if plan.loader != "safetensors":
+            raise
+        raise ValueError(f"the checkpoint in {plan.model_dir} does not fit {plan.arch}: {exc.args[0]}") from None
     quantize.finalize_weights(model)
     if plan.quant:
         quantize.quantize(model, plan.quant, config.quantization_group_size)

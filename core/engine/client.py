@@ -9,6 +9,7 @@ can run it in another process without the server changing.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator, Protocol
 
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
@@ -48,6 +49,11 @@ class EngineClient(Protocol):
 
     def alive(self) -> bool:
         """Whether the engine is running (``/health``)."""
+
+    def progress_age(self) -> float:
+        """Seconds since the engine last showed progress: a step ended, or its idle loop turned
+        (every 0.5 s at most). Grows without bound only when a step hangs or the engine process
+        is frozen, which ``/health`` reports (``alive`` cannot see it)."""
 
     def stats(self) -> dict:
         """JSON-ready counters (``/get_server_info``, read by ``/metrics`` at scrape time): running
@@ -113,6 +119,9 @@ class InProcessEngineClient(QueueSlots):
 
     def alive(self) -> bool:
         return self.engine.is_alive()
+
+    def progress_age(self) -> float:
+        return time.monotonic() - self.engine.last_step
 
     @property
     def dead(self) -> str | None:

@@ -173,6 +173,11 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             return error_response("the server is shutting down", 503)
         if not state.client.alive():
             return error_response("the engine is not running", 503)
+        age, limit = state.client.progress_age(), state.options.health_stall_timeout
+        if age > limit:
+            return error_response(
+                f"the engine made no progress for {age:.0f} s (--health-stall-timeout {limit:g})", 503
+            )
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")

@@ -26,6 +26,7 @@ class ServerConfig:
     header_timeout: float = 10.0  # seconds to send a request's headers (slow-header connections close)
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
     queue_timeout: float = 600.0  # seconds an HTTP request may wait for the engine before a 503 (0: no limit)
+    health_stall_timeout: float = 300.0  # /health is 503 once the engine shows no progress this long
     log_level: str = "info"
     # Files & Batches: a storage plugin's name (None: the one registered as default, local).
     enable_batches: bool = True

@@ -41,6 +41,7 @@ class FakeEngineClient(QueueSlots):
         self.word_ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS]
         self.submitted: list[GenerateRequest] = []
         self.aborted: list[str] = []
+        self.stalled_s = 0.0  # progress_age: a test sets it to play a hung engine
 
     async def check_grammar(self, spec: GrammarSpec) -> None:
         try:  # the cheap limits only: the fake does not constrain its output
@@ -95,6 +96,9 @@ class FakeEngineClient(QueueSlots):
 
     def alive(self) -> bool:
         return True
+
+    def progress_age(self) -> float:
+        return self.stalled_s
 
     def stats(self) -> dict:
         return {"num_running_reqs": 0, "num_waiting_reqs": 0, "kv_pages_in_use": 0}

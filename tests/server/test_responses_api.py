@@ -118,6 +118,38 @@ def test_streaming_equals_non_streaming_with_reasoning(client, effort):
         assert "reasoning" not in kinds and "response.output_text.delta" in types
 
 
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 3}
+
+
+@pytest.mark.parametrize("effort", ["none", "high"])
+def test_output_text_logprobs(client, effort):
+    """include=["message.output_text.logprobs"] with top_logprobs (vLLM's test_logprobs): one
+    entry a generated token, each with the asked number of alternatives, greedy picking the first;
+    streamed deltas carry theirs, and the streamed response equals the non-streamed one."""
+    kw = {"model": "m", "input": "Say hi", "max_output_tokens": 6, "temperature": 0, "reasoning": {"effort": effort}}
+    plain = client.responses.create(**kw)
+    whole = client.responses.create(**kw, **LOGPROBS)
+    assert whole.top_logprobs == 3 and plain.top_logprobs == 0
+    msg = [it for it in whole.output if it.type == "message"]
+    if effort == "high":  # the template thinks first: cut inside the reasoning, no message
+        assert not msg
+    else:
+        assert plain.output[0].content[0].logprobs == []
+        lps = msg[0].content[0].logprobs
+        assert len(lps) == whole.usage.output_tokens and "".join(e.token for e in lps) == whole.output_text
+        for e in lps:
+            assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+            assert e.logprob <= 0 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+    events = list(client.responses.create(stream=True, **kw, **LOGPROBS))
+    assert _items(events[-1].response) == _items(whole)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    if effort == "none":
+        assert deltas and all(len(x.top_logprobs) == 3 for e in deltas for x in e.logprobs)
+        assert sum(len(e.logprobs) for e in deltas) > 0
+        done = next(e for e in events if e.type == "response.output_text.done")
+        assert [x.token for x in done.logprobs] == [x.token for x in msg[0].content[0].logprobs]
+
+
 def test_function_call_round_trip_with_previous_response_id(client):
     kw = {
         "model": "m",
@@ -297,6 +329,8 @@ def test_background_and_cancel(client):
         ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
         ({"input": "x", "temperature": -1}, "temperature"),
         ({"input": "x", "top_p": 2}, "top_p"),
+        ({"input": "x", "top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+        ({"input": "x", "top_logprobs": -1}, "top_logprobs"),
         ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
         ({"input": "x", "background": True, "stream": True}, "background"),
         ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),

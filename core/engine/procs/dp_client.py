@@ -112,6 +112,9 @@ class DataParallelClient(QueueSlots):
     def alive(self) -> bool:
         return all(r.alive() for r in self.replicas)
 
+    def progress_age(self) -> float:
+        return max(r.progress_age() for r in self.replicas)  # one stuck replica strands its clients
+
     @property
     def dead(self) -> str | None:
         return next((r.dead for r in self.replicas if r.dead), None)

@@ -46,6 +46,7 @@ class ProcessEngineClient(QueueSlots):
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._calls: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._stats: dict[str, Any] = {}
+        self._stats_at = time.monotonic()
         self._send_lock = threading.Lock()
         self._closed = False
         self._ipc_dir = tempfile.mkdtemp(prefix="llmkit-ipc-")
@@ -141,6 +142,12 @@ class ProcessEngineClient(QueueSlots):
     def stats(self) -> dict:
         return dict(self._stats)
 
+    def progress_age(self) -> float:
+        # the age the engine reported, plus how long ago it did: a frozen process reports nothing
+        if not self._stats:
+            return 0.0  # no report yet: loading
+        return self._stats.get("last_step_age_s", 0.0) + time.monotonic() - self._stats_at
+
     def shutdown(self) -> None:
         if self._closed:
             return
@@ -178,7 +185,7 @@ class ProcessEngineClient(QueueSlots):
                     loop, fut = entry
                     loop.call_soon_threadsafe(lambda f=fut, e=payload["error"]: f.done() or f.set_result(e))
             elif kind == "stats":
-                self._stats = payload
+                self._stats, self._stats_at = payload, time.monotonic()
             elif kind == "fatal":
                 self._fatal = payload["error"]
 

@@ -133,6 +133,7 @@ class Plan:
     arch: str
     model_cls: Any
     int4_method: str | None
+    loader: str  # the row of loader.loaders.LOADERS that fills the model
 
 
 def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
@@ -185,7 +186,13 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
         )
     if quant and device.type != "cpu" and quant != "int4":  # int4 has a Triton kernel on CUDA, int8 none
         raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use int4 or the model's dtype")
+    loader = (
+        "dummy" if config.load_format == "dummy"
+        else "gguf_native" if native
+        else "int4_checkpoint" if int4_method
+        else "safetensors"
+    )  # fmt: skip
     return Plan(
         device, dtype, kv_dtype, attn_name, attn_cls, grammar_name, quant, gguf_path, native, model_dir,
-        hf_config, arch, model_cls, int4_method,
+        hf_config, arch, model_cls, int4_method, loader,
     )  # fmt: skip

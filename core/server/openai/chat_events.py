@@ -38,6 +38,7 @@ class ChatResult:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     usage: dict = field(default_factory=dict)
+    logprobs: list = field(default_factory=list)  # every token's, as chat's logprobs.content (if asked)
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,6 +83,7 @@ async def complete_chat(state, body: ChatCompletionRequest, raw) -> ChatResult |
         finish_reason=choice["finish_reason"],
         matched_stop=choice.get("matched_stop"),
         usage=data.get("usage") or {},
+        logprobs=(choice.get("logprobs") or {}).get("content") or [],
     )
 
 
@@ -96,6 +98,7 @@ class ChatEvent:
     error: APIError | None = None
     finished: ChatResult | None = None
     prompt_tokens: int | None = None  # first, once the request is accepted: the prompt's size
+    logprobs: list = field(default_factory=list)  # the tokens of this piece (with reasoning or content)
 
 
 async def start_chat_stream(state, body: ChatCompletionRequest) -> AsyncIterator[ChatEvent]:
@@ -125,12 +128,14 @@ async def _events(chunks) -> AsyncIterator[ChatEvent]:
                 d = ch.get("delta") or {}
                 if "role" in d and data.get("usage"):
                     yield ChatEvent(prompt_tokens=data["usage"]["prompt_tokens"])
+                lps = (ch.get("logprobs") or {}).get("content") or []
+                result.logprobs += lps
                 if d.get("reasoning_content"):
                     result.reasoning += d["reasoning_content"]
-                    yield ChatEvent(reasoning=d["reasoning_content"])
+                    yield ChatEvent(reasoning=d["reasoning_content"], logprobs=[] if d.get("content") else lps)
                 if d.get("content"):
                     result.content += d["content"]
-                    yield ChatEvent(content=d["content"])
+                    yield ChatEvent(content=d["content"], logprobs=lps)
                 for tc in d.get("tool_calls") or []:
                     fn = tc.get("function") or {}
                     call = calls.get(tc["index"])

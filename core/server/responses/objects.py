@@ -40,6 +40,7 @@ def skeleton(body: ResponsesRequest, rid: str, status: str) -> dict:
         "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [],
         "top_p": body.top_p,
+        "top_logprobs": body.top_logprobs or 0,
         "truncation": body.truncation,
         "usage": None,
         "user": body.user,
@@ -70,10 +71,12 @@ def reasoning_item(rid: str, text: str, status: str = "completed") -> dict:
     }
 
 
-def message_item(mid: str, text: str, status: str = "completed") -> dict:
-    content = (
-        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-    )
+def text_part(text: str, logprobs: list | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def message_item(mid: str, text: str, status: str = "completed", logprobs: list | None = None) -> dict:
+    content = [text_part(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": mid, "role": "assistant", "status": status, "content": content}
 
 
@@ -94,7 +97,7 @@ def finish(resp: dict, result: ChatResult, ids: ItemIds) -> dict:
     if result.reasoning:
         output.append(reasoning_item(ids.reasoning, result.reasoning))
     if result.content:
-        output.append(message_item(ids.message, result.content))
+        output.append(message_item(ids.message, result.content, logprobs=result.logprobs))
     for k, c in enumerate(result.tool_calls):
         output.append(call_item(ids.call(k), c))
     incomplete = result.finish_reason == "length"
@@ -124,6 +127,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
     ids, seq = ItemIds(), 0
     index, kind, text, call_k = -1, None, "", -1
     current_call = None
+    logprobs: list = []  # of every token so far (include=["message.output_text.logprobs"])
 
     def ev(etype: str, **data) -> str:
         nonlocal seq
@@ -144,11 +148,15 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
             )
         elif kind == "message":
             where["item_id"] = ids.message
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            part = text_part(text, logprobs)
             out = (
-                ev("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+                ev("response.output_text.done", **where, content_index=0, text=text, logprobs=logprobs)
                 + ev("response.content_part.done", **where, content_index=0, part=part)
-                + ev("response.output_item.done", output_index=index, item=message_item(ids.message, text))
+                + ev(
+                    "response.output_item.done",
+                    output_index=index,
+                    item=message_item(ids.message, text, logprobs=logprobs),
+                )
             )
         elif kind == "call":
             fid = ids.call(call_k)
@@ -175,6 +183,9 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
     yield ev("response.in_progress", response=dict(resp))
     try:
         async for e in events:
+            logprobs.extend(e.logprobs)
+            if e.finished is not None:
+                logprobs[:] = e.finished.logprobs  # with those no delta carried (the finish chunk's)
             if e.error is not None:
                 yield close()
                 failed(resp, e.error.message)
@@ -202,7 +213,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
                     yield open_item(
                         "message",
                         message_item(ids.message, "", "in_progress"),
-                        {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                        text_part(""),
                     )
                 text += e.content
                 yield ev(
@@ -211,7 +222,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], resp: dict, on_done=No
                     output_index=index,
                     content_index=0,
                     delta=e.content,
-                    logprobs=[],
+                    logprobs=e.logprobs,
                 )
             elif e.tool_start is not None:
                 call_k += 1

@@ -39,6 +39,10 @@ class ResponsesRequest(NullMeansDefault):
     background: bool = False
     stream: bool = False
     include: list[str] | None = None
+    top_logprobs: int | None = None
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 def _text(content, where: str) -> str:
@@ -209,8 +213,9 @@ def _response_format(text: dict | None) -> dict | None:
 
 def to_chat_body(body: ResponsesRequest, messages: list[dict]) -> dict:
     """The chat completion body (a dict, validated by the chat bridge)."""
-    if body.include:
-        raise APIError(f"include values {body.include} are not supported", param="include")
+    unsupported = [v for v in body.include or () if v != LOGPROBS_INCLUDE]
+    if unsupported:
+        raise APIError(f"include values {unsupported} are not supported", param="include")
     if body.background and body.stream:
         raise APIError("background responses cannot be streamed by this server", param="background")
     if body.background and not body.store:
@@ -228,6 +233,14 @@ def to_chat_body(body: ResponsesRequest, messages: list[dict]) -> dict:
         "temperature": body.temperature,
         "top_p": body.top_p,
     }
+    if body.include and LOGPROBS_INCLUDE in body.include:  # as OpenAI: top_logprobs alone adds nothing
+        chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
+    elif body.top_logprobs is not None:
+        # checked all the same (0..20), so a request that is refused with include is refused without
+        from llmkit.core.server.generation.sampling import MAX_TOP_LOGPROBS
+
+        if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     if "model" not in body.model_fields_set:
         del chat["model"]  # left out: served by the one model (see server/model_names.py)
     effort = (body.reasoning or {}).get("effort")
