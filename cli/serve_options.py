@@ -44,6 +44,7 @@ SERVE_OPTIONS = (
         to=_served_names,
         envvar="LLMKIT_SERVED_MODEL_NAME",
         help="The model id in /v1/models (default: the model path); repeat it to add aliases requests may use. "
+        "The model's Hugging Face id is accepted too when its path or config names it. "
         "Requests naming any other model get 404.",
     ),
     ServeOption(

@@ -47,6 +47,7 @@ def check_server_config(config: ServerConfig) -> None:
 def build_server(engine_config: EngineConfig, config: ServerConfig):
     """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
+    from llmkit.core.model.loader.hf_model_id import hf_model_id
     from llmkit.core.model.loader.source import EMBEDDED_NAME
     from llmkit.core.server.app import create_app
     from llmkit.core.server.prompts.chat_template import ChatTemplate
@@ -71,6 +72,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     warn_if_no_tool_support(template, config.tool_call_parser)
     if not config.served_model_name:
         config = replace(config, served_model_name=engine_config.model_path or EMBEDDED_NAME)
+    config = replace(config, hf_model_id=config.hf_model_id or hf_model_id(engine_config.model_path))
     state = ServerState(
         client=client,
         tokenizer=tok,

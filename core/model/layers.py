@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -13,9 +14,13 @@ from torch import nn
 from llmkit.core.model.cpu import cpu_norm, cpu_pointwise
 from llmkit.core.model.hot_module import HotModule
 
-# CUDA runs the fused Triton kernels of triton_pointwise.py (one kernel per op instead of 2-4);
-# LLMKIT_DISABLE_FUSED_KERNELS=1 keeps the torch forms (a benchmark's "before", or a suspect kernel).
-FUSED_ON_CUDA = os.environ.get("LLMKIT_DISABLE_FUSED_KERNELS", "") != "1"
+# CUDA runs the fused Triton kernels of triton_pointwise.py (one kernel per op instead of 2-4) where
+# triton is installed (an extra, which CUDA builds of torch bring; without it the torch forms run, as
+# in moe.py); LLMKIT_DISABLE_FUSED_KERNELS=1 keeps the torch forms (a benchmark's "before", or a
+# suspect kernel).
+FUSED_ON_CUDA = (
+    os.environ.get("LLMKIT_DISABLE_FUSED_KERNELS", "") != "1" and importlib.util.find_spec("triton") is not None
+)
 
 
 def _fused(x: torch.Tensor):

@@ -17,7 +17,7 @@ from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, anthropic_error, error_response
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
-from llmkit.core.server.model_names import model_not_found, served_names
+from llmkit.core.server.model_names import is_served, model_not_found
 from llmkit.core.server.openai.chat import create_chat_completion
 from llmkit.core.server.openai.completions import create_completion
 from llmkit.core.server.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -163,8 +163,8 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        if model_id not in served_names(state.options):
-            return model_not_found(model_id).response()
+        if not is_served(state.options, model_id):
+            return model_not_found(state.options, model_id).response()
         return {**model_card(), "id": model_id}
 
     @app.get("/health")

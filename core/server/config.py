@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class ServerConfig:
     served_model_name: str = ""  # the id in /v1/models; launch fills it from the model path
     served_model_aliases: tuple[str, ...] = ()  # further names requests may use for the model
+    hf_model_id: str | None = None  # the model's Hugging Face id, accepted too; launch infers it
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None

