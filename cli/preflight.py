@@ -49,11 +49,12 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         value = p.get(key)
         if value is not None and value <= 0:
             raise OptionError(f"{FLAGS[key]} must be positive (got {value})")
-    for key in ("queue_timeout", "shutdown_timeout"):
+    for key in ("queue_timeout", "shutdown_timeout", "rate_limit_rpm", "rate_limit_tpm"):
         value = p.get(key)
         if value is not None and value < 0:
             raise OptionError(f"{FLAGS[key]} must be 0 or more (got {value})")
     _check_paths(p)
+    _check_keys(p)
     _check_choice("--dtype", p["dtype"], DTYPES)
     _check_choice("--kv-cache-dtype", p["kv_cache_dtype"], KV_CACHE_DTYPES)
     _check_choice("--schedule-policy", p["schedule_policy"], SCHEDULE_POLICIES)
@@ -147,6 +148,15 @@ def _check_paths(p: dict) -> None:
     template = p.get("chat_template")
     if template is not None and not Path(template).expanduser().is_file():
         raise OptionError(f"--chat-template '{template}' does not exist: give a Jinja template file")
+
+
+def _check_keys(p: dict) -> None:
+    from llmkit.core.server.access.keys import KeysFileError, load_keys
+
+    try:
+        load_keys(p.get("api_key") or (), p.get("api_keys_file"))
+    except KeysFileError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _check_plugins(p: dict) -> None:

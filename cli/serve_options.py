@@ -17,6 +17,10 @@ def _served_names(names, _) -> dict:
     }
 
 
+def _api_keys(keys, _) -> dict:
+    return {"server.api_keys": tuple(keys or ())}
+
+
 def _batch_storage(name, _) -> dict:
     return {"server.enable_batches": name != "none", "server.batch_storage": None if name == "none" else name}
 
@@ -110,11 +114,37 @@ SERVE_OPTIONS = (
     ServeOption(("--device",), str, "auto", to="engine", envvar="LLMKIT_DEVICE", help="auto, cpu, cuda, cuda:N."),
     ServeOption(
         ("--api-key",),
+        Optional[list[str]],
+        None,
+        to=_api_keys,
+        envvar="LLMKIT_API_KEY",
+        help="Require 'Authorization: Bearer KEY' (or x-api-key) except on /health; repeat it for several keys, "
+        "each seeing only the files, batches and responses it made (a lone --api-key sees everything).",
+    ),
+    ServeOption(
+        ("--api-keys-file",),
         Optional[str],
         None,
         to="server",
-        envvar="LLMKIT_API_KEY",
-        help="Require 'Authorization: Bearer KEY' (except /health*).",
+        envvar="LLMKIT_API_KEYS_FILE",
+        help="A file of keys, one a line: KEY [NAME] [admin] [rpm=N] [tpm=N]; '#' comments. Each key sees only "
+        "what it made; admin keys see everything.",
+    ),
+    ServeOption(
+        ("--rate-limit-rpm",),
+        int,
+        0,
+        to="server",
+        envvar="LLMKIT_RATE_LIMIT_RPM",
+        help="Requests per minute per key (0: no limit); over it a 429 with Retry-After.",
+    ),
+    ServeOption(
+        ("--rate-limit-tpm",),
+        int,
+        0,
+        to="server",
+        envvar="LLMKIT_RATE_LIMIT_TPM",
+        help="Tokens (prompt + completion, counted as each generation ends) per minute per key (0: no limit).",
     ),
     ServeOption(
         ("--context-length",),

@@ -6,12 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
-from llmkit.core.batches.files_routes import int_param, not_found, paginate
+from llmkit.core.batches.files_routes import int_param, not_found, paginate, visible_file
 from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
-from llmkit.core.batches.storage import NotFoundError, check_file_id
+from llmkit.core.batches.storage import BatchRecord, NotFoundError
 from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
+from llmkit.core.server.access.owners import principal
 from llmkit.core.server.body import read_json
 from llmkit.core.server.errors import APIError, error_response
 
@@ -77,15 +77,16 @@ def batches_router(runner: BatchRunner, *, endpoints: tuple[str, ...] = SUPPORTE
             )
         if problem := _check_metadata(body.get("metadata")):
             return error_response(status=400, message=problem, param="metadata")
-        try:
-            record = await run_in_threadpool(storage.get_file, check_file_id(input_file_id))
+        caller = principal(request)
+        try:  # another key's file is not found, as OpenAI's projects do not see each other's
+            record = await visible_file(storage, input_file_id, caller)
         except NotFoundError:
             return not_found("File", param="input_file_id")
         if record.purpose != "batch":
             return error_response(
                 status=400, message="The input file must have purpose 'batch'.", param="input_file_id"
             )
-        batch = await runner.create(input_file_id, endpoint, window, body.get("metadata"))
+        batch = await runner.create(input_file_id, endpoint, window, body.get("metadata"), owner=caller.owner)
         return batch.to_openai()
 
     @router.get("/v1/batches")
@@ -93,22 +94,30 @@ def batches_router(runner: BatchRunner, *, endpoints: tuple[str, ...] = SUPPORTE
         limit = int_param(request, "limit", 20, 1, 100)
         if isinstance(limit, JSONResponse):
             return limit
-        records = await runner.list()
+        caller = principal(request)
+        records = [r for r in await runner.list() if caller.sees(r.owner)]
         return paginate(
             [r.to_openai() for r in records], [r.id for r in records], request.query_params.get("after"), limit
         )
 
+    async def visible_batch(batch_id: str, request: Request) -> BatchRecord:
+        record = await runner.get(batch_id)
+        if not principal(request).sees(record.owner):
+            raise NotFoundError("batch not found")
+        return record
+
     @router.post("/v1/batches/{batch_id:path}/cancel")
-    async def cancel_batch(batch_id: str):
+    async def cancel_batch(batch_id: str, request: Request):
         try:
+            await visible_batch(batch_id, request)
             return (await runner.cancel(batch_id)).to_openai()
         except NotFoundError:
             return not_found("Batch")
 
     @router.get("/v1/batches/{batch_id:path}")
-    async def retrieve_batch(batch_id: str):
+    async def retrieve_batch(batch_id: str, request: Request):
         try:
-            return (await runner.get(batch_id)).to_openai()
+            return (await visible_batch(batch_id, request)).to_openai()
         except NotFoundError:
             return not_found("Batch")
 

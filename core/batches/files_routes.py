@@ -1,7 +1,8 @@
 """``/v1/files``: upload, list, retrieve, download and delete files (OpenAI semantics).
 
 Client filenames are metadata only: blobs are stored under the generated id, and the name is
-reduced to a clean basename. Unknown and malformed ids get the same 404 body.
+reduced to a clean basename. Unknown and malformed ids get the same 404 body, and so do the ids of
+files another API key made (``core/server/access/owners.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from llmkit.core.batches.storage import (
     new_file_id,
 )
 from llmkit.core.batches.validation import MAX_FILE_BYTES
+from llmkit.core.server.access.owners import Principal, principal
 from llmkit.core.server.errors import error_response
 from llmkit.core.server.limits import PayloadTooLarge
 
@@ -76,6 +78,14 @@ def paginate(items: list, ids: list[str], after: str | None, limit: int) -> dict
         "last_id": page_ids[-1] if page_ids else None,
         "has_more": start + limit < len(items),
     }
+
+
+async def visible_file(storage: StorageBackend, file_id: str, caller: Principal) -> FileRecord:
+    """The file record, or :class:`NotFoundError` when it is missing or not the caller's to see."""
+    record = await run_in_threadpool(storage.get_file, check_file_id(file_id))
+    if not caller.sees(record.owner):
+        raise NotFoundError("file not found")
+    return record
 
 
 def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BYTES) -> APIRouter:
@@ -135,6 +145,7 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
             filename=sanitize_filename(upload.filename),
             purpose=purpose,
             created_ns=time.time_ns(),
+            owner=principal(request).owner,
         )
         await run_in_threadpool(storage.put_file, record)
         return record.to_openai()
@@ -148,6 +159,8 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
         if order not in ("asc", "desc"):
             return error_response(status=400, message="order must be 'asc' or 'desc'.", param="order")
         records = await run_in_threadpool(storage.list_files, purpose=request.query_params.get("purpose"))
+        caller = principal(request)
+        records = [r for r in records if caller.sees(r.owner)]
         if order == "asc":
             records.reverse()
         return paginate(
@@ -156,27 +169,27 @@ def files_router(storage: StorageBackend, *, max_upload_bytes: int = MAX_FILE_BY
 
     # ``:path`` so that ids with encoded slashes still reach the handler and get the OpenAI 404.
     @router.get("/v1/files/{file_id:path}/content")
-    async def file_content(file_id: str):
+    async def file_content(file_id: str, request: Request):
         try:
-            check_file_id(file_id)
-            await run_in_threadpool(storage.get_file, file_id)
+            await visible_file(storage, file_id, principal(request))
             body = await run_in_threadpool(storage.read_blob, file_id)
         except NotFoundError:
             return not_found()
         return StreamingResponse(body, media_type="application/octet-stream")
 
     @router.get("/v1/files/{file_id:path}")
-    async def retrieve_file(file_id: str):
+    async def retrieve_file(file_id: str, request: Request):
         try:
-            record = await run_in_threadpool(storage.get_file, check_file_id(file_id))
+            record = await visible_file(storage, file_id, principal(request))
         except NotFoundError:
             return not_found()
         return record.to_openai()
 
     @router.delete("/v1/files/{file_id:path}")
-    async def delete_file(file_id: str):
+    async def delete_file(file_id: str, request: Request):
         try:
-            existed = await run_in_threadpool(storage.delete_file, check_file_id(file_id))
+            await visible_file(storage, file_id, principal(request))
+            existed = await run_in_threadpool(storage.delete_file, file_id)
         except NotFoundError:
             existed = False
         if not existed:

@@ -76,6 +76,7 @@ def write_output_files(storage: StorageBackend, batch: BatchRecord) -> None:
                 filename=f"{batch.id}_{suffix}.jsonl",
                 purpose="batch_output",
                 created_ns=time.time_ns(),
+                owner=batch.owner,  # the results belong to whoever made the batch
             )
         )
         setattr(batch, f"{suffix}_file_id", file_id)

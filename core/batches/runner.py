@@ -114,8 +114,10 @@ class BatchRunner:
         endpoint: str,
         completion_window: str,
         metadata: dict[str, str] | None = None,
+        owner: str | None = None,
     ) -> BatchRecord:
-        """Create a batch (arguments already checked by the caller) and start it."""
+        """Create a batch (arguments already checked by the caller) and start it; ``owner`` is
+        the owner id of the key that made it, and of its output files."""
         now = int(time.time())
         rec = BatchRecord(
             id=new_batch_id(),
@@ -127,6 +129,7 @@ class BatchRunner:
             metadata=metadata,
             pinned_input_id=new_file_id(),
             created_ns=time.time_ns(),
+            owner=owner,
         )
         await asyncio.to_thread(self.storage.put_batch, rec)
         log.info("batch %s: created from %s for %s", rec.id, input_file_id, endpoint)

@@ -34,7 +34,10 @@ Contract, checked by ``tests/helpers/storage_contract.py`` (reuse it for your ba
   a malformed id raises :class:`NotFoundError`, exactly as an unknown one does.
 * Writes are atomic: a reader sees the old value or the new one, never a torn one; a failed or
   oversize blob write leaves nothing behind.
-* Records round-trip through ``to_dict``/``from_dict`` (JSON only; never pickle).
+* Records round-trip through ``to_dict``/``from_dict`` (JSON only; never pickle), ``owner``
+  included: the owner id of the API key that made the file or batch (None: no owner, as for
+  records stored before keys had owners), which decides who sees it after a restart too
+  (``core/server/access/owners.py``). Stored responses keep theirs under the record's ``owner``.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class FileRecord(_Record):
     filename: str
     purpose: str
     created_ns: int = 0  # private: orders records made within the same second
+    owner: str | None = None  # private: the owner id of the key that made it (None: no owner)
 
     def sort_key(self) -> tuple[int, str]:
         """Listing order key (lists are sorted by it, descending)."""
@@ -177,13 +181,14 @@ class BatchRecord(_Record):
     pending_output_file_id: str | None = None
     pending_error_file_id: str | None = None
     created_ns: int = 0  # private: orders records made within the same second
+    owner: str | None = None  # private: the owner id of the key that made it (None: no owner)
 
     def sort_key(self) -> tuple[int, str]:
         """Listing order key (lists are sorted by it, descending)."""
         return (self.created_ns or self.created_at * 10**9, self.id)
 
     def to_openai(self) -> dict[str, Any]:
-        private = ("pinned_", "pending_", "created_ns")
+        private = ("pinned_", "pending_", "created_ns", "owner")
         d = {k: v for k, v in self.to_dict().items() if not k.startswith(private)}
         d["object"] = "batch"
         d["errors"] = {"object": "list", "data": self.errors} if self.errors is not None else None

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 from contextlib import asynccontextmanager
 
@@ -14,8 +12,10 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.server.access.keys import KeyRing, load_keys
+from llmkit.core.server.access.middleware import AccessMiddleware
 from llmkit.core.server.body import parse_model, read_json
-from llmkit.core.server.errors import APIError, anthropic_error, error_response
+from llmkit.core.server.errors import APIError, error_response
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
 from llmkit.core.server.model_names import is_served, model_not_found
 from llmkit.core.server.openai.chat import create_chat_completion
@@ -28,50 +28,6 @@ from llmkit.core.server.state import ServerState, new_id
 log = logging.getLogger("llmkit")
 # Open without the key, by exact path: a later /health_generate-like route is not open by accident.
 OPEN_PATHS = frozenset({"/health"})  # a load balancer probes it without the key
-
-
-def _digest(s: str) -> bytes:
-    return hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()
-
-
-class _APIKeyMiddleware:
-    """Bearer-key check as plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide client
-    disconnects from the endpoints, which need them to abort generation)."""
-
-    def __init__(
-        self, app, key_digest: bytes, open_exact: frozenset[str] = OPEN_PATHS, open_prefixes: tuple[str, ...] = ()
-    ) -> None:
-        self.app = app
-        self.key_digest = key_digest
-        self.open_exact = open_exact
-        self.open_prefixes = open_prefixes  # only the playground's static-file folder
-
-    async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
-        if (
-            scope["type"] != "http"
-            or scope["method"] == "OPTIONS"
-            or path in self.open_exact
-            or (self.open_prefixes and path.startswith(self.open_prefixes))
-        ):
-            return await self.app(scope, receive, send)
-        auth, x_key = "", None
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                auth = value.decode("latin-1")
-            elif name == b"x-api-key":  # Anthropic's clients send the key this way
-                x_key = value.decode("latin-1")
-        given = auth[7:] if auth[:7].lower() == "bearer " else ""
-        # Compare fixed-length digests in constant time, whatever the key's length.
-        if hmac.compare_digest(_digest(given), self.key_digest) | hmac.compare_digest(
-            _digest(x_key or ""), self.key_digest
-        ):
-            return await self.app(scope, receive, send)
-        if scope["path"].startswith("/v1/messages"):
-            resp = anthropic_error("invalid x-api-key", 401)
-        else:
-            resp = error_response("Unauthorized: a valid API key is required", 401, code="invalid_api_key")
-        await resp(scope, receive, send)
 
 
 def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(), storage=None) -> FastAPI:
@@ -97,7 +53,10 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app = FastAPI(title="llmkit", lifespan=lifespan)
     app.state.llmkit = state
     app.state.shutdown = shutdown
-    key_digest = _digest(state.options.api_key) if state.options.api_key else None
+    opts = state.options
+    keys = load_keys(opts.api_keys, opts.api_keys_file)
+    if keys:
+        log.info("%d API keys (%d admin)", len(keys), sum(k.admin for k in keys))
 
     # The key check wraps the body cap (added last = outermost): no body is read without the key.
     app.add_middleware(
@@ -106,17 +65,18 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         upload_limit=state.options.max_upload_size + (64 << 10),
     )  # + multipart headers
     app.add_middleware(DrainMiddleware, state=state)  # 503 for new requests once SIGTERM came
-    if key_digest is not None:
+    if keys or opts.rate_limit_rpm or opts.rate_limit_tpm:
         from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
 
-        opts = state.options
         # The playground's page and static files are public (the page asks for the key); /metrics
         # only on request.
         open_exact = OPEN_PATHS | ({"/metrics"} if opts.metrics_no_auth else set())
         open_exact |= WEB_OPEN_EXACT if opts.enable_web_ui else set()
         app.add_middleware(
-            _APIKeyMiddleware,
-            key_digest=key_digest,
+            AccessMiddleware,
+            keys=KeyRing(keys) if keys else None,
+            rpm=opts.rate_limit_rpm,
+            tpm=opts.rate_limit_tpm,
             open_exact=frozenset(open_exact),
             open_prefixes=WEB_OPEN_PATHS if opts.enable_web_ui else (),
         )

@@ -12,7 +12,10 @@ class ServerConfig:
     hf_model_id: str | None = None  # the model's Hugging Face id, accepted too; launch infers it
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # --api-key, repeatable (access/keys.py: a lone one is the admin)
+    api_keys_file: str | None = None  # one key a line, with a name, a role and limits (access/keys.py)
+    rate_limit_rpm: int = 0  # requests per minute per key (0: none); the keys file may override it
+    rate_limit_tpm: int = 0  # tokens per minute per key, counted as generations finish (0: none)
     chat_template: str | None = None  # a Jinja file overriding the tokenizer's template
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest as Request
 from llmkit.core.engine.messages import RequestOutput
+from llmkit.core.server.access.rate_limits import current_limiter
 from llmkit.core.server.config import ServerConfig
 from llmkit.core.server.prompts.chat_template import ChatTemplate
 from llmkit.core.server.prompts.render_pool import render_pool
@@ -65,7 +66,13 @@ class Generation:
     _DONE = object()
 
     def __init__(
-        self, client, reqs: list[Request], registry: set | None = None, queue_timeout: float | None = None, metrics=None
+        self,
+        client,
+        reqs: list[Request],
+        registry: set | None = None,
+        queue_timeout: float | None = None,
+        metrics=None,
+        limiter=None,
     ) -> None:
         if len(reqs) > client.max_queued:
             # Never fits, however long the client waits: a 400 saying why, not a 429 to retry forever.
@@ -94,20 +101,24 @@ class Generation:
             self._timer = asyncio.get_running_loop().call_later(queue_timeout, self._queue_timeout, queue_timeout)
         for i, req in enumerate(reqs):
             tracker = metrics.track(req) if metrics is not None else None
-            task = asyncio.ensure_future(self._pump(client, i, req, tracker))
+            task = asyncio.ensure_future(self._pump(client, i, req, tracker, limiter))
             task.add_done_callback(lambda _t, c=client: c.release(1))
             self.tasks.append(task)
 
-    async def _pump(self, client, i: int, req: Request, tracker) -> None:
+    async def _pump(self, client, i: int, req: Request, tracker, limiter) -> None:
+        last = None
         try:
             async for out in client.generate(req):
                 self.started = True
+                last = out
                 if tracker is not None:
                     tracker.on_output(out)
                 await self.queue.put((i, out))
         finally:
             if tracker is not None:
                 tracker.close()  # a stream cut short (client gone) counts as an abort
+            if limiter is not None and last is not None:  # the counts are totals so far, aborted or not
+                limiter.charge(last.prompt_tokens + last.completion_tokens)
             await self.queue.put((i, self._DONE))
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -154,11 +165,13 @@ class Generation:
 
 def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Generation:
     """Start an API call's engine requests. HTTP ones (not batch lines) are tracked for the
-    shutdown drain and get the queue wait timeout."""
+    shutdown drain, get the queue wait timeout, and count towards the caller's tokens per minute."""
     if not http:
         return Generation(state.client, reqs, metrics=state.metrics)
     if state.client.draining:  # validated while SIGTERM came: the drain would not wait for it
         from llmkit.core.server.shutdown import shutting_down
 
         raise shutting_down()
-    return Generation(state.client, reqs, state.in_flight, state.options.queue_timeout or None, state.metrics)
+    return Generation(
+        state.client, reqs, state.in_flight, state.options.queue_timeout or None, state.metrics, current_limiter.get()
+    )

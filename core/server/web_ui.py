@@ -41,7 +41,7 @@ def web_router(state):
     router = APIRouter()
     files = {p.name: p for p in WEB_DIR.iterdir() if p.suffix in MEDIA_TYPES and p.name != "index.html"}
     # What the page cannot learn without the key: whether to ask for one.
-    config = json.dumps({"auth": bool(state.options.api_key)})
+    config = json.dumps({"auth": bool(state.options.api_keys or state.options.api_keys_file)})
     index = (
         (WEB_DIR / "index.html")
         .read_text()

@@ -129,6 +129,16 @@ class StorageContract:
         assert storage.get_batch(old.id).request_counts["completed"] == 5
         json.dumps(storage.get_batch(old.id).to_openai())  # JSON-clean
 
+    def test_owners_round_trip_and_stay_private(self, storage):
+        f = FileRecord(new_file_id(), 10, 100, "a.jsonl", "batch", owner="alice")
+        b = _batch()
+        b.owner = "key-0123456789abcdef"
+        storage.put_file(f)
+        storage.put_batch(b)
+        assert storage.get_file(f.id).owner == "alice" and storage.list_files()[0].owner == "alice"
+        assert storage.get_batch(b.id).owner == b.owner and storage.list_batches()[0].owner == b.owner
+        assert "owner" not in f.to_openai() and "owner" not in b.to_openai()
+
     def test_results_first_write_wins_and_order(self, storage):
         bid = new_batch_id()
         for i in (5, 0, 12, 3):

@@ -89,7 +89,7 @@ def test_every_documented_metric_is_exposed():
 
 @pytest.mark.parametrize("no_auth", [False, True])
 def test_metrics_need_the_key_unless_metrics_no_auth(no_auth):
-    with _client(api_key="sekret", metrics_no_auth=no_auth) as client:
+    with _client(api_keys=("sekret",), metrics_no_auth=no_auth) as client:
         r = client.get("/metrics")
         assert r.status_code == (200 if no_auth else 401)
         assert client.get("/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200

@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from llmkit.core.server.access.owners import Principal, principal
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.openai.chat_events import chat_request, complete_chat, start_chat_stream
 from llmkit.core.server.responses.objects import ItemIds, failed, finish, skeleton, stream_events
@@ -79,7 +80,7 @@ def responses_router(state, storage=None) -> APIRouter:
                 # "in_progress" with no task behind it and call the response lost to a restart
                 tasks.pop(resp["id"], None)
 
-    async def previous(pid: str) -> dict:
+    async def previous(pid: str, caller: Principal) -> dict:
         """The stored response a request continues from; refused as OpenAI does when the id is
         malformed or the response has not finished (its output is not known yet)."""
         if not pid.startswith("resp"):
@@ -88,7 +89,7 @@ def responses_router(state, storage=None) -> APIRouter:
                 param="previous_response_id",
                 code="invalid_value",
             )
-        prev = await store.get(pid, param="previous_response_id")
+        prev = await store.get(pid, caller, param="previous_response_id")
         status = prev["response"]["status"]
         if status in LIVE and pid in tasks:
             raise APIError(
@@ -108,9 +109,10 @@ def responses_router(state, storage=None) -> APIRouter:
         if body.store or body.background:
             store.check_can_store()
         items = normalize_input(body)
+        caller = principal(raw)
         context: list[dict] = []
         if body.previous_response_id is not None:
-            prev = await previous(body.previous_response_id)
+            prev = await previous(body.previous_response_id, caller)
             context = prev["context"] + prev["input_items"] + prev["response"]["output"]
         check_call_outputs(context + items)
         msgs = items_to_messages(context + items)
@@ -118,7 +120,7 @@ def responses_router(state, storage=None) -> APIRouter:
             msgs.insert(0, {"role": "system", "content": body.instructions})
         to_chat_body(body, msgs)  # request-level checks before anything starts
         resp = skeleton(body, new_id("resp_"), "in_progress")
-        record = {"response": resp, "input_items": items, "context": context}
+        record = {"response": resp, "input_items": items, "context": context, "owner": caller.owner}
 
         if body.stream or body.background:
             # starting validates the request, so a bad background request is a 400 too
@@ -143,8 +145,8 @@ def responses_router(state, storage=None) -> APIRouter:
             await store.put(record)
         return JSONResponse(resp)
 
-    async def load(rid: str) -> dict:
-        record = await store.get(rid)
+    async def load(rid: str, caller: Principal) -> dict:
+        record = await store.get(rid, caller)
         resp = record["response"]
         if resp["status"] in LIVE and rid not in tasks:
             # queued or running in a process that is gone: it will never finish
@@ -153,16 +155,16 @@ def responses_router(state, storage=None) -> APIRouter:
         return record
 
     @router.get("/v1/responses/{rid}")
-    async def retrieve(rid: str):
-        return (await load(rid))["response"]
+    async def retrieve(rid: str, raw: HTTPRequest):
+        return (await load(rid, principal(raw)))["response"]
 
     @router.get("/v1/responses/{rid}/input_items")
-    async def input_items(rid: str, order: str = "desc", limit: int = 20, after: str | None = None):
+    async def input_items(raw: HTTPRequest, rid: str, order: str = "desc", limit: int = 20, after: str | None = None):
         if order not in ("asc", "desc"):
             raise APIError("order must be asc or desc", param="order")
         if not 1 <= limit <= 100:
             raise APIError("limit must be between 1 and 100", param="limit")
-        items = list((await load(rid))["input_items"])
+        items = list((await load(rid, principal(raw)))["input_items"])
         if order == "desc":
             items.reverse()
         if after is not None:
@@ -180,7 +182,8 @@ def responses_router(state, storage=None) -> APIRouter:
         }
 
     @router.delete("/v1/responses/{rid}")
-    async def delete(rid: str):
+    async def delete(rid: str, raw: HTTPRequest):
+        await store.get(rid, principal(raw))  # another key's response is not found, and not stopped
         task = tasks.get(rid)
         if task is not None:  # stop it first, or its last write would bring the record back
             task.cancel()
@@ -190,15 +193,16 @@ def responses_router(state, storage=None) -> APIRouter:
         return {"id": rid, "object": "response", "deleted": True}
 
     @router.post("/v1/responses/{rid}/cancel")
-    async def cancel(rid: str):
-        record = await load(rid)
+    async def cancel(rid: str, raw: HTTPRequest):
+        caller = principal(raw)
+        record = await load(rid, caller)
         if not record["response"]["background"]:
             raise APIError("Only responses created with background: true can be cancelled.", param="response_id")
         task = tasks.get(rid)
         if task is not None:
             task.cancel()
             await asyncio.wait([task])  # it records "cancelled" itself
-            record = await store.get(rid)
+            record = await store.get(rid, caller)
         return record["response"]
 
     return router

@@ -2,9 +2,11 @@
 and ``s3`` keep them across restarts), or, with ``--batch-storage none``, a bounded in-memory map
 that lasts as long as the process.
 
-A record is ``{"response": <response object>, "input_items": [...], "context": [...]}``:
+A record is ``{"response": <response object>, "input_items": [...], "context": [...], "owner": ...}``:
 ``context`` is the conversation before this request's input (what ``previous_response_id``
-brought in), so a continuation reads one record, not the whole chain.
+brought in), so a continuation reads one record, not the whole chain; ``owner`` is the owner id
+of the API key that made it, and a record another key made is not found
+(``core/server/access/owners.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
+from llmkit.core.server.access.owners import Principal
 from llmkit.core.server.errors import APIError
 
 KIND = "response"
@@ -48,13 +51,18 @@ class ResponseStore:
                 "this server's storage backend cannot store responses; send store: false", param="store"
             ) from None
 
-    async def get(self, rid: str, param: str | None = None) -> dict:
+    async def get(self, rid: str, caller: Principal, param: str | None = None) -> dict:
+        """The record, or the same 404 whether it is missing or ``caller`` may not see it."""
         try:
             if self.storage is None:
-                return self.memory[rid]
-            return await asyncio.to_thread(self.storage.get_record, KIND, rid)
+                record = self.memory[rid]
+            else:
+                record = await asyncio.to_thread(self.storage.get_record, KIND, rid)
         except (KeyError, NotImplementedError):  # a storage NotFoundError is a KeyError
-            raise APIError(f"Response with id '{rid}' not found.", status=404, param=param, code="not_found") from None
+            record = None
+        if record is None or not caller.sees(record.get("owner")):
+            raise APIError(f"Response with id '{rid}' not found.", status=404, param=param, code="not_found")
+        return record
 
     async def delete(self, rid: str) -> bool:
         if self.storage is None:

@@ -298,7 +298,7 @@ def test_slow_template_does_not_stall_other_requests():
 
 
 def test_only_health_is_open_by_exact_path():
-    with TestClient(fake_app(api_key="sk-k")) as client:
+    with TestClient(fake_app(api_keys=("sk-k",))) as client:
         assert client.get("/health").status_code == 200
         for path in ("/health_generate", "/healthz", "/health/x", "/metrics_x", "/ping", "/ping2"):
             err = _error(client.get(path), 401)

@@ -23,7 +23,7 @@ def _config(html: str) -> dict:
 
 @pytest.mark.parametrize("key", [None, "k"])
 def test_page_is_served_and_says_whether_a_key_is_needed(key):
-    with _client(api_key=key) as client:
+    with _client(api_keys=(key,) if key else ()) as client:
         r = client.get("/")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert _config(r.text) == {"auth": key is not None}
@@ -41,7 +41,7 @@ def test_nothing_is_fetched_from_elsewhere():
 
 
 def test_disable_web_ui():
-    with _client(enable_web_ui=False, api_key="k") as client:
+    with _client(enable_web_ui=False, api_keys=("k",)) as client:
         assert client.get("/", headers={"Authorization": "Bearer k"}).status_code == 404
         assert client.get("/web/app.js").status_code == 401  # no longer public
 
