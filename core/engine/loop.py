@@ -413,4 +413,5 @@ class Engine:
             "token_usage": sched.token_usage(),
             "prefix_cache_queries": sched.prefix_cache_queries,
             "prefix_cache_hits": sched.prefix_cache_hits,
+            **(self.speculator.stats.as_dict() if self.speculator is not None else {}),
         }

@@ -24,6 +24,14 @@ class SpecStats:
     draft_tokens: int = 0  # draft tokens scored
     accepted_tokens: int = 0  # draft tokens kept
 
+    def as_dict(self) -> dict:
+        """The engine's stats keys (summed over data-parallel replicas, read by /metrics)."""
+        return {
+            "spec_verify_steps": self.verify_steps,
+            "spec_draft_tokens": self.draft_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+        }
+
     @property
     def accept_length(self) -> float:
         """Mean tokens a verify step emits (accepted drafts + the target's own token), SGLang's
