@@ -281,6 +281,35 @@ SERVE_OPTIONS = (
         help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).",
     ),
     ServeOption(
+        ("--speculative-algorithm",),
+        Optional[str],
+        None,
+        to="engine",
+        help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
+        "or a plugin's name; the output is unchanged, only faster where the draft is right.",
+    ),
+    ServeOption(
+        ("--speculative-num-draft-tokens",),
+        int,
+        4,
+        to="engine",
+        help="Most draft tokens a request verifies per step (each step emits up to this + 1 tokens).",
+    ),
+    ServeOption(
+        ("--speculative-ngram-min-match-window-size",),
+        int,
+        2,
+        to="engine",
+        help="NGRAM: the fewest trailing tokens that must match an earlier place to draft from it.",
+    ),
+    ServeOption(
+        ("--speculative-ngram-max-match-window-size",),
+        int,
+        4,
+        to="engine",
+        help="NGRAM: the most trailing tokens matched (the longest match wins).",
+    ),
+    ServeOption(
         ("--load-format",),
         str,
         "auto",

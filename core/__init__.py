@@ -49,6 +49,8 @@ _EXPORTS = {
     "GrammarError": "llmkit.core.grammar.contract",
     "GrammarSpec": "llmkit.core.grammar.contract",
     "clean_compiler_message": "llmkit.core.grammar.limits",
+    # speculative decoding
+    "Proposer": "llmkit.core.speculative.contract",
     # files and batches storage
     "StorageBackend": "llmkit.core.batches.storage",
     "StorageError": "llmkit.core.batches.storage",

@@ -54,5 +54,13 @@ def llmkit_register_grammar_backends(register):
 
 
 @hookspec
+def llmkit_register_speculative_algorithms(register):
+    """Register speculative decoding algorithms (``--speculative-algorithm NAME``).
+
+    The factory is a subclass of :class:`llmkit.core.speculative.contract.Proposer`.
+    """
+
+
+@hookspec
 def llmkit_register_commands(app):
     """Add commands to the Typer ``app`` of the ``llmkit`` CLI."""

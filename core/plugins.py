@@ -26,6 +26,7 @@ KINDS = {
     "tool_parser": "llmkit_register_tool_parsers",
     "storage": "llmkit_register_storage_backends",
     "grammar": "llmkit_register_grammar_backends",
+    "speculative_algorithm": "llmkit_register_speculative_algorithms",
 }
 
 
@@ -119,6 +120,9 @@ class Registry:
 
     def grammar_backend(self, name: str) -> Any:
         return self._load("grammar", name)
+
+    def speculative_algorithm(self, name: str) -> Any:
+        return self._load("speculative_algorithm", name)
 
     def default(self, kind: str) -> str:
         """The one plugin of ``kind`` registered with ``default=True`` (grammar, storage)."""

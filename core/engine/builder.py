@@ -32,6 +32,7 @@ from llmkit.core.kvcache.prefix_cache import NoPrefixCache
 from llmkit.core.kvcache.radix_cache import RadixCache
 from llmkit.core.model import quantize
 from llmkit.core.model.loader.loaders import WeightSource, get_loader
+from llmkit.core.speculative.speculator import build_speculator
 
 log = logging.getLogger("llmkit")
 
@@ -157,6 +158,16 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     req_pool = ReqToTokenPool(config.max_running_requests + 1, kv.max_context + page, plan.device)
     cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
     scheduler = Scheduler(config, pool, req_pool, cache, kv.max_context)
+    if leader:  # rank 0 schedules: only it drafts
+        scheduler.speculator = build_speculator(
+            config.speculative_algorithm,
+            config.speculative_num_draft_tokens,
+            kv.max_context,
+            {
+                "min_match": config.speculative_ngram_min_match_window_size,
+                "max_match": config.speculative_ngram_max_match_window_size,
+            },
+        )
     # the optional arguments only where a model needs them (backends without the features never get them)
     extra = {"scale": model.attention_scale} if getattr(model, "attention_scale", None) else {}
     out_dim = getattr(model, "attention_v_dim", v_dim)

@@ -37,6 +37,13 @@ class EngineConfig:
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
     # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).
     overlap_schedule: bool | None = None
+    # Speculative decoding (SGLang's flags): an algorithm plugin's name (None: off), the most draft
+    # tokens a request verifies per step, and NGRAM's match window (tokens of the sequence's end
+    # looked up earlier in it, the longest first). Turns the overlap schedule off.
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4
+    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_max_match_window_size: int = 4
     # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.
     grammar_backend: str | None = None
     # Run the engine in its own process (ZeroMQ + msgpack to the server), not on a server thread.

@@ -17,6 +17,7 @@ is dropped. Outputs are the same as without overlap.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -64,6 +65,11 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         overlap = config.overlap_schedule
         self.overlap = parts.runner.device.type == "cuda" if overlap is None else overlap
+        self.speculator = parts.scheduler.speculator
+        if self.speculator is not None and self.overlap:
+            # A step's drafts come from the tokens the step before accepted: nothing to overlap.
+            log.info("speculative decoding: the overlap schedule is off")
+            self.overlap = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_step = time.monotonic()
@@ -298,9 +304,18 @@ class Engine:
             self._record_prompt_logprobs(out.prompt_logits)
         # Counted before the new tokens are appended (which moves each sequence's end).
         n_decode = sum(1 for s in out.sample_segments if s.length == 1)
-        if out.sample_segments:
-            reqs = [s.req for s in out.sample_segments]
-            tokens, logprobs = self.sampler.sample(out.sample_logits, reqs)
+        segs, logits = out.sample_segments, out.sample_logits
+        if any(s.draft for s in segs):  # rows per segment differ: split, verify the drafted ones
+            first = list(itertools.accumulate((1 + len(s.draft) for s in segs), initial=0))
+            plain = [i for i, s in enumerate(segs) if not s.draft]
+            for i, s in enumerate(segs):
+                if s.draft:
+                    n_decode += self._verify(s, logits[first[i] : first[i + 1]])
+            segs = [segs[i] for i in plain]
+            logits = logits[[first[i] for i in plain]]
+        if segs:
+            reqs = [s.req for s in segs]
+            tokens, logprobs = self.sampler.sample(logits, reqs)
             for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
                 req.inflight = False
                 if self.output.get(req.rid) is None:
@@ -310,6 +325,32 @@ class Engine:
                     continue
                 self.output.guarded(req, self._append_token, req, tok, lp)
         self.log_stats.on_step(step.batch, self.scheduler, n_decode)
+
+    def _verify(self, seg, logits) -> int:
+        """Sample the rows of a drafted segment in order, each as a plain step would (penalties,
+        grammar and stop checks see the tokens kept so far), keeping draft tokens while they equal
+        what was sampled: row j scores the token after draft token j, so sampling it is exact
+        whatever the draft was, and a seeded request draws exactly as it would without one.
+        Returns the tokens emitted."""
+        req, draft = seg.req, seg.draft
+        req.inflight = False
+        base = seg.start + 1  # K/V are in the pool up to here; each kept draft token adds one
+        emitted = accepted = 0
+        for j in range(len(draft) + 1):
+            if self.output.get(req.rid) is None:
+                break  # ended: a stop, max_tokens, an abort
+            req.num_computed = base + j  # so a request ending here caches exactly its valid K/V
+            tokens, lps = self.sampler.sample(logits[j : j + 1], [req])
+            if 0 in self.sampler.failed:
+                self._fail(req, self.sampler.failed[0])
+                break
+            self.output.guarded(req, self._append_token, req, tokens[0], lps[0])
+            emitted += 1
+            if j == len(draft) or tokens[0] != draft[j]:
+                break
+            accepted += 1
+        self.speculator.record(req, len(draft), accepted)
+        return emitted
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for rid, (start, logits) in prompt_logits.items():
@@ -372,4 +413,5 @@ class Engine:
             "token_usage": sched.token_usage(),
             "prefix_cache_queries": sched.prefix_cache_queries,
             "prefix_cache_hits": sched.prefix_cache_hits,
+            **(self.speculator.stats.as_dict() if self.speculator is not None else {}),
         }

@@ -17,7 +17,7 @@ from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 
 @dataclass
 class StepOutput:
-    sample_logits: torch.Tensor  # [num sampling segments, V], in segment order
+    sample_logits: torch.Tensor  # [rows, V] in segment order: 1 + len(draft) rows a sampling segment
     sample_segments: list  # the segments whose next token is sampled
     prompt_logits: dict  # rid -> (start position, logits [L, V]) for prompt-logprob requests
 
@@ -46,14 +46,15 @@ class ModelRunner:
         ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding = [], [], [], [], [], [], [], []
         for s in batch.segments:
             start = len(ids)
-            ids.extend(s.req.token_slice(s.start, s.start + s.length))
+            ids.extend(s.req.token_slice(s.start, s.start + s.length - len(s.draft)))
+            ids.extend(s.draft)
             pos.extend(range(s.start, s.start + s.length))
             q_lens.append(s.length)
             kv_lens.append(s.start + s.length)
             rows.append(s.req.req_pool_idx)
             decoding.append(int(s.length == 1 and s.start >= len(s.req.prompt_ids)))
-            if s.samples:
-                sample_rows.append(len(ids) - 1)
+            if s.samples:  # a draft's rows too: each scores the token after it
+                sample_rows.extend(range(len(ids) - 1 - len(s.draft), len(ids)))
             if s.req.needs_prompt_logits:
                 prompt_ranges.append((start, len(ids)))
         return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding)

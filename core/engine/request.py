@@ -55,6 +55,7 @@ class Request:
     # A step that samples this request's next token is running and not yet read back (overlap
     # schedule): the scheduler already plans the step after it, one token further.
     inflight: bool = False
+    spec_state: Any = None  # what the speculative proposer keeps for this request (its n-gram index)
 
     @property
     def grammar_active(self) -> bool:

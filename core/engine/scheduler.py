@@ -11,7 +11,7 @@ cache and it is recomputed later (never failed).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,12 +25,15 @@ from llmkit.core.kvcache.prefix_cache import PrefixCache
 class Segment:
     req: Request
     start: int  # first token position computed in this step
-    length: int
+    length: int  # tokens computed, the draft's included
+    # Speculative decoding: draft tokens after the sequence's last one, verified by this step (each
+    # of the 1 + len(draft) rows is sampled, the first rejected draft token ending the run).
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """Whether this segment reaches the sequence's end, so the next token is sampled."""
-        return self.start + self.length == self.req.seq_len
+        return self.start + self.length - len(self.draft) == self.req.seq_len
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Scheduler:
         self.cache = cache
         self.page = pool.page_size
         self.max_context = max_context
+        self.speculator = None  # a core.speculative Speculator when --speculative-algorithm is set
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -130,6 +134,8 @@ class Scheduler:
             length = remaining if remaining == 1 else min(remaining, max(budget, 0))
             if length <= 0:
                 continue
+            draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
+            length += len(draft)
             while not self._assign_slots(req, req.num_computed + length):
                 victim = self._pick_victim(exclude=req)
                 if victim is None:
@@ -138,7 +144,7 @@ class Scheduler:
                 self.preempt(victim)
                 segments = [s for s in segments if s.req is not victim]
             if length:
-                segments.append(Segment(req, req.num_computed, length))
+                segments.append(Segment(req, req.num_computed, length, draft))
                 budget -= length
         batch = ScheduledBatch(segments, num_running_before=len(self.running))
         # 2. admit waiting requests while budget, slots and pages allow
@@ -257,6 +263,8 @@ class Scheduler:
         elif req in self.waiting:  # preempted before a deferred stop string was seen
             self.waiting.remove(req)
         self._release(req, cache_kv=True)
+        if self.speculator is not None:
+            self.speculator.release(req)
 
     def preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -267,7 +275,8 @@ class Scheduler:
 
     def on_step_done(self, batch: ScheduledBatch) -> None:
         for seg in batch.segments:
-            seg.req.num_computed = seg.start + seg.length
+            # A draft's K/V counts once its tokens are accepted (the engine moves this on then).
+            seg.req.num_computed = seg.start + seg.length - len(seg.draft)
             if seg.samples:
                 seg.req.first_prefill_done = True
 

@@ -16,6 +16,7 @@ class EngineStats:
         self._decode_steps = 0
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
+        self._spec_since = (0, 0)  # (verify steps, accepted tokens) at the last decode log line
 
     def on_step(self, batch, sched, n_decode: int) -> None:
         """``n_decode``: the step's decode tokens, counted before they were appended."""
@@ -41,13 +42,20 @@ class EngineStats:
             now = time.monotonic()
             tps = self._decode_tokens / max(1e-9, now - self._decode_since)
             n_tok = sum(r.seq_len for r in sched.running)
+            spec = ""
+            if sched.speculator is not None:  # as SGLang's line: tokens a verify step emitted, lately
+                s = sched.speculator.stats
+                steps, accepted = s.verify_steps - self._spec_since[0], s.accepted_tokens - self._spec_since[1]
+                spec = f", accept len: {(accepted + steps) / steps if steps else 0.0:.2f}"
+                self._spec_since = (s.verify_steps, s.accepted_tokens)
             log.info(
                 "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, "
-                "#queue-req: %d",
+                "#queue-req: %d%s",
                 len(sched.running),
                 n_tok,
                 sched.token_usage(),
                 tps,
                 len(sched.waiting),
+                spec,
             )
             self._decode_tokens, self._decode_steps, self._decode_since = 0, 0, now

@@ -212,6 +212,9 @@ LIVE = (
     ("preemptions", "num_preemptions", "Requests preempted for lack of KV pages.", "counter"),
     ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "counter"),
     ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "counter"),
+    ("spec_verify_steps", "spec_decode_num_drafts", "Decode steps of a request that verified a draft.", "counter"),
+    ("spec_draft_tokens", "spec_decode_num_draft_tokens", "Draft tokens verified.", "counter"),
+    ("spec_accepted_tokens", "spec_decode_num_accepted_tokens", "Draft tokens accepted.", "counter"),
     ("batch_lines_in_flight", "batch_lines_in_flight", "Batch lines handed to the engine.", "gauge"),
     ("batch_lines_queued", "batch_lines_queued", "Batch lines of running batches not yet handed over.", "gauge"),
 )
@@ -247,6 +250,21 @@ class _LiveCollector:
                 labels=["model_name"],
             )
             family.add_metric(labels, hits / queries if queries else 0.0)
+            yield family
+        steps, drafted = stats.get("spec_verify_steps"), stats.get("spec_draft_tokens")
+        if steps is not None:  # SGLang's accept length: tokens a verify step emits, on average
+            accepted = stats["spec_accepted_tokens"]
+            family = GaugeMetricFamily(
+                PREFIX + "spec_accept_length",
+                "Tokens a speculative verify step emits on average (accepted drafts + 1), since start.",
+                labels=["model_name"],
+            )
+            family.add_metric(labels, (accepted + steps) / steps if steps else 0.0)
+            yield family
+            family = GaugeMetricFamily(
+                PREFIX + "spec_accept_rate", "Draft tokens accepted / verified, since start.", labels=["model_name"]
+            )
+            family.add_metric(labels, accepted / drafted if drafted else 0.0)
             yield family
 
 

@@ -28,6 +28,7 @@ RANK = {
     "model": 3,
     "parsing": 3,
     "grammar": 3,
+    "speculative": 3,
     "engine": 4,
     "server": 5,
     "batches": 6,

@@ -34,6 +34,9 @@ _SUMMED = (
     "preemptions",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "spec_verify_steps",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
 )
 
 

@@ -147,6 +147,10 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     attn_name, attn_cls = select_attention(config.attention, device)
     grammar_name = (config.grammar_backend or registry().default("grammar")) if leader else "none"
     registry().entry("grammar", grammar_name)  # an unknown name fails before loading
+    if config.speculative_algorithm:
+        registry().entry("speculative_algorithm", config.speculative_algorithm)
+        if config.speculative_num_draft_tokens < 1:
+            raise ValueError("--speculative-num-draft-tokens must be at least 1")
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None

@@ -1,5 +1,5 @@
 """A third-party plugin: one of every kind (attention, model, reasoning and tool parsers, grammar
-backend, a command), each registered through the same hooks llmkit's own plugins use."""
+backend, a speculative algorithm, a command), each registered through the same hooks llmkit's own plugins use."""
 
 from llmkit.core import hookimpl
 
@@ -30,6 +30,11 @@ def llmkit_register_reasoning_parsers(register):
 @hookimpl
 def llmkit_register_tool_parsers(register):
     register("toy-call", "llmkit_toy.parsers:ToyToolParser")
+
+
+@hookimpl
+def llmkit_register_speculative_algorithms(register):
+    register("toy-repeat", "llmkit_toy.speculative:RepeatLast")
 
 
 @hookimpl

@@ -1,0 +1,28 @@
+"""The proposer contract: what a speculative algorithm plugin implements.
+
+A proposer sees a running request (its prompt and output ids, and a ``spec_state`` slot it may
+keep anything in) and returns up to ``max_tokens`` draft tokens that continue it. It never has to
+be right: the engine verifies every draft token against the target model and keeps only those
+the target would have produced, so a proposer can only change speed, never output.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class Proposer(ABC):
+    """One speculative algorithm (``--speculative-algorithm NAME``), built once per engine."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    @abstractmethod
+    def propose(self, req, max_tokens: int) -> list[int]:
+        """Up to ``max_tokens`` token ids that may follow ``req.all_ids`` (fewer, or none, when
+        the proposer has no good guess: an empty draft decodes one token as usual)."""
+
+    def release(self, req) -> None:
+        """``req`` ended: drop what was kept for it (the default keeps it on the request)."""
+        req.spec_state = None

@@ -1,0 +1,98 @@
+"""Which running requests get a draft this step, and how long, from the proposer plugin; the
+acceptance counters the decode log line and /metrics report.
+
+Adaptive: a request whose drafts keep being rejected stops getting them for a while (doubling
+up to ``MAX_BACKOFF`` steps, reset by an accepted draft), so text the proposer cannot predict
+(plain chat for a lookup proposer) decodes as it would without speculation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from llmkit.core.speculative.contract import Proposer
+
+log = logging.getLogger("llmkit")
+
+MAX_BACKOFF = 64  # steps a request goes without drafts after repeated misses, at most
+
+
+@dataclass
+class SpecStats:
+    verify_steps: int = 0  # decode steps of a request that carried a draft
+    draft_tokens: int = 0  # draft tokens scored
+    accepted_tokens: int = 0  # draft tokens kept
+
+    def as_dict(self) -> dict:
+        """The engine's stats keys (summed over data-parallel replicas, read by /metrics)."""
+        return {
+            "spec_verify_steps": self.verify_steps,
+            "spec_draft_tokens": self.draft_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+        }
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens a verify step emits (accepted drafts + the target's own token), SGLang's
+        ``accept len``."""
+        return (self.accepted_tokens + self.verify_steps) / max(1, self.verify_steps)
+
+
+class Speculator:
+    def __init__(self, name: str, proposer: Proposer, num_draft_tokens: int, max_context: int) -> None:
+        self.name = name
+        self.proposer = proposer
+        self.num_draft_tokens = num_draft_tokens
+        self.max_context = max_context
+        self.stats = SpecStats()
+        self._misses: dict[str, int] = {}  # rid -> drafts rejected in a row
+        self._skip: dict[str, int] = {}  # rid -> steps left without drafts
+
+    def draft(self, req) -> list[int]:
+        """The draft tokens ``req`` decodes with this step (empty: a plain decode step)."""
+        if req.needs_prompt_logits:  # its logits rows are the prompt's only
+            return []
+        skip = self._skip.get(req.rid, 0)
+        if skip:
+            self._skip[req.rid] = skip - 1
+            return []
+        p = req.params
+        # Every verify step emits up to len(draft) + 1 tokens: stay within max_tokens and the context.
+        room = min(
+            self.num_draft_tokens, p.max_new_tokens - len(req.output_ids) - 1, self.max_context - req.seq_len - 1
+        )
+        if room <= 0:
+            return []
+        return list(self.proposer.propose(req, room))[:room]
+
+    def record(self, req, drafted: int, accepted: int) -> None:
+        """A verify step of ``req`` kept ``accepted`` of ``drafted`` draft tokens."""
+        self.stats.verify_steps += 1
+        self.stats.draft_tokens += drafted
+        self.stats.accepted_tokens += accepted
+        if accepted:
+            self._misses.pop(req.rid, None)
+            return
+        misses = self._misses.get(req.rid, 0) + 1
+        self._misses[req.rid] = misses
+        if misses >= 2:  # back off: 2, 4, 8, ... steps without drafts
+            self._skip[req.rid] = min(MAX_BACKOFF, 1 << (misses - 1))
+
+    def release(self, req) -> None:
+        self._misses.pop(req.rid, None)
+        self._skip.pop(req.rid, None)
+        self.proposer.release(req)
+
+
+def build_speculator(
+    algorithm: str | None, num_draft_tokens: int, max_context: int, options: dict
+) -> Speculator | None:
+    """The speculator ``--speculative-algorithm`` names (None: speculation off)."""
+    if not algorithm:
+        return None
+    from llmkit.core.plugins import registry
+
+    proposer = registry().speculative_algorithm(algorithm)(**options)
+    log.info("speculative decoding: %s, up to %d draft tokens a step", algorithm, num_draft_tokens)
+    return Speculator(algorithm, proposer, num_draft_tokens, max_context)
