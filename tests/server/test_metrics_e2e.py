@@ -23,11 +23,11 @@ DASHBOARD = ROOT / "docs" / "grafana" / "llmkit-dashboard.json"
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     # Two queue slots: a request with n=2 while another runs is refused with 429. Batches
-    # stay on (in a temporary directory) for the batch-line gauges.
+    # stay on (in a temporary directory) for the batch-line gauges; speculation on for its
+    # counters (it changes no output, so every count below holds as without it).
     storage = tmp_path_factory.mktemp("storage")
-    proc, base = start_server(
-        ["--served-model-name", M, "--max-queued-requests", "2", "--file-storage-path", str(storage)]
-    )
+    args = ["--served-model-name", M, "--max-queued-requests", "2", "--file-storage-path", str(storage)]
+    proc, base = start_server([*args, "--speculative-algorithm", "NGRAM"])
     try:
         yield base
     finally:
