@@ -92,7 +92,9 @@ def main() -> None:
         plain.shutdown()
         spec.shutdown()
 
-    print(f"\n{args.algorithm}, up to {args.draft_tokens} draft tokens, {args.max_tokens} tokens, greedy, single stream")
+    print(
+        f"\n{args.algorithm}, up to {args.draft_tokens} draft tokens, {args.max_tokens} tokens, greedy, single stream"
+    )
     print("| prompts | decode tok/s, plain | decode tok/s, speculative | ratio | outputs that differ |")
     print("|---|---|---|---|---|")
     for name, r in results.items():

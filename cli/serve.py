@@ -57,7 +57,7 @@ def serve(**params):
             log_level=log_level.lower(),
             timeout_graceful_shutdown=5,
             timeout_keep_alive=server_config.keep_alive_timeout,
-            http=header_timeout_protocol(server_config.header_timeout),
+            http=header_timeout_protocol(server_config.header_timeout, server_config.max_connections),
             h11_max_incomplete_event_size=64 * 1024,
         ),
         app.state.llmkit,

@@ -363,6 +363,14 @@ SERVE_OPTIONS = (
         "which /health answers 503.",
     ),
     ServeOption(
+        ("--max-connections",),
+        Optional[int],
+        None,
+        to="server",
+        help="Open connections accepted at once; a new one beyond is closed at once "
+        "(default: the descriptor limit less 256, at most 16384).",
+    ),
+    ServeOption(
         ("--header-timeout",),
         float,
         10.0,

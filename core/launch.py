@@ -102,9 +102,9 @@ def _start_engine(config: EngineConfig):
     """The engine and its client: on a thread of this process, in its own process
     (``--engine-process``), or as ``--dp-size`` replicas in their own processes. Returns the client and the model directory."""
     if config.dp_size > 1:
-        from llmkit.core.engine.procs.dp_client import DataParallelClient, start_replicas
+        from llmkit.core.engine.procs.dp_client import DataParallelClient
 
-        client = DataParallelClient(start_replicas(config, config.dp_size), config.max_queued_requests)
+        client = DataParallelClient.start(config)
         return client, client.model_dir
     if config.engine_process:
         from llmkit.core.engine.procs.process_client import ProcessEngineClient

@@ -50,6 +50,10 @@ class EngineClient(Protocol):
     def alive(self) -> bool:
         """Whether the engine is running (``/health``)."""
 
+    def degraded(self) -> str | None:
+        """Why the engine serves at reduced capacity (a data-parallel replica down and being
+        restarted), or None."""
+
     def progress_age(self) -> float:
         """Seconds since the engine last showed progress: a step ended, or its idle loop turned
         (every 0.5 s at most). Grows without bound only when a step hangs or the engine process
@@ -122,6 +126,9 @@ class InProcessEngineClient(QueueSlots):
 
     def progress_age(self) -> float:
         return time.monotonic() - self.engine.last_step
+
+    def degraded(self) -> str | None:
+        return None
 
     @property
     def dead(self) -> str | None:

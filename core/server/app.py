@@ -138,6 +138,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             return error_response(
                 f"the engine made no progress for {age:.0f} s (--health-stall-timeout {limit:g})", 503
             )
+        degraded = state.client.degraded()
+        if degraded:  # still serving (on the replicas that are up): 200, so it stays in rotation
+            return JSONResponse({"status": "degraded", "detail": degraded})
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")

@@ -27,6 +27,7 @@ class ServerConfig:
     max_prompt_logprobs_tokens: int = 1024  # prompt logprobs are a vocab-wide softmax per token
     stream_include_usage_default: bool = False
     shutdown_timeout: int = 30
+    max_connections: int | None = None  # open connections accepted (None: from the descriptor limit)
     header_timeout: float = 10.0  # seconds to send a request's headers (slow-header connections close)
     keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
     queue_timeout: float = 600.0  # seconds an HTTP request may wait for the engine before a 503 (0: no limit)

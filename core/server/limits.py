@@ -94,15 +94,29 @@ def install_error_handlers(app: FastAPI) -> None:
         return shaped_error(request.url.path, message, 400, param=param)
 
 
-def header_timeout_protocol(seconds: float):
+def default_max_connections() -> int:
+    """Open connections the server accepts: the process's descriptor limit less room for model
+    files, logs and the engine's sockets (a connection over the limit fails for the server, not
+    for its client), at most 16,384."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 16384
+    return max(16, min(16384, soft - 256))
+
+
+def header_timeout_protocol(seconds: float, max_connections: int | None = None):
     """uvicorn's h11 protocol with a deadline for each request's headers.
 
     uvicorn times out only idle keep-alive connections between requests: a client that opens a
     connection and then sends nothing, or sends its headers a byte at a time, holds a descriptor
     for as long as it likes (1,200 such connections held 1,200 descriptors). Here every request's
     headers must be complete within ``seconds`` of its first byte (of the connection, for the first
-    request), or the connection is closed.
+    request), or the connection is closed. Beyond ``max_connections`` open connections a new one
+    is closed at once, so connections alone can never exhaust the server's descriptors.
     """
+    cap = max_connections or default_max_connections()
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class HeaderTimeoutH11Protocol(H11Protocol):
@@ -110,6 +124,9 @@ def header_timeout_protocol(seconds: float):
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            if len(self.server_state.connections) > cap:
+                transport.close()  # connection_lost forgets it
+                return
             self._arm()
 
         def connection_lost(self, exc) -> None:

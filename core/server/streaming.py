@@ -9,6 +9,10 @@ import weakref
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 
+# How often a non-streaming request checks that its client is still there: a gone client's
+# engine slot and KV pages are freed within about this long (the check is a non-blocking read).
+DISCONNECT_POLL_S = 0.05
+
 
 def continuous_usage(body) -> bool:
     """``stream_options.continuous_usage_stats``: every chunk carries the usage so far (vLLM)."""
@@ -39,7 +43,7 @@ async def watch_disconnect(raw: HTTPRequest | None, coro) -> Response:
         return await coro
     task = asyncio.ensure_future(coro)
     while True:
-        done, _ = await asyncio.wait({task}, timeout=0.25)
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
         if done:
             return task.result()
         if await raw.is_disconnected():

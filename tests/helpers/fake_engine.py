@@ -97,6 +97,9 @@ class FakeEngineClient(QueueSlots):
     def alive(self) -> bool:
         return True
 
+    def degraded(self) -> str | None:
+        return None
+
     def progress_age(self) -> float:
         return self.stalled_s
 

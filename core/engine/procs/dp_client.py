@@ -2,9 +2,12 @@
 
 Each replica is an engine in its own process (:class:`ProcessEngineClient`) with its own model
 copy, KV pool and radix cache; the server above sees one engine. The queue limit is global; each
-request goes to the replica :class:`PrefixRouter` picks and stays there. A replica that dies fails
-its own requests at once and stops the server (fail fast: a half-capacity server behind a load
-balancer is harder to notice than one that exits non-zero and is restarted).
+request goes to the replica :class:`PrefixRouter` picks and stays there.
+
+A replica that dies fails its own requests at once; the others keep serving while it is started
+again (``/health`` says ``degraded`` meanwhile). Past ``MAX_RESTARTS`` deaths within
+``RESTART_WINDOW_S`` the server stops instead (fail fast: a replica that keeps dying will not be
+fixed by another restart, and a server that exits non-zero gets noticed).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +27,9 @@ from llmkit.core.engine.procs.dp_router import PrefixRouter
 from llmkit.core.grammar.contract import GrammarSpec
 
 log = logging.getLogger("llmkit")
+MAX_RESTARTS = 3  # replica deaths restarted within RESTART_WINDOW_S; one more stops the server
+RESTART_WINDOW_S = 600.0
+DOWN = 1 << 30  # the load the router sees on a replica that is down: never chosen while one is up
 # Counters that add up over replicas; the rest are taken from replica 0 or recomputed.
 _SUMMED = (
     "num_running_reqs",
@@ -40,21 +48,31 @@ _SUMMED = (
 )
 
 
-def start_replicas(config: EngineConfig, dp_size: int) -> list:
-    """Start ``dp_size`` engine processes at once; each gets an equal share of the CPU threads
-    unless ``--num-threads`` says otherwise. If one fails to start, the others are stopped."""
+def replica_config(config: EngineConfig, dp_size: int, rank: int) -> EngineConfig:
+    """Replica ``rank``'s config: an equal share of the CPU threads unless ``--num-threads`` says
+    otherwise; on CUDA its own GPU."""
+    threads = config.num_threads or max(1, (os.cpu_count() or 1) // (dp_size * config.tp_size))
+    on_cuda = config.device == "cuda" or (config.device == "auto" and _cuda_available())
+    # A tensor-parallel replica places its ranks itself (on GPUs rank_device counts from dp_rank).
+    device = ("cuda" if config.tp_size > 1 else f"cuda:{rank}") if on_cuda else config.device
+    return dataclasses.replace(config, num_threads=threads, device=device, dp_rank=rank)
+
+
+def start_replicas(config: EngineConfig, dp_size: int, on_death=None) -> list:
+    """Start ``dp_size`` engine processes at once. If one fails to start, the others are stopped."""
     from llmkit.core.engine.procs.process_client import ProcessEngineClient
 
-    threads = config.num_threads or max(1, (os.cpu_count() or 1) // (dp_size * config.tp_size))
-    config = dataclasses.replace(config, num_threads=threads)
-    on_cuda = config.device == "cuda" or (config.device == "auto" and _cuda_available())
-    log.info("Starting %d engine replicas (%s)", dp_size, "one GPU each" if on_cuda else f"{threads} CPU threads each")
+    first = replica_config(config, dp_size, 0)
+    on_gpu = first.device.startswith("cuda")
+    log.info(
+        "Starting %d engine replicas (%s)",
+        dp_size,
+        "one GPU each" if on_gpu else f"{first.num_threads} CPU threads each",
+    )
 
     def start(rank: int):
-        # A tensor-parallel replica places its ranks itself (on GPUs rank_device counts from dp_rank).
-        device = ("cuda" if config.tp_size > 1 else f"cuda:{rank}") if on_cuda else config.device
-        cfg = dataclasses.replace(config, device=device, dp_rank=rank)
-        return ProcessEngineClient(cfg, config.max_queued_requests, rank=rank)
+        cfg = replica_config(config, dp_size, rank)
+        return ProcessEngineClient(cfg, config.max_queued_requests, rank=rank, on_death=on_death)
 
     with ThreadPoolExecutor(dp_size) as pool:
         futures = [pool.submit(start, r) for r in range(dp_size)]
@@ -78,8 +96,21 @@ def _cuda_available() -> bool:
 
 
 class DataParallelClient(QueueSlots):
+    @classmethod
+    def start(cls, config: EngineConfig) -> "DataParallelClient":
+        """``config.dp_size`` replicas, each restarted when it dies (see the module's docstring)."""
+        box: list[DataParallelClient] = []  # the client, once built: replicas may die before that
+        replicas = start_replicas(config, config.dp_size, on_death=lambda old: box[0]._replica_died(old))
+        client = cls(replicas, config.max_queued_requests)
+        client.config = config
+        box.append(client)
+        return client
+
     def __init__(self, replicas: list, max_queued: int, router: PrefixRouter | None = None) -> None:
         super().__init__(max_queued)  # one limit over all replicas
+        self.config: EngineConfig | None = None  # set by start(): what a dead replica restarts with
+        self.deaths: list[float] = []  # when replicas died, for the restart budget
+        self.gave_up: str | None = None  # why the server stopped restarting replicas
         first = replicas[0]
         self.replicas = replicas
         self.tokenizer = first.tokenizer
@@ -96,7 +127,8 @@ class DataParallelClient(QueueSlots):
         await self.replicas[0].check_grammar(spec)  # the same backend and checks on every replica
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        r = self.router.route(req.prompt_ids, self.outstanding)
+        loads = [n if rep.alive() else DOWN for n, rep in zip(self.outstanding, self.replicas)]
+        r = self.router.route(req.prompt_ids, loads)
         self.outstanding[r] += 1
         self.routed[r] += 1
         self._where[req.rid] = r
@@ -113,14 +145,48 @@ class DataParallelClient(QueueSlots):
             await self.replicas[r].abort(rid)
 
     def alive(self) -> bool:
-        return all(r.alive() for r in self.replicas)
+        return self.gave_up is None and any(r.alive() for r in self.replicas)
+
+    def degraded(self) -> str | None:
+        down = [i for i, r in enumerate(self.replicas) if not r.alive()]
+        return f"replica(s) {', '.join(map(str, down))} of {len(self.replicas)} down, restarting" if down else None
 
     def progress_age(self) -> float:
-        return max(r.progress_age() for r in self.replicas)  # one stuck replica strands its clients
+        # one stuck replica strands its clients; one that is down is being restarted
+        return max((r.progress_age() for r in self.replicas if r.alive()), default=0.0)
 
     @property
     def dead(self) -> str | None:
-        return next((r.dead for r in self.replicas if r.dead), None)
+        return self.gave_up
+
+    # -- a replica died --------------------------------------------------------------------------
+    def _replica_died(self, old) -> None:
+        """On the dead replica's reader thread, after its clients got their errors."""
+        from llmkit.core.engine.procs.process_client import stop_server_soon
+
+        now = time.monotonic()
+        self.deaths = [t for t in self.deaths if now - t < RESTART_WINDOW_S] + [now]
+        if self.config is None or len(self.deaths) > MAX_RESTARTS or self.draining:
+            self.gave_up = old.dead
+            if len(self.deaths) > MAX_RESTARTS:
+                log.error("%d replica deaths within %.0f s: not restarting again", len(self.deaths), RESTART_WINDOW_S)
+            return stop_server_soon()
+        log.warning("restarting replica %d (%d of %d restarts allowed)", old.rank, len(self.deaths), MAX_RESTARTS)
+        threading.Thread(target=self._restart, args=(old,), name=f"llmkit-restart-{old.rank}", daemon=True).start()
+
+    def _restart(self, old) -> None:
+        from llmkit.core.engine.procs.process_client import ProcessEngineClient, stop_server_soon
+
+        old.discard()
+        cfg = replica_config(self.config, len(self.replicas), old.rank)
+        try:
+            new = ProcessEngineClient(cfg, self.config.max_queued_requests, rank=old.rank, on_death=self._replica_died)
+        except Exception as exc:  # noqa: BLE001 - it cannot come back: stop rather than run degraded for ever
+            log.error("replica %d did not restart: %s", old.rank, exc)
+            self.gave_up = f"replica {old.rank} died and did not restart: {exc}"
+            return stop_server_soon()
+        self.replicas[old.rank] = new
+        log.info("replica %d is back (pid %d)", old.rank, new.engine_pid)
 
     def stats(self) -> dict:
         per = [r.stats() for r in self.replicas]
@@ -136,6 +202,7 @@ class DataParallelClient(QueueSlots):
             {
                 "rank": i,
                 "pid": self.replicas[i].engine_pid,
+                "alive": self.replicas[i].alive(),
                 "outstanding": self.outstanding[i],
                 "routed": self.routed[i],
                 **{

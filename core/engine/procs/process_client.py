@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import zmq
 
@@ -37,10 +37,28 @@ log = logging.getLogger("llmkit")
 _TOKENIZER_LOCK = threading.Lock()
 
 
+def stop_server_soon() -> None:
+    """Give the errors a moment to reach their clients, then stop the server (it exits non-zero)."""
+    log.error("shutting the server down")
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+
 class ProcessEngineClient(QueueSlots):
-    def __init__(self, config: EngineConfig, max_queued: int, *, rank: int = 0, startup_timeout: float = 900.0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        max_queued: int,
+        *,
+        rank: int = 0,
+        startup_timeout: float = 900.0,
+        on_death: Callable[[ProcessEngineClient], None] | None = None,
+    ) -> None:
+        """``on_death``: called (on the reader thread) once the engine process is gone and its
+        clients have their errors; by default the server is stopped (a data-parallel server
+        restarts the replica instead)."""
         super().__init__(max_queued)
         self.rank = rank  # the data-parallel replica this engine is (0 without --dp-size)
+        self.on_death = on_death
         self.dead: str | None = None  # why the engine process is gone
         self._fatal: str | None = None  # the reason the engine sent before exiting, if it could
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -142,6 +160,9 @@ class ProcessEngineClient(QueueSlots):
     def stats(self) -> dict:
         return dict(self._stats)
 
+    def degraded(self) -> str | None:
+        return None
+
     def progress_age(self) -> float:
         # the age the engine reported, plus how long ago it did: a frozen process reports nothing
         if not self._stats:
@@ -198,13 +219,20 @@ class ProcessEngineClient(QueueSlots):
         self.dead = f"the engine process (rank {self.rank}, pid {self.proc.pid}) died: {how}"
         if self._fatal:
             self.dead += f" ({self._fatal})"
-        log.error("%s; failing %d in-flight request(s) and shutting the server down", self.dead, len(self._streams))
+        log.error("%s; failing %d in-flight request(s)", self.dead, len(self._streams))
         for rid, (loop, q) in list(self._streams.items()):
             loop.call_soon_threadsafe(q.put_nowait, self._death_output(rid))
         for loop, fut in list(self._calls.values()):
             loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_exception(RuntimeError(self.dead)))
-        # Give the errors a moment to reach their clients, then stop the server (exit non-zero).
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        if self.on_death is not None:
+            self.on_death(self)
+        else:
+            stop_server_soon()
+
+    def discard(self) -> None:
+        """Free what is left of a dead engine (its sockets and their folder)."""
+        self._closed = True
+        self._kill()
 
     def _kill(self) -> None:
         if self.proc.poll() is None:

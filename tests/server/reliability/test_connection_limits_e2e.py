@@ -51,6 +51,23 @@ def test_slow_and_silent_connections_are_closed(url):
     assert httpx.get(url + "/health", timeout=10).status_code == 200
 
 
+def test_connections_beyond_the_cap_are_closed_at_once():
+    proc, base = start_server(["--batch-storage", "none", "--max-connections", "4", "--header-timeout", "30"])
+    try:
+        held = [_connect(base) for _ in range(4)]  # silent: kept until the header timeout
+        time.sleep(0.3)
+        extra = _connect(base)
+        assert _closed_within(extra, 3)  # over the cap: closed without waiting 30 s
+        extra.close()
+        for s in held:
+            assert not _closed_within(s, 0.1)
+            s.close()
+        time.sleep(0.3)
+        assert httpx.get(base + "/health", timeout=10).status_code == 200
+    finally:
+        stop_server(proc)
+
+
 def test_idle_keep_alive_is_closed_and_busy_ones_are_not(url):
     s = _connect(url)
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
