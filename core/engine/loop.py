@@ -32,6 +32,7 @@ from llmkit.core.engine.messages import GenerateRequest, RequestOutput, Sampling
 from llmkit.core.engine.output import OutputProcessor, Sink
 from llmkit.core.engine.request import Request, Status, TokenLogprob
 from llmkit.core.engine.sampler import Sampler, make_generator, token_logprob
+from llmkit.core.engine.scheduler import ScheduledBatch
 from llmkit.core.engine.stats import EngineStats
 from llmkit.core.grammar.contract import GrammarError
 from llmkit.core.parsing.reasoning import ReasoningEndScanner
@@ -266,8 +267,9 @@ class Engine:
         """Run one engine step; returns the step left running on the device (overlap mode)."""
         if not self.overlap:
             batch = self.scheduler.schedule()
-            if batch is not None:
-                self._update(self._launch(batch))
+            launched = self._launch_isolating(batch) if batch is not None else None
+            if launched is not None:
+                self._update(launched)
             return None
         # Overlap: while step N computes, plan step N+1 and post-process step N-1; then read
         # step N's tokens back and launch N+1 without N's finished requests.
@@ -276,18 +278,47 @@ class Engine:
             if batch is None:
                 self.output.flush_deferred()
                 return None
-            inflight = self._launch(batch)
+            inflight = self._launch_isolating(batch)
+            if inflight is None:
+                return None
         nxt = self.scheduler.schedule()
         self.output.flush_deferred()
         self._update(inflight)
         if nxt is not None:
             nxt.segments = [s for s in nxt.segments if s.req.status is Status.RUNNING]
             if nxt.segments:
-                return self._launch(nxt)
+                return self._launch_isolating(nxt)
         return None
 
     def _has_work(self, inflight: Launched | None) -> bool:
         return self.scheduler.has_work or inflight is not None
+
+    def _launch_isolating(self, batch) -> Launched | None:
+        """Launch ``batch``; if its forward raises (a request's bad state, an out-of-memory on a
+        large prefill, a kernel error), run each of its requests alone instead, so that only the
+        one(s) that fail alone are failed and the others go on. None: the step was isolated (its
+        requests have advanced or failed; nothing is left running)."""
+        try:
+            return self._launch(batch)
+        except Exception as exc:  # noqa: BLE001 - attributed below, request by request
+            if len(batch.segments) > 1:
+                log.warning("a step of %d requests failed (%s); running each alone", len(batch.segments), exc)
+            failure = exc
+        for seg in batch.segments:
+            req = seg.req
+            if req.status is not Status.RUNNING or self.output.get(req.rid) is None:
+                continue
+            try:
+                launched = self._launch(ScheduledBatch([seg])) if len(batch.segments) > 1 else None
+            except Exception as exc:  # noqa: BLE001 - this request's own failure
+                failure = exc
+                launched = None
+            if launched is None:
+                log.error("request %s failed its step: %s", req.rid, failure, exc_info=failure)
+                self._fail(req, _step_failure(failure, seg))
+            else:
+                self._update(launched)
+        return None
 
     def _launch(self, batch) -> Launched:
         out = self.runner.run(batch)  # on CUDA this returns once the kernels are queued
@@ -415,3 +446,13 @@ class Engine:
             "prefix_cache_hits": sched.prefix_cache_hits,
             **(self.speculator.stats.as_dict() if self.speculator is not None else {}),
         }
+
+
+def _step_failure(exc: BaseException, seg) -> str:
+    """The error a request gets when its step cannot run, out-of-memory said as such."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":  # torch.cuda's
+        return (
+            f"out of memory running {seg.length} tokens of this request; lower --chunked-prefill-size "
+            "or --max-running-requests"
+        )
+    return f"internal engine error: {exc}"
