@@ -181,6 +181,7 @@ async def _run(
             r = await client.get("/v1/models")
             r.raise_for_status()
             model = r.json()["data"][0]["id"]
+        spec_before = await _spec_counters(client)
         bar = tqdm(total=len(prompts), disable=not progress, unit="req", desc="bench serve")
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
@@ -201,7 +202,8 @@ async def _run(
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         bar.close()
-    return summarize(
+        spec_after = await _spec_counters(client)
+    summary = summarize(
         results,
         duration,
         model=model,
@@ -209,7 +211,26 @@ async def _run(
         base_url=base_url,
         request_rate=request_rate,
         max_concurrency=max_concurrency,
-    ), list(results)
+    )
+    if spec_before is not None and spec_after is not None:  # a speculating llmkit server
+        steps, drafted, accepted = (a - b for a, b in zip(spec_after, spec_before))
+        summary["spec_accept_length"] = (accepted + steps) / steps if steps else 0.0
+        summary["spec_accept_rate"] = accepted / drafted if drafted else 0.0
+    return summary, list(results)
+
+
+SPEC_KEYS = ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")
+
+
+async def _spec_counters(client) -> tuple[int, ...] | None:
+    """The server's speculative decoding counters (llmkit's /get_server_info), or None: another
+    server, or no speculation."""
+    try:
+        r = await client.get("/get_server_info")
+        info = r.json() if r.status_code == 200 else {}
+    except Exception:  # noqa: BLE001 - any other server: no counters to report
+        return None
+    return tuple(int(info[k]) for k in SPEC_KEYS) if all(k in info for k in SPEC_KEYS) else None
 
 
 def _stats(name: str, values: list[float]) -> dict:
@@ -282,6 +303,10 @@ def format_summary(s: dict) -> str:
         lines.append(f" {title} ".center(w, "-"))
         for stat, name in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
             lines.append(f"{f'{name} {label} (ms):':<40}{s[f'{stat}_{key}_ms']:>10.2f}")
+    if "spec_accept_length" in s:  # SGLang's bench_serving reports the accept length too
+        lines.append(" Speculative Decoding ".center(w, "-"))
+        lines.append(f"{'Accept length:':<40}{s['spec_accept_length']:>10.2f}")
+        lines.append(f"{'Accept rate:':<40}{s['spec_accept_rate']:>10.2%}")
     lines.append("=" * w)
     if s["errors"]:
         lines.append("Errors: " + "; ".join(s["errors"]))

@@ -18,8 +18,10 @@ M = "bench-model"
 
 @pytest.fixture(scope="module")
 def url():
-    # Two queue slots, so a run with more in flight gets 429s (failed requests) to count.
-    proc, base = start_server(["--served-model-name", M, "--max-queued-requests", "2", "--batch-storage", "none"])
+    # Two queue slots, so a run with more in flight gets 429s (failed requests) to count; speculation
+    # on, for the acceptance the report gives.
+    args = ["--served-model-name", M, "--max-queued-requests", "2", "--batch-storage", "none"]
+    proc, base = start_server([*args, "--speculative-algorithm", "NGRAM"])
     try:
         yield base
     finally:
@@ -91,6 +93,10 @@ def test_random_chat_agrees_with_metrics(url, tmp_path):
         assert 0 < s[f"median_{key}_ms"] <= s[f"p99_{key}_ms"], key
     assert s["mean_ttft_ms"] < s["mean_e2el_ms"]
     assert s["output_throughput"] > 0 and s["request_throughput"] > 0
+    steps = delta(after, before, "llmkit:spec_decode_num_drafts_total", model_name=M)
+    accepted = delta(after, before, "llmkit:spec_decode_num_accepted_tokens_total", model_name=M)
+    assert "Accept length:" in text
+    assert s["spec_accept_length"] == pytest.approx((accepted + steps) / steps if steps else 0.0)
 
 
 def test_jsonl_completions_count_429s_as_failures(url, tmp_path):
