@@ -28,12 +28,13 @@ from typing import Any, Callable
 import torch
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.messages import GenerateRequest, RequestOutput, SamplingParams
-from llmkit.core.engine.output import OutputProcessor, Sink
+from llmkit.core.engine.messages import GenerateRequest, RequestOutput
+from llmkit.core.engine.output import OutputProcessor, Sink, step_failure
 from llmkit.core.engine.request import Request, Status, TokenLogprob
 from llmkit.core.engine.sampler import Sampler, make_generator, token_logprob
 from llmkit.core.engine.scheduler import ScheduledBatch
-from llmkit.core.engine.stats import EngineStats
+from llmkit.core.engine.stats import EngineStats, engine_counters
+from llmkit.core.engine.warmup import warm_up
 from llmkit.core.grammar.contract import GrammarError
 from llmkit.core.parsing.reasoning import ReasoningEndScanner
 
@@ -95,42 +96,7 @@ class Engine:
     def _warm_up_if_configured(self) -> None:
         warm = self.config.warmup
         if warm or (warm is None and self.runner.device.type == "cuda"):
-            self.warm_up()
-
-    def warm_up(self, timeout: float = 300.0) -> None:
-        """Serve a few short requests before the first client does: two 32-token prompts together
-        (greedy, and top-k/top-p sampled), then one alone of another length with plain sampling,
-        each 8 decode steps (through the captured graphs where there are any). On CUDA the first
-        request otherwise pays for compiling and loading the prefill and sampling kernels (a
-        1.09 s TTFT on the H200; 0.7-0.9 s still with the first two alone, which share one batch
-        shape). Runs on the calling thread, before the loop starts; leaves the counters as it
-        found them (the prompts stay in the prefix cache, evictable)."""
-        t0 = time.monotonic()
-        n = max(1, min(32, self.max_context - 9))
-        finished: list[RequestOutput] = []
-        sink = lambda o: finished.append(o) if o.finished else None  # noqa: E731
-        rounds = [
-            [
-                (n, SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.0)),
-                (n, SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20, seed=0)),
-            ],
-            [(max(1, n - 7), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=1.0))],
-        ]
-        for r, batch in enumerate(rounds):
-            for i, (length, params) in enumerate(batch):
-                ids = [1 + (i + 7 * r + j) % (self.vocab_size - 1) for j in range(length)]
-                self._add(GenerateRequest(f"llmkit-warmup-{r}-{i}", ids, params), sink)
-            inflight = None
-            while self._has_work(inflight) and time.monotonic() - t0 < timeout:
-                inflight = self.step(inflight)
-            self.output.flush_deferred()
-        want = sum(len(b) for b in rounds)
-        if len(finished) != want or any(o.error for o in finished):
-            raise RuntimeError(f"the start-up warm-up failed: {[o.error for o in finished]}")
-        self.steps = 0
-        self.scheduler.prefix_cache_queries = self.scheduler.prefix_cache_hits = 0
-        log.info("Warm-up: %d requests of up to %d prompt tokens, 8 decode steps each, in %.2f s", want, n,
-                 time.monotonic() - t0)  # fmt: skip
+            warm_up(self)
 
     @classmethod
     def build_and_start(cls, config: EngineConfig, build: Callable[[], Any]) -> tuple[Engine, Any]:
@@ -315,7 +281,7 @@ class Engine:
                 launched = None
             if launched is None:
                 log.error("request %s failed its step: %s", req.rid, failure, exc_info=failure)
-                self._fail(req, _step_failure(failure, seg))
+                self._fail(req, step_failure(failure, seg))
             else:
                 self._update(launched)
         return None
@@ -424,35 +390,5 @@ class Engine:
 
     # -- introspection -----------------------------------------------------------------------
     def stats(self) -> dict:
-        """Counters for /get_server_info; ``kv_pages_in_use`` is 0 whenever nothing runs."""
-        sched = self.scheduler
-        pool, cache = sched.pool, sched.cache
-        free, cached = pool.num_free_pages, cache.evictable_pages
-        return {
-            "num_running_reqs": len(sched.running),
-            "num_waiting_reqs": len(sched.waiting),
-            "kv_pages_total": pool.capacity_pages,
-            "kv_pages_free": free,
-            "kv_pages_cached": cached,
-            "kv_pages_in_use": pool.capacity_pages - free - cached,
-            "page_size": pool.page_size,
-            "kv_cache_dtype": str(pool.dtype).removeprefix("torch."),
-            "steps": self.steps,
-            "last_step_age_s": time.monotonic() - self.last_step,
-            "preemptions": sched.num_preemptions,
-            "overlap_schedule": self.overlap,
-            "token_usage": sched.token_usage(),
-            "prefix_cache_queries": sched.prefix_cache_queries,
-            "prefix_cache_hits": sched.prefix_cache_hits,
-            **(self.speculator.stats.as_dict() if self.speculator is not None else {}),
-        }
-
-
-def _step_failure(exc: BaseException, seg) -> str:
-    """The error a request gets when its step cannot run, out-of-memory said as such."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":  # torch.cuda's
-        return (
-            f"out of memory running {seg.length} tokens of this request; lower --chunked-prefill-size "
-            "or --max-running-requests"
-        )
-    return f"internal engine error: {exc}"
+        """Counters for /get_server_info (see :func:`~llmkit.core.engine.stats.engine_counters`)."""
+        return engine_counters(self)

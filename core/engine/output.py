@@ -131,3 +131,13 @@ class OutputProcessor:
             stream.sink(out)
         except Exception:
             log.exception("output sink failed for %s", req.rid)
+
+
+def step_failure(exc: BaseException, seg) -> str:
+    """The error a request gets when its step cannot run, out-of-memory said as such."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":  # torch.cuda's
+        return (
+            f"out of memory running {seg.length} tokens of this request; lower --chunked-prefill-size "
+            "or --max-running-requests"
+        )
+    return f"internal engine error: {exc}"

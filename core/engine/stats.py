@@ -1,4 +1,5 @@
-"""SGLang-style step logs: "Prefill batch." on every prefill, "Decode batch." every N decode steps."""
+"""The engine's counters (/get_server_info, /metrics) and SGLang-style step logs: "Prefill batch."
+on every prefill, "Decode batch." every N decode steps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,31 @@ import logging
 import time
 
 log = logging.getLogger("llmkit")
+
+
+def engine_counters(engine) -> dict:
+    """The counters of ``engine`` (an ``Engine``); ``kv_pages_in_use`` is 0 whenever nothing runs."""
+    sched = engine.scheduler
+    pool, cache = sched.pool, sched.cache
+    free, cached = pool.num_free_pages, cache.evictable_pages
+    return {
+        "num_running_reqs": len(sched.running),
+        "num_waiting_reqs": len(sched.waiting),
+        "kv_pages_total": pool.capacity_pages,
+        "kv_pages_free": free,
+        "kv_pages_cached": cached,
+        "kv_pages_in_use": pool.capacity_pages - free - cached,
+        "page_size": pool.page_size,
+        "kv_cache_dtype": str(pool.dtype).removeprefix("torch."),
+        "steps": engine.steps,
+        "last_step_age_s": time.monotonic() - engine.last_step,
+        "preemptions": sched.num_preemptions,
+        "overlap_schedule": engine.overlap,
+        "token_usage": sched.token_usage(),
+        "prefix_cache_queries": sched.prefix_cache_queries,
+        "prefix_cache_hits": sched.prefix_cache_hits,
+        **(engine.speculator.stats.as_dict() if engine.speculator is not None else {}),
+    }
 
 
 class EngineStats:
