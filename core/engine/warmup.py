@@ -6,6 +6,7 @@ import logging
 import time
 
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput, SamplingParams
+from llmkit.core.speculative.speculator import SpecStats
 
 log = logging.getLogger("llmkit")
 
@@ -42,5 +43,7 @@ def warm_up(engine, timeout: float = 300.0) -> None:
         raise RuntimeError(f"the start-up warm-up failed: {[o.error for o in finished]}")
     engine.steps = 0
     engine.scheduler.prefix_cache_queries = engine.scheduler.prefix_cache_hits = 0
+    if engine.speculator is not None:  # its drafts on the warm-up prompts are no client's
+        engine.speculator.stats = SpecStats()
     log.info("Warm-up: %d requests of up to %d prompt tokens, 8 decode steps each, in %.2f s", want, n,
              time.monotonic() - t0)  # fmt: skip

@@ -110,3 +110,25 @@ def test_warm_up_runs_before_serving_and_leaves_no_trace(tmp_path, caplog):
             engine.shutdown()
         caplog.clear()
     assert outputs[0] == outputs[1] and len(outputs[0]) == 6
+
+
+def test_warm_up_leaves_no_speculative_counts(tmp_path):
+    from llmkit.core.engine.builder import build_engine_parts
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.engine.loop import Engine
+
+    write_model_dir("tiny", tmp_path)
+    cfg = EngineConfig(
+        model_path=str(tmp_path),
+        load_format="dummy",
+        grammar_backend="none",
+        warmup=True,
+        speculative_algorithm="NGRAM",
+    )
+    engine = Engine(cfg, build_engine_parts(cfg))
+    engine.speculator.proposer.propose = lambda req, n: [req.all_ids[-1]] * n  # drafts every step
+    engine.start()  # warms up first, on this thread
+    try:
+        assert engine.stats()["spec_verify_steps"] == 0 and engine.stats()["spec_draft_tokens"] == 0
+    finally:
+        engine.shutdown()
