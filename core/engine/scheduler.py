@@ -77,6 +77,8 @@ class Scheduler:
                 del self.waiting[i]
                 r.status = Status.FINISHED
                 r.finish_reason = r.finish_reason or "abort"
+                if self.speculator is not None:  # preempted after drafting: its backoff state too
+                    self.speculator.release(r)
                 return r
         for r in self.running:
             if r.rid == rid:
