@@ -68,8 +68,8 @@ def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
     logits = [torch.randn(batch, vocab, generator=gen) for _ in range(8)]
     calls = [0]
 
-    def fake_execute(inp):  # the inputs are built as for a real forward; the forward does nothing
-        runner.build_metadata(inp)
+    def fake_execute(inp, picks=None):  # the inputs are built as for a real forward; the forward does nothing
+        runner.build_metadata(inp, picks)
         calls[0] += 1
         return logits[calls[0] % 8][: len(inp.sample_rows)], []
 

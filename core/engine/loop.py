@@ -8,11 +8,14 @@ owns its grammar backend: it compiles each request's constraint and keeps the ma
 
 Overlap schedule (default on CUDA): while step N runs on the device, the CPU plans step N+1 (the
 scheduler counts the token in flight; it never touches the device) and post-processes step N-1's
-tokens. Step N's tokens are then read back (the one sync per step), checked against the cheap
-finish conditions (stop ids, EOS, length) at once, and step N+1 is launched without the requests
-that just finished. Detokenization, stop strings and streaming for step N wait until step N+1 is
-running, so a stop string is seen one step late: that request joins one more forward, whose token
-is dropped. Outputs are the same as without overlap.
+tokens. Where step N's rows need nothing from the host to be sampled (no penalties, bias, grammar
+or minimum length), its sampling was queued with it and step N+1 is launched at once, its decode
+inputs copied on the device from N's picks: the device goes from N to N+1 without waiting for the
+host. Otherwise step N's tokens are read back first. Either way they are then checked against the
+cheap finish conditions (stop ids, EOS, length); requests that end by length never join N+1, and
+detokenization, stop strings and streaming for step N wait until step N+1 is running, so a stop
+token or string can be seen one step late: that request joins one more forward, whose token is
+dropped. Outputs are the same as without overlap.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
 from llmkit.core.engine.output import OutputProcessor, Sink, step_failure
 from llmkit.core.engine.request import Request, Status, TokenLogprob
-from llmkit.core.engine.sampler import Sampler, make_generator, token_logprob
+from llmkit.core.engine.sampler import PendingSample, Sampler, make_generator, token_logprob
 from llmkit.core.engine.scheduler import ScheduledBatch
 from llmkit.core.engine.stats import EngineStats, engine_counters
 from llmkit.core.engine.warmup import warm_up
@@ -45,10 +48,11 @@ __all__ = ["Engine", "RequestOutput", "Sink"]
 
 @dataclass
 class Launched:
-    """A step whose forward has been queued and whose tokens are not yet sampled."""
+    """A step whose forward has been queued and whose tokens are not yet read back."""
 
     batch: Any
     out: Any
+    pending: PendingSample | None = None  # its sampling, queued too (overlap, plain rows only)
 
 
 class Engine:
@@ -76,6 +80,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.last_step = time.monotonic()
         self.steps = 0
+        self.chained_steps = 0  # steps launched from the device's picks, before the host read them
         self.log_stats = EngineStats(config.decode_log_interval)
 
     # -- API (any thread) ----------------------------------------------------------------------
@@ -249,7 +254,12 @@ class Engine:
                 return None
         nxt = self.scheduler.schedule()
         self.output.flush_deferred()
+        chained = self._launch_chained(nxt, inflight) if nxt is not None and inflight.pending else None
         self._update(inflight)
+        if chained is not None:
+            for seg in chained.out.sample_segments:
+                seg.req.inflight = True  # (the update just cleared it: its token is in flight again)
+            return chained
         if nxt is not None:
             nxt.segments = [s for s in nxt.segments if s.req.status is Status.RUNNING]
             if nxt.segments:
@@ -286,13 +296,40 @@ class Engine:
                 self._update(launched)
         return None
 
-    def _launch(self, batch) -> Launched:
-        out = self.runner.run(batch)  # on CUDA this returns once the kernels are queued
+    def _launch_chained(self, nxt, inflight: Launched) -> Launched | None:
+        """Launch ``nxt`` before ``inflight``'s tokens reach the host, its decode inputs copied on
+        the device from ``inflight``'s picks, so the device never waits for the host's update of
+        a step. Requests that the update will end by length are left out; one that ends on a stop
+        token or string joins this step and its token is dropped (as with a deferred stop string).
+        None: launch after the update instead."""
+        pending = inflight.pending
+        ends = {
+            id(r)
+            for r in pending.reqs
+            if len(r.output_ids) + 1 >= r.params.max_new_tokens or r.seq_len + 1 >= self.max_context
+        }
+        nxt.segments = [s for s in nxt.segments if s.req.status is Status.RUNNING and id(s.req) not in ends]
+        if not nxt.segments or not self.runner.can_chain:
+            return None
+        try:
+            launched = self._launch(nxt, pending)
+            self.chained_steps += 1
+            return launched
+        except Exception as exc:  # noqa: BLE001 - run again after the update, request by request
+            log.warning("a chained step failed to launch (%s); launching it after the update", exc)
+            return None
+
+    def _launch(self, batch, prev: PendingSample | None = None) -> Launched:
+        out = self.runner.run(batch, prev)  # on CUDA this returns once the kernels are queued
         self.scheduler.on_step_done(batch)
         self.steps += 1
-        for seg in out.sample_segments:
+        segs = out.sample_segments
+        for seg in segs:
             seg.req.inflight = True
-        return Launched(batch, out)
+        pending = None
+        if self.overlap and segs and self.runner.can_chain and not any(s.draft for s in segs):
+            pending = self.sampler.launch(out.sample_logits, [s.req for s in segs])
+        return Launched(batch, out, pending)
 
     def _update(self, step: Launched) -> None:
         """Sample the launched step's tokens (the device sync) and apply them."""
@@ -312,7 +349,10 @@ class Engine:
             logits = logits[[first[i] for i in plain]]
         if segs:
             reqs = [s.req for s in segs]
-            tokens, logprobs = self.sampler.sample(logits, reqs)
+            if step.pending is not None:
+                tokens, logprobs = self.sampler.finish(step.pending)
+            else:
+                tokens, logprobs = self.sampler.sample(logits, reqs)
             for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
                 req.inflight = False
                 if self.output.get(req.rid) is None:

@@ -41,12 +41,22 @@ class ModelRunner:
         self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
         self.broadcaster: StepBroadcaster | None = None  # rank 0 of a tensor-parallel group
 
-    def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
-        """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample."""
+    def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
+        """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
+
+        ``chained``: the requests whose input token is still on the device (the step in flight
+        sampled it, see :meth:`Sampler.launch`), in its sampling order. Each gets a placeholder
+        id here and ``inp.from_prev`` (the id's index, the pick's row) says where to copy it from."""
         ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding = [], [], [], [], [], [], [], []
+        prev = {id(r): i for i, r in enumerate(chained)} if chained else {}
+        from_prev: list[tuple[int, int]] = []
         for s in batch.segments:
             start = len(ids)
-            ids.extend(s.req.token_slice(s.start, s.start + s.length - len(s.draft)))
+            if s.req.inflight and id(s.req) in prev:  # a decode step of the token in flight
+                from_prev.append((len(ids), prev[id(s.req)]))
+                ids.append(0)
+            else:
+                ids.extend(s.req.token_slice(s.start, s.start + s.length - len(s.draft)))
             ids.extend(s.draft)
             pos.extend(range(s.start, s.start + s.length))
             q_lens.append(s.length)
@@ -57,7 +67,7 @@ class ModelRunner:
                 sample_rows.extend(range(len(ids) - 1 - len(s.draft), len(ids)))
             if s.req.needs_prompt_logits:
                 prompt_ranges.append((start, len(ids)))
-        return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding)
+        return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding, from_prev)
 
     def upload(self, parts: list) -> list[torch.Tensor]:
         """Int64 vectors (lists or host tensors) on the device. On CUDA in one non-blocking copy from
@@ -71,10 +81,11 @@ class ModelRunner:
         return list(dev.split([f.numel() for f in flat]))
 
     def build_metadata(
-        self, inp: StepInputs
+        self, inp: StepInputs, picks: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor | None]:
         """The step's device inputs: token ids, positions, attention metadata, and the rows whose
-        logits are sampled (None: every row). The scheduler's slot-table writes travel with them."""
+        logits are sampled (None: every row). The scheduler's slot-table writes travel with them.
+        ``picks``: the tokens the step in flight sampled, where ``inp.from_prev`` takes ids from."""
         q_lens, rows = inp.q_lens, inp.rows
         decode = len(inp.ids) == len(rows)  # one token per sequence (fewer ops, same values)
         q_start = list(range(len(rows) + 1)) if decode else [0, *itertools.accumulate(q_lens)]
@@ -85,7 +96,13 @@ class ModelRunner:
         writes = self.req_pool.take_pending()  # the scheduler's slot writes
         if writes is not None:
             parts.append(writes)
+        from_prev = inp.from_prev
+        if from_prev:
+            parts.append([i for i, _ in from_prev] + [j for _, j in from_prev])
         up = self.upload(parts)
+        if from_prev:
+            dst, src = up.pop().view(2, -1)
+            up[0].index_copy_(0, dst, picks.index_select(0, src))  # queued behind the step that samples them
         if writes is not None:
             self.req_pool.apply(up.pop().view(3, -1))
         sample_idx = up.pop() if sampled else None
@@ -115,12 +132,12 @@ class ModelRunner:
         return input_ids, positions, md, sample_idx
 
     @torch.inference_mode()
-    def execute(self, inp: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def execute(self, inp: StepInputs, picks: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run one forward: logits of the sampled rows and of each prompt-logprob span. Every
         tensor-parallel rank runs it with the same ``inp`` (the LM head gathers over them)."""
         # Every input reaches the device before the forward is queued: a blocking host-to-device
         # copy after it would wait for the whole forward and leave nothing to overlap.
-        input_ids, positions, md, sample_idx = self.build_metadata(inp)
+        input_ids, positions, md, sample_idx = self.build_metadata(inp, picks)
         if self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
@@ -134,10 +151,18 @@ class ModelRunner:
             logits = hidden.new_empty((0, 0))
         return logits, prompt
 
-    def run(self, batch: ScheduledBatch) -> StepOutput:
-        inp = self.step_inputs(batch)
+    @property
+    def can_chain(self) -> bool:
+        """Whether a step's inputs may come from the device (not on tensor-parallel rank 0: the
+        other ranks get the ids as lists)."""
+        return self.broadcaster is None
+
+    def run(self, batch: ScheduledBatch, prev=None) -> StepOutput:
+        """``prev``: the :class:`PendingSample` of the step in flight, whose picks are this step's
+        input for its requests (only where :attr:`can_chain`)."""
+        inp = self.step_inputs(batch, prev.reqs if prev is not None else None)
         if self.broadcaster is None:
-            logits, prompt = self.execute(inp)
+            logits, prompt = self.execute(inp, prev.picks if prev is not None else None)
         else:
             try:
                 self.broadcaster.send(inp, self.req_pool.take_write_log())

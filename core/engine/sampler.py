@@ -8,6 +8,7 @@ and share one argmax.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,6 +31,19 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
         return torch.from_numpy(np.asarray(x.detach().numpy().argmax(-1)))
     return x.argmax(dim=-1)
+
+
+@dataclass
+class PendingSample:
+    """A batch's tokens, sampled on the device and on their way to the host (see
+    :meth:`Sampler.launch`)."""
+
+    picks: torch.Tensor  # [B] int64 on the logits' device: what a following step reads its inputs from
+    raw: torch.Tensor  # the logits, for the logprobs read at finish
+    reqs: list
+    failed: dict[int, str] = field(default_factory=dict)
+    host: torch.Tensor | None = None  # pinned copy of picks, valid once ``done`` has happened
+    done: torch.cuda.Event | None = None
 
 
 class Sampler:
@@ -68,13 +82,51 @@ class Sampler:
                 except Exception as exc:
                     self.failed[i] = f"sampling failed: {exc}"
         tokens_list = picks.tolist()
+        return tokens_list, self._logprobs(raw, reqs, tokens_list)
+
+    def launch(self, logits: torch.Tensor, reqs: list[Request]) -> PendingSample | None:
+        """Queue the sampling of a batch whose rows need nothing from the host (no penalties, bias,
+        grammar or minimum length), without waiting for it: the picks stay on the device for the
+        next step's inputs, and a copy to pinned memory is queued behind them. Reading ``.tolist()``
+        off the device later would wait for everything queued by then, the next step included.
+        None: some row needs the host (sample it with :meth:`sample` once the step is done)."""
+        if any(r.grammar is not None or self._needs_processing(r) for r in reqs):
+            return None
+        raw = logits[:, : self.vocab_size]
+        pending = PendingSample(argmax(raw), raw, reqs)
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if sampled:
+            pending.picks = pending.picks.clone()
+            for i in sampled:
+                try:
+                    pending.picks[i] = self._sample_row(raw[i], reqs[i])
+                except Exception as exc:
+                    pending.failed[i] = f"sampling failed: {exc}"
+        if pending.picks.device.type == "cuda":
+            pending.host = torch.empty(pending.picks.shape, dtype=torch.int64, pin_memory=True)
+            pending.host.copy_(pending.picks, non_blocking=True)
+            pending.done = torch.cuda.Event()
+            pending.done.record()
+        return pending
+
+    def finish(self, pending: PendingSample) -> tuple[list[int], list[TokenLogprob | None]]:
+        """The tokens (and logprobs) of a :meth:`launch`, once they have reached the host."""
+        if pending.done is not None:
+            pending.done.synchronize()
+            tokens = pending.host.tolist()
+        else:
+            tokens = pending.picks.tolist()
+        self.failed = pending.failed
+        return tokens, self._logprobs(pending.raw, pending.reqs, tokens)
+
+    def _logprobs(self, raw: torch.Tensor, reqs: list[Request], tokens: list[int]) -> list[TokenLogprob | None]:
         logprobs: list[TokenLogprob | None] = [None] * len(reqs)
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
             lp = torch.log_softmax(raw[want], dim=-1)
             for j, i in enumerate(want):
-                logprobs[i] = token_logprob(lp[j], tokens_list[i], reqs[i].params.top_logprobs)
-        return tokens_list, logprobs
+                logprobs[i] = token_logprob(lp[j], tokens[i], reqs[i].params.top_logprobs)
+        return logprobs
 
     @staticmethod
     def _needs_processing(r: Request) -> bool:

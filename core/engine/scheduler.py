@@ -32,8 +32,9 @@ class Segment:
 
     @property
     def samples(self) -> bool:
-        """Whether this segment reaches the sequence's end, so the next token is sampled."""
-        return self.start + self.length - len(self.draft) == self.req.seq_len
+        """Whether this segment reaches the sequence's end, so the next token is sampled (a token in
+        flight counts: a chained step launches before it is appended)."""
+        return self.start + self.length - len(self.draft) == self.req.seq_len + self.req.inflight
 
 
 @dataclass

@@ -39,6 +39,9 @@ class StepInputs:
     sample_rows: list[int] = field(default_factory=list)  # rows of the hidden states to sample from
     prompt_ranges: list[tuple[int, int]] = field(default_factory=list)  # prompt-logprob spans
     decoding: list[int] = field(default_factory=list)  # per sequence: 1 if its token is a generated one
+    # (index in ids, row of the step in flight's picks): ids still on the device (rank 0 alone,
+    # never on the wire: a tensor-parallel group does not chain steps)
+    from_prev: list[tuple[int, int]] = field(default_factory=list)
 
 
 class StepBroadcaster:

@@ -7,6 +7,7 @@ a request with a deferred token, against the same requests run without overlap.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -244,3 +245,40 @@ def test_contradicting_overlap_flags_fail_at_start():
         timeout=120,
     )
     assert out.returncode == 2 and "contradict" in out.stderr
+
+
+def _plain_params(i: int) -> SamplingParams:
+    """Rows the sampler can pick on the device (no penalties, bias, grammar or minimum length), so
+    the next step chains on the device's picks; a different way to finish for each."""
+    variants = [
+        SamplingParams(max_new_tokens=30, temperature=0, stop=(" the",)),
+        SamplingParams(max_new_tokens=30, temperature=0, stop=(".",), no_stop_trim=True),
+        SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=7),
+        SamplingParams(max_new_tokens=30, temperature=0),  # an EOS, or the length
+        SamplingParams(max_new_tokens=7, temperature=0, logprobs=True, top_logprobs=2),
+        SamplingParams(max_new_tokens=30, temperature=0.7, top_k=5, seed=3, stop_token_ids=[13]),
+    ]
+    return variants[i % len(variants)]
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["roomy", "preempting"])
+def test_chained_steps_equal_no_overlap(prompts, small, monkeypatch):
+    """Steps launched from the device's picks before the host reads them (the chained path) give
+    the same tokens, text, logprobs and finishes as steps run one after the other, with
+    preemption and small pages too, and leave no page in use."""
+    monkeypatch.setattr(sys.modules[__name__], "_params", _plain_params)
+    tight = dict(max_total_tokens=160, max_running_requests=6, page_size=4, chunked_prefill_size=16) if small else {}
+    engine = start_engine(enable_deterministic_inference=True, overlap_schedule=False, **tight)
+    try:
+        want = _run(engine, prompts)
+    finally:
+        engine.shutdown()
+    engine = start_engine(enable_deterministic_inference=True, overlap_schedule=True, **tight)
+    try:
+        assert _run(engine, prompts) == want
+        assert engine.chained_steps > 0
+        if small:
+            assert engine.scheduler.num_preemptions > 0
+        assert _wait_free(engine)["kv_pages_in_use"] == 0
+    finally:
+        engine.shutdown()
