@@ -52,13 +52,13 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
 
-    def add_token(self, token_id: int) -> StopMatch | None:
-        """Append a token; return a match if a stop string now appears in the text."""
+    def _next_decoded(self, token_id: int) -> str:
+        """The text ``token_id`` releases, by decoding a window of tokens before and after it."""
         self.ids.append(token_id)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return None  # incomplete character: wait for more bytes
+            return ""  # incomplete character: wait for more bytes
         new = full[len(prefix) :]
         self.prefix_offset = max(self.read_offset, len(self.ids) - self.CONTEXT)
         self.read_offset = len(self.ids)
@@ -68,6 +68,13 @@ class IncrementalDetokenizer:
             self.ids = self.ids[cut:]
             self.prefix_offset -= cut
             self.read_offset -= cut
+        return new
+
+    def add_token(self, token_id: int) -> StopMatch | None:
+        """Append a token; return a match if a stop string now appears in the text."""
+        new = self._next_decoded(token_id)
+        if not new:
+            return None
         start = max(0, len(self.text) - self.max_stop + 1)
         self.text += new
         return self._find_stop(start) or self._find_regex(len(new))
