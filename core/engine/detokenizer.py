@@ -148,6 +148,9 @@ class IncrementalDetokenizer:
         new = self._next_byte_level(token_id) if self._bytes is not None else self._next_decoded(token_id)
         if not new:
             return None
+        if not (self.stop or self.stop_regex):
+            self.text += new
+            return None
         start = max(0, len(self.text) - self.max_stop + 1)
         self.text += new
         return self._find_stop(start) or self._find_regex(len(new))
