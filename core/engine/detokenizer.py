@@ -3,10 +3,19 @@
 Text is released only when it is final: a token sequence that ends in the middle of a UTF-8
 character (decoded as U+FFFD) is held until the character completes, and a suffix that could be
 the start of a stop string is held until it is known not to be one, so stop strings never leak.
+
+A byte-level BPE tokenizer (GPT-2, Llama 3, Qwen, SmolLM2: the ``ByteLevel`` decoder) decodes a
+token sequence as the concatenation of per-token bytes read as UTF-8, so its text is built from a
+per-tokenizer byte table and an incremental UTF-8 decoder instead of two ``decode`` calls a token;
+every other tokenizer takes the general path. Both give the same text and the same deltas.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
+import json
+import weakref
 from dataclasses import dataclass
 
 import regex
@@ -36,12 +45,16 @@ class IncrementalDetokenizer:
         stop: tuple[str, ...] = (),
         keep_stop: bool = False,
         stop_regex: tuple[str, ...] = (),
+        fast: bool = True,
     ) -> None:
         self.tok = tokenizer
         self.skip = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-self.CONTEXT :])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        self._bytes: dict[int, bytes] | None = None  # the byte-level path's table (None: general path)
+        if fast:
+            self._start_byte_level(tokenizer)
         self.text = ""  # all decoded output text (stop-trimmed once matched)
         self.emitted = 0  # chars of self.text already handed out
         self.stop = tuple(s for s in stop if s)
@@ -49,16 +62,76 @@ class IncrementalDetokenizer:
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.stop_regex = [(p, regex.compile(p)) for p in stop_regex]
 
+    @property
+    def fast(self) -> bool:
+        """Whether this request's text comes from the byte table (not ``decode`` calls)."""
+        return self._bytes is not None
+
+    def _start_byte_level(self, tokenizer) -> None:
+        table = byte_level_table(tokenizer)
+        if table is None:
+            return
+        self._table = table
+        self._bytes = table.skip if self.skip else table.keep
+        try:
+            ctx = b"".join(self._token_bytes(t) for t in self.ids)
+        except Exception:  # a prompt id decode rejects: the general path fails on it as it always has
+            self._bytes = None
+            return
+        self._pending = ""  # decoded text not released yet (it ends in U+FFFD)
+        _, n = _utf8_decode(ctx, "replace", False)
+        self._buf = ctx[n:]  # the bytes of a character not complete yet
+        # The general path slices each decode after the prompt context's own text. A context that
+        # ends inside a character counts the U+FFFD it decodes to, so as many characters of the
+        # output's own text are never released: drop them here too.
+        self._drop = len(self._buf.decode("utf-8", "replace"))
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        b = self._bytes.get(token_id)
+        if b is None:
+            b = self._table.lookup(token_id, self.skip)
+            if b is None:  # not a token id at all: decode raises on it as before (or drops it)
+                b = self._decode([token_id]).encode()
+        return b
+
+    def _next_byte_level(self, token_id: int) -> str:
+        """The new text ``token_id`` releases: what ``_next_decoded`` returns, from the table."""
+        b = self._bytes.get(token_id)
+        if b is None:
+            b = self._token_bytes(token_id)
+        if not b:
+            return ""
+        if self._buf:
+            b = self._buf + b
+        s, n = _utf8_decode(b, "replace", False)
+        self._buf = b[n:] if n < len(b) else b""
+        if self._drop:
+            s = self._dropped(s)
+        if self._pending:
+            s = self._pending + s
+        # Held, as the general path holds a decode that ends in U+FFFD: a character not complete
+        # yet, or an invalid byte at the end.
+        if not s or s[-1] == "\ufffd" or self._buf:
+            self._pending = s
+            return ""
+        self._pending = ""
+        return s
+
+    def _dropped(self, s: str) -> str:
+        n = min(self._drop, len(s))
+        self._drop -= n
+        return s[n:]
+
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
 
-    def add_token(self, token_id: int) -> StopMatch | None:
-        """Append a token; return a match if a stop string now appears in the text."""
+    def _next_decoded(self, token_id: int) -> str:
+        """The text ``token_id`` releases, by decoding a window of tokens before and after it."""
         self.ids.append(token_id)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return None  # incomplete character: wait for more bytes
+            return ""  # incomplete character: wait for more bytes
         new = full[len(prefix) :]
         self.prefix_offset = max(self.read_offset, len(self.ids) - self.CONTEXT)
         self.read_offset = len(self.ids)
@@ -68,6 +141,16 @@ class IncrementalDetokenizer:
             self.ids = self.ids[cut:]
             self.prefix_offset -= cut
             self.read_offset -= cut
+        return new
+
+    def add_token(self, token_id: int) -> StopMatch | None:
+        """Append a token; return a match if a stop string now appears in the text."""
+        new = self._next_byte_level(token_id) if self._bytes is not None else self._next_decoded(token_id)
+        if not new:
+            return None
+        if not (self.stop or self.stop_regex):
+            self.text += new
+            return None
         start = max(0, len(self.text) - self.max_stop + 1)
         self.text += new
         return self._find_stop(start) or self._find_regex(len(new))
@@ -106,7 +189,12 @@ class IncrementalDetokenizer:
 
     def flush(self) -> None:
         """At the end: decode whatever is left, even an incomplete character."""
-        if self.read_offset < len(self.ids):
+        if self._bytes is not None:
+            s = self._buf.decode("utf-8", "replace")
+            self._buf = b""
+            self.text += self._pending + (self._dropped(s) if self._drop else s)
+            self._pending = ""
+        elif self.read_offset < len(self.ids):
             prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
             full = self._decode(self.ids[self.prefix_offset :])
             self.text += full[len(prefix) :]
@@ -139,3 +227,146 @@ class IncrementalDetokenizer:
             if m is not None and m.partial:
                 held = max(held, len(t) - m.start())
         return held
+
+
+_utf8_decode = codecs.utf_8_decode  # (data, errors, final) -> (text, bytes consumed)
+
+
+def _gpt2_byte_chars() -> list[str]:
+    """The character GPT-2's byte-level BPE writes for each byte 0-255 (its bytes_to_unicode)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
+
+
+def _latin1_table() -> dict[int, str]:
+    """str.translate table turning a token's byte characters into the latin-1 character of their
+    byte; a character < 256 outside the alphabet becomes U+0100 so the latin-1 encode fails."""
+    table = {ord(c): chr(b) for b, c in enumerate(_gpt2_byte_chars())}
+    for cp in range(256):
+        table.setdefault(cp, "\u0100")
+    return table
+
+
+_LATIN1 = _latin1_table()
+
+
+def _byte_level_bytes(token: str) -> bytes:
+    """What the ByteLevel decoder makes of one token: each character's byte, or the token's own
+    UTF-8 when any character is outside the byte alphabet (as added tokens with spaces are)."""
+    try:
+        return token.translate(_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        return token.encode("utf-8")
+
+
+class ByteLevelTable:
+    """One byte-level tokenizer's token bytes, filled in as ids are first seen: building it whole
+    costs every server start ~0.4 s for a 150k vocabulary (``get_vocab`` alone takes 0.3 s)."""
+
+    def __init__(self, backend, key: tuple) -> None:
+        self.backend = backend
+        self.key = key
+        added = backend.get_added_tokens_decoder()
+        self.added_ids = sorted(added)
+        # decode's skip test: the token's string is a special added token's content.
+        self.special = frozenset(t.content for t in added.values() if t.special)
+        self.keep: dict[int, bytes] = {}
+        self.skip: dict[int, bytes] = {}
+
+    def lookup(self, token_id: int, skip: bool) -> bytes | None:
+        """``token_id``'s bytes (b"" for an id decode drops), None for a number that is no id."""
+        token_id = int(token_id)
+        if not 0 <= token_id < 1 << 32:
+            return None
+        # The string decode feeds the decoder: an added token's (normalized) content, else the model's.
+        token = self.backend.id_to_token(token_id)
+        b = b"" if token is None or (skip and token in self.special) else _byte_level_bytes(token)
+        (self.skip if skip else self.keep)[token_id] = b
+        return b
+
+    def agrees_with_decode(self) -> bool:
+        """Check the table against the tokenizer's own decode on every added token and a sample of
+        the vocabulary, one by one and together, skipping special tokens or not."""
+        n = self.backend.get_vocab_size(with_added_tokens=True)
+        ids = self.added_ids + list(range(0, n, max(1, n // 512)))
+        for skip in (False, True):
+            got = [self.lookup(i, skip) for i in ids]
+            one_by_one = self.backend.decode_batch([[i] for i in ids], skip_special_tokens=skip)
+            if any(b.decode("utf-8", "replace") != t for b, t in zip(got, one_by_one)):
+                return False
+            if b"".join(got).decode("utf-8", "replace") != self.backend.decode(ids, skip_special_tokens=skip):
+                return False
+        return True
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> ByteLevelTable | None
+
+
+def byte_level_table(tokenizer) -> ByteLevelTable | None:
+    """``tokenizer``'s byte table when its ``decode(ids, clean_up_tokenization_spaces=False)`` is
+    provably the UTF-8 reading (U+FFFD for bad bytes) of its tokens' concatenated bytes; else None."""
+    backend = _plain_backend(tokenizer)
+    if backend is None:
+        return None
+    try:
+        decoder = backend.decoder
+        state = decoder.__getstate__() if decoder is not None else None
+    except Exception:  # a custom decoder, which cannot be serialized
+        return None
+    if not isinstance(state, (bytes, str)):
+        return None
+    key = (backend, backend.get_vocab_size(with_added_tokens=True), state)
+    try:
+        cached = _TABLES.get(tokenizer, False)
+    except TypeError:  # not weak-referenceable: check and build each time
+        cached = False
+    if cached is not False and (cached is None or cached.key == key):
+        return cached
+    table = ByteLevelTable(backend, key) if _is_byte_level(key[2]) else None
+    if table is not None and not table.agrees_with_decode():
+        table = None
+    try:
+        _TABLES[tokenizer] = table
+    except TypeError:
+        pass
+    return table
+
+
+def _plain_backend(tokenizer):
+    """The ``tokenizers`` backend of a transformers fast tokenizer whose ``decode`` is the stock
+    one (the backend's decode, then clean-up the caller turns off); None for anything else."""
+    fast_cls, decode, _decode = _stock_decode()
+    cls = type(tokenizer)
+    if fast_cls is None or not isinstance(tokenizer, fast_cls):
+        return None
+    if cls.decode is not decode or cls._decode is not _decode:
+        return None  # a model's own decode (Whisper's timestamps, CodeGen's truncation, ...)
+    if {"decode", "_decode"} & vars(tokenizer).keys():
+        return None
+    return getattr(tokenizer, "_tokenizer", None)
+
+
+@functools.cache
+def _stock_decode() -> tuple:
+    """transformers' fast tokenizer class and its stock ``decode`` and ``_decode``."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return None, None, None
+    return PreTrainedTokenizerFast, PreTrainedTokenizerBase.decode, PreTrainedTokenizerFast._decode
+
+
+def _is_byte_level(decoder_state: bytes) -> bool:
+    """A ByteLevel decoder, alone or as the only member of a Sequence."""
+    d = json.loads(decoder_state)
+    if d.get("type") == "Sequence" and len(d.get("decoders") or ()) == 1:
+        d = d["decoders"][0]
+    return d.get("type") == "ByteLevel"
