@@ -72,3 +72,55 @@ def test_flashinfer_decodes_eagerly(tmp_path):
         assert all(len(t) == 24 for t in _greedy(engine, [[1, 200, 300], [1, 201, 300, 401]]))
     finally:
         engine.shutdown()
+
+
+def _mixed(engine, prompts, n=24):
+    """Greedy, seeded and logprob rows that end at different lengths and on stop ids."""
+    out, done = {}, threading.Semaphore(0)
+    params = [
+        SamplingParams(max_new_tokens=n, temperature=0),
+        SamplingParams(max_new_tokens=n - 5, temperature=0.8, top_p=0.9, seed=11),
+        SamplingParams(max_new_tokens=n, temperature=0, logprobs=True, top_logprobs=2),
+        SamplingParams(max_new_tokens=7, temperature=0),
+        SamplingParams(max_new_tokens=n, temperature=0, stop_token_ids=[300, 301, 302]),
+    ]
+    for i, ids in enumerate(prompts):
+
+        def sink(o, i=i):
+            r = out.setdefault(i, dict(ids=[], lps=[]))
+            r["ids"] += o.token_ids
+            r["lps"] += [(lp.token_id, round(lp.logprob, 3)) for lp in o.logprobs]
+            if o.finished:
+                r["reason"] = o.finish_reason
+                done.release()
+
+        engine.submit(GenerateRequest(f"m{i}", ids, params[i % len(params)]), sink)
+    for _ in prompts:
+        assert done.acquire(timeout=300)
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_chained_steps_on_cuda_equal_steps_one_after_another(tmp_path):
+    """On CUDA the overlap schedule launches each step from the device's picks before the host
+    reads them (through the captured graphs): same tokens, logprobs and finishes as without it."""
+    prompts = [[1, 200 + i, 300, 400 + 7 * i] for i in range(10)]
+    model = tiny_model_dir(tmp_path)
+    results = []
+    for overlap in (False, True):
+        engine = start_engine(
+            model_path=str(model),
+            device="cuda",
+            attention="triton",
+            overlap_schedule=overlap,
+            enable_deterministic_inference=True,
+            cuda_graph_max_bs=16,
+            dtype="float32",
+        )
+        try:
+            results.append(_mixed(engine, prompts))
+            assert (engine.chained_steps > 0) == overlap
+        finally:
+            engine.shutdown()
+    assert results[0] == results[1]
