@@ -82,6 +82,8 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         raise OptionError(
             "--disable-overlap-schedule and --enable-overlap-schedule contradict each other: give one of them"
         )
+    if p.get("skip_server_warmup") and p.get("enable_server_warmup"):
+        raise OptionError("--skip-server-warmup and --enable-server-warmup contradict each other: give one of them")
     tp, dp = p.get("tp_size", 1), p.get("dp_size", 1)
     _check_nodes(tp, dp, p.get("nnodes", 1), p.get("node_rank", 0), p.get("dist_init_addr"))
     if tp > 1 and device == "cuda":

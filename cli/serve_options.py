@@ -265,6 +265,15 @@ SERVE_OPTIONS = (
         "kernels the first request would otherwise wait for; CPU has none).",
     ),
     ServeOption(
+        ("--enable-server-warmup",),
+        bool,
+        False,
+        to=only_when_given("engine.warmup", True),
+        envvar="LLMKIT_ENABLE_SERVER_WARMUP",
+        help="Warm up on CPU too (on by default on CUDA): the engine's short requests, then one request of "
+        "each kind through the routes, before /health answers.",
+    ),
+    ServeOption(
         ("--disable-overlap-schedule",),
         bool,
         False,

@@ -73,6 +73,8 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     if not config.served_model_name:
         config = replace(config, served_model_name=engine_config.model_path or EMBEDDED_NAME)
     config = replace(config, hf_model_id=config.hf_model_id or hf_model_id(engine_config.model_path))
+    warm = engine_config.warmup
+    config = replace(config, warm_routes=client.stats().get("device") == "cuda" if warm is None else warm)
     state = ServerState(
         client=client,
         tokenizer=tok,

@@ -27,6 +27,7 @@ def engine_counters(engine) -> dict:
         "last_step_age_s": time.monotonic() - engine.last_step,
         "preemptions": sched.num_preemptions,
         "overlap_schedule": engine.overlap,
+        "device": engine.runner.device.type,
         "token_usage": sched.token_usage(),
         "prefix_cache_queries": sched.prefix_cache_queries,
         "prefix_cache_hits": sched.prefix_cache_hits,

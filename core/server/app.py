@@ -44,6 +44,10 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     async def lifespan(app):
         for service in services:
             await service.start()  # the batch runner resumes batches a previous process left
+        if opts.warm_routes:  # (a keys file's keys are not known in plain: only --api-key's)
+            from llmkit.core.server.warmup import warm_routes
+
+            await warm_routes(app, opts.served_model_name, next((k for k in opts.api_keys if k), None))
         yield
         for service in services:
             await service.stop()

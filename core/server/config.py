@@ -10,6 +10,9 @@ class ServerConfig:
     served_model_name: str = ""  # the id in /v1/models; launch fills it from the model path
     served_model_aliases: tuple[str, ...] = ()  # further names requests may use for the model
     hf_model_id: str | None = None  # the model's Hugging Face id, accepted too; launch infers it
+    # Serve a few requests through the routes before listening (launch sets it where the engine
+    # warms up: on CUDA unless --skip-server-warmup)
+    warm_routes: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
     api_keys: tuple[str, ...] = ()  # --api-key, repeatable (access/keys.py: a lone one is the admin)

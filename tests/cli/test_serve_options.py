@@ -23,6 +23,7 @@ NOT_OPTIONS = {
     "engine.decode_log_interval": "how often the engine logs decode throughput",
     "engine.dp_rank": "set per data-parallel replica",
     "server.hf_model_id": "inferred at launch from the model's path or config",
+    "server.warm_routes": "set at launch where the engine warms up (--skip/--enable-server-warmup)",
     "server.max_upload_size": "OpenAI's cap on /v1/files uploads",
     "server.max_prompt_list": "OpenAI's cap on a completions prompt list",
     "server.stream_include_usage_default": "OpenAI's default for stream_options.include_usage",

@@ -1,0 +1,55 @@
+"""The routes' warm-up: a few requests served through the app before it takes connections.
+
+The engine's warm-up compiles the device's kernels; the first client request still paid for what
+only the HTTP side does once (FastAPI building each route's handler on first use, lazily imported
+request and streaming modules, the tokenizer's first call, the detokenizer's byte table): 70 ms of
+an 87 ms first TTFT on a 2-core CPU with the engine already warm. As SGLang does, the server sends
+itself a completion and a chat completion, streamed and not, before ``/health`` can answer
+(uvicorn accepts connections once the app's start-up is over). A request that fails only logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+log = logging.getLogger("llmkit")
+TIMEOUT_S = 120.0
+
+
+def _requests(model: str) -> list[tuple[str, dict]]:
+    chat = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    text = {"model": model, "prompt": "The warm-up of a server", "max_tokens": 4}
+    return [
+        ("/v1/completions", {**text, "stream": True}),
+        ("/v1/completions", {**text, "temperature": 0}),
+        ("/v1/chat/completions", {**chat, "stream": True}),
+        ("/v1/chat/completions", chat),
+    ]
+
+
+async def warm_routes(app, model: str, api_key: str | None) -> None:
+    import httpx
+
+    t0 = time.monotonic()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    codes = []
+    transport = httpx.ASGITransport(app=app)
+    quiet = logging.getLogger("httpx")
+    level, quiet.level = quiet.level, max(quiet.level, logging.WARNING)  # no request log lines
+    try:
+        await _send(httpx, transport, headers, model, codes)
+    finally:
+        quiet.setLevel(level)
+    log.info("Route warm-up: %d requests (HTTP %s) in %.2f s", len(codes), codes, time.monotonic() - t0)
+
+
+async def _send(httpx, transport, headers: dict, model: str, codes: list[int]) -> None:
+    async with httpx.AsyncClient(transport=transport, base_url="http://llmkit-warmup", headers=headers) as client:
+        for path, body in _requests(model):
+            try:
+                r = await asyncio.wait_for(client.post(path, json=body), TIMEOUT_S)
+                codes.append(r.status_code)
+            except Exception as exc:  # noqa: BLE001 - a warm-up never stops the server from starting
+                log.warning("route warm-up: %s failed: %s", path, exc)
