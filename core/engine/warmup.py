@@ -14,10 +14,10 @@ log = logging.getLogger("llmkit")
 def warm_up(engine, timeout: float = 300.0) -> None:
     """Serve a few short requests before the first client does: two 32-token prompts together
     (greedy, and top-k/top-p sampled), then one alone of another length with plain sampling,
-    each 8 decode steps (through the captured graphs where there are any). On CUDA the first
-    request otherwise pays for compiling and loading the prefill and sampling kernels (a
-    1.09 s TTFT on the H200; 0.7-0.9 s still with the first two alone, which share one batch
-    shape). Runs on the calling thread, before the loop starts; leaves the counters as it
+    then prompts of 1, 33 and 100 tokens together, each 8 decode steps (through the captured
+    graphs where there are any). On CUDA the first request otherwise pays for compiling and
+    loading the prefill and sampling kernels (a 1.09 s TTFT on the H200; 0.4 s on the H100 with
+    the first two rounds alone, its 33-token prompt a size they had not run). Runs on the calling thread, before the loop starts; leaves the counters as it
     found them (the prompts stay in the prefix cache, evictable)."""
     t0 = time.monotonic()
     n = max(1, min(32, engine.max_context - 9))
@@ -29,6 +29,11 @@ def warm_up(engine, timeout: float = 300.0) -> None:
             (n, SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20, seed=0)),
         ],
         [(max(1, n - 7), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=1.0))],
+        # prefill shapes of other sizes in one batch (a GEMM's kernel is picked, and loaded, per size)
+        [
+            (min(m, engine.max_context - 9), SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.0))
+            for m in (1, n + 1, 3 * n + 4)
+        ],
     ]
     for r, batch in enumerate(rounds):
         for i, (length, params) in enumerate(batch):
@@ -41,7 +46,7 @@ def warm_up(engine, timeout: float = 300.0) -> None:
     want = sum(len(b) for b in rounds)
     if len(finished) != want or any(o.error for o in finished):
         raise RuntimeError(f"the start-up warm-up failed: {[o.error for o in finished]}")
-    engine.steps = 0
+    engine.steps = engine.chained_steps = 0
     engine.scheduler.prefix_cache_queries = engine.scheduler.prefix_cache_hits = 0
     if engine.speculator is not None:  # its drafts on the warm-up prompts are no client's
         engine.speculator.stats = SpecStats()
