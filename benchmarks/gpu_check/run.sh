@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU side of the check (one command on the GPU machine, ~8 minutes), after prepare.sh on the CPU side:
 #   bash benchmarks/gpu_check/run.sh OUTDIR [sections...]
-# sections (default all): tests probe http kernels functional bench. BENCH_TRANSFORMERS=" " adds the
+# sections (default all but modes): tests probe http kernels functional bench, and modes (the engine in its own
+# process against a thread of the server's, ~90 s). BENCH_TRANSFORMERS=" " adds the
 # transformers baseline to the in-process benchmarks (slow: ~30 s a run). Every section has its own time limit and
 # log under OUTDIR; OUTDIR/check.tar.gz holds them all and summary.md the figures
 # (python benchmarks/gpu_check/summarize.py OUTDIR rewrites it, and benchmarks/RESULTS.md, from them).
@@ -44,11 +45,11 @@ if has probe; then
     stamp "MLA extend probe"
     timeout 40 python3 benchmarks/gpu_check/mla_probe.py > "$L/mla_probe.log" 2>&1; cat "$L/mla_probe.log" | tail -20
 fi
-serve_and_bench() {  # preset tag then bench runs "n:out" ...
-    local preset=$1 tag=$2; shift 2
+serve_and_bench() {  # preset tag "serve flags" then bench runs "n:out" ...
+    local preset=$1 tag=$2 flags=$3; shift 3
     local dir=/tmp/model-$preset
     mkdir -p $dir && python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from gpu_presets import write_model_dir; write_model_dir('$preset', Path('$dir'))"
-    python3 -m llmkit.cli.main serve --model-path $dir --load-format dummy --port 30123 --batch-storage none \
+    python3 -m llmkit.cli.main serve --model-path $dir --load-format dummy --port 30123 --batch-storage none $flags \
         > "$L/serve_$tag.log" 2>&1 &
     local pid=$!
     python3 -c "
@@ -60,7 +61,8 @@ for _ in range(480):  # 4 minutes at most, and not a moment once the server has 
         if not os.path.exists('/proc/$pid') or open('/proc/$pid/stat').read().split()[2] == 'Z':
             break
         time.sleep(0.5)
-" 
+"
+    stamp "$tag ready"
     for run in "$@"; do
         local n=${run%%:*} o=${run##*:}
         timeout 120 python3 -m llmkit.cli.main bench serve --base-url http://127.0.0.1:30123 --num-prompts $n \
@@ -69,17 +71,23 @@ for _ in range(480):  # 4 minutes at most, and not a moment once the server has 
         grep -E "Successful|Failed|throughput|Mean TTFT|Median TTFT|Mean TPOT|Median TPOT" "$L/http_${tag}_${n}x${o}.log"
     done
     kill $pid; wait $pid 2>/dev/null
-    grep -E "KV pool|max running|Warm-up|graphs|captured" "$L/serve_$tag.log" | head -8
+    grep -E "KV pool|max running|Warm-up|warm-up|graphs|captured" "$L/serve_$tag.log" | head -8
 }
 if has http; then
     stamp "HTTP: llama-3.1-8b"
     if [ -n "${HTTP_PRESET:-}" ]; then  # a dry run: HTTP_PRESET=tiny
-        serve_and_bench "$HTTP_PRESET" "$HTTP_PRESET" 1:8 4:8
+        serve_and_bench "$HTTP_PRESET" "$HTTP_PRESET" "" 1:8 4:8
     else
-        serve_and_bench llama-3.1-8b llama8b 1:500 100:500
+        serve_and_bench llama-3.1-8b llama8b "" 1:500 100:500
         stamp "HTTP: qwen2.5-0.5b"
-        serve_and_bench qwen2.5-0.5b qwen05 1:500
+        serve_and_bench qwen2.5-0.5b qwen05 "" 1:500
     fi
+fi
+if has modes; then  # the engine in the server's process (a thread) against its own process
+    stamp "HTTP: llama-3.1-8b, engine in its own process"
+    serve_and_bench llama-3.1-8b llama8b_proc --engine-process 1:500 100:500
+    stamp "HTTP: qwen2.5-0.5b, engine in its own process"
+    serve_and_bench qwen2.5-0.5b qwen05_proc --engine-process 1:500
 fi
 if has kernels; then
     stamp "kernels a decode step launches (fused on / off)"
@@ -94,7 +102,7 @@ if has bench; then
     stamp "in-process benchmarks"
     timeout 45 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single --markdown --attention triton \
         ${BENCH_TRANSFORMERS:---no-transformers} --json "$OUT/qwen_single.json" > "$L/bench_qwen_single.log" 2>&1
-    LLMKIT_DISABLE_FUSED_KERNELS=1 timeout 40 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single \
+    [ -n "${BENCH_UNFUSED:-}" ] && LLMKIT_DISABLE_FUSED_KERNELS=1 timeout 40 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single \
         --attention triton --no-transformers --json "$OUT/qwen_single_unfused.json" > "$L/bench_qwen_unfused.log" 2>&1
     timeout 75 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --attention triton ${BENCH_TRANSFORMERS:---no-transformers} --markdown \
         --json "$OUT/llama8b.json" > "$L/bench_llama8b.log" 2>&1
