@@ -11,7 +11,10 @@ are never used. Phases:
 
 - schedule: ``Scheduler.schedule``
 - prepare: ``ModelRunner.step_inputs`` + ``build_metadata`` + the attention backend's metadata
-- sample: ``Sampler.sample`` (greedy over the batch's logits)
+- sample: ``Sampler.sample`` (greedy over the batch's logits), less its argmax
+- argmax: the greedy argmax over the logits ([batch, 49152] fp32). On a GPU it is a device kernel the
+  host only queues; on this CPU it is the step's one piece of compute (memory-bound, ~7 ms at 256),
+  so it is reported beside the host time, not in it
 - detokenize: ``IncrementalDetokenizer.add_token`` (every request's new token)
 - output: the output processor around it (stop checks, emitting to each request's sink)
 - other: the rest of ``Engine.step`` (the loop's own bookkeeping and the fake forward's slicing)
@@ -29,6 +32,7 @@ from collections import defaultdict
 
 import torch
 
+from llmkit.core.engine import sampler as sampler_module
 from llmkit.core.engine.builder import build_engine_parts
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.detokenizer import IncrementalDetokenizer
@@ -36,6 +40,7 @@ from llmkit.core.engine.loop import Engine
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 PHASES = ("schedule", "prepare", "sample", "detokenize", "output", "other")
+COLUMNS = (*PHASES, "host", "argmax", "total")
 
 
 class Timers:
@@ -92,6 +97,16 @@ def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
             detok_time[0] += time.perf_counter() - s
 
     IncrementalDetokenizer.add_token = add_token
+    argmax = sampler_module.argmax
+
+    def timed_argmax(x):
+        s = time.perf_counter()
+        try:
+            return argmax(x)
+        finally:
+            t.step["argmax"] += time.perf_counter() - s
+
+    sampler_module.argmax = timed_argmax
     n = steps + warmup + 8
     received = [0]
     for i in range(batch):
@@ -109,12 +124,15 @@ def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
                 row = dict(t.step)
                 row["detokenize"] = detok_time[0]
                 row["output"] = row.get("output", 0.0) - detok_time[0]
-                row["other"] = wall - sum(row.get(p, 0.0) for p in PHASES[:-1])
+                row["sample"] = row.get("sample", 0.0) - row.get("argmax", 0.0)
+                row["other"] = wall - sum(row.get(p, 0.0) for p in (*PHASES[:-1], "argmax"))
+                row["host"] = wall - row.get("argmax", 0.0)
                 row["total"] = wall
                 rows.append(row)
     finally:
         IncrementalDetokenizer.add_token = detok_add
-    return {p: statistics.median(r.get(p, 0.0) for r in rows) * 1e3 for p in (*PHASES, "total")}
+        sampler_module.argmax = argmax
+    return {p: statistics.median(r.get(p, 0.0) for r in rows) * 1e3 for p in COLUMNS}
 
 
 def main() -> None:
@@ -124,7 +142,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     results = {b: measure(b, args.steps) for b in args.batch}
-    cols = (*PHASES, "total")
+    cols = COLUMNS
     print(f"host ms per decode step (median of {args.steps}), torch threads {torch.get_num_threads()}")
     if args.markdown:
         print("| batch | " + " | ".join(cols) + " |")
