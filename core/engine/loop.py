@@ -40,6 +40,7 @@ from llmkit.core.engine.stats import EngineStats, engine_counters
 from llmkit.core.engine.warmup import warm_up
 from llmkit.core.grammar.contract import GrammarError
 from llmkit.core.parsing.reasoning import ReasoningEndScanner
+from llmkit.core.speculative.verify import verify_draft
 
 log = logging.getLogger("llmkit")
 
@@ -344,7 +345,7 @@ class Engine:
             plain = [i for i, s in enumerate(segs) if not s.draft]
             for i, s in enumerate(segs):
                 if s.draft:
-                    n_decode += self._verify(s, logits[first[i] : first[i + 1]])
+                    n_decode += verify_draft(self, s, logits[first[i] : first[i + 1]])
             segs = [segs[i] for i in plain]
             logits = logits[[first[i] for i in plain]]
         if segs:
@@ -362,32 +363,6 @@ class Engine:
                     continue
                 self.output.guarded(req, self._append_token, req, tok, lp)
         self.log_stats.on_step(step.batch, self.scheduler, n_decode)
-
-    def _verify(self, seg, logits) -> int:
-        """Sample the rows of a drafted segment in order, each as a plain step would (penalties,
-        grammar and stop checks see the tokens kept so far), keeping draft tokens while they equal
-        what was sampled: row j scores the token after draft token j, so sampling it is exact
-        whatever the draft was, and a seeded request draws exactly as it would without one.
-        Returns the tokens emitted."""
-        req, draft = seg.req, seg.draft
-        req.inflight = False
-        base = seg.start + 1  # K/V are in the pool up to here; each kept draft token adds one
-        emitted = accepted = 0
-        for j in range(len(draft) + 1):
-            if self.output.get(req.rid) is None:
-                break  # ended: a stop, max_tokens, an abort
-            req.num_computed = base + j  # so a request ending here caches exactly its valid K/V
-            tokens, lps = self.sampler.sample(logits[j : j + 1], [req])
-            if 0 in self.sampler.failed:
-                self._fail(req, self.sampler.failed[0])
-                break
-            self.output.guarded(req, self._append_token, req, tokens[0], lps[0])
-            emitted += 1
-            if j == len(draft) or tokens[0] != draft[j]:
-                break
-            accepted += 1
-        self.speculator.record(req, len(draft), accepted)
-        return emitted
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for rid, (start, logits) in prompt_logits.items():
