@@ -45,10 +45,10 @@ def test_a_failing_forward_fails_only_its_culprit(error):
         alone = _run(engine, good)
         real = engine.runner.run
 
-        def run(batch):
+        def run(batch, prev=None):
             if any(MARK in s.req.prompt_ids for s in batch.segments):
                 raise error
-            return real(batch)
+            return real(batch, prev)
 
         engine.runner.run = run
         both = _run(engine, {**{f"again-{k}": v for k, v in good.items()}, "bad": [1, MARK, 77]})
