@@ -131,7 +131,9 @@ def _check_choice(flag: str, value: str, valid) -> None:
 
 def _check_paths(p: dict) -> None:
     model = p.get("model_path")
-    if model is not None:
+    from llmkit.core.model.loader.embedded_encoder import is_embedded_encoder
+
+    if model is not None and not is_embedded_encoder(model):  # the packaged encoder is named, not a path
         path = Path(model).expanduser()
         if not path.exists():
             raise OptionError(

@@ -518,6 +518,23 @@ SERVE_OPTIONS = (
         help="Run the engine in its own process (ZeroMQ + msgpack over unix sockets), so the server's Python "
         "work never shares the engine's GIL; a dead engine process fails its requests and stops the server.",
     ),
+    ServeOption(
+        ("--is-embedding",),
+        bool,
+        False,
+        to="server",
+        envvar="LLMKIT_IS_EMBEDDING",
+        help="Serve the model at /v1/embeddings (an encoder such as BertModel is recognised from its "
+        "config without it); generation routes then answer 400.",
+    ),
+    ServeOption(
+        ("--max-embedding-inputs",),
+        int,
+        2048,
+        to="server",
+        envvar="LLMKIT_MAX_EMBEDDING_INPUTS",
+        help="The most inputs one /v1/embeddings request may carry (OpenAI's cap: 2048).",
+    ),
 )
 
 

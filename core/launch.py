@@ -54,6 +54,9 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     from llmkit.core.server.state import ServerState
 
     check_server_config(config)
+    embedding_dir = _embedding_model_dir(engine_config.model_path, config.is_embedding)
+    if embedding_dir is not None:
+        return _build_embedding_server(engine_config, config, embedding_dir)
     storage = None
     if config.enable_batches:
         from llmkit.core.batches.storage import open_storage, parse_storage_options
@@ -98,6 +101,71 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         for service in services:  # the batch runner: lines in flight and queued, read at scrape time
             state.metrics.sources.append(service.line_counts)
     return app
+
+
+def _embedding_model_dir(model_path: str | None, forced: bool) -> Path | None:
+    """The model directory when the model serves embeddings (its config names an encoder
+    architecture, or ``--is-embedding`` says so); None for a generative model."""
+    from llmkit.core.embedding.loader import encoder_architecture
+    from llmkit.core.model.loader.embedded_encoder import embedded_encoder_dir, is_embedded_encoder
+    from llmkit.core.model.loader.source import gguf_path_of, load_config
+
+    if is_embedded_encoder(model_path):
+        return embedded_encoder_dir()
+    if model_path is None or gguf_path_of(model_path) is not None:
+        if forced:
+            raise ValueError("--is-embedding needs an encoder model directory (the embedded model and GGUFs generate)")
+        return None
+    path = Path(model_path).expanduser()
+    if not (path / "config.json").exists():
+        return None  # the generation engine's loader says what is wrong with the path
+    config = load_config(path)
+    if encoder_architecture(config) is not None:
+        return path
+    if forced:
+        arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
+        raise ValueError(f"--is-embedding: '{arch}' is not an encoder architecture llmkit serves embeddings from")
+    return None
+
+
+def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path):
+    """An embedding model behind /v1/embeddings: an :class:`EmbeddingEngine` stands where the
+    generation engine's client would, with no KV cache and no decode loop."""
+    from transformers import AutoTokenizer
+
+    from llmkit.core.embedding.loader import start_embedding_engine
+    from llmkit.core.model.loader.embedded_encoder import ENCODER_HF_ID, is_embedded_encoder
+    from llmkit.core.model.loader.hf_model_id import hf_model_id
+    from llmkit.core.model.loader.source import load_config
+    from llmkit.core.server.app import create_app
+    from llmkit.core.server.state import ServerState
+
+    model_config = load_config(model_dir)
+    engine = start_embedding_engine(model_dir, model_config, device=engine_config.device, dtype=engine_config.dtype)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok("warm", add_special_tokens=True)  # sets the tokenizer's truncation once, before threads share it
+    path = engine_config.model_path
+    hf_id = config.hf_model_id or (ENCODER_HF_ID if is_embedded_encoder(path) else hf_model_id(path))
+    if config.enable_batches:
+        log.info("Files and Batches are not served for embedding models yet")
+    config = replace(
+        config,
+        served_model_name=config.served_model_name or path,
+        hf_model_id=hf_id,
+        is_embedding=True,
+        warm_routes=False,  # the warm-up requests are chat ones
+        enable_batches=False,
+    )
+    state = ServerState(
+        client=engine,
+        tokenizer=tok,
+        chat_template=None,
+        options=config,
+        max_context=engine.max_input_tokens,
+        vocab_size=model_config["vocab_size"],
+        embedder=engine,
+    )
+    return create_app(state, on_shutdown=engine.shutdown)
 
 
 def _start_engine(config: EngineConfig):

@@ -69,6 +69,10 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         upload_limit=state.options.max_upload_size + (64 << 10),
     )  # + multipart headers
     app.add_middleware(DrainMiddleware, state=state)  # 503 for new requests once SIGTERM came
+    if state.embedder is not None:  # inside the key check: a caller without the key learns nothing
+        from llmkit.core.server.model_kind import EmbeddingOnlyMiddleware
+
+        app.add_middleware(EmbeddingOnlyMiddleware, served_name=opts.served_model_name)
     if keys or opts.rate_limit_rpm or opts.rate_limit_tpm:
         from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
 
@@ -167,7 +171,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         return {
             "model_path": state.options.served_model_name,
             "tokenizer_path": state.options.served_model_name,
-            "is_generation": True,
+            "is_generation": state.embedder is None,
             "max_model_len": state.max_context,
         }
 
@@ -180,11 +184,13 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         }
 
     from llmkit.core.server.anthropic.routes import anthropic_router
+    from llmkit.core.server.openai.embeddings import embeddings_router
     from llmkit.core.server.responses.routes import responses_router
     from llmkit.core.server.sglang.generate import generate_router
     from llmkit.core.server.sglang.tokenize import tokenize_router
 
     app.include_router(tokenize_router(state))
+    app.include_router(embeddings_router(state))
     app.include_router(generate_router(state))
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))

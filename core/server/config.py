@@ -25,6 +25,10 @@ class ServerConfig:
     max_payload_size: int = 32 << 20  # every route's body cap (413), enforced while reading
     max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)
     max_prompt_list: int = 256
+    # Serve the model as an embedding model (SGLang's --is-embedding); launch also sets it where
+    # the config names an encoder architecture
+    is_embedding: bool = False
+    max_embedding_inputs: int = 2048  # inputs in one /v1/embeddings request (OpenAI's cap)
     max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
     max_system_blocks: int = 256  # an Anthropic system's blocks (10,000 cost 8.5 s)
     max_prompt_logprobs_tokens: int = 1024  # prompt logprobs are a vocab-wide softmax per token

@@ -11,6 +11,8 @@ def llmkit_register_models(register):
     register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM", model_types=("qwen3",))
     register("Qwen3MoeForCausalLM", "llmkit.plugins.models.qwen3_moe:Qwen3MoeForCausalLM", model_types=("qwen3_moe",))
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
+    # Encoders serve /v1/embeddings (embedding=True: launch serves them without the generation engine)
+    register("BertModel", "llmkit.plugins.models.bert:BertModel", model_types=("bert",), embedding=True)
     # Kimi-K2 checkpoints name the same class (model_type kimi_k2)
     register(
         "DeepseekV3ForCausalLM",

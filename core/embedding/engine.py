@@ -1,0 +1,174 @@
+"""``EmbeddingEngine``: one worker thread that embeds the inputs of concurrent requests together.
+
+Requests hand in token-id lists and get a future; the worker takes every input waiting, in arrival
+order, into forwards of at most ``max_batch_tokens`` padded tokens, so concurrent requests share
+forwards and a 2,048-input request does not hold the others back for one huge forward. Padding is
+masked, so a vector does not depend on its batch-mates beyond float noise.
+
+It stands where the generation engine's client stands for the server's plumbing (``/health``,
+the drain, ``/get_server_info``), with plain lists of floats crossing back, never tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from llmkit.core.embedding.pooling import Pooling
+from llmkit.core.model.encoder import Encoder
+
+log = logging.getLogger("llmkit")
+
+
+@dataclass
+class _Job:
+    inputs: list[list[int]]
+    dimensions: int | None
+    future: Future
+    vectors: list = field(default_factory=list)
+    left: int = 0
+
+    def __post_init__(self) -> None:
+        self.vectors = [None] * len(self.inputs)
+        self.left = len(self.inputs)
+
+
+class EmbeddingEngine:
+    def __init__(
+        self,
+        encoder: Encoder,
+        pooling: Pooling,
+        *,
+        device: str,
+        max_input_tokens: int,
+        dimensions: tuple[int, ...] | None = None,
+        max_batch_tokens: int = 16384,
+    ) -> None:
+        self.encoder = encoder
+        self.pooling = pooling
+        # What the route checks requests against: the longest input, the Matryoshka dimensions
+        # (None: ``dimensions`` is refused), the full vector's size.
+        self.max_input_tokens = max_input_tokens
+        self.dimensions = dimensions
+        self.hidden_size = encoder.hidden_size
+        self.device = device
+        self.max_batch_tokens = max_batch_tokens
+        self.draining = False  # set by the server on SIGTERM: new requests get 503
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._pending: deque[tuple[_Job, int]] = deque()  # (job, input index) not embedded yet
+        self._stopped = False
+        self._busy_since: float | None = None  # when the current forward started (None: idle)
+        self._embedded = 0
+        self._thread = threading.Thread(target=self._run, name="llmkit-embedding", daemon=True)
+        self._thread.start()
+
+    def embed(self, inputs: list[list[int]], dimensions: int | None = None) -> Future:
+        """A future of one vector (a list of floats) per input; with ``dimensions``, the first
+        that many components, renormalised where the model normalises (Matryoshka)."""
+        job = _Job(inputs, dimensions, Future())
+        if not inputs:
+            job.future.set_result([])
+        else:
+            self._jobs.put(job)
+        return job.future
+
+    # --- the worker ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._take_jobs(block=not self._pending)
+            batch = self._next_batch()
+            if not batch:
+                continue
+            self._busy_since = time.monotonic()
+            try:
+                states = self.encoder.encode([job.inputs[i] for job, i in batch])
+                for (job, i), s in zip(batch, states):
+                    self._finish(job, i, self._vector(s, job.dimensions))
+            except Exception as exc:  # a failed forward fails its requests, not the server
+                log.exception("embedding forward failed")
+                for job, _ in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+            finally:
+                self._busy_since = None
+
+    def _take_jobs(self, block: bool) -> None:
+        try:
+            job = self._jobs.get(timeout=0.5) if block else self._jobs.get_nowait()
+            while True:
+                if job is None:  # shutdown
+                    return
+                self._pending.extend((job, i) for i in range(len(job.inputs)))
+                job = self._jobs.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _next_batch(self) -> list[tuple[_Job, int]]:
+        """The oldest waiting inputs whose padded size fits the token budget (one at least)."""
+        batch, longest = [], 0
+        while self._pending:
+            job, i = self._pending[0]
+            if job.future.done():  # cancelled (the client went away) or failed
+                self._pending.popleft()
+                continue
+            n = max(longest, len(job.inputs[i]))
+            if batch and n * (len(batch) + 1) > self.max_batch_tokens:
+                break
+            batch.append(self._pending.popleft())
+            longest = n
+        return batch
+
+    def _vector(self, states: torch.Tensor, dimensions: int | None) -> list[float]:
+        v = self.pooling(states)
+        if dimensions is not None:
+            v = v[:dimensions]
+            if self.pooling.normalize:
+                v = F.normalize(v, dim=0)
+        return v.tolist()
+
+    def _finish(self, job: _Job, i: int, vector: list[float]) -> None:
+        if job.future.done():
+            return
+        job.vectors[i] = vector
+        job.left -= 1
+        self._embedded += 1
+        if job.left == 0:
+            job.future.set_result(job.vectors)
+
+    # --- what the server's plumbing asks of an engine client ----------------------------------
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def dead(self) -> str | None:
+        return None if self._stopped or self._thread.is_alive() else "the embedding thread stopped"
+
+    def degraded(self) -> str | None:
+        return None
+
+    def progress_age(self) -> float:
+        """Seconds the current forward has run (0 when idle): /health turns 503 on a stuck one."""
+        started = self._busy_since
+        return 0.0 if started is None else time.monotonic() - started
+
+    def stats(self) -> dict:
+        return {
+            "device": self.device,
+            "num_waiting_inputs": len(self._pending) + self._jobs.qsize(),
+            "num_embedded_inputs": self._embedded,
+        }
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._jobs.put(None)
+        self._thread.join(timeout=30)

@@ -1,0 +1,144 @@
+"""BERT (``BertModel``): the encoder behind sentence-transformers' MiniLM, BGE and E5 models.
+
+Post-LN transformer: word + position + token-type embeddings, then per layer self-attention and a
+GELU feed-forward, each followed by a residual add and LayerNorm. Inputs are right-padded into one
+batch; a key-padding mask keeps padding out of attention.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmkit.core.model.encoder import Encoder
+from llmkit.core.model.loader.source import iter_safetensors
+
+_ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+
+
+class _Layer(nn.Module):
+    def __init__(self, hidden: int, heads: int, inter: int, eps: float, act) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value = (
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+        )
+        self.attn_out, self.attn_norm = nn.Linear(hidden, hidden), nn.LayerNorm(hidden, eps=eps)
+        self.up, self.down = nn.Linear(hidden, inter), nn.Linear(inter, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.act = act
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, h = x.shape
+
+        def split(t):  # [b, n, h] -> [b, heads, n, head_dim]
+            return t.view(b, n, self.heads, h // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, h)
+        x = self.attn_norm(x + self.attn_out(attn))
+        return self.ffn_norm(x + self.down(self.act(self.up(x))))
+
+
+# checkpoint name (after the layer prefix) -> our parameter name
+_LAYER_NAMES = {
+    "attention.self.query": "query",
+    "attention.self.key": "key",
+    "attention.self.value": "value",
+    "attention.output.dense": "attn_out",
+    "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "up",
+    "output.dense": "down",
+    "output.LayerNorm": "ffn_norm",
+}
+
+
+class BertModel(nn.Module, Encoder):
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"BERT with {config['position_embedding_type']} position embeddings is not supported")
+        act = config.get("hidden_act", "gelu")
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"BERT hidden_act '{act}' is not supported; supported: {', '.join(_ACTIVATIONS)}")
+        hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
+        self.hidden_size = hidden
+        self.max_position = config["max_position_embeddings"]
+        self.pad_id = config.get("pad_token_id") or 0
+        self.word = nn.Embedding(config["vocab_size"], hidden)
+        self.position = nn.Embedding(self.max_position, hidden)
+        self.token_type = nn.Embedding(config.get("type_vocab_size", 2), hidden)
+        self.embed_norm = nn.LayerNorm(hidden, eps=eps)
+        self.layers = nn.ModuleList(
+            _Layer(hidden, config["num_attention_heads"], config["intermediate_size"], eps, _ACTIVATIONS[act])
+            for _ in range(config["num_hidden_layers"])
+        )
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Path, config: dict, device: torch.device, dtype: torch.dtype) -> "BertModel":
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_weights(iter_safetensors(model_dir))
+        return model.to(device=device, dtype=dtype).eval()
+
+    def load_weights(self, weights) -> None:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            ours = _our_name(name)
+            if ours is None:
+                continue  # the pooler head and position_ids buffers: not used for embeddings
+            if ours not in params:
+                raise ValueError(f"unexpected BERT weight '{name}'")
+            if tuple(tensor.shape) != tuple(params[ours].shape):
+                raise ValueError(
+                    f"BERT weight '{name}' has shape {tuple(tensor.shape)}, not {tuple(params[ours].shape)}"
+                )
+            module_name, _, attr = ours.rpartition(".")
+            setattr(self.get_submodule(module_name), attr, nn.Parameter(tensor.float(), requires_grad=False))
+            loaded.add(ours)
+        missing = sorted(params.keys() - loaded)
+        if missing:
+            raise ValueError(f"the checkpoint lacks BERT weights: {', '.join(missing[:5])}")
+
+    @torch.inference_mode()
+    def encode(self, inputs: list[list[int]]) -> list[torch.Tensor]:
+        device = self.word.weight.device
+        longest = max(len(ids) for ids in inputs)
+        ids = torch.full((len(inputs), longest), self.pad_id, dtype=torch.long)
+        for i, row in enumerate(inputs):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        lengths = torch.tensor([len(row) for row in inputs])
+        ids, lengths = ids.to(device), lengths.to(device)
+        keep = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # [b, n]: real tokens
+        positions = torch.arange(longest, device=device)[None, :]
+        x = self.word(ids) + self.position(positions) + self.token_type(torch.zeros_like(ids))
+        x = self.embed_norm(x)
+        mask = keep[:, None, None, :]  # broadcast over heads and queries: padding is never a key
+        for layer in self.layers:
+            x = layer(x, mask)
+        return [x[i, : len(row)].float() for i, row in enumerate(inputs)]
+
+
+def _our_name(name: str) -> str | None:
+    name = name.removeprefix("bert.")  # BertForMaskedLM-style checkpoints nest the encoder
+    if name.startswith("embeddings."):
+        return {
+            "embeddings.word_embeddings.weight": "word.weight",
+            "embeddings.position_embeddings.weight": "position.weight",
+            "embeddings.token_type_embeddings.weight": "token_type.weight",
+            "embeddings.LayerNorm.weight": "embed_norm.weight",
+            "embeddings.LayerNorm.bias": "embed_norm.bias",
+        }.get(name)
+    if not name.startswith("encoder.layer."):
+        return None
+    index, _, rest = name.removeprefix("encoder.layer.").partition(".")
+    module, _, attr = rest.rpartition(".")
+    if module not in _LAYER_NAMES:
+        return None
+    return f"layers.{index}.{_LAYER_NAMES[module]}.{attr}"

