@@ -310,7 +310,7 @@ class Engine:
             if len(r.output_ids) + 1 >= r.params.max_new_tokens or r.seq_len + 1 >= self.max_context
         }
         nxt.segments = [s for s in nxt.segments if s.req.status is Status.RUNNING and id(s.req) not in ends]
-        if not nxt.segments or not self.runner.can_chain:
+        if not nxt.segments:
             return None
         try:
             launched = self._launch(nxt, pending)

@@ -70,18 +70,9 @@ class Sampler:
                 except Exception as exc:  # one request's bad state must not fail its batch-mates
                     self.failed[i] = f"sampling failed: {exc}"
             self._apply_grammars(logits, reqs)
-        # Greedy rows share one argmax; sampled rows draw on their own. Everything stays on the
-        # logits' device until the single read-back below (one sync per step on CUDA).
-        picks = argmax(logits)
-        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy and i not in self.failed]
-        if sampled:
-            picks = picks.clone()
-            for i in sampled:
-                try:
-                    picks[i] = self._sample_row(logits[i], reqs[i])
-                except Exception as exc:
-                    self.failed[i] = f"sampling failed: {exc}"
-        tokens_list = picks.tolist()
+        # Everything stays on the logits' device until the single read-back below (one sync per
+        # step on CUDA).
+        tokens_list = self._pick(logits, reqs, self.failed).tolist()
         return tokens_list, self._logprobs(raw, reqs, tokens_list)
 
     def launch(self, logits: torch.Tensor, reqs: list[Request]) -> PendingSample | None:
@@ -93,15 +84,8 @@ class Sampler:
         if any(r.grammar is not None or self._needs_processing(r) for r in reqs):
             return None
         raw = logits[:, : self.vocab_size]
-        pending = PendingSample(argmax(raw), raw, reqs)
-        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
-        if sampled:
-            pending.picks = pending.picks.clone()
-            for i in sampled:
-                try:
-                    pending.picks[i] = self._sample_row(raw[i], reqs[i])
-                except Exception as exc:
-                    pending.failed[i] = f"sampling failed: {exc}"
+        failed: dict[int, str] = {}
+        pending = PendingSample(self._pick(raw, reqs, failed), raw, reqs, failed)
         if pending.picks.device.type == "cuda":
             pending.host = torch.empty(pending.picks.shape, dtype=torch.int64, pin_memory=True)
             pending.host.copy_(pending.picks, non_blocking=True)
@@ -118,6 +102,21 @@ class Sampler:
             tokens = pending.picks.tolist()
         self.failed = pending.failed
         return tokens, self._logprobs(pending.raw, pending.reqs, tokens)
+
+    def _pick(self, logits: torch.Tensor, reqs: list[Request], failed: dict[int, str]) -> torch.Tensor:
+        """Each row's token, on the logits' device: greedy rows share one argmax, sampled rows
+        draw on their own (a row that cannot is recorded in ``failed``, rows already there are
+        left out)."""
+        picks = argmax(logits)
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy and i not in failed]
+        if sampled:
+            picks = picks.clone()
+            for i in sampled:
+                try:
+                    picks[i] = self._sample_row(logits[i], reqs[i])
+                except Exception as exc:
+                    failed[i] = f"sampling failed: {exc}"
+        return picks
 
     def _logprobs(self, raw: torch.Tensor, reqs: list[Request], tokens: list[int]) -> list[TokenLogprob | None]:
         logprobs: list[TokenLogprob | None] = [None] * len(reqs)
