@@ -132,3 +132,26 @@ def test_warm_up_leaves_no_speculative_counts(tmp_path):
         assert engine.stats()["spec_verify_steps"] == 0 and engine.stats()["spec_draft_tokens"] == 0
     finally:
         engine.shutdown()
+
+
+def test_warm_up_runs_chained_steps_and_leaves_their_count_at_zero(tmp_path, monkeypatch):
+    """The warm-up's last round has nothing for the host to do per row, so with the overlap
+    schedule (on by default on CUDA; forced here) its decode steps take the chained path a plain
+    first request takes."""
+    from llmkit.core.engine.loop import Engine
+
+    chained = []
+    real = Engine._launch_chained
+
+    def counting(self, nxt, inflight):
+        launched = real(self, nxt, inflight)
+        chained.append(launched is not None)
+        return launched
+
+    monkeypatch.setattr(Engine, "_launch_chained", counting)
+    write_model_dir("tiny", tmp_path)
+    engine = start_engine(model_path=str(tmp_path), load_format="dummy", warmup=True, overlap_schedule=True)
+    try:
+        assert any(chained) and engine.chained_steps == 0
+    finally:
+        engine.shutdown()
