@@ -45,6 +45,8 @@ def _one_line_error(res, *needles: str) -> None:
         (["--device", "tpu"], ["unknown --device 'tpu'"]),
         (["--tp", "3", "--nnodes", "2"], ["--tp-size 3 must be a multiple of --nnodes 2"]),
         (["--tp-size", "1", "--trust-remote-code", "--mem-fraction-static", "1.5"], ["--mem-fraction-static 1.5"]),
+        (["--enable-overlap-schedule", "--disable-overlap-schedule"], ["contradict"]),
+        (["--skip-server-warmup", "--enable-server-warmup"], ["contradict"]),
     ],
     ids=[
         "port-range",
@@ -59,6 +61,8 @@ def _one_line_error(res, *needles: str) -> None:
         "device",
         "tp",
         "mem-fraction",
+        "overlap-flags",
+        "warmup-flags",
     ],
 )
 def test_mistakes_fail_before_loading_in_one_line(args, needles):

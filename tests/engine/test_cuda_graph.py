@@ -19,21 +19,29 @@ def test_buckets_cover_every_batch_size():
         assert b[0] == 1 and b[-1] == max_bs and b == sorted(set(b))
 
 
-def _greedy(engine, prompts, n=24):
+def _run(engine, prompts, params: list[SamplingParams]) -> list[dict]:
+    """Each prompt's token ids, logprobs and finish reason, prompt i with ``params[i % len]``."""
     out, done = {}, threading.Semaphore(0)
     for i, ids in enumerate(prompts):
 
         def sink(o, i=i):
-            out.setdefault(i, []).extend(o.token_ids)
+            r = out.setdefault(i, dict(ids=[], lps=[]))
+            r["ids"] += o.token_ids
+            r["lps"] += [(lp.token_id, round(lp.logprob, 3)) for lp in o.logprobs]
             if o.finished:
+                r["reason"] = o.finish_reason
                 done.release()
 
-        engine.submit(
-            GenerateRequest(f"g{i}", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)), sink
-        )
+        engine.submit(GenerateRequest(f"g{i}", ids, params[i % len(params)]), sink)
     for _ in prompts:
         assert done.acquire(timeout=300)
     return [out[i] for i in range(len(prompts))]
+
+
+def _greedy(engine, prompts, n=24):
+    return [
+        r["ids"] for r in _run(engine, prompts, [SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)])
+    ]
 
 
 @pytest.mark.gpu
@@ -76,7 +84,6 @@ def test_flashinfer_decodes_eagerly(tmp_path):
 
 def _mixed(engine, prompts, n=24):
     """Greedy, seeded and logprob rows that end at different lengths and on stop ids."""
-    out, done = {}, threading.Semaphore(0)
     params = [
         SamplingParams(max_new_tokens=n, temperature=0),
         SamplingParams(max_new_tokens=n - 5, temperature=0.8, top_p=0.9, seed=11),
@@ -84,20 +91,7 @@ def _mixed(engine, prompts, n=24):
         SamplingParams(max_new_tokens=7, temperature=0),
         SamplingParams(max_new_tokens=n, temperature=0, stop_token_ids=[300, 301, 302]),
     ]
-    for i, ids in enumerate(prompts):
-
-        def sink(o, i=i):
-            r = out.setdefault(i, dict(ids=[], lps=[]))
-            r["ids"] += o.token_ids
-            r["lps"] += [(lp.token_id, round(lp.logprob, 3)) for lp in o.logprobs]
-            if o.finished:
-                r["reason"] = o.finish_reason
-                done.release()
-
-        engine.submit(GenerateRequest(f"m{i}", ids, params[i % len(params)]), sink)
-    for _ in prompts:
-        assert done.acquire(timeout=300)
-    return [out[i] for i in range(len(prompts))]
+    return _run(engine, prompts, params)
 
 
 @pytest.mark.gpu

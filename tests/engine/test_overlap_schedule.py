@@ -234,19 +234,6 @@ def test_server_forced_overlap_streaming_equals_non_streaming(server):
         stop_server(proc)
 
 
-def test_contradicting_overlap_flags_fail_at_start():
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "llmkit.cli.main", "serve", "--enable-overlap-schedule", "--disable-overlap-schedule"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2 and "contradict" in out.stderr
-
-
 def _plain_params(i: int) -> SamplingParams:
     """Rows the sampler can pick on the device (no penalties, bias, grammar or minimum length), so
     the next step chains on the device's picks; a different way to finish for each."""

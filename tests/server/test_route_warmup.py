@@ -24,16 +24,3 @@ def test_routes_warm_up_before_health_and_the_server_then_serves():
         assert out.usage.completion_tokens == 3
     finally:
         stop_server(proc)
-
-
-def test_contradicting_warmup_flags_fail_at_start():
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "llmkit.cli.main", "serve", "--skip-server-warmup", "--enable-server-warmup"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2 and "contradict" in out.stderr
