@@ -14,6 +14,8 @@ import asyncio
 import logging
 import time
 
+import httpx
+
 log = logging.getLogger("llmkit")
 TIMEOUT_S = 120.0
 
@@ -30,26 +32,21 @@ def _requests(model: str) -> list[tuple[str, dict]]:
 
 
 async def warm_routes(app, model: str, api_key: str | None) -> None:
-    import httpx
-
     t0 = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     codes = []
-    transport = httpx.ASGITransport(app=app)
     quiet = logging.getLogger("httpx")
-    level, quiet.level = quiet.level, max(quiet.level, logging.WARNING)  # no request log lines
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))  # no request log lines
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://llmkit-warmup", headers=headers)
     try:
-        await _send(httpx, transport, headers, model, codes)
+        async with client:
+            for path, body in _requests(model):
+                try:
+                    r = await asyncio.wait_for(client.post(path, json=body), TIMEOUT_S)
+                    codes.append(r.status_code)
+                except Exception as exc:  # noqa: BLE001 - a warm-up never stops the server from starting
+                    log.warning("route warm-up: %s failed: %s", path, exc)
     finally:
         quiet.setLevel(level)
     log.info("Route warm-up: %d requests (HTTP %s) in %.2f s", len(codes), codes, time.monotonic() - t0)
-
-
-async def _send(httpx, transport, headers: dict, model: str, codes: list[int]) -> None:
-    async with httpx.AsyncClient(transport=transport, base_url="http://llmkit-warmup", headers=headers) as client:
-        for path, body in _requests(model):
-            try:
-                r = await asyncio.wait_for(client.post(path, json=body), TIMEOUT_S)
-                codes.append(r.status_code)
-            except Exception as exc:  # noqa: BLE001 - a warm-up never stops the server from starting
-                log.warning("route warm-up: %s failed: %s", path, exc)
