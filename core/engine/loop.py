@@ -20,7 +20,6 @@ dropped. Outputs are the same as without overlap.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -34,13 +33,13 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
 from llmkit.core.engine.output import OutputProcessor, Sink, step_failure
 from llmkit.core.engine.request import Request, Status, TokenLogprob
-from llmkit.core.engine.sampler import PendingSample, Sampler, make_generator, token_logprob
+from llmkit.core.engine.sampler import PendingSample, Sampler, make_generator
 from llmkit.core.engine.scheduler import ScheduledBatch
 from llmkit.core.engine.stats import EngineStats, engine_counters
 from llmkit.core.engine.warmup import warm_up
 from llmkit.core.grammar.contract import GrammarError
 from llmkit.core.parsing.reasoning import ReasoningEndScanner
-from llmkit.core.speculative.verify import verify_draft
+from llmkit.core.speculative.verify import verify_drafted
 
 log = logging.getLogger("llmkit")
 
@@ -340,14 +339,9 @@ class Engine:
         # Counted before the new tokens are appended (which moves each sequence's end).
         n_decode = sum(1 for s in out.sample_segments if s.length == 1)
         segs, logits = out.sample_segments, out.sample_logits
-        if any(s.draft for s in segs):  # rows per segment differ: split, verify the drafted ones
-            first = list(itertools.accumulate((1 + len(s.draft) for s in segs), initial=0))
-            plain = [i for i, s in enumerate(segs) if not s.draft]
-            for i, s in enumerate(segs):
-                if s.draft:
-                    n_decode += verify_draft(self, s, logits[first[i] : first[i + 1]])
-            segs = [segs[i] for i in plain]
-            logits = logits[[first[i] for i in plain]]
+        if any(s.draft for s in segs):  # rows per segment differ: verify the drafted ones
+            emitted, segs, logits = verify_drafted(self, segs, logits)
+            n_decode += emitted
         if segs:
             reqs = [s.req for s in segs]
             if step.pending is not None:
@@ -369,15 +363,7 @@ class Engine:
             stream = self.output.get(rid)
             if stream is None:
                 continue
-            req = stream.req
-            if req.prompt_logprobs is None:
-                req.prompt_logprobs = [None]  # the first prompt token has no logprob
-            lp = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
-            ids = req.prompt_ids
-            for j in range(lp.shape[0]):
-                nxt = start + j + 1
-                if nxt < len(ids):
-                    req.prompt_logprobs.append(token_logprob(lp[j], ids[nxt], req.params.top_logprobs))
+            self.sampler.add_prompt_logprobs(stream.req, start, logits)
 
     def _append_token(self, req: Request, tok: int, lp: TokenLogprob | None) -> None:
         stream = self.output.get(req.rid)

@@ -103,6 +103,18 @@ class Sampler:
         self.failed = pending.failed
         return tokens, self._logprobs(pending.raw, pending.reqs, tokens)
 
+    def add_prompt_logprobs(self, req: Request, start: int, logits: torch.Tensor) -> None:
+        """Append to ``req.prompt_logprobs`` the logprob of each prompt token after position
+        ``start`` that ``logits`` (one row per position from ``start``) scores."""
+        if req.prompt_logprobs is None:
+            req.prompt_logprobs = [None]  # the first prompt token has no logprob
+        lp = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
+        ids = req.prompt_ids
+        for j in range(lp.shape[0]):
+            nxt = start + j + 1
+            if nxt < len(ids):
+                req.prompt_logprobs.append(token_logprob(lp[j], ids[nxt], req.params.top_logprobs))
+
     def _pick(self, logits: torch.Tensor, reqs: list[Request], failed: dict[int, str]) -> torch.Tensor:
         """Each row's token, on the logits' device: greedy rows share one argmax, sampled rows
         draw on their own (a row that cannot is recorded in ``failed``, rows already there are

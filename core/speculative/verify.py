@@ -1,6 +1,18 @@
-"""Verifying a drafted segment: the engine's step for a request that ran 1 + K rows."""
+"""Verifying drafted segments: the engine's step for requests that ran 1 + K rows."""
 
 from __future__ import annotations
+
+import itertools
+
+
+def verify_drafted(engine, segs: list, logits) -> tuple[int, list, object]:
+    """Verify the drafted ones among a step's sampling segments (each scored by 1 + K rows of
+    ``logits``, in segment order). Returns the tokens they emitted, and the plain segments with
+    their one row each, for the ordinary sampling."""
+    first = list(itertools.accumulate((1 + len(s.draft) for s in segs), initial=0))
+    emitted = sum(verify_draft(engine, s, logits[first[i] : first[i + 1]]) for i, s in enumerate(segs) if s.draft)
+    plain = [i for i, s in enumerate(segs) if not s.draft]
+    return emitted, [segs[i] for i in plain], logits[[first[i] for i in plain]]
 
 
 def verify_draft(engine, seg, logits) -> int:
