@@ -1,8 +1,9 @@
 """BERT (``BertModel``): the encoder behind sentence-transformers' MiniLM, BGE and E5 models.
 
 Post-LN transformer: word + position + token-type embeddings, then per layer self-attention and a
-GELU feed-forward, each followed by a residual add and LayerNorm. Inputs are right-padded into one
-batch; a key-padding mask keeps padding out of attention.
+GELU feed-forward, each followed by a residual add and LayerNorm. A batch's inputs are packed
+end to end, so the linear layers (nearly all the work) never compute padding; only attention
+pads them to the longest, with a key-padding mask.
 """
 
 from __future__ import annotations
@@ -32,17 +33,54 @@ class _Layer(nn.Module):
         self.up, self.down = nn.Linear(hidden, inter), nn.Linear(inter, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
         self.act = act
+        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # Q, K and V stacked: one GEMM
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, n, h = x.shape
+    def fuse(self) -> None:
+        """Stack Q, K and V once the weights are loaded (and moved), for one GEMM instead of three."""
+        self.qkv = (
+            torch.cat([self.query.weight, self.key.weight, self.value.weight]),
+            torch.cat([self.query.bias, self.key.bias, self.value.bias]),
+        )
 
-        def split(t):  # [b, n, h] -> [b, heads, n, head_dim]
-            return t.view(b, n, self.heads, h // self.heads).transpose(1, 2)
-
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, h)
+    def forward(self, x: torch.Tensor, pack: "_Packing") -> torch.Tensor:
+        """``x``: the batch's real tokens, packed ``[tokens, hidden]``. The linear layers see no
+        padding; attention alone runs padded."""
+        qkv = (
+            F.linear(x, *self.qkv)
+            if self.qkv is not None
+            else torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
+        )
+        attn = pack.attend(qkv, self.heads)
         x = self.attn_norm(x + self.attn_out(attn))
         return self.ffn_norm(x + self.down(self.act(self.up(x))))
+
+
+class _Packing:
+    """Where each input's tokens sit in the packed ``[tokens, ...]`` layout the linear layers use
+    and in the padded ``[inputs * longest, ...]`` one attention needs (a padded slot reads a zero
+    row and is masked out as a key). One padded run: per-run SDPA calls cost more than they save."""
+
+    def __init__(self, lengths: list[int], device: torch.device) -> None:
+        self.rows, self.longest = len(lengths), max(lengths)
+        n = torch.tensor(lengths)
+        keep = torch.arange(self.longest)[None, :] < n[:, None]  # [rows, longest]
+        self.total = int(n.sum())
+        self.mask = self.slot = self.real = None
+        if self.total < self.rows * self.longest:
+            slot = torch.full(keep.shape, self.total, dtype=torch.long)
+            slot[keep] = torch.arange(self.total)
+            self.slot = slot.view(-1).to(device)
+            self.real = keep.view(-1).nonzero().squeeze(1).to(device)
+            self.mask = keep[:, None, None, :].to(device)
+
+    def attend(self, qkv: torch.Tensor, heads: int) -> torch.Tensor:
+        """Attention over packed ``[tokens, 3 * hidden]`` Q, K, V; the output packed ``[tokens, hidden]``."""
+        h = qkv.shape[1] // 3
+        if self.slot is not None:
+            qkv = torch.cat([qkv, qkv.new_zeros(1, 3 * h)]).index_select(0, self.slot)
+        q, k, v = qkv.view(self.rows, self.longest, 3, heads, h // heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask).transpose(1, 2).reshape(-1, h)
+        return out if self.real is None else out.index_select(0, self.real)
 
 
 # checkpoint name (after the layer prefix) -> our parameter name
@@ -84,7 +122,10 @@ class BertModel(nn.Module, Encoder):
         with torch.device("meta"):
             model = cls(config)
         model.load_weights(iter_safetensors(model_dir))
-        return model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval()
+        for layer in model.layers:
+            layer.fuse()
+        return model
 
     def load_weights(self, weights) -> None:
         params = dict(self.named_parameters())
@@ -109,20 +150,14 @@ class BertModel(nn.Module, Encoder):
     @torch.inference_mode()
     def encode(self, inputs: list[list[int]]) -> list[torch.Tensor]:
         device = self.word.weight.device
-        longest = max(len(ids) for ids in inputs)
-        ids = torch.full((len(inputs), longest), self.pad_id, dtype=torch.long)
-        for i, row in enumerate(inputs):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        lengths = torch.tensor([len(row) for row in inputs])
-        ids, lengths = ids.to(device), lengths.to(device)
-        keep = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # [b, n]: real tokens
-        positions = torch.arange(longest, device=device)[None, :]
-        x = self.word(ids) + self.position(positions) + self.token_type(torch.zeros_like(ids))
-        x = self.embed_norm(x)
-        mask = keep[:, None, None, :]  # broadcast over heads and queries: padding is never a key
+        lengths = [len(ids) for ids in inputs]
+        ids = torch.tensor([t for row in inputs for t in row], dtype=torch.long, device=device)
+        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
+        x = self.embed_norm(self.word(ids) + self.position(positions) + self.token_type.weight[0])
+        pack = _Packing(lengths, device)
         for layer in self.layers:
-            x = layer(x, mask)
-        return [x[i, : len(row)].float() for i, row in enumerate(inputs)]
+            x = layer(x, pack)
+        return list(x.float().split(lengths))
 
 
 def _our_name(name: str) -> str | None:
