@@ -49,23 +49,14 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
     from llmkit.core.model.loader.hf_model_id import hf_model_id
     from llmkit.core.model.loader.source import EMBEDDED_NAME
-    from llmkit.core.server.app import create_app
     from llmkit.core.server.prompts.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState
 
     check_server_config(config)
     embedding_dir = _embedding_model_dir(engine_config.model_path, config.is_embedding)
+    storage = _open_storage(config) if config.enable_batches else None
     if embedding_dir is not None:
-        return _build_embedding_server(engine_config, config, embedding_dir)
-    storage = None
-    if config.enable_batches:
-        from llmkit.core.batches.storage import open_storage, parse_storage_options
-
-        storage = open_storage(
-            config.batch_storage or registry().default("storage"),
-            parse_storage_options(list(config.storage_options)),
-            file_storage_path=config.file_storage_path,
-        )
+        return _build_embedding_server(engine_config, config, embedding_dir, storage)
     client, model_dir = _start_engine(engine_config)
     tok = client.tokenizer
     source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
@@ -96,11 +87,27 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         if storage is not None:
             storage.close()
 
+    return _app(state, shutdown, services, routers, storage)
+
+
+def _app(state, shutdown, services, routers, storage):
+    from llmkit.core.server.app import create_app
+
     app = create_app(state, on_shutdown=shutdown, services=services, routers=routers, storage=storage)
     if state.metrics is not None:
         for service in services:  # the batch runner: lines in flight and queued, read at scrape time
             state.metrics.sources.append(service.line_counts)
     return app
+
+
+def _open_storage(config: ServerConfig):
+    from llmkit.core.batches.storage import open_storage, parse_storage_options
+
+    return open_storage(
+        config.batch_storage or registry().default("storage"),
+        parse_storage_options(list(config.storage_options)),
+        file_storage_path=config.file_storage_path,
+    )
 
 
 def _embedding_model_dir(model_path: str | None, forced: bool) -> Path | None:
@@ -128,16 +135,16 @@ def _embedding_model_dir(model_path: str | None, forced: bool) -> Path | None:
     return None
 
 
-def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path):
-    """An embedding model behind /v1/embeddings: an :class:`EmbeddingEngine` stands where the
-    generation engine's client would, with no KV cache and no decode loop."""
+def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path, storage):
+    """An embedding model behind /v1/embeddings (and Batches of embeddings lines, with
+    ``storage``): an :class:`EmbeddingEngine` stands where the generation engine's client would,
+    with no KV cache and no decode loop."""
     from transformers import AutoTokenizer
 
     from llmkit.core.embedding.loader import start_embedding_engine
     from llmkit.core.model.loader.embedded_encoder import ENCODER_HF_ID, is_embedded_encoder
     from llmkit.core.model.loader.hf_model_id import hf_model_id
     from llmkit.core.model.loader.source import load_config
-    from llmkit.core.server.app import create_app
     from llmkit.core.server.state import ServerState
 
     model_config = load_config(model_dir)
@@ -146,15 +153,12 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
     tok("warm", add_special_tokens=True)  # sets the tokenizer's truncation once, before threads share it
     path = engine_config.model_path
     hf_id = config.hf_model_id or (ENCODER_HF_ID if is_embedded_encoder(path) else hf_model_id(path))
-    if config.enable_batches:
-        log.info("Files and Batches are not served for embedding models yet")
     config = replace(
         config,
         served_model_name=config.served_model_name or path,
         hf_model_id=hf_id,
         is_embedding=True,
         warm_routes=False,  # the warm-up requests are chat ones
-        enable_batches=False,
     )
     state = ServerState(
         client=engine,
@@ -165,7 +169,18 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
         vocab_size=model_config["vocab_size"],
         embedder=engine,
     )
-    return create_app(state, on_shutdown=engine.shutdown)
+    services, routers = [], []
+    if storage is not None:
+        from llmkit.core.batches.validation import EMBEDDING_ENDPOINTS
+
+        services, routers = _batches(state, storage, config.batch_max_in_flight, EMBEDDING_ENDPOINTS)
+
+    def shutdown():
+        engine.shutdown()
+        if storage is not None:
+            storage.close()
+
+    return _app(state, shutdown, services, routers, storage)
 
 
 def _start_engine(config: EngineConfig):
@@ -189,8 +204,9 @@ def _start_engine(config: EngineConfig):
     return InProcessEngineClient(engine, config.max_queued_requests), parts.model_dir
 
 
-def _batches(state, storage, max_in_flight: int):
-    """The batch runner (started and stopped with the app) and the files and batches routes."""
+def _batches(state, storage, max_in_flight: int, endpoints: tuple[str, ...] | None = None):
+    """The batch runner (started and stopped with the app) and the files and batches routes
+    (batches of ``endpoints``: the chat and completions ones by default)."""
     from llmkit.core.batches.batches_routes import batches_router, protocol_body_validator
     from llmkit.core.batches.executor import make_batch_executor
     from llmkit.core.batches.files_routes import files_router
@@ -201,5 +217,5 @@ def _batches(state, storage, max_in_flight: int):
     )
     return [runner], [
         files_router(storage, max_upload_bytes=state.options.max_upload_size),
-        batches_router(runner),
+        batches_router(runner, **({"endpoints": endpoints} if endpoints else {})),
     ]

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from llmkit.core.batches.files_routes import int_param, not_found, paginate, visible_file
 from llmkit.core.batches.runner import COMPLETION_WINDOWS, BatchRunner
 from llmkit.core.batches.storage import BatchRecord, NotFoundError
-from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS
+from llmkit.core.batches.validation import SUPPORTED_ENDPOINTS, default_body_validator
 from llmkit.core.server.access.owners import principal
 from llmkit.core.server.body import read_json
 from llmkit.core.server.errors import APIError, error_response
@@ -36,9 +36,15 @@ def protocol_body_validator(endpoint: str, body: dict) -> str | None:
     """Check a batch line's body with the server's request models (pass as ``body_validator``)."""
     from pydantic import ValidationError
 
+    from llmkit.core.server.openai.embeddings import EmbeddingRequest
     from llmkit.core.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
-    cls = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
+    problem = default_body_validator(endpoint, body)  # the fields each endpoint cannot do without
+    if problem:
+        return problem
+    cls = {"/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest}.get(
+        endpoint, CompletionRequest
+    )
     try:
         cls.model_validate(body)
     except ValidationError as exc:

@@ -17,7 +17,8 @@ MAX_FILE_BYTES = 200 * 1024 * 1024
 MAX_LINE_BYTES = 32 * 1024 * 1024  # one request body; a longer "line" is refused, not buffered
 MAX_CUSTOM_ID_CHARS = 512
 MAX_ERRORS = 100  # the rest would only repeat the lesson; validation stops here
-SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # a generative model's
+EMBEDDING_ENDPOINTS = ("/v1/embeddings",)  # an embedding model's
 
 # (endpoint, body) -> an error message, or None when the body is valid. The server passes one
 # built from its request models; the default only checks the shape.
@@ -37,6 +38,9 @@ def default_body_validator(endpoint: str, body: dict) -> str | None:
     elif endpoint == "/v1/completions":
         if "prompt" not in body:
             return "body.prompt is required"
+    elif endpoint == "/v1/embeddings":
+        if "input" not in body:
+            return "body.input is required"
     return None
 
 

@@ -38,12 +38,16 @@ def embed_server():
 
 
 @pytest.fixture(scope="module")
-def reference():
+def st_model():
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(embedded_encoder_dir()), device="cpu")
+    return SentenceTransformer(str(embedded_encoder_dir()), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(st_model):
     sentences = _sentences()
-    return sentences, torch.tensor(model.encode(sentences, batch_size=32))
+    return sentences, torch.tensor(st_model.encode(sentences, batch_size=32))
 
 
 def _vectors(resp) -> torch.Tensor:
@@ -108,6 +112,10 @@ BAD = {
     "unknown encoding": {"input": "a", "encoding_format": "int8"},
     "dimensions as a string": {"input": "a", "dimensions": "8"},
     "dimensions on a non-Matryoshka model": {"input": "a", "dimensions": 8},
+    "truncate_prompt_tokens 0": {"input": "a", "truncate_prompt_tokens": 0},
+    "truncate_prompt_tokens -2": {"input": "a", "truncate_prompt_tokens": -2},
+    "truncate_prompt_tokens over the limit": {"input": "a", "truncate_prompt_tokens": 257},
+    "truncate_prompt_tokens with no room for text": {"input": "a", "truncate_prompt_tokens": 2},
 }
 
 
@@ -145,3 +153,54 @@ def test_generation_routes_say_the_model_serves_embeddings(embed_server):
 def test_embeddings_on_a_generative_model_are_400(server):
     with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
         server.client.embeddings.create(model="m", input="hello")
+
+
+def test_truncate_prompt_tokens_cuts_as_sentence_transformers_does(embed_server, st_model):
+    from transformers import AutoTokenizer
+
+    http = embed_server.http()
+    long = " ".join(WORDS * 12)  # ~500 tokens: refused whole, embedded when cut
+    assert http.post("/v1/embeddings", json={"model": "m", "input": long}).status_code == 400
+    for keep, st_length in ((16, 16), (-1, 256)):
+        got = http.post("/v1/embeddings", json={"model": "m", "input": [long], "truncate_prompt_tokens": keep}).json()
+        assert got["usage"]["prompt_tokens"] == st_length
+        st_model.max_seq_length = st_length  # sentence-transformers cuts at max_seq_length, special tokens kept
+        want = torch.tensor(st_model.encode([long]))
+        assert _min_cosine(torch.tensor([got["data"][0]["embedding"]]), want) >= 0.9999
+    st_model.max_seq_length = 256
+    # token ids keep their last tokens (vLLM's left truncation)
+    ids = AutoTokenizer.from_pretrained(str(embedded_encoder_dir()))("a cat sat on the mat by the river")["input_ids"]
+    cut = http.post("/v1/embeddings", json={"model": "m", "input": [ids], "truncate_prompt_tokens": 5}).json()
+    tail = http.post("/v1/embeddings", json={"model": "m", "input": [ids[-5:]]}).json()
+    assert cut["usage"]["prompt_tokens"] == 5
+    assert cut["data"][0]["embedding"] == pytest.approx(tail["data"][0]["embedding"], abs=1e-5)
+
+
+def test_a_batch_of_embeddings_lines(embed_server, reference):
+    import io
+    import json
+
+    from fault_utils import wait_batch
+
+    sentences, want = reference
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": chunk}}
+        for i, chunk in enumerate([sentences[i : i + 25] for i in range(0, 100, 25)])
+    ]
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": ""}})
+    client = embed_server.client
+    data = "\n".join(json.dumps(x) for x in lines).encode()
+    f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    batch = wait_batch(client, batch.id, timeout=120)
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (5, 4, 1)
+    out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == ["e0", "e1", "e2", "e3"]
+    vectors = torch.tensor([d["embedding"] for o in out for d in o["response"]["body"]["data"]])
+    assert _min_cosine(vectors, want) >= 0.9999
+    err = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
+    assert [e["custom_id"] for e in err] == ["bad"] and "empty string" in json.dumps(err)
+    # an embedding server takes no chat batches
+    with pytest.raises(openai.BadRequestError, match="/v1/embeddings"):
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")

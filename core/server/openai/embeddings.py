@@ -30,6 +30,9 @@ class EmbeddingRequest(RequestModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    # vLLM's: embed at most this many tokens of each input (-1: the model's limit) instead of
+    # refusing a longer one; a text keeps its special tokens, token ids keep their last ones.
+    truncate_prompt_tokens: int | None = None
 
 
 def _is_ids(x) -> bool:
@@ -89,6 +92,44 @@ def _check(state, body: EmbeddingRequest, texts, ids) -> None:
             raise APIError(f"'dimensions' must be one of {shown}, not {body.dimensions}", param="dimensions")
 
 
+def _truncation(body: EmbeddingRequest, limit: int) -> int | None:
+    k = body.truncate_prompt_tokens
+    if k is None:
+        return None
+    if k == -1:
+        return limit
+    if not 1 <= k <= limit:
+        raise APIError(
+            f"'truncate_prompt_tokens' must be -1 (the model's limit) or 1..{limit}, not {k}",
+            param="truncate_prompt_tokens",
+        )
+    return k
+
+
+def _tokenize(tok, texts: list[str], keep: int | None) -> list[list[int]]:
+    """Token ids with the model's special tokens, as sentence-transformers tokenizes. With
+    ``keep``, each text's own tokens are cut (on the tokenizer's truncation side) so that they
+    and the special tokens around them fit ``keep``; the cut is made here, since the tokenizer's
+    own truncation is state the request threads would share."""
+    if keep is None:
+        return tok(texts, add_special_tokens=True)["input_ids"]
+    enc = tok(texts, add_special_tokens=True, return_special_tokens_mask=True)
+    left = getattr(tok, "truncation_side", "right") == "left"
+    out = []
+    for row, special in zip(enc["input_ids"], enc["special_tokens_mask"]):
+        if len(row) <= keep:
+            out.append(row)
+            continue
+        head = next((i for i, s in enumerate(special) if not s), len(row))  # leading special tokens
+        tail = next((i for i, s in enumerate(reversed(special)) if not s), 0)  # trailing ones
+        room = keep - head - tail
+        if room < 1:
+            raise APIError(f"'truncate_prompt_tokens' {keep} leaves no room beside the special tokens")
+        text = row[head : len(row) - tail]
+        out.append(row[:head] + (text[-room:] if left else text[:room]) + row[len(row) - tail :])
+    return out
+
+
 def _check_lengths(ids: list[list[int]], limit: int) -> None:
     long = next((i for i, row in enumerate(ids) if len(row) > limit), None)
     if long is not None:
@@ -115,9 +156,11 @@ async def create_embedding(state, body: EmbeddingRequest) -> dict:
     check_model(state.options, body)
     texts, ids = _inputs(body.input)
     _check(state, body, texts, ids)
+    keep = _truncation(body, state.embedder.max_input_tokens)
     if texts is not None:
-        tok = state.tokenizer
-        ids = await asyncio.to_thread(lambda: tok(texts, add_special_tokens=True)["input_ids"])
+        ids = await asyncio.to_thread(_tokenize, state.tokenizer, texts, keep)
+    elif keep is not None:
+        ids = [row[-keep:] for row in ids]
     _check_lengths(ids, state.embedder.max_input_tokens)
     vectors = await asyncio.wrap_future(state.embedder.embed(ids, body.dimensions))
     tokens = sum(map(len, ids))
