@@ -159,6 +159,7 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
         hf_model_id=hf_id,
         is_embedding=True,
         warm_routes=False,  # the warm-up requests are chat ones
+        enable_web_ui=False,  # the playground is a chat page
     )
     state = ServerState(
         client=engine,

@@ -148,6 +148,7 @@ def test_generation_routes_say_the_model_serves_embeddings(embed_server):
     assert [m.id for m in client.models.list().data] == [ENCODER_NAME]
     assert httpx.get(embed_server.base_url + "/health").json() == {"status": "ok"}
     assert httpx.get(embed_server.base_url + "/get_model_info").json()["is_generation"] is False
+    assert httpx.get(embed_server.base_url + "/").status_code == 404  # no chat playground
 
 
 def test_embeddings_on_a_generative_model_are_400(server):
