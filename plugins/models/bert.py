@@ -1,8 +1,11 @@
-"""BERT (``BertModel``): the encoder behind sentence-transformers' MiniLM, BGE and E5 models.
+"""BERT (``BertModel``): the encoder behind sentence-transformers' MiniLM, BGE and E5 models, and
+XLM-RoBERTa (``XLMRobertaModel``, bge-m3's), plus their ``*ForSequenceClassification`` heads:
+the cross-encoders behind /v1/rerank and /v1/score (bge-reranker, ms-marco MiniLM).
 
 Post-LN transformer: word + position + token-type embeddings, then per layer self-attention and a
 GELU feed-forward, each followed by a residual add and LayerNorm. Inputs are right-padded into one
-batch; a key-padding mask keeps padding out of attention.
+batch; a key-padding mask keeps padding out of attention. RoBERTa differs only in its positions,
+which start after ``pad_token_id`` (``padding_idx + 1``), and its single token type.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model.encoder import Encoder
+from llmkit.core.model.encoder import Encoder, Scorer
 from llmkit.core.model.loader.source import iter_safetensors
 
 _ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
@@ -59,6 +62,9 @@ _LAYER_NAMES = {
 
 
 class BertModel(nn.Module, Encoder):
+    #: checkpoint prefixes a task model nests the encoder under
+    prefixes = ("bert.",)
+
     def __init__(self, config: dict) -> None:
         super().__init__()
         if config.get("position_embedding_type", "absolute") != "absolute":
@@ -68,10 +74,12 @@ class BertModel(nn.Module, Encoder):
             raise ValueError(f"BERT hidden_act '{act}' is not supported; supported: {', '.join(_ACTIVATIONS)}")
         hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
         self.hidden_size = hidden
-        self.max_position = config["max_position_embeddings"]
         self.pad_id = config.get("pad_token_id") or 0
+        # RoBERTa numbers positions from padding_idx + 1 (position ids at or below are padding's)
+        self.position_offset = self.pad_id + 1 if config.get("model_type") in ("roberta", "xlm-roberta") else 0
+        self.max_position = config["max_position_embeddings"] - self.position_offset
         self.word = nn.Embedding(config["vocab_size"], hidden)
-        self.position = nn.Embedding(self.max_position, hidden)
+        self.position = nn.Embedding(config["max_position_embeddings"], hidden)
         self.token_type = nn.Embedding(config.get("type_vocab_size", 2), hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=eps)
         self.layers = nn.ModuleList(
@@ -90,7 +98,7 @@ class BertModel(nn.Module, Encoder):
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
-            ours = _our_name(name)
+            ours = _our_name(name, self.prefixes)
             if ours is None:
                 continue  # the pooler head and position_ids buffers: not used for embeddings
             if ours not in params:
@@ -108,25 +116,111 @@ class BertModel(nn.Module, Encoder):
 
     @torch.inference_mode()
     def encode(self, inputs: list[list[int]]) -> list[torch.Tensor]:
+        x = self.hidden(inputs)
+        return [x[i, : len(row)].float() for i, row in enumerate(inputs)]
+
+    def hidden(self, inputs: list[list[int]], type_ids: list[list[int]] | None = None) -> torch.Tensor:
+        """The last hidden states of the right-padded batch, ``[b, longest, hidden]``."""
         device = self.word.weight.device
         longest = max(len(ids) for ids in inputs)
         ids = torch.full((len(inputs), longest), self.pad_id, dtype=torch.long)
+        types = torch.zeros((len(inputs), longest), dtype=torch.long)
         for i, row in enumerate(inputs):
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            if type_ids is not None:
+                types[i, : len(row)] = torch.tensor(type_ids[i], dtype=torch.long)
         lengths = torch.tensor([len(row) for row in inputs])
-        ids, lengths = ids.to(device), lengths.to(device)
+        ids, types, lengths = ids.to(device), types.to(device), lengths.to(device)
         keep = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # [b, n]: real tokens
-        positions = torch.arange(longest, device=device)[None, :]
-        x = self.word(ids) + self.position(positions) + self.token_type(torch.zeros_like(ids))
+        positions = torch.arange(longest, device=device)[None, :] + self.position_offset
+        x = self.word(ids) + self.position(positions) + self.token_type(types)
         x = self.embed_norm(x)
         mask = keep[:, None, None, :]  # broadcast over heads and queries: padding is never a key
         for layer in self.layers:
             x = layer(x, mask)
-        return [x[i, : len(row)].float() for i, row in enumerate(inputs)]
+        return x
 
 
-def _our_name(name: str) -> str | None:
-    name = name.removeprefix("bert.")  # BertForMaskedLM-style checkpoints nest the encoder
+class XLMRobertaModel(BertModel):
+    prefixes = ("roberta.",)
+
+
+class BertForSequenceClassification(nn.Module, Scorer):
+    """A cross-encoder: the encoder, then on the first ([CLS]) token a dense layer with tanh (BERT's
+    pooler) and a one-label classifier whose logit is the pair's relevance. The routes apply the
+    activation sentence-transformers' ``CrossEncoder`` and vLLM apply by default: sigmoid, unless
+    config.json names another (``sentence_transformers.activation_fn``)."""
+
+    encoder_cls = BertModel
+    # checkpoint names of the head's dense layer and classifier (RoBERTa's head is one module)
+    head_names = {"bert.pooler.dense": "dense", "classifier": "out"}
+
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+        if labels != 1:
+            raise ValueError(f"a cross-encoder for rerank and score has one label; this classifier has {labels}")
+        self.encoder = self.encoder_cls(config)
+        self.max_position = self.encoder.max_position
+        self.activation = _activation(config)
+        hidden = config["hidden_size"]
+        self.dense, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, 1)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Path, config: dict, device: torch.device, dtype: torch.dtype):
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_weights(iter_safetensors(model_dir))
+        return model.to(device=device, dtype=dtype).eval()
+
+    def load_weights(self, weights) -> None:
+        head = {}
+
+        def encoder_weights():
+            for name, tensor in weights:
+                module, _, attr = name.rpartition(".")
+                if module in self.head_names:
+                    head[f"{self.head_names[module]}.{attr}"] = tensor
+                else:
+                    yield name, tensor
+
+        self.encoder.load_weights(encoder_weights())
+        params = dict(self.dense.named_parameters(prefix="dense")) | dict(self.out.named_parameters(prefix="out"))
+        if head.keys() != params.keys():
+            raise ValueError(f"the checkpoint's classifier head has {sorted(head)}, not {sorted(params)}")
+        for name, tensor in head.items():
+            module, attr = name.split(".")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(
+                    f"classifier weight '{name}' has shape {tuple(tensor.shape)}, not {tuple(params[name].shape)}"
+                )
+            setattr(getattr(self, module), attr, nn.Parameter(tensor.float(), requires_grad=False))
+
+    @torch.inference_mode()
+    def score(self, inputs: list[list[int]], type_ids: list[list[int]] | None = None) -> list[float]:
+        first = self.encoder.hidden(inputs, type_ids)[:, 0]
+        return self.out(torch.tanh(self.dense(first)))[:, 0].float().tolist()
+
+
+class XLMRobertaForSequenceClassification(BertForSequenceClassification):
+    encoder_cls = XLMRobertaModel
+    head_names = {"classifier.dense": "dense", "classifier.out_proj": "out"}
+
+
+def _activation(config: dict) -> str:
+    """sentence-transformers' activation for the logit, as saved in config.json (v3+ under
+    ``sentence_transformers``, older as ``sbert_ce_default_activation_function``); sigmoid without."""
+    name = (config.get("sentence_transformers") or {}).get("activation_fn")
+    name = name or config.get("sbert_ce_default_activation_function") or "Sigmoid"
+    short = name.rsplit(".", 1)[-1]
+    if short not in ("Sigmoid", "Identity"):
+        raise ValueError(f"cross-encoder activation '{name}' is not supported; Sigmoid and Identity are")
+    return short.lower()
+
+
+def _our_name(name: str, prefixes: tuple[str, ...]) -> str | None:
+    for prefix in prefixes:  # task checkpoints (BertForMaskedLM, *ForSequenceClassification) nest the encoder
+        name = name.removeprefix(prefix)
     if name.startswith("embeddings."):
         return {
             "embeddings.word_embeddings.weight": "word.weight",
