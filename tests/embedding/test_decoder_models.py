@@ -1,0 +1,119 @@
+"""Causal LMs served without generating: a tiny random Qwen3 as a last-token embedder
+(``--is-embedding``, Qwen3-Embedding style) and as a yes/no reranker (``--is-reranker``,
+Qwen3-Reranker style), against transformers on the same checkpoints."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+import torch.nn.functional as F
+
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "The cat sat on the mat.", "Rain at night.", "Berlin is in Germany."]
+# Qwen3-Reranker's model card builds its inputs so: these tokens around the formatted pair
+PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _tiny_qwen3(path, cls_name: str):
+    """A random tiny Qwen3 (the embedded model's tokenizer), weights widened so outputs differ."""
+    import transformers
+
+    from model_utils import copy_embedded_tokenizer, tiny_config
+
+    torch.manual_seed(0)
+    model = getattr(transformers, cls_name)(tiny_config("qwen3", vocab_size=49152)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(path)
+    copy_embedded_tokenizer(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    from tests.conftest import _server
+
+    path = tmp_path_factory.mktemp("tiny-qwen3-embedding")
+    ref = _tiny_qwen3(path, "Qwen3Model")  # saved without an LM head, as Qwen3-Embedding is
+    for server in _server(["--model-path", str(path), "--is-embedding"]):
+        yield server, ref, path
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    from tests.conftest import _server
+
+    path = tmp_path_factory.mktemp("tiny-qwen3-reranker")
+    ref = _tiny_qwen3(path, "Qwen3ForCausalLM")
+    for server in _server(["--model-path", str(path), "--is-reranker"]):
+        yield server, ref, path
+
+
+def _reference_vectors(ref, path, texts: list[str]) -> torch.Tensor:
+    """transformers' last hidden state at each text's last token, normalised (Qwen3-Embedding's pooling)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    rows = []
+    for ids in tok(texts, add_special_tokens=True)["input_ids"]:
+        with torch.no_grad():
+            rows.append(ref(torch.tensor([ids])).last_hidden_state[0, -1])
+    return F.normalize(torch.stack(rows), dim=1)
+
+
+def test_last_token_embeddings_match_transformers(embedder):
+    server, ref, path = embedder
+    texts = [QUERY, *DOCS, "word " * 40]
+    resp = server.client.embeddings.create(model="m", input=texts)
+    got = torch.tensor([d.embedding for d in resp.data])
+    want = _reference_vectors(ref, path, texts)
+    assert got.shape == want.shape == (len(texts), 64)
+    assert F.cosine_similarity(got, want, dim=1).min().item() >= 0.9999
+    assert torch.allclose(got.norm(dim=1), torch.ones(len(texts)), atol=1e-5)
+
+
+def test_a_bi_encoder_scores_by_cosine_and_does_not_rerank(embedder):
+    server, ref, path = embedder
+    body = server.http().post("/v1/score", json={"model": "m", "text_1": QUERY, "text_2": DOCS}).json()
+    vectors = _reference_vectors(ref, path, [QUERY, *DOCS])
+    want = (vectors[1:] @ vectors[0]).tolist()
+    assert [d["score"] for d in body["data"]] == pytest.approx(want, abs=1e-4)
+    resp = server.http().post("/v1/rerank", json={"model": "m", "query": QUERY, "documents": DOCS})
+    assert resp.status_code == 400 and "does not rerank" in resp.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="serves embeddings"):
+        server.client.completions.create(model="m", prompt="hi")
+
+
+def test_yes_no_reranker_matches_transformers(reranker):
+    server, ref, path = reranker
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    prefix, suffix = tok.encode(PREFIX, add_special_tokens=False), tok.encode(SUFFIX, add_special_tokens=False)
+    want = []
+    for doc in DOCS:  # the model card's scoring: softmax over the "no" and "yes" logits, P("yes")
+        body = tok.encode(f"<Instruct>: {INSTRUCTION}\n<Query>: {QUERY}\n<Document>: {doc}", add_special_tokens=False)
+        with torch.no_grad():
+            logits = ref(torch.tensor([prefix + body + suffix])).logits[0, -1]
+        want.append(torch.softmax(logits[[no, yes]], dim=0)[1].item())
+    assert max(want) - min(want) > 0.05  # the order below is a real check
+
+    http = server.http()
+    res = http.post("/v1/rerank", json={"model": "m", "query": QUERY, "documents": DOCS, "top_n": 3}).json()
+    order = sorted(range(len(DOCS)), key=lambda i: -want[i])
+    assert [r["index"] for r in res["results"]] == order[:3]
+    for r in res["results"]:
+        assert r["relevance_score"] == pytest.approx(want[r["index"]], abs=1e-4)
+    scores = http.post("/v1/score", json={"text_1": QUERY, "text_2": DOCS}).json()
+    assert [d["score"] for d in scores["data"]] == pytest.approx(want, abs=1e-4)
+    with pytest.raises(openai.BadRequestError, match="reranks"):
+        server.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
