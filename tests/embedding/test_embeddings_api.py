@@ -142,6 +142,11 @@ def test_generation_routes_say_the_model_serves_embeddings(embed_server):
     assert httpx.get(embed_server.base_url + "/get_model_info").json()["is_generation"] is False
 
 
-def test_embeddings_on_a_generative_model_are_400(server):
+def test_embeddings_rerank_and_score_on_a_generative_model_are_400(server):
     with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
         server.client.embeddings.create(model="m", input="hello")
+    http = server.http()
+    rerank = http.post("/v1/rerank", json={"model": "m", "query": "a", "documents": ["b"]})
+    score = http.post("/v1/score", json={"model": "m", "text_1": "a", "text_2": "b"})
+    for resp in (rerank, score):
+        assert resp.status_code == 400 and "serve a reranker" in resp.json()["error"]["message"]
