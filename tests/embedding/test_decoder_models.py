@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-QUERY = "What is the capital of France?"
-DOCS = ["Paris is the capital of France.", "The cat sat on the mat.", "Rain at night.", "Berlin is in Germany."]
+QUERY = "What is the capital of France? {document}"  # placeholders in texts stay text
+DOCS = ["Paris is the capital of France.", "The cat sat on the mat.", "Rain at night.", "Berlin {query} is in Germany."]
 # Qwen3-Reranker's model card builds its inputs so: these tokens around the formatted pair
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "

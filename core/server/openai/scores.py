@@ -107,7 +107,9 @@ async def _pair_scores(state, queries: list[str], docs: list[str], activate: boo
         enc = await asyncio.to_thread(lambda: tok(queries, docs, add_special_tokens=True))
         ids, types = enc["input_ids"], enc.get("token_type_ids")
     else:  # a causal reranker: its prompt, special tokens written in it
-        prompts = [template.replace("{query}", q).replace("{document}", d) for q, d in zip(queries, docs)]
+        head, rest = template.split("{query}", 1)
+        middle, tail = rest.split("{document}", 1)  # split once: a text may itself hold "{document}"
+        prompts = [head + q + middle + d + tail for q, d in zip(queries, docs)]
         ids = await asyncio.to_thread(lambda: tok(prompts, add_special_tokens=False)["input_ids"])
         types = None
     _check_lengths(ids, engine.max_input_tokens, "pair")
