@@ -538,6 +538,23 @@ SERVE_OPTIONS = (
         "cross-encoders (BertForSequenceClassification) are recognised from their config without it.",
     ),
     ServeOption(
+        ("--rerank-instruction",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_RERANK_INSTRUCTION",
+        help="The <Instruct> of an --is-reranker model's prompt (default: Qwen3-Reranker's, for web search).",
+    ),
+    ServeOption(
+        ("--pooler-config",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_POOLER_CONFIG",
+        help="An embedding model's pooling over what its files say, as vLLM's JSON: "
+        '{"pooling_type": "MEAN" | "CLS" | "LAST", "normalize": true | false}.',
+    ),
+    ServeOption(
         ("--max-embedding-inputs",),
         int,
         2048,

@@ -153,7 +153,13 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
 
     model_config = load_config(model_dir)
     engine = start_embedding_engine(
-        model_dir, model_config, device=engine_config.device, dtype=engine_config.dtype, reranker=config.is_reranker
+        model_dir,
+        model_config,
+        device=engine_config.device,
+        dtype=engine_config.dtype,
+        reranker=config.is_reranker,
+        pooler_config=config.pooler_config,
+        instruction=config.rerank_instruction,
     )
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok("warm", add_special_tokens=True)  # sets the tokenizer's truncation once, before threads share it

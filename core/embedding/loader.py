@@ -17,7 +17,13 @@ from llmkit.core.embedding.decoder import (
     causal_architecture,
 )
 from llmkit.core.embedding.engine import EmbeddingEngine
-from llmkit.core.embedding.pooling import Pooling, matryoshka_dimensions, max_input_tokens, read_pooling
+from llmkit.core.embedding.pooling import (
+    Pooling,
+    matryoshka_dimensions,
+    max_input_tokens,
+    override_pooling,
+    read_pooling,
+)
 from llmkit.core.model.encoder import Scorer
 from llmkit.core.plugins import registry
 
@@ -36,10 +42,22 @@ def encoder_architecture(config: dict) -> str | None:
 
 
 def start_embedding_engine(
-    model_dir: Path, config: dict, *, device: str = "auto", dtype: str = "auto", reranker: bool = False
+    model_dir: Path,
+    config: dict,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    reranker: bool = False,
+    pooler_config: str | None = None,
+    instruction: str | None = None,
 ) -> EmbeddingEngine:
     """Load the model ``config`` names and start its worker thread: an encoder plugin as it is,
-    a causal LM as a last-token embedder, or with ``reranker`` as a yes/no reranker."""
+    a causal LM as a last-token embedder, or with ``reranker`` as a yes/no reranker (its prompt
+    carrying ``instruction``, else the model card's). ``pooler_config``: ``--pooler-config``."""
+    if pooler_config and reranker:
+        raise ValueError("--pooler-config sets an embedding model's pooling; a reranker does not pool")
+    if instruction and not reranker:
+        raise ValueError("--rerank-instruction is for a causal LM served with --is-reranker")
     arch = encoder_architecture(config)
     if arch is None and causal_architecture(config) is None:
         names = [n for n in registry().names("model") if registry().entry("model", n).meta.get("embedding")]
@@ -52,11 +70,13 @@ def start_embedding_engine(
     dt = {"auto": torch.float32 if dev.type == "cpu" else torch.bfloat16}.get(dtype) or getattr(torch, dtype)
     template = None
     if arch is not None:
+        if instruction:
+            raise ValueError(f"--rerank-instruction: {arch} reads pairs without a prompt to put it in")
         model = registry().model(arch).from_pretrained(model_dir, config, dev, dt)
     elif reranker:
         arch = causal_architecture(config) + " (yes/no reranker)"
         model = DecoderReranker.from_pretrained(model_dir, config, dev, dt)
-        template = QWEN3_RERANKER_TEMPLATE.replace("{instruction}", DEFAULT_INSTRUCTION)
+        template = QWEN3_RERANKER_TEMPLATE.replace("{instruction}", instruction or DEFAULT_INSTRUCTION)
     else:
         arch = causal_architecture(config) + " (last-token embedder)"
         model = DecoderEncoder.from_pretrained(model_dir, config, dev, dt)
@@ -65,6 +85,9 @@ def start_embedding_engine(
         # a decoder embedder without sentence-transformers' files pools as Qwen3-Embedding does
         decoder = isinstance(model, DecoderEncoder) and not (model_dir / "modules.json").exists()
         pooling = Pooling("last", normalize=True) if decoder else read_pooling(model_dir)
+        pooling = override_pooling(pooling, pooler_config)
+    elif pooler_config:
+        raise ValueError("--pooler-config sets an embedding model's pooling; a cross-encoder does not pool")
     limit = max_input_tokens(model_dir, model.max_position)
     log.info(
         "%s model %s on %s (%s): %s, inputs up to %d tokens",

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from llmkit.core.embedding.pooling import Pooling, read_pooling
+from llmkit.core.embedding.pooling import Pooling, override_pooling, read_pooling
 from llmkit.plugins.models import bert
 from llmkit.plugins.models.bert import BertModel
 
@@ -129,3 +129,18 @@ def test_a_cross_encoder_has_one_label_and_a_known_activation():
     assert bert.BertForSequenceClassification({**one, "sentence_transformers": identity}).activation == "identity"
     with pytest.raises(ValueError, match="Tanh"):
         bert.BertForSequenceClassification({**one, "sbert_ce_default_activation_function": "torch.nn.Tanh"})
+
+
+def test_pooler_config_overrides_the_files():
+    files = Pooling("cls", normalize=True)
+    assert override_pooling(files, None) == files
+    assert override_pooling(files, '{"pooling_type": "MEAN"}') == Pooling("mean", normalize=True)
+    assert override_pooling(files, '{"pooling_type": "last", "normalize": false}') == Pooling("last", normalize=False)
+    for bad, match in (
+        ("mean", "not JSON"),
+        ('{"pooling_type": "MAX"}', "not one of"),
+        ('{"normalize": "yes"}', "true or false"),
+        ('{"pooling": "MEAN"}', "takes"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            override_pooling(files, bad)

@@ -117,3 +117,29 @@ def test_yes_no_reranker_matches_transformers(reranker):
     assert [d["score"] for d in scores["data"]] == pytest.approx(want, abs=1e-4)
     with pytest.raises(openai.BadRequestError, match="reranks"):
         server.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_instruction_and_pooling_flags_reach_the_engine(embedder, reranker):
+    import json
+
+    from llmkit.core.embedding.loader import start_embedding_engine
+    from llmkit.core.embedding.pooling import Pooling
+
+    _, _, rerank_dir = reranker
+    config = json.loads((rerank_dir / "config.json").read_text())
+    engine = start_embedding_engine(rerank_dir, config, reranker=True, instruction="Find recipes")
+    try:
+        assert "<Instruct>: Find recipes\n<Query>: {query}\n<Document>: {document}<|im_end|>" in engine.pair_template
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match="does not pool"):
+        start_embedding_engine(rerank_dir, config, reranker=True, pooler_config='{"pooling_type": "MEAN"}')
+    _, _, embed_dir = embedder
+    config = json.loads((embed_dir / "config.json").read_text())
+    engine = start_embedding_engine(embed_dir, config, pooler_config='{"pooling_type": "MEAN", "normalize": false}')
+    try:
+        assert engine.pooling == Pooling("mean", normalize=False)
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match="--is-reranker"):
+        start_embedding_engine(embed_dir, config, instruction="Find recipes")
