@@ -80,6 +80,22 @@ def test_rerank_matches_cross_encoder_sorted_and_cut(rerank_server, want):
         assert all(set(r) == {"index", "relevance_score"} for r in cut["results"])
 
 
+def test_concurrent_requests_share_forwards_and_scores(rerank_server, want):
+    """Requests of different sizes at once: batched together (padded, token types and all), each
+    score as alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    subsets = [DOCS[i:] + DOCS[:i] for i in range(len(DOCS))] + [DOCS[:1], DOCS[2:4]]
+
+    def rerank(docs):
+        body = rerank_server.http().post("/v1/rerank", json={"query": QUERY, "documents": docs}).json()
+        return {docs[r["index"]]: r["relevance_score"] for r in body["results"]}
+
+    with ThreadPoolExecutor(len(subsets)) as pool:
+        for docs, got in zip(subsets, pool.map(rerank, subsets)):
+            assert got == pytest.approx({d: want[DOCS.index(d)] for d in docs}, abs=1e-4)
+
+
 def test_score_one_to_n_and_n_to_n(rerank_server, want, cross_encoder_dir):
     http = rerank_server.http()
     body = http.post("/v1/score", json={"model": "m", "text_1": QUERY, "text_2": DOCS}).json()
