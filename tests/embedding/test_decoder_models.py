@@ -143,3 +143,32 @@ def test_instruction_and_pooling_flags_reach_the_engine(embedder, reranker):
         engine.shutdown()
     with pytest.raises(ValueError, match="--is-reranker"):
         start_embedding_engine(embed_dir, config, instruction="Find recipes")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_other_decoder_families_embed_as_transformers(tmp_path, family):
+    """The Llama path (fused Q/K rotation, the C decoder stack offered) and Qwen2's (QKV bias),
+    in-process: every token's final hidden state, inputs batched together."""
+    import json
+
+    import transformers
+
+    from llmkit.core.embedding.decoder import DecoderEncoder
+
+    from model_utils import tiny_config
+
+    torch.manual_seed(0)
+    cls = {"llama": transformers.LlamaModel, "qwen2": transformers.Qwen2Model}[family]
+    ref = cls(tiny_config(family)).eval()
+    with torch.no_grad():  # widen the weights and Qwen2's Q/K/V biases (zero at init)
+        for name, p in ref.named_parameters():
+            if p.dim() > 1 or name.endswith("proj.bias"):
+                p.normal_(0, 0.2)
+    ref.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    ours = DecoderEncoder.from_pretrained(tmp_path, config, torch.device("cpu"), torch.float32)
+    inputs = [[5, 6, 7, 8, 9], list(range(10, 60)), [3]]
+    for ids, got in zip(inputs, ours.encode(inputs)):
+        with torch.no_grad():
+            want = ref(torch.tensor([ids])).last_hidden_state[0]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
