@@ -53,7 +53,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     from llmkit.core.server.state import ServerState
 
     check_server_config(config)
-    embedding_dir = _embedding_model_dir(engine_config.model_path, config.is_embedding)
+    embedding_dir = _embedding_model_dir(engine_config.model_path, config.is_embedding, config.is_reranker)
     storage = _open_storage(config) if config.enable_batches else None
     if embedding_dir is not None:
         return _build_embedding_server(engine_config, config, embedding_dir, storage)
@@ -110,35 +110,45 @@ def _open_storage(config: ServerConfig):
     )
 
 
-def _embedding_model_dir(model_path: str | None, forced: bool) -> Path | None:
-    """The model directory when the model serves embeddings (its config names an encoder
-    architecture, or ``--is-embedding`` says so); None for a generative model."""
+def _embedding_model_dir(model_path: str | None, forced: bool, reranker: bool = False) -> Path | None:
+    """The model directory when the model serves embeddings or scores (its config names an encoder
+    or cross-encoder architecture, or ``--is-embedding`` / ``--is-reranker`` makes a causal LM
+    one); None for a generative model."""
+    from llmkit.core.embedding.decoder import causal_architecture
     from llmkit.core.embedding.loader import encoder_architecture
     from llmkit.core.model.loader.embedded_encoder import embedded_encoder_dir, is_embedded_encoder
     from llmkit.core.model.loader.source import gguf_path_of, load_config
 
-    if is_embedded_encoder(model_path):
+    flag = "--is-reranker" if reranker else "--is-embedding"
+    if forced and reranker:
+        raise ValueError("--is-embedding and --is-reranker: a model serves one of the two")
+    if is_embedded_encoder(model_path) and not reranker:
         return embedded_encoder_dir()
     if model_path is None or gguf_path_of(model_path) is not None:
-        if forced:
-            raise ValueError("--is-embedding needs an encoder model directory (the embedded model and GGUFs generate)")
+        if forced or reranker:
+            raise ValueError(f"{flag} needs a model directory (the embedded model and GGUFs generate)")
         return None
     path = Path(model_path).expanduser()
     if not (path / "config.json").exists():
         return None  # the generation engine's loader says what is wrong with the path
     config = load_config(path)
-    if encoder_architecture(config) is not None:
+    arch = encoder_architecture(config)
+    if arch is not None:
+        if reranker and not registry().entry("model", arch).meta.get("scores"):
+            raise ValueError(f"--is-reranker: '{arch}' embeds; a cross-encoder or a causal LM reranks")
         return path
-    if forced:
+    if (forced or reranker) and causal_architecture(config) is not None:
+        return path  # a causal LM as a last-token embedder or a yes/no reranker
+    if forced or reranker:
         arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
-        raise ValueError(f"--is-embedding: '{arch}' is not an encoder architecture llmkit serves embeddings from")
+        raise ValueError(f"{flag}: '{arch}' is neither an encoder nor a causal LM llmkit knows")
     return None
 
 
 def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path, storage):
-    """An embedding model behind /v1/embeddings (and Batches of embeddings lines, with
-    ``storage``): an :class:`EmbeddingEngine` stands where the generation engine's client would,
-    with no KV cache and no decode loop."""
+    """An embedding model behind /v1/embeddings (or a reranker behind /v1/rerank and /v1/score),
+    and Batches of embeddings lines with ``storage``: an :class:`EmbeddingEngine` stands where the
+    generation engine's client would, with no KV cache and no decode loop."""
     from transformers import AutoTokenizer
 
     from llmkit.core.embedding.loader import start_embedding_engine
@@ -148,7 +158,15 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
     from llmkit.core.server.state import ServerState
 
     model_config = load_config(model_dir)
-    engine = start_embedding_engine(model_dir, model_config, device=engine_config.device, dtype=engine_config.dtype)
+    engine = start_embedding_engine(
+        model_dir,
+        model_config,
+        device=engine_config.device,
+        dtype=engine_config.dtype,
+        reranker=config.is_reranker,
+        pooler_config=config.pooler_config,
+        instruction=config.rerank_instruction,
+    )
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok("warm", add_special_tokens=True)  # sets the tokenizer's truncation once, before threads share it
     path = engine_config.model_path
@@ -171,6 +189,10 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
         embedder=engine,
     )
     services, routers = [], []
+    if storage is not None and engine.kind != "embed":
+        log.info("Files and Batches are not served for rerankers: a batch line is an embeddings one")
+        storage.close()
+        storage = None
     if storage is not None:
         from llmkit.core.batches.validation import EMBEDDING_ENDPOINTS
 

@@ -1,4 +1,5 @@
-"""``EmbeddingEngine``: one worker thread that embeds the inputs of concurrent requests together.
+"""``EmbeddingEngine``: one worker thread that embeds (or, for a cross-encoder, scores) the inputs
+of concurrent requests together.
 
 Requests hand in token-id lists and get a future; the worker takes every input waiting, in arrival
 order, into forwards of at most ``max_batch_tokens`` padded tokens, so concurrent requests share
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from llmkit.core.embedding.pooling import Pooling
-from llmkit.core.model.encoder import Encoder
+from llmkit.core.model.encoder import Encoder, Scorer
 
 log = logging.getLogger("llmkit")
 
@@ -31,9 +32,11 @@ log = logging.getLogger("llmkit")
 @dataclass
 class _Job:
     inputs: list[list[int]]
-    dimensions: int | None
+    dimensions: int | None  # embeddings: Matryoshka truncation
     future: Future
-    vectors: list = field(default_factory=list)
+    type_ids: list[list[int]] | None = None  # scores: each token's segment, where the model reads them
+    activate: bool = True  # scores: the model's activation on the logit
+    vectors: list = field(default_factory=list)  # the results (vectors or scores), by input
     left: int = 0
 
     def __post_init__(self) -> None:
@@ -42,23 +45,30 @@ class _Job:
 
 
 class EmbeddingEngine:
+    """Serves an :class:`Encoder` (``embed``: pooled vectors) or a :class:`Scorer` (``score``: one
+    relevance score per formatted pair); ``kind`` says which."""
+
     def __init__(
         self,
-        encoder: Encoder,
-        pooling: Pooling,
+        model: Encoder | Scorer,
+        pooling: Pooling | None,
         *,
         device: str,
         max_input_tokens: int,
         dimensions: tuple[int, ...] | None = None,
         max_batch_tokens: int = 16384,
+        pair_template: str | None = None,
     ) -> None:
-        self.encoder = encoder
+        self.model = model
+        self.kind = "score" if isinstance(model, Scorer) else "embed"
         self.pooling = pooling
-        # What the route checks requests against: the longest input, the Matryoshka dimensions
-        # (None: ``dimensions`` is refused), the full vector's size.
+        # What the routes check requests against: the longest input, the Matryoshka dimensions
+        # (None: ``dimensions`` is refused), the full vector's size; how a pair becomes one input
+        # (None: the tokenizer's text pair; else a prompt with {query} and {document}).
         self.max_input_tokens = max_input_tokens
         self.dimensions = dimensions
-        self.hidden_size = encoder.hidden_size
+        self.hidden_size = getattr(model, "hidden_size", None)
+        self.pair_template = pair_template
         self.device = device
         self.max_batch_tokens = max_batch_tokens
         self.draining = False  # set by the server on SIGTERM: new requests get 503
@@ -73,8 +83,17 @@ class EmbeddingEngine:
     def embed(self, inputs: list[list[int]], dimensions: int | None = None) -> Future:
         """A future of one vector (a list of floats) per input; with ``dimensions``, the first
         that many components, renormalised where the model normalises (Matryoshka)."""
-        job = _Job(inputs, dimensions, Future())
-        if not inputs:
+        assert self.kind == "embed", "a cross-encoder scores pairs; it does not embed"
+        return self._submit(_Job(inputs, dimensions, Future()))
+
+    def score(self, inputs: list[list[int]], type_ids: list[list[int]] | None = None, activate: bool = True) -> Future:
+        """A future of one score per formatted pair: the model's logit, through its activation
+        unless ``activate`` is False."""
+        assert self.kind == "score", "a bi-encoder embeds; its scores are cosines of its vectors"
+        return self._submit(_Job(inputs, None, Future(), type_ids, activate))
+
+    def _submit(self, job: _Job) -> Future:
+        if not job.inputs:
             job.future.set_result([])
         else:
             self._jobs.put(job)
@@ -90,9 +109,8 @@ class EmbeddingEngine:
                 continue
             self._busy_since = time.monotonic()
             try:
-                states = self.encoder.encode([job.inputs[i] for job, i in batch])
-                for (job, i), s in zip(batch, states):
-                    self._finish(job, i, self._vector(s, job.dimensions))
+                for (job, i), result in zip(batch, self._forward(batch)):
+                    self._finish(job, i, result)
             except Exception as exc:  # a failed forward fails its requests, not the server
                 log.exception("embedding forward failed")
                 for job, _ in batch:
@@ -127,6 +145,19 @@ class EmbeddingEngine:
             longest = n
         return batch
 
+    def _forward(self, batch: list[tuple[_Job, int]]) -> list:
+        inputs = [job.inputs[i] for job, i in batch]
+        if self.kind == "embed":
+            return [self._vector(s, job.dimensions) for (job, _), s in zip(batch, self.model.encode(inputs))]
+        types = None
+        if any(job.type_ids is not None for job, _ in batch):
+            types = [job.type_ids[i] if job.type_ids is not None else [0] * len(job.inputs[i]) for job, i in batch]
+        logits = self.model.score(inputs, types)
+        if self.model.activation == "identity":
+            return logits
+        activated = torch.sigmoid(torch.tensor(logits, dtype=torch.float64)).tolist()
+        return [a if job.activate else x for (job, _), x, a in zip(batch, logits, activated)]
+
     def _vector(self, states: torch.Tensor, dimensions: int | None) -> list[float]:
         v = self.pooling(states)
         if dimensions is not None:
@@ -135,10 +166,10 @@ class EmbeddingEngine:
                 v = F.normalize(v, dim=0)
         return v.tolist()
 
-    def _finish(self, job: _Job, i: int, vector: list[float]) -> None:
+    def _finish(self, job: _Job, i: int, result) -> None:
         if job.future.done():
             return
-        job.vectors[i] = vector
+        job.vectors[i] = result
         job.left -= 1
         self._embedded += 1
         if job.left == 0:

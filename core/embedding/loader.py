@@ -1,4 +1,6 @@
-"""Recognise an embedding model from its config and start an :class:`EmbeddingEngine` for it."""
+"""Recognise an embedding or reranking model from its config and start an :class:`EmbeddingEngine`
+for it: an encoder plugin (``BertModel``; ``*ForSequenceClassification`` cross-encoders score), or
+a causal LM forced by ``--is-embedding`` (last-token vectors) or ``--is-reranker`` (yes/no)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,22 @@ from pathlib import Path
 
 import torch
 
+from llmkit.core.embedding.decoder import (
+    DEFAULT_INSTRUCTION,
+    QWEN3_RERANKER_TEMPLATE,
+    DecoderEncoder,
+    DecoderReranker,
+    causal_architecture,
+)
 from llmkit.core.embedding.engine import EmbeddingEngine
-from llmkit.core.embedding.pooling import matryoshka_dimensions, max_input_tokens, read_pooling
+from llmkit.core.embedding.pooling import (
+    Pooling,
+    matryoshka_dimensions,
+    max_input_tokens,
+    override_pooling,
+    read_pooling,
+)
+from llmkit.core.model.encoder import Scorer
 from llmkit.core.plugins import registry
 
 log = logging.getLogger("llmkit")
@@ -25,30 +41,68 @@ def encoder_architecture(config: dict) -> str | None:
     return name if reg.entry("model", name).meta.get("embedding") else None
 
 
-def start_embedding_engine(model_dir: Path, config: dict, *, device: str = "auto", dtype: str = "auto"):
-    """Load the encoder named by ``config`` and start its worker thread."""
+def start_embedding_engine(
+    model_dir: Path,
+    config: dict,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    reranker: bool = False,
+    pooler_config: str | None = None,
+    instruction: str | None = None,
+) -> EmbeddingEngine:
+    """Load the model ``config`` names and start its worker thread: an encoder plugin as it is,
+    a causal LM as a last-token embedder, or with ``reranker`` as a yes/no reranker (its prompt
+    carrying ``instruction``, else the model card's). ``pooler_config``: ``--pooler-config``."""
+    if pooler_config and reranker:
+        raise ValueError("--pooler-config sets an embedding model's pooling; a reranker does not pool")
+    if instruction and not reranker:
+        raise ValueError("--rerank-instruction is for a causal LM served with --is-reranker")
     arch = encoder_architecture(config)
-    if arch is None:
+    if arch is None and causal_architecture(config) is None:
         names = [n for n in registry().names("model") if registry().entry("model", n).meta.get("embedding")]
         found = (config.get("architectures") or [config.get("model_type", "?")])[0]
-        raise ValueError(f"'{found}' is not an embedding architecture; supported: {', '.join(names)}")
+        raise ValueError(f"'{found}' is not an embedding architecture; supported: {', '.join(names)} or a causal LM")
     dev = torch.device(
         "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     )
     # fp32 on CPU, where bf16 math is slow; bf16 on CUDA, as the generation engine's default
     dt = {"auto": torch.float32 if dev.type == "cpu" else torch.bfloat16}.get(dtype) or getattr(torch, dtype)
-    encoder = registry().model(arch).from_pretrained(model_dir, config, dev, dt)
-    pooling = read_pooling(model_dir)
-    limit = max_input_tokens(model_dir, encoder.max_position)
+    template = None
+    if arch is not None:
+        if instruction:
+            raise ValueError(f"--rerank-instruction: {arch} reads pairs without a prompt to put it in")
+        model = registry().model(arch).from_pretrained(model_dir, config, dev, dt)
+    elif reranker:
+        arch = causal_architecture(config) + " (yes/no reranker)"
+        model = DecoderReranker.from_pretrained(model_dir, config, dev, dt)
+        template = QWEN3_RERANKER_TEMPLATE.replace("{instruction}", instruction or DEFAULT_INSTRUCTION)
+    else:
+        arch = causal_architecture(config) + " (last-token embedder)"
+        model = DecoderEncoder.from_pretrained(model_dir, config, dev, dt)
+    pooling = None
+    if not isinstance(model, Scorer):
+        # a decoder embedder without sentence-transformers' files pools as Qwen3-Embedding does
+        decoder = isinstance(model, DecoderEncoder) and not (model_dir / "modules.json").exists()
+        pooling = Pooling("last", normalize=True) if decoder else read_pooling(model_dir)
+        pooling = override_pooling(pooling, pooler_config)
+    elif pooler_config:
+        raise ValueError("--pooler-config sets an embedding model's pooling; a cross-encoder does not pool")
+    limit = max_input_tokens(model_dir, model.max_position)
     log.info(
-        "Embedding model %s on %s (%s): %s pooling%s, inputs up to %d tokens",
+        "%s model %s on %s (%s): %s, inputs up to %d tokens",
+        "Embedding" if pooling else "Scoring",
         arch,
         dev,
         dt,
-        pooling.mode,
-        ", normalised" if pooling.normalize else "",
+        f"{pooling.mode} pooling{', normalised' if pooling.normalize else ''}" if pooling else "pairs scored",
         limit,
     )
     return EmbeddingEngine(
-        encoder, pooling, device=dev.type, max_input_tokens=limit, dimensions=matryoshka_dimensions(config)
+        model,
+        pooling,
+        device=dev.type,
+        max_input_tokens=limit,
+        dimensions=matryoshka_dimensions(config) if pooling else None,
+        pair_template=template,
     )

@@ -52,6 +52,27 @@ def read_pooling(model_dir: Path) -> Pooling:
     return Pooling(_MODES[chosen[0]], normalize)
 
 
+def override_pooling(pooling: Pooling, pooler_config: str | None) -> Pooling:
+    """``pooling`` with what ``--pooler-config`` sets (vLLM's JSON: ``pooling_type`` MEAN, CLS or
+    LAST; ``normalize`` true or false), for a checkpoint whose files say something else or nothing."""
+    if not pooler_config:
+        return pooling
+    try:
+        cfg = json.loads(pooler_config)
+    except ValueError as exc:
+        raise ValueError(f"--pooler-config is not JSON: {exc}") from None
+    if not isinstance(cfg, dict) or set(cfg) - {"pooling_type", "normalize"}:
+        raise ValueError('--pooler-config takes {"pooling_type": "MEAN" | "CLS" | "LAST", "normalize": true | false}')
+    mode, normalize = pooling.mode, cfg.get("normalize", pooling.normalize)
+    if "pooling_type" in cfg:
+        mode = str(cfg["pooling_type"]).lower()
+        if mode not in _MODES.values():
+            raise ValueError(f"--pooler-config: pooling_type '{cfg['pooling_type']}' is not one of MEAN, CLS, LAST")
+    if not isinstance(normalize, bool):
+        raise ValueError("--pooler-config: normalize is true or false")
+    return Pooling(mode, normalize)
+
+
 def max_input_tokens(model_dir: Path, max_position: int) -> int:
     """The longest input served: sentence-transformers' ``max_seq_length`` where the model sets
     one (it truncates there; we refuse longer inputs rather than embed a different text), else the

@@ -29,3 +29,25 @@ class Encoder(ABC):
 
         Inputs are batched together in one forward; an input's states must not depend on its
         batch-mates (padding is masked out of attention) beyond float noise."""
+
+
+class Scorer(ABC):
+    """A cross-encoder: a (query, document) pair read as one input, one relevance logit out.
+
+    ``activation`` turns the logit into the score the routes return by default (vLLM's
+    ``use_activation``, sentence-transformers' ``CrossEncoder.predict``): ``sigmoid`` for a
+    one-label classifier, ``identity`` where the checkpoint says so."""
+
+    max_position: int
+    activation: str = "sigmoid"
+
+    @classmethod
+    @abstractmethod
+    def from_pretrained(cls, model_dir: Path, config: dict, device: torch.device, dtype: torch.dtype) -> "Scorer":
+        """Build the model from ``config`` and load its safetensors weights by name."""
+
+    @abstractmethod
+    def score(self, inputs: list[list[int]], type_ids: list[list[int]] | None = None) -> list[float]:
+        """One raw logit per input (token ids of the formatted pair; ``type_ids``: the segment of
+        each token, for models that read token types). Batched in one forward, independent of
+        batch-mates beyond float noise."""

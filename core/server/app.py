@@ -72,7 +72,8 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     if state.embedder is not None:  # inside the key check: a caller without the key learns nothing
         from llmkit.core.server.model_kind import EmbeddingOnlyMiddleware
 
-        app.add_middleware(EmbeddingOnlyMiddleware, served_name=opts.served_model_name)
+        scores = state.embedder.kind == "score"
+        app.add_middleware(EmbeddingOnlyMiddleware, served_name=opts.served_model_name, scores=scores)
     if keys or opts.rate_limit_rpm or opts.rate_limit_tpm:
         from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
 
@@ -185,12 +186,14 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
     from llmkit.core.server.anthropic.routes import anthropic_router
     from llmkit.core.server.openai.embeddings import embeddings_router
+    from llmkit.core.server.openai.scores import scores_router
     from llmkit.core.server.responses.routes import responses_router
     from llmkit.core.server.sglang.generate import generate_router
     from llmkit.core.server.sglang.tokenize import tokenize_router
 
     app.include_router(tokenize_router(state))
     app.include_router(embeddings_router(state))
+    app.include_router(scores_router(state))
     app.include_router(generate_router(state))
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))

@@ -28,6 +28,9 @@ class ServerConfig:
     # Serve the model as an embedding model (SGLang's --is-embedding); launch also sets it where
     # the config names an encoder architecture
     is_embedding: bool = False
+    is_reranker: bool = False  # serve a causal LM as a yes/no reranker (Qwen3-Reranker style)
+    rerank_instruction: str | None = None  # its prompt's <Instruct> (None: the model card's)
+    pooler_config: str | None = None  # vLLM's JSON overriding an embedding model's pooling
     max_embedding_inputs: int = 2048  # inputs in one /v1/embeddings request (OpenAI's cap)
     max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
     max_system_blocks: int = 256  # an Anthropic system's blocks (10,000 cost 8.5 s)

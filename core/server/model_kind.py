@@ -14,17 +14,21 @@ def serves_generation_only(path: str) -> bool:
 
 
 class EmbeddingOnlyMiddleware:
-    """On an embedding server, a generation request gets 400 in its API's error shape."""
+    """On an embedding or reranking server, a generation request gets 400 in its API's error shape."""
 
-    def __init__(self, app, served_name: str) -> None:
+    def __init__(self, app, served_name: str, scores: bool = False) -> None:
         self.app = app
         self.served_name = served_name
+        self.scores = scores  # a reranker: it answers /v1/rerank and /v1/score, not /v1/embeddings
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and serves_generation_only(scope["path"]):
+            serves, use = (
+                ("reranks", "/v1/rerank or /v1/score") if self.scores else ("serves embeddings", "/v1/embeddings")
+            )
             message = (
-                f"the model `{self.served_name}` serves embeddings; it cannot generate text: "
-                "use POST /v1/embeddings, or serve a generative model for this route"
+                f"the model `{self.served_name}` {serves}; it cannot generate text: "
+                f"use POST {use}, or serve a generative model for this route"
             )
             resp = shaped_error(scope["path"], message, 400, code="model_not_generative")
             return await resp(scope, receive, send)

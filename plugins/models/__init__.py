@@ -11,8 +11,14 @@ def llmkit_register_models(register):
     register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM", model_types=("qwen3",))
     register("Qwen3MoeForCausalLM", "llmkit.plugins.models.qwen3_moe:Qwen3MoeForCausalLM", model_types=("qwen3_moe",))
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
-    # Encoders serve /v1/embeddings (embedding=True: launch serves them without the generation engine)
+    # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
+    # (embedding=True: launch serves them without the generation engine)
     register("BertModel", "llmkit.plugins.models.bert:BertModel", model_types=("bert",), embedding=True)
+    register(
+        "XLMRobertaModel", "llmkit.plugins.models.bert:XLMRobertaModel", model_types=("xlm-roberta",), embedding=True
+    )
+    for cross in ("BertForSequenceClassification", "XLMRobertaForSequenceClassification"):
+        register(cross, f"llmkit.plugins.models.bert:{cross}", embedding=True, scores=True)
     # Kimi-K2 checkpoints name the same class (model_type kimi_k2)
     register(
         "DeepseekV3ForCausalLM",

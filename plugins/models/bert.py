@@ -1,9 +1,12 @@
-"""BERT (``BertModel``): the encoder behind sentence-transformers' MiniLM, BGE and E5 models.
+"""BERT (``BertModel``): the encoder behind sentence-transformers' MiniLM, BGE and E5 models, and
+XLM-RoBERTa (``XLMRobertaModel``, bge-m3's), plus their ``*ForSequenceClassification`` heads:
+the cross-encoders behind /v1/rerank and /v1/score (bge-reranker, ms-marco MiniLM).
 
 Post-LN transformer: word + position + token-type embeddings, then per layer self-attention and a
 GELU feed-forward, each followed by a residual add and LayerNorm. A batch's inputs are packed
 end to end, so the linear layers (nearly all the work) never compute padding; only attention
-pads them to the longest, with a key-padding mask.
+pads them to the longest, with a key-padding mask. RoBERTa differs only in its positions, which
+start after ``pad_token_id`` (``padding_idx + 1``), and its single token type.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model.encoder import Encoder
+from llmkit.core.model.encoder import Encoder, Scorer
 from llmkit.core.model.loader.source import iter_safetensors
 
 _ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
@@ -33,7 +36,7 @@ class _Layer(nn.Module):
         self.up, self.down = nn.Linear(hidden, inter), nn.Linear(inter, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
         self.act = act
-        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # Q, K and V stacked: one GEMM
+        self.qkv: tuple[torch.Tensor, torch.Tensor] = ()  # Q, K and V stacked by fuse(): one GEMM
 
     def fuse(self) -> None:
         """Stack Q, K and V once the weights are loaded (and moved), for one GEMM instead of three."""
@@ -45,12 +48,7 @@ class _Layer(nn.Module):
     def forward(self, x: torch.Tensor, pack: "_Packing") -> torch.Tensor:
         """``x``: the batch's real tokens, packed ``[tokens, hidden]``. The linear layers see no
         padding; attention alone runs padded."""
-        qkv = (
-            F.linear(x, *self.qkv)
-            if self.qkv is not None
-            else torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
-        )
-        attn = pack.attend(qkv, self.heads)
+        attn = pack.attend(F.linear(x, *self.qkv), self.heads)
         x = self.attn_norm(x + self.attn_out(attn))
         return self.ffn_norm(x + self.down(self.act(self.up(x))))
 
@@ -97,6 +95,9 @@ _LAYER_NAMES = {
 
 
 class BertModel(nn.Module, Encoder):
+    #: checkpoint prefixes a task model nests the encoder under
+    prefixes = ("bert.",)
+
     def __init__(self, config: dict) -> None:
         super().__init__()
         if config.get("position_embedding_type", "absolute") != "absolute":
@@ -106,10 +107,12 @@ class BertModel(nn.Module, Encoder):
             raise ValueError(f"BERT hidden_act '{act}' is not supported; supported: {', '.join(_ACTIVATIONS)}")
         hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
         self.hidden_size = hidden
-        self.max_position = config["max_position_embeddings"]
         self.pad_id = config.get("pad_token_id") or 0
+        # RoBERTa numbers positions from padding_idx + 1 (position ids at or below are padding's)
+        self.position_offset = self.pad_id + 1 if config.get("model_type") in ("roberta", "xlm-roberta") else 0
+        self.max_position = config["max_position_embeddings"] - self.position_offset
         self.word = nn.Embedding(config["vocab_size"], hidden)
-        self.position = nn.Embedding(self.max_position, hidden)
+        self.position = nn.Embedding(config["max_position_embeddings"], hidden)
         self.token_type = nn.Embedding(config.get("type_vocab_size", 2), hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=eps)
         self.layers = nn.ModuleList(
@@ -131,7 +134,7 @@ class BertModel(nn.Module, Encoder):
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
-            ours = _our_name(name)
+            ours = _our_name(name, self.prefixes)
             if ours is None:
                 continue  # the pooler head and position_ids buffers: not used for embeddings
             if ours not in params:
@@ -149,19 +152,112 @@ class BertModel(nn.Module, Encoder):
 
     @torch.inference_mode()
     def encode(self, inputs: list[list[int]]) -> list[torch.Tensor]:
+        return list(self.hidden(inputs).float().split([len(row) for row in inputs]))
+
+    def hidden(self, inputs: list[list[int]], type_ids: list[list[int]] | None = None) -> torch.Tensor:
+        """The last hidden states of the batch's tokens, packed end to end: ``[tokens, hidden]``."""
         device = self.word.weight.device
         lengths = [len(ids) for ids in inputs]
         ids = torch.tensor([t for row in inputs for t in row], dtype=torch.long, device=device)
-        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
-        x = self.embed_norm(self.word(ids) + self.position(positions) + self.token_type.weight[0])
+        positions = (torch.cat([torch.arange(n) for n in lengths]) + self.position_offset).to(device)
+        if type_ids is None:
+            types = self.token_type.weight[0]
+        else:
+            types = self.token_type(torch.tensor([t for row in type_ids for t in row], dtype=torch.long, device=device))
+        x = self.embed_norm(self.word(ids) + self.position(positions) + types)
         pack = _Packing(lengths, device)
         for layer in self.layers:
             x = layer(x, pack)
-        return list(x.float().split(lengths))
+        return x
 
 
-def _our_name(name: str) -> str | None:
-    name = name.removeprefix("bert.")  # BertForMaskedLM-style checkpoints nest the encoder
+class XLMRobertaModel(BertModel):
+    prefixes = ("roberta.",)
+
+
+class BertForSequenceClassification(nn.Module, Scorer):
+    """A cross-encoder: the encoder, then on the first ([CLS]) token a dense layer with tanh (BERT's
+    pooler) and a one-label classifier whose logit is the pair's relevance. The routes apply the
+    activation sentence-transformers' ``CrossEncoder`` and vLLM apply by default: sigmoid, unless
+    config.json names another (``sentence_transformers.activation_fn``)."""
+
+    encoder_cls = BertModel
+    # checkpoint names of the head's dense layer and classifier (RoBERTa's head is one module)
+    head_names = {"bert.pooler.dense": "dense", "classifier": "out"}
+
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+        if labels != 1:
+            raise ValueError(f"a cross-encoder for rerank and score has one label; this classifier has {labels}")
+        self.encoder = self.encoder_cls(config)
+        self.max_position = self.encoder.max_position
+        self.activation = _activation(config)
+        hidden = config["hidden_size"]
+        self.dense, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, 1)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Path, config: dict, device: torch.device, dtype: torch.dtype):
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_weights(iter_safetensors(model_dir))
+        model = model.to(device=device, dtype=dtype).eval()
+        for layer in model.encoder.layers:
+            layer.fuse()
+        return model
+
+    def load_weights(self, weights) -> None:
+        head = {}
+
+        def encoder_weights():
+            for name, tensor in weights:
+                module, _, attr = name.rpartition(".")
+                if module in self.head_names:
+                    head[f"{self.head_names[module]}.{attr}"] = tensor
+                else:
+                    yield name, tensor
+
+        self.encoder.load_weights(encoder_weights())
+        params = dict(self.dense.named_parameters(prefix="dense")) | dict(self.out.named_parameters(prefix="out"))
+        if head.keys() != params.keys():
+            raise ValueError(f"the checkpoint's classifier head has {sorted(head)}, not {sorted(params)}")
+        for name, tensor in head.items():
+            module, attr = name.split(".")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(
+                    f"classifier weight '{name}' has shape {tuple(tensor.shape)}, not {tuple(params[name].shape)}"
+                )
+            setattr(getattr(self, module), attr, nn.Parameter(tensor.float(), requires_grad=False))
+
+    @torch.inference_mode()
+    def score(self, inputs: list[list[int]], type_ids: list[list[int]] | None = None) -> list[float]:
+        starts = [0]
+        for row in inputs[:-1]:
+            starts.append(starts[-1] + len(row))
+        states = self.encoder.hidden(inputs, type_ids)
+        first = states[torch.tensor(starts, device=states.device)]  # each input's [CLS]
+        return self.out(torch.tanh(self.dense(first)))[:, 0].float().tolist()
+
+
+class XLMRobertaForSequenceClassification(BertForSequenceClassification):
+    encoder_cls = XLMRobertaModel
+    head_names = {"classifier.dense": "dense", "classifier.out_proj": "out"}
+
+
+def _activation(config: dict) -> str:
+    """sentence-transformers' activation for the logit, as saved in config.json (v3+ under
+    ``sentence_transformers``, older as ``sbert_ce_default_activation_function``); sigmoid without."""
+    name = (config.get("sentence_transformers") or {}).get("activation_fn")
+    name = name or config.get("sbert_ce_default_activation_function") or "Sigmoid"
+    short = name.rsplit(".", 1)[-1]
+    if short not in ("Sigmoid", "Identity"):
+        raise ValueError(f"cross-encoder activation '{name}' is not supported; Sigmoid and Identity are")
+    return short.lower()
+
+
+def _our_name(name: str, prefixes: tuple[str, ...]) -> str | None:
+    for prefix in prefixes:  # task checkpoints (BertForMaskedLM, *ForSequenceClassification) nest the encoder
+        name = name.removeprefix(prefix)
     if name.startswith("embeddings."):
         return {
             "embeddings.word_embeddings.weight": "word.weight",

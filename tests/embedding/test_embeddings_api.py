@@ -151,9 +151,14 @@ def test_generation_routes_say_the_model_serves_embeddings(embed_server):
     assert httpx.get(embed_server.base_url + "/").status_code == 404  # no chat playground
 
 
-def test_embeddings_on_a_generative_model_are_400(server):
+def test_embeddings_rerank_and_score_on_a_generative_model_are_400(server):
     with pytest.raises(openai.BadRequestError, match="does not serve embeddings"):
         server.client.embeddings.create(model="m", input="hello")
+    http = server.http()
+    rerank = http.post("/v1/rerank", json={"model": "m", "query": "a", "documents": ["b"]})
+    score = http.post("/v1/score", json={"model": "m", "text_1": "a", "text_2": "b"})
+    for resp in (rerank, score):
+        assert resp.status_code == 400 and "serve a reranker" in resp.json()["error"]["message"]
 
 
 def test_truncate_prompt_tokens_cuts_as_sentence_transformers_does(embed_server, st_model):

@@ -1,5 +1,5 @@
-"""Which models launch serves as embedding models: an encoder architecture in config.json, or
-``--is-embedding``, which a generative model refuses."""
+"""Which models launch serves as embedding or reranking models: an encoder or cross-encoder
+architecture in config.json, or a causal LM with ``--is-embedding`` or ``--is-reranker``."""
 
 from __future__ import annotations
 
@@ -14,15 +14,28 @@ from llmkit.core.launch import _embedding_model_dir
 def test_an_encoder_is_recognised_from_its_config(tmp_path):
     assert encoder_architecture({"architectures": ["BertModel"]}) == "BertModel"
     assert encoder_architecture({"model_type": "bert"}) == "BertModel"  # a bare config's model_type
+    assert encoder_architecture({"model_type": "xlm-roberta"}) == "XLMRobertaModel"
+    cross = {"architectures": ["BertForSequenceClassification"]}
+    assert encoder_architecture(cross) == "BertForSequenceClassification"
     assert encoder_architecture({"architectures": ["LlamaForCausalLM"]}) is None
     assert encoder_architecture({"architectures": ["NoSuchModel"]}) is None
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
     assert _embedding_model_dir(str(tmp_path), forced=False) == tmp_path
+    with pytest.raises(ValueError, match="'BertModel' embeds"):
+        _embedding_model_dir(str(tmp_path), forced=False, reranker=True)
+    (tmp_path / "config.json").write_text(json.dumps(cross))
+    assert _embedding_model_dir(str(tmp_path), forced=False) == tmp_path
+    assert _embedding_model_dir(str(tmp_path), forced=False, reranker=True) == tmp_path
 
 
-def test_is_embedding_on_a_generative_model_is_refused(tiny_llama):
-    assert _embedding_model_dir(str(tiny_llama), forced=False) is None
-    with pytest.raises(ValueError, match="not an encoder architecture"):
-        _embedding_model_dir(str(tiny_llama), forced=True)
-    with pytest.raises(ValueError, match="--is-embedding needs an encoder"):
+def test_a_causal_lm_embeds_or_reranks_only_when_asked(tiny_llama, tmp_path):
+    assert _embedding_model_dir(str(tiny_llama), forced=False) is None  # it generates
+    assert _embedding_model_dir(str(tiny_llama), forced=True) == tiny_llama
+    assert _embedding_model_dir(str(tiny_llama), forced=False, reranker=True) == tiny_llama
+    with pytest.raises(ValueError, match="one of the two"):
+        _embedding_model_dir(str(tiny_llama), forced=True, reranker=True)
+    with pytest.raises(ValueError, match="--is-embedding needs a model directory"):
         _embedding_model_dir(None, forced=True)  # the embedded SmolLM2
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
+    with pytest.raises(ValueError, match="neither an encoder nor a causal LM"):
+        _embedding_model_dir(str(tmp_path), forced=False, reranker=True)

@@ -153,6 +153,12 @@ async def create_embedding(state, body: EmbeddingRequest) -> dict:
             "serve an embedding model (llmkit serve --model-path DIR, or --is-embedding) for /v1/embeddings",
             code="model_not_embedding",
         )
+    if state.embedder.kind == "score":
+        raise APIError(
+            f"the model `{state.options.served_model_name}` is a reranker; it scores pairs and does not embed: "
+            "use /v1/rerank or /v1/score, or serve an embedding model for /v1/embeddings",
+            code="model_not_embedding",
+        )
     check_model(state.options, body)
     texts, ids = _inputs(body.input)
     _check(state, body, texts, ids)
