@@ -21,10 +21,31 @@ from llmkit.core.model.encoder import Encoder, Scorer
 from llmkit.core.model.loader.source import iter_safetensors
 
 _ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+# the same activations as oneDNN post-ops: (post-op, its algorithm)
+_POST_OPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "relu": ("relu", "")}
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+class _Dense:
+    """``act(x @ weight.T + bias)``. On CPU in fp32 through oneDNN, with the weight reordered once
+    into its blocked layout and the activation fused into the GEMM; elsewhere ``F.linear``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None) -> None:
+        self.act = act
+        self.onednn = _ONEDNN and weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.bias = bias
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 256) if self.onednn else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.onednn:
+            op, algorithm = _POST_OPS[self.act] if self.act else ("none", "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, op, [], algorithm)
+        y = F.linear(x, self.weight, self.bias)
+        return _ACTIVATIONS[self.act](y) if self.act else y
 
 
 class _Layer(nn.Module):
-    def __init__(self, hidden: int, heads: int, inter: int, eps: float, act) -> None:
+    def __init__(self, hidden: int, heads: int, inter: int, eps: float, act: str) -> None:
         super().__init__()
         self.heads = heads
         self.query, self.key, self.value = (
@@ -36,21 +57,27 @@ class _Layer(nn.Module):
         self.up, self.down = nn.Linear(hidden, inter), nn.Linear(inter, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
         self.act = act
-        self.qkv: tuple[torch.Tensor, torch.Tensor] = ()  # Q, K and V stacked by fuse(): one GEMM
+        self.dense: dict[str, _Dense] = {}  # built by fuse()
 
     def fuse(self) -> None:
-        """Stack Q, K and V once the weights are loaded (and moved), for one GEMM instead of three."""
-        self.qkv = (
-            torch.cat([self.query.weight, self.key.weight, self.value.weight]),
-            torch.cat([self.query.bias, self.key.bias, self.value.bias]),
-        )
+        """Once the weights are loaded and moved: Q, K and V stacked into one GEMM, and each GEMM
+        in the form its device runs fastest (see :class:`_Dense`)."""
+        self.dense = {
+            "qkv": _Dense(
+                torch.cat([self.query.weight, self.key.weight, self.value.weight]),
+                torch.cat([self.query.bias, self.key.bias, self.value.bias]),
+            ),
+            "out": _Dense(self.attn_out.weight, self.attn_out.bias),
+            "up": _Dense(self.up.weight, self.up.bias, self.act),
+            "down": _Dense(self.down.weight, self.down.bias),
+        }
 
     def forward(self, x: torch.Tensor, pack: "_Packing") -> torch.Tensor:
         """``x``: the batch's real tokens, packed ``[tokens, hidden]``. The linear layers see no
         padding; attention alone runs padded."""
-        attn = pack.attend(F.linear(x, *self.qkv), self.heads)
-        x = self.attn_norm(x + self.attn_out(attn))
-        return self.ffn_norm(x + self.down(self.act(self.up(x))))
+        d = self.dense
+        x = self.attn_norm(x + d["out"](pack.attend(d["qkv"](x), self.heads)))
+        return self.ffn_norm(x + d["down"](d["up"](x)))
 
 
 class _Packing:
@@ -116,7 +143,7 @@ class BertModel(nn.Module, Encoder):
         self.token_type = nn.Embedding(config.get("type_vocab_size", 2), hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=eps)
         self.layers = nn.ModuleList(
-            _Layer(hidden, config["num_attention_heads"], config["intermediate_size"], eps, _ACTIVATIONS[act])
+            _Layer(hidden, config["num_attention_heads"], config["intermediate_size"], eps, act)
             for _ in range(config["num_hidden_layers"])
         )
 
