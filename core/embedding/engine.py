@@ -125,7 +125,10 @@ class EmbeddingEngine:
             while True:
                 if job is None:  # shutdown
                     return
-                self._pending.extend((job, i) for i in range(len(job.inputs)))
+                # A request's own inputs by length (requests stay in arrival order): its forwards
+                # then hold inputs of similar length, so attention pads little and more fit the budget.
+                order = sorted(range(len(job.inputs)), key=lambda i: len(job.inputs[i]))
+                self._pending.extend((job, i) for i in order)
                 job = self._jobs.get_nowait()
         except queue.Empty:
             pass
