@@ -295,7 +295,8 @@ SERVE_OPTIONS = (
         None,
         to="engine",
         help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
-        "or a plugin's name; the output is unchanged, only faster where the draft is right.",
+        "STANDALONE (a draft model), or a plugin's name; the output is unchanged, only faster where "
+        "the draft is right.",
     ),
     ServeOption(
         ("--speculative-num-draft-tokens",),
@@ -303,6 +304,13 @@ SERVE_OPTIONS = (
         4,
         to="engine",
         help="Most draft tokens a request verifies per step (each step emits up to this + 1 tokens).",
+    ),
+    ServeOption(
+        ("--speculative-draft-model-path",),
+        Optional[str],
+        None,
+        to="engine",
+        help="STANDALONE: the draft model (a smaller model with the same tokenizer), run on the target's device.",
     ),
     ServeOption(
         ("--speculative-ngram-min-match-window-size",),

@@ -166,6 +166,10 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
             {
                 "min_match": config.speculative_ngram_min_match_window_size,
                 "max_match": config.speculative_ngram_max_match_window_size,
+                "draft_model_path": config.speculative_draft_model_path,
+                "device": str(plan.device),
+                "dtype": plan.dtype,
+                "target_vocab_size": int(plan.hf_config["vocab_size"]),
             },
         )
     # the optional arguments only where a model needs them (backends without the features never get them)

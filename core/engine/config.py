@@ -42,6 +42,7 @@ class EngineConfig:
     # looked up earlier in it, the longest first). Turns the overlap schedule off.
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4
+    speculative_draft_model_path: str | None = None  # STANDALONE's draft model
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 4
     # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.

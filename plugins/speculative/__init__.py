@@ -1,4 +1,5 @@
-"""Speculative algorithms: ``NGRAM`` (prompt and continuation lookup, no weights)."""
+"""Speculative algorithms: ``NGRAM`` (prompt and continuation lookup, no weights) and
+``STANDALONE`` (a smaller draft model with the same tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,3 +9,4 @@ from llmkit.core.hookspecs import hookimpl
 @hookimpl
 def llmkit_register_speculative_algorithms(register):
     register("NGRAM", "llmkit.plugins.speculative.ngram:NgramProposer")
+    register("STANDALONE", "llmkit.plugins.speculative.standalone:StandaloneProposer")

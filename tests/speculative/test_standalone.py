@@ -1,0 +1,109 @@
+"""``--speculative-algorithm STANDALONE``: a draft model proposes, the target's output is unchanged.
+
+Tiny random Llamas: the target itself as its own draft (every draft token must then be kept, which
+only holds if the draft's own K/V cache is right), and the target with noise added to its weights
+(a draft that is mostly right: some drafts kept, some cut off and the cache re-synced).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+
+from model_utils import copy_embedded_tokenizer, save_tiny_model, start_engine
+
+PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
+SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    import transformers
+
+    target = tmp_path_factory.mktemp("target")
+    save_tiny_model("llama", target)
+    copy_embedded_tokenizer(target)
+    noisy = tmp_path_factory.mktemp("noisy-draft")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn_like(p) * 0.03)
+    model.save_pretrained(noisy)
+    return target, noisy
+
+
+def _run(model_path, **spec) -> tuple[dict, object]:
+    engine = start_engine(model_path=str(model_path), **spec)
+    done, outs, finished = threading.Event(), {}, set()
+    total = len(PROMPTS) * len(SAMPLING)
+
+    def sink_for(key):
+        def sink(o):
+            outs.setdefault(key, []).extend(o.token_ids)
+            if o.finished:
+                finished.add(key)
+                if len(finished) == total:
+                    done.set()
+
+        return sink
+
+    try:
+        for i, ids in enumerate(PROMPTS):
+            for j, kw in enumerate(SAMPLING):
+                params = SamplingParams(max_new_tokens=24, ignore_eos=True, **kw)
+                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
+        assert done.wait(300)
+        return outs, engine.speculator.stats if engine.speculator else None
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return _run(models[0])[0]
+
+
+def test_the_target_as_its_own_draft_keeps_every_draft_token(models, reference):
+    target, _ = models
+    got, stats = _run(
+        target,
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(target),
+        speculative_num_draft_tokens=3,
+    )
+    assert got == reference
+    assert stats.accept_length > 2.0  # of 4 at most: greedy rows keep every draft, seeded ones may not
+
+
+def test_a_noisy_draft_leaves_the_output_unchanged(models, reference):
+    target, noisy = models
+    got, stats = _run(
+        target,
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(noisy),
+        speculative_num_draft_tokens=4,
+    )
+    assert got == reference  # greedy and seeded alike
+    assert 0 < stats.accepted_tokens < stats.draft_tokens  # kept and cut off: the cache re-syncs
+
+
+def test_a_draft_model_that_cannot_serve_is_refused(models, tmp_path):
+    target, _ = models
+    with pytest.raises(ValueError, match="needs --speculative-draft-model-path"):
+        start_engine(model_path=str(target), speculative_algorithm="STANDALONE")
+    with pytest.raises(ValueError, match="no config.json"):
+        start_engine(
+            model_path=str(target), speculative_algorithm="STANDALONE", speculative_draft_model_path=str(tmp_path)
+        )
+    small = tmp_path / "small-vocab"
+    save_tiny_model("llama", small, vocab_size=256)
+    with pytest.raises(ValueError, match="vocabulary"):
+        start_engine(
+            model_path=str(target), speculative_algorithm="STANDALONE", speculative_draft_model_path=str(small)
+        )
