@@ -169,6 +169,7 @@ class Generation:
 def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Generation:
     """Start an API call's engine requests. HTTP ones (not batch lines) are tracked for the
     shutdown drain, get the queue wait timeout, and count towards the caller's tokens per minute."""
+    _check_vocabulary(state, reqs)
     if not http:
         return Generation(state.client, reqs, metrics=state.metrics)
     if state.client.draining:  # validated while SIGTERM came: the drain would not wait for it
@@ -178,3 +179,18 @@ def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Gen
     return Generation(
         state.client, reqs, state.in_flight, state.options.queue_timeout or None, state.metrics, current_limiter.get()
     )
+
+
+def _check_vocabulary(state: ServerState, reqs: list[Request]) -> None:
+    """Token ids a client sends are checked where they come in; this catches the ones a text
+    tokenizes to, when the tokenizer knows more tokens than the model has rows for (a tokenizer
+    that does not fit the model): a 400 saying so, not the engine's refusal as a 500."""
+    for req in reqs:
+        if req.prompt_ids and max(req.prompt_ids) >= state.vocab_size:
+            from llmkit.core.server.errors import APIError
+
+            raise APIError(
+                f"the prompt tokenizes to token id {max(req.prompt_ids)}, outside the model's vocabulary "
+                f"(size {state.vocab_size}): the tokenizer does not fit this model",
+                code="tokenizer_mismatch",
+            )
