@@ -210,3 +210,18 @@ def test_a_batch_of_embeddings_lines(embed_server, reference):
     # an embedding server takes no chat batches
     with pytest.raises(openai.BadRequestError, match="/v1/embeddings"):
         client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def test_langchain_openai_embeddings(embed_server, reference):
+    """LangChain's client as one points it at vLLM or any server that is not OpenAI: with
+    ``check_embedding_ctx_length=False``, or it tokenizes with tiktoken's OpenAI vocabulary."""
+    from langchain_openai import OpenAIEmbeddings
+
+    sentences, want = reference
+    lc = OpenAIEmbeddings(
+        model="m", base_url=embed_server.base_url + "/v1", api_key="x", check_embedding_ctx_length=False, chunk_size=16
+    )
+    docs = torch.tensor(lc.embed_documents(sentences[:40]))  # three requests of at most 16
+    assert _min_cosine(docs, want[:40]) >= 0.9999
+    query = torch.tensor([lc.embed_query(sentences[7])])
+    assert _min_cosine(query, want[7:8]) >= 0.9999
