@@ -128,7 +128,8 @@ def build_lora(config: EngineConfig, model):
     served (``--lora-paths`` or ``--enable-lora``); None otherwise (the model stays unwrapped)."""
     if not (config.enable_lora or config.lora_paths):
         return None
-    from llmkit.core.lora.manager import LoRAManager, parse_lora_paths
+    from llmkit.core.lora.manager import LoRAManager
+    from llmkit.core.lora.options import parse_lora_paths
 
     manager = LoRAManager(
         model,

@@ -29,7 +29,6 @@ FUSED_PARTS = {
     "up_proj": ("mlp.gate_up_proj", 1),
     "down_proj": ("mlp.down_proj", 0),
 }
-TARGET_MODULES = tuple(FUSED_PARTS)
 # Adapters of these change the vocabulary side of the model, which is not adapted per row here.
 _REFUSED_TARGETS = ("embed_tokens", "lm_head", "wte", "embed_in", "embed_out")
 
@@ -132,7 +131,7 @@ def build_adapter(
         if kind not in ("lora_A", "lora_B"):
             raise ValueError(f"{where}: unexpected tensor '{key}'")
         if module not in FUSED_PARTS:
-            raise ValueError(f"{where}: target module '{module}' is not one of {', '.join(TARGET_MODULES)}")
+            raise ValueError(f"{where}: target module '{module}' is not one of {', '.join(FUSED_PARTS)}")
         if module not in allowed:
             raise ValueError(f"{where}: target module '{module}' is outside --lora-target-modules")
         pairs.setdefault((owner, module), {})[kind] = t

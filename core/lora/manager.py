@@ -15,33 +15,12 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from llmkit.core.lora.adapter import FUSED_PARTS, TARGET_MODULES, LoRAAdapter, build_adapter
+from llmkit.core.lora.adapter import FUSED_PARTS, LoRAAdapter, build_adapter
 from llmkit.core.lora.layer import LoRABatch, LoRALinear
+from llmkit.core.lora.options import target_set
 from llmkit.core.model.linear import Linear
 
 log = logging.getLogger("llmkit")
-
-
-def parse_lora_paths(specs: Sequence[str]) -> list[tuple[str, str]]:
-    """``name=path`` items (SGLang's and vLLM's form; a bare path is named after itself)."""
-    out = []
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        name, path = (name, path) if sep else (spec, spec)
-        if not name or not path:
-            raise ValueError(f"LoRA adapter '{spec}': expected name=path")
-        out.append((name.strip(), path.strip()))
-    return out
-
-
-def target_set(targets: Sequence[str]) -> frozenset[str]:
-    """``--lora-target-modules`` as a set of checkpoint module names (empty or ``all``: every one)."""
-    if not targets or "all" in targets:
-        return frozenset(TARGET_MODULES)
-    unknown = sorted(set(targets) - set(TARGET_MODULES))
-    if unknown:
-        raise ValueError(f"--lora-target-modules: {unknown} not among {', '.join(TARGET_MODULES)}, all")
-    return frozenset(targets)
 
 
 class LoRAManager:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from model_utils import copy_embedded_tokenizer, save_tiny_model
+from model_utils import tiny_model_dir
 
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def save_tiny_llama(path, **overrides):
-    """A tiny random Llama with the embedded model's tokenizer (servable); returns the HF model."""
-    ref = save_tiny_model("llama", path, **overrides)
-    copy_embedded_tokenizer(path)
-    return ref
+    """A tiny random Llama with a byte-level tokenizer of its own (servable); returns ``path``."""
+    path.mkdir(parents=True, exist_ok=True)
+    return tiny_model_dir(path, "llama", **overrides)
 
 
 def save_adapter(base_dir, path, *, seed: int, r: int = 4, alpha: int = 8, targets=ALL_TARGETS, rslora=False):

@@ -120,6 +120,13 @@ def test_load_unload_and_bad_adapters(dirs, tmp_path):
         (corrupt / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
         with pytest.raises(ValueError, match="cannot be read"):
             engine.call(lambda: lora.load("bad", str(corrupt))).result(60)
+        save_tiny_llama(tmp_path / "other", hidden_size=32, intermediate_size=64)
+        save_adapter(tmp_path / "other", tmp_path / "other-ad", seed=4, r=4)
+        with pytest.raises(ValueError, match="another base model"):
+            engine.call(lambda: lora.load("other", str(tmp_path / "other-ad"))).result(60)
+        save_adapter(dirs / "base", tmp_path / "embed", seed=5, r=4, targets=["embed_tokens", "q_proj"])
+        with pytest.raises(ValueError, match="embedding and LM-head adapters"):
+            engine.call(lambda: lora.load("embed", str(tmp_path / "embed"))).result(60)
         assert set(lora.adapters) == {"a"}  # nothing half loaded
         engine.call(lambda: lora.unload("a")).result(60)
         assert "not loaded" in _run(engine, [("z", PROMPT, "a")])[0]["error"]

@@ -1,0 +1,120 @@
+"""LoRA through a real ``llmkit serve`` and the official ``openai`` client: adapters picked by
+``model`` (or SGLang's ``lora_path``), listed in /v1/models with their parent, loaded and unloaded
+at run time behind the API key, bad adapters refused with a 400 while the server serves on, and
+the prefix cache kept per adapter."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from lora_utils import save_adapter, save_tiny_llama
+from server_utils import start_server, stop_server
+
+KEY = "sk-lora-test"
+PROMPT = "The quick brown fox jumps over the lazy dog and keeps running"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora-serve")
+    save_tiny_llama(root / "base")
+    for name, seed, r in (("a", 1, 8), ("b", 2, 4), ("c", 3, 4), ("big", 4, 16)):
+        save_adapter(root / "base", root / name, seed=seed, r=r)
+    template = root / "chat.jinja"  # the byte-level tokenizer brings none
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    args = ["--model-path", str(root / "base"), "--device", "cpu", "--api-key", KEY, "--max-lora-rank", "8"]
+    args += ["--chat-template", str(template)]
+    proc, url = start_server([*args, "--lora-paths", f"a={root / 'a'}", f"b={root / 'b'}"])
+    try:
+        yield url, root
+    finally:
+        stop_server(proc)
+
+
+def _client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def _complete(client, model, prompt=PROMPT):
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0)
+    return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens
+
+
+def _post(url, path, body, key=KEY):
+    return httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+
+def test_adapters_are_models_with_a_parent(server):
+    url, root = server
+    client = _client(url)
+    models = {m.id: m for m in client.models.list().data}
+    assert {"a", "b"} <= models.keys()
+    base = next(m for m in models.values() if getattr(m, "parent", None) is None)
+    assert models["a"].parent == base.id and models["a"].root == str(root / "a")
+    outs = {m: _complete(client, m, "Once upon a time")[0] for m in ("m", "a", "b")}
+    assert len(set(outs.values())) == 3  # each adapter changes the output
+    chat = client.chat.completions.create(
+        model="a", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+    )
+    assert chat.model == "a" and chat.choices[0].message.content is not None
+
+    def gen(**kw):
+        return _post(
+            url, "/generate", {"text": "Once", "sampling_params": {"max_new_tokens": 6, "temperature": 0}, **kw}
+        )
+
+    by_model, by_path, plain = gen(model="b").json(), gen(lora_path="b").json(), gen().json()
+    assert by_model["output_ids"] == by_path["output_ids"] != plain["output_ids"]
+    with pytest.raises(openai.NotFoundError, match="LoRA adapters: `a`, `b`") as exc:
+        _complete(client, "no-such-adapter")
+    assert exc.value.code == "model_not_found"
+    assert gen(lora_path="no-such-adapter").status_code == 404
+
+
+def test_prefix_cache_is_per_adapter(server):
+    url, _ = server
+    client = _client(url)
+    prompt = PROMPT + " through the forest"
+    a1, cached = _complete(client, "a", prompt)
+    assert cached == 0  # nothing cached yet: computed alone
+    b1, cached = _complete(client, "b", prompt)
+    assert cached == 0  # a's K/V of the same prompt is not b's
+    _, cached = _complete(client, "m", prompt)
+    assert cached == 0
+    a2, cached = _complete(client, "a", prompt)
+    assert cached > 0 and a2 == a1  # a hits its own prefix, with the same output
+    b2, cached = _complete(client, "b", prompt)
+    assert cached > 0 and b2 == b1
+
+
+def test_load_use_unload_and_bad_adapters(server, tmp_path):
+    url, root = server
+    client = _client(url)
+    body = {"lora_name": "c", "lora_path": str(root / "c")}
+    assert _post(url, "/load_lora_adapter", body, key="wrong").status_code == 401
+    r = _post(url, "/load_lora_adapter", body)
+    assert r.status_code == 200, r.text
+    assert "c" in {m.id for m in client.models.list().data}
+    c_out = _complete(client, "c")[0]
+    assert _post(url, "/load_lora_adapter", body).status_code == 400  # the name is taken
+    bad = tmp_path / "corrupt"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text((root / "c" / "adapter_config.json").read_text())
+    (bad / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    for path, why in (
+        (root / "big", "rank 16 is over --max-lora-rank 8"),
+        (bad, "cannot be read"),
+        (tmp_path / "none", "not a directory"),
+    ):
+        r = _post(url, "/load_lora_adapter", {"lora_name": "x", "lora_path": str(path)})
+        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+    assert "x" not in {m.id for m in client.models.list().data}
+    assert _post(url, "/unload_lora_adapter", {"lora_name": "c"}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        _complete(client, "c")
+    assert _post(url, "/unload_lora_adapter", {"lora_name": "c"}).status_code == 404
+    assert _post(url, "/load_lora_adapter", body).status_code == 200  # reloaded
+    assert _complete(client, "c")[0] == c_out
+    assert _complete(client, "a")[0]  # serving on
