@@ -152,14 +152,16 @@ class Scheduler:
         batch = ScheduledBatch(segments, num_running_before=len(self.running))
         # 2. admit waiting requests while budget, slots and pages allow
         admitted = []
-        adapters = {r.lora.uid for r in self.running if r.lora is not None}
+        adapters: set | None = None  # the running adapters, gathered once a LoRA request waits
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             if req.inflight:  # preempted with a token still on its way: admit it once it arrives
                 continue
-            if req.lora is not None and req.lora.uid not in adapters:
-                if len(adapters) >= self.config.max_loras_per_batch:
+            if req.lora is not None:
+                if adapters is None:
+                    adapters = {r.lora.uid for r in self.running if r.lora is not None}
+                if req.lora.uid not in adapters and len(adapters) >= self.config.max_loras_per_batch:
                     continue  # --max-loras-per-batch: waits for a running adapter's requests to end
                 adapters.add(req.lora.uid)
             if self.req_pool.num_free == 0:

@@ -61,17 +61,22 @@ def _run(engine, jobs):
     return [out for _, out in waits]
 
 
-def test_mixed_batch_equals_each_row_alone(dirs):
-    engine = _engine(dirs)
-    groups_seen = []
-    activate = engine.runner.lora.activate
+def _count_groups(engine) -> list[int]:
+    """The adapter groups of each forward, recorded as the runner forms them."""
+    seen, activate = [], engine.runner.lora.activate
 
     def spy(per_segment, q_lens, device):
         active = activate(per_segment, q_lens, device)
-        groups_seen.append(len(engine.runner.lora.batch.groups))
+        seen.append(len(engine.runner.lora.batch.groups))
         return active
 
     engine.runner.lora.activate = spy
+    return seen
+
+
+def test_mixed_batch_equals_each_row_alone(dirs):
+    engine = _engine(dirs)
+    groups_seen = _count_groups(engine)
     try:
         loras = ["a", "b", "c", None]
         prompts = [PROMPT[i:] for i in range(4)]
@@ -80,6 +85,17 @@ def test_mixed_batch_equals_each_row_alone(dirs):
         alone = [_run(engine, [(f"alone-{i}", p, lo)])[0] for i, (p, lo) in enumerate(zip(prompts, loras))]
         assert [o["ids"] for o in mixed] == [o["ids"] for o in alone]
         assert len({tuple(o["ids"]) for o in mixed}) == 4  # each adapter changes the output
+    finally:
+        engine.shutdown()
+
+
+def test_max_loras_per_batch_limits_the_adapters_of_a_forward(dirs):
+    engine = _engine(dirs, max_loras_per_batch=1)
+    groups_seen = _count_groups(engine)
+    try:
+        outs = _run(engine, [(f"lim-{i}", PROMPT, lo) for i, lo in enumerate(("a", "b", "c", "a"))])
+        assert groups_seen and max(groups_seen) == 1  # the others waited their turn
+        assert outs[0]["ids"] == outs[3]["ids"] and all(o["error"] is None for o in outs)
     finally:
         engine.shutdown()
 
