@@ -118,3 +118,32 @@ def test_load_use_unload_and_bad_adapters(server, tmp_path):
     assert _post(url, "/load_lora_adapter", body).status_code == 200  # reloaded
     assert _complete(client, "c")[0] == c_out
     assert _complete(client, "a")[0]  # serving on
+
+
+def test_streaming_equals_non_streaming(server):
+    url, _ = server
+    client = _client(url)
+    whole = _complete(client, "b", "Streaming or not")[0]
+    stream = client.completions.create(model="b", prompt="Streaming or not", max_tokens=8, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == whole
+
+
+def test_run_time_loading_in_an_engine_process(tmp_path):
+    """The engine in its own process loads and unloads through the same routes (its IPC calls)."""
+    save_tiny_llama(tmp_path / "base")
+    save_adapter(tmp_path / "base", tmp_path / "a", seed=1, r=4)
+    proc, url = start_server(
+        ["--model-path", str(tmp_path / "base"), "--device", "cpu", "--engine-process", "--enable-lora"]
+    )
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="None", max_retries=0, timeout=120)
+        base = _complete(client, "m")[0]
+        assert _post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(tmp_path / "a")}).status_code == 200
+        assert _complete(client, "a")[0] != base
+        r = _post(url, "/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path / "none")})
+        assert r.status_code == 400 and "not a directory" in r.text
+        assert _post(url, "/unload_lora_adapter", {"lora_name": "a"}).status_code == 200
+        with pytest.raises(openai.NotFoundError):
+            _complete(client, "a")
+    finally:
+        stop_server(proc)
