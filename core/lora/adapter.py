@@ -58,7 +58,7 @@ def read_adapter_config(path: Path) -> dict:
     return cfg
 
 
-def check_config(cfg: dict, where: str, max_rank: int, allowed: frozenset[str]) -> tuple[int, float]:
+def check_config(cfg: dict, where: str, max_rank: int) -> tuple[int, float]:
     """The adapter's rank and scale, or a ValueError saying what llmkit does not serve."""
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise ValueError(f"{where}: peft_type '{cfg.get('peft_type')}' is not LORA")
@@ -119,7 +119,7 @@ def build_adapter(
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ValueError(f"{where}: not a directory")
-    rank, scale = check_config(read_adapter_config(root), where, max_rank, allowed)
+    rank, scale = check_config(read_adapter_config(root), where, max_rank)
     pairs: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for key, t in read_tensors(root, where).items():
         try:

@@ -45,6 +45,26 @@ def test_logits_match_peft_merged(tmp_path, targets, rslora):
     assert torch.equal(_prefill(model, IDS, None), base)  # base rows: exactly the plain model
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_attention_adapters_of_other_families_match_peft_merged(tmp_path, arch):
+    """Qwen3 (Q/K norms: the Python layers) and Qwen3-MoE's attention projections; the MoE
+    block's experts are not adaptable, so an adapter there is refused by name."""
+    save_tiny_model(arch, tmp_path / "base")
+    attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    peft_model = save_adapter(tmp_path / "base", tmp_path / "ad", seed=3, r=4, targets=attn)
+    theirs = merged_logits(peft_model, IDS)
+    model = load_ours(tmp_path / "base")
+    lora = LoRAManager(model, max_rank=64, max_per_batch=4)
+    adapter = lora.load("ad", str(tmp_path / "ad"))
+    lora.activate([adapter], [len(IDS)], torch.device("cpu"))
+    ours = _prefill(model, IDS, lora.batch)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
+    if arch == "qwen3_moe":  # layer 0 is sparse: its experts are not adaptable (yet), refused by name
+        save_adapter(tmp_path / "base", tmp_path / "mlp", seed=4, r=4, targets=["down_proj"])
+        with pytest.raises(ValueError, match="experts"):
+            lora.load("mlp", str(tmp_path / "mlp"))
+
+
 def test_over_an_int8_base_the_delta_is_the_dense_one(tmp_path):
     """The adapter adds on the quantized layer's output: (int8 base + LoRA) - int8 base equals
     the dense model's LoRA delta up to the input's int8 error."""

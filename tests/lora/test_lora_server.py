@@ -53,6 +53,7 @@ def test_adapters_are_models_with_a_parent(server):
     assert {"a", "b"} <= models.keys()
     base = next(m for m in models.values() if getattr(m, "parent", None) is None)
     assert models["a"].parent == base.id and models["a"].root == str(root / "a")
+    assert client.models.retrieve("b").parent == base.id
     outs = {m: _complete(client, m, "Once upon a time")[0] for m in ("m", "a", "b")}
     assert len(set(outs.values())) == 3  # each adapter changes the output
     chat = client.chat.completions.create(
