@@ -150,3 +150,17 @@ def test_load_unload_and_bad_adapters(dirs, tmp_path):
         assert _run(engine, [("w", PROMPT, "a")])[0]["ids"] == with_a["ids"]
     finally:
         engine.shutdown()
+
+
+def test_unloading_while_a_request_runs_lets_it_finish_with_its_adapter(dirs):
+    engine = _engine(dirs)
+    lora = engine.runner.lora
+    try:
+        alone = _run(engine, [("alone", PROMPT, "c")])[0]
+        done, out = _submit(engine, "running", PROMPT, "c")
+        engine.call(lambda: lora.unload("c")).result(60)  # behind the add: the request holds c already
+        assert done.wait(300)
+        assert out["error"] is None and out["ids"] == alone["ids"]
+        assert "not loaded" in _run(engine, [("after", PROMPT, "c")])[0]["error"]
+    finally:
+        engine.shutdown()
