@@ -43,6 +43,7 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         "max_prompt_logprobs_tokens",
         "max_loras_per_batch",
         "max_lora_rank",
+        "max_loaded_loras",
     ):
         value = p.get(key)
         if value is not None and value < 1:
@@ -111,7 +112,10 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
 
 def _check_lora(p: dict, tp: int) -> None:
     specs, targets = p.get("lora_paths") or [], p.get("lora_target_modules") or []
-    if not (specs or targets or p.get("enable_lora")):
+    lora_dir = p.get("lora_dir")
+    if lora_dir is not None and not Path(lora_dir).expanduser().is_dir():
+        raise OptionError(f"--lora-dir '{lora_dir}' is not a directory")
+    if not (specs or targets or lora_dir or p.get("enable_lora")):
         return
     if tp > 1:
         raise OptionError("LoRA adapters under --tp-size > 1 are not supported yet")

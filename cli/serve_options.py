@@ -330,7 +330,7 @@ SERVE_OPTIONS = (
         ("--enable-lora",),
         bool,
         False,
-        to="engine",
+        to=lambda on, p: {"engine.enable_lora": on or p["lora_dir"] is not None},  # --lora-dir loads at run time
         help="Serve LoRA adapters loaded at run time (POST /load_lora_adapter) with none given at start.",
     ),
     ServeOption(
@@ -348,6 +348,20 @@ SERVE_OPTIONS = (
         to=lambda mods, _: {"engine.lora_target_modules": tuple(mods or ())},
         help="Projections adapters may target: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, "
         "or all (the default).",
+    ),
+    ServeOption(
+        ("--lora-dir",),
+        Optional[str],
+        None,
+        to="server",
+        help="A directory of PEFT adapters: a request naming an adapter that is not loaded loads <dir>/<name>.",
+    ),
+    ServeOption(
+        ("--max-loaded-loras",),
+        Optional[int],
+        None,
+        to="server",
+        help="Most adapters loaded at once: past it the least recently used one is unloaded (default: no limit).",
     ),
     ServeOption(
         ("--load-format",),

@@ -65,3 +65,31 @@ def adapter_of(state, body) -> str | None:
     if body.model in state.loras:
         return body.model
     raise model_not_found(state.options, body.model, list(state.loras))
+
+
+def _requested(body) -> str | None:
+    lora = (body.model_extra or {}).get("lora_path") if body.model_extra is not None else None
+    if isinstance(lora, list) and len(set(lora)) == 1:
+        lora = lora[0]
+    if isinstance(lora, str):
+        return lora
+    return body.model if "model" in body.model_fields_set else None
+
+
+async def resolve_adapter(state, body) -> str | None:
+    """:func:`adapter_of`, after loading a named adapter from ``--lora-dir`` on first use (and
+    unloading the least recently used past ``--max-loaded-loras``)."""
+    try:
+        name = adapter_of(state, body)
+    except APIError as exc:
+        name = _requested(body)
+        if state.options.lora_dir is None or exc.status != 404 or name is None:
+            raise
+        from llmkit.core.server.lora.resolver import load_from_dir
+
+        if not await load_from_dir(state, name):
+            raise
+        name = adapter_of(state, body)
+    if name is not None and name in state.loras:
+        state.loras[name] = state.loras.pop(name)  # most recently used last (the LRU order)
+    return name

@@ -148,3 +148,28 @@ def test_run_time_loading_in_an_engine_process(tmp_path):
             _complete(client, "a")
     finally:
         stop_server(proc)
+
+
+def test_lora_dir_loads_on_first_use_and_evicts_the_least_recently_used(tmp_path):
+    save_tiny_llama(tmp_path / "base")
+    adapters = tmp_path / "adapters"
+    for name, seed, r in (("a", 1, 4), ("b", 2, 4), ("big", 3, 16)):
+        save_adapter(tmp_path / "base", adapters / name, seed=seed, r=r)
+    args = ["--model-path", str(tmp_path / "base"), "--device", "cpu", "--max-lora-rank", "8"]
+    proc, url = start_server([*args, "--lora-dir", str(adapters), "--max-loaded-loras", "1"])
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="None", max_retries=0, timeout=120)
+        listed = lambda: {m.id for m in client.models.list().data}  # noqa: E731
+        first_a = _complete(client, "a")[0]  # loaded on first use
+        assert "a" in listed()
+        assert _complete(client, "b")[0] != first_a
+        assert "a" not in listed() and "b" in listed()  # a was the least recently used
+        assert _complete(client, "a")[0] == first_a  # back, the same adapter
+        for name in ("../base", "no-such", ".hidden"):
+            with pytest.raises(openai.NotFoundError):
+                _complete(client, name)
+        with pytest.raises(openai.BadRequestError, match="over --max-lora-rank 8"):
+            _complete(client, "big")
+        assert _complete(client, "a")[0] == first_a  # serving on
+    finally:
+        stop_server(proc)

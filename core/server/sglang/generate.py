@@ -21,7 +21,7 @@ from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.logprobs import check_prompt_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.model_names import adapter_of
+from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.nullable import RequestModel
 from llmkit.core.server.prompts.prompt import tokenize_text
 from llmkit.core.server.state import new_id, start_generation
@@ -169,7 +169,7 @@ def generate_router(state) -> APIRouter:
 
         started = time.monotonic()
         body = parse_model(GenerateRequest, await read_json(raw))
-        lora = adapter_of(state, body)  # by model, or SGLang's lora_path
+        lora = await resolve_adapter(state, body)  # by model, or SGLang's lora_path
         prompts, batch = await _prompts(state, body)
         sp = body.sampling_params
         sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})] * len(prompts)
