@@ -1,6 +1,6 @@
 """The adapters an engine serves: installed on the model once, loaded and unloaded by name.
 
-:meth:`LoRAManager.install` wraps each targetable projection of every decoder layer in a
+Building a :class:`LoRAManager` wraps each targetable projection of every decoder layer in a
 :class:`LoRALinear` (only when LoRA serving is on: a server without it runs the plain layers).
 Requests hold their :class:`LoRAAdapter` object, so unloading a name stops new requests from
 using it while the ones already running finish with it.
