@@ -41,6 +41,9 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         "batch_max_in_flight",
         "max_system_blocks",
         "max_prompt_logprobs_tokens",
+        "max_loras_per_batch",
+        "max_lora_rank",
+        "max_loaded_loras",
     ):
         value = p.get(key)
         if value is not None and value < 1:
@@ -101,9 +104,30 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
             raise OptionError(f"--dp-size {dp} puts replica i on cuda:i; give --device cuda (or auto), not one GPU")
         if torch.cuda.device_count() < dp:
             raise OptionError(f"--dp-size {dp} needs {dp} GPUs (one per replica); {torch.cuda.device_count()} visible")
+    _check_lora(p, tp)
     frac = p.get("mem_fraction_static")
     if frac is not None and not 0 < frac < 1:
         raise OptionError(f"--mem-fraction-static {frac} must be between 0 and 1 (e.g. 0.8)")
+
+
+def _check_lora(p: dict, tp: int) -> None:
+    specs, targets = p.get("lora_paths") or [], p.get("lora_target_modules") or []
+    lora_dir = p.get("lora_dir")
+    if lora_dir is not None and not Path(lora_dir).expanduser().is_dir():
+        raise OptionError(f"--lora-dir '{lora_dir}' is not a directory")
+    if not (specs or targets or lora_dir or p.get("enable_lora")):
+        return
+    if tp > 1:
+        raise OptionError("LoRA adapters under --tp-size > 1 are not supported yet")
+    from llmkit.core.lora.options import parse_lora_paths, target_set
+
+    try:
+        target_set(targets)
+        names = [name for name, _ in parse_lora_paths(specs)]
+    except ValueError as exc:
+        raise OptionError(f"--lora-paths: {exc}" if "target" not in str(exc) else str(exc)) from None
+    if len(set(names)) != len(names):
+        raise OptionError(f"--lora-paths names an adapter twice: {names}")
 
 
 def _check_nodes(tp: int, dp: int, nnodes: int, node_rank: int, addr: str | None) -> None:

@@ -327,6 +327,51 @@ SERVE_OPTIONS = (
         help="NGRAM: the most trailing tokens matched (the longest match wins).",
     ),
     ServeOption(
+        ("--lora-paths", "--lora-modules"),
+        Optional[list[str]],
+        None,
+        to=lambda specs, _: {"engine.lora_paths": tuple(specs or ())},
+        help="LoRA adapters served from the start, name=path (PEFT directories); several may follow "
+        "one flag. A request picks one with model: <name> (or lora_path).",
+    ),
+    ServeOption(
+        ("--enable-lora",),
+        bool,
+        False,
+        to=lambda on, p: {"engine.enable_lora": on or p["lora_dir"] is not None},  # --lora-dir loads at run time
+        help="Serve LoRA adapters loaded at run time (POST /load_lora_adapter) with none given at start.",
+    ),
+    ServeOption(
+        ("--max-loras-per-batch",),
+        int,
+        8,
+        to="engine",
+        help="Distinct LoRA adapters one batch mixes (requests of others wait their turn).",
+    ),
+    ServeOption(("--max-lora-rank",), int, 64, to="engine", help="The largest LoRA rank accepted."),
+    ServeOption(
+        ("--lora-target-modules",),
+        Optional[list[str]],
+        None,
+        to=lambda mods, _: {"engine.lora_target_modules": tuple(mods or ())},
+        help="Projections adapters may target: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, "
+        "or all (the default).",
+    ),
+    ServeOption(
+        ("--lora-dir",),
+        Optional[str],
+        None,
+        to="server",
+        help="A directory of PEFT adapters: a request naming an adapter that is not loaded loads <dir>/<name>.",
+    ),
+    ServeOption(
+        ("--max-loaded-loras",),
+        Optional[int],
+        None,
+        to="server",
+        help="Most adapters loaded at once: past it the least recently used one is unloaded (default: no limit).",
+    ),
+    ServeOption(
         ("--load-format",),
         str,
         "auto",

@@ -47,6 +47,7 @@ def check_server_config(config: ServerConfig) -> None:
 def build_server(engine_config: EngineConfig, config: ServerConfig):
     """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
     is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
+    from llmkit.core.lora.options import parse_lora_paths
     from llmkit.core.model.loader.hf_model_id import hf_model_id
     from llmkit.core.model.loader.source import EMBEDDED_NAME
     from llmkit.core.server.prompts.chat_template import ChatTemplate
@@ -77,6 +78,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         max_context=client.max_context,
         vocab_size=client.vocab_size,
         sampling_defaults=_sampling_defaults(model_dir),
+        loras=dict(parse_lora_paths(engine_config.lora_paths)),  # the engine loaded them, or failed
     )
     services, routers = [], []
     if storage is not None:

@@ -103,7 +103,9 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     explicit_running = config.max_running_requests
     config = dataclasses.replace(config, max_running_requests=kv.running)  # the scheduler's limit
     scheduler, runner = build_runner(plan, config, model, kv, tp, leader)
-    capture_graphs(plan, config, model, runner, kv, tp)
+    runner.lora = build_lora(config, model)
+    if runner.lora is None:  # adapter rows run eager: the segmented CUDA kernels are not here yet
+        capture_graphs(plan, config, model, runner, kv, tp)
     _log_loaded(plan, config, kv, tp, leader, explicit_running, time.monotonic() - t0)
     vocab_size = int(plan.hf_config["vocab_size"])
     eos_ids = _eos_ids(plan.model_dir, plan.hf_config, tokenizer)
@@ -119,6 +121,25 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         max_context=kv.max_context,
         grammar=build_grammar_backend(plan.grammar_name, tokenizer, vocab_size, eos_ids),
     )
+
+
+def build_lora(config: EngineConfig, model):
+    """Stage 4b: the LoRA manager over the loaded model, with the start-up adapters, when LoRA is
+    served (``--lora-paths`` or ``--enable-lora``); None otherwise (the model stays unwrapped)."""
+    if not (config.enable_lora or config.lora_paths):
+        return None
+    from llmkit.core.lora.manager import LoRAManager
+    from llmkit.core.lora.options import parse_lora_paths
+
+    manager = LoRAManager(
+        model,
+        max_rank=config.max_lora_rank,
+        max_per_batch=config.max_loras_per_batch,
+        targets=config.lora_target_modules,
+    )
+    for name, path in parse_lora_paths(config.lora_paths):
+        manager.load(name, path)
+    return manager
 
 
 def load_model(plan: Plan, config: EngineConfig, tp):

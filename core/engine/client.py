@@ -48,6 +48,13 @@ class EngineClient(Protocol):
         """Compile ``spec`` with the engine's grammar backend (cached), or raise
         :class:`GrammarError` (a client error naming the field)."""
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at ``path`` as ``name`` (between steps). ValueError: refused,
+        nothing loaded; NotImplementedError: this engine cannot load at run time."""
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving ``name`` to new requests (running ones finish with it). KeyError: not loaded."""
+
     def alive(self) -> bool:
         """Whether the engine is running (``/health``)."""
 
@@ -118,6 +125,13 @@ class LoopMailbox:
             queue.put_nowait(item)
 
 
+def lora_manager(engine):
+    """``engine``'s LoRA manager, or a ValueError (a 400) when it serves no adapters."""
+    if engine.runner.lora is None:
+        raise ValueError("LoRA adapters are not served: start the server with --enable-lora or --lora-paths")
+    return engine.runner.lora
+
+
 class InProcessEngineClient(QueueSlots):
     def __init__(self, engine, max_queued: int) -> None:
         super().__init__(max_queued)
@@ -153,6 +167,13 @@ class InProcessEngineClient(QueueSlots):
 
     async def abort(self, rid: str) -> None:
         self.engine.abort(rid)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        # On the engine thread, as all of the model's torch work (see Engine.build_and_start).
+        await asyncio.wrap_future(self.engine.call(lambda: lora_manager(self.engine).load(name, path)))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await asyncio.wrap_future(self.engine.call(lambda: lora_manager(self.engine).unload(name)))
 
     def stats(self) -> dict:
         return self.engine.stats()

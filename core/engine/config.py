@@ -60,5 +60,13 @@ class EngineConfig:
     dist_init_addr: str | None = None
     dp_rank: int = 0  # which data-parallel replica this engine is (set per replica)
     load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
+    # LoRA adapters (SGLang's and vLLM's flags): "name=path" served from the start; on when any is
+    # given or enable_lora is set (run-time loading only); the distinct adapters one batch mixes,
+    # the largest rank, and the checkpoint modules adapters may target (empty: all seven)
+    enable_lora: bool = False
+    lora_paths: tuple[str, ...] = ()
+    max_loras_per_batch: int = 8
+    max_lora_rank: int = 64
+    lora_target_modules: tuple[str, ...] = ()
     # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
     mem_fraction_static: float | None = None

@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -89,6 +90,13 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid, None))
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the engine thread between steps (LoRA loading and unloading); its result
+        or exception arrives in the returned future."""
+        fut: Future = Future()
+        self._inbox.put(("call", fn, fut))
+        return fut
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -177,6 +185,11 @@ class Engine:
         kind, a, b = item
         if kind == "add":
             self._add(a, b)
+        elif kind == "call":
+            try:
+                b.set_result(a())
+            except Exception as exc:  # noqa: BLE001 (handed to the caller)
+                b.set_exception(exc)
         elif kind == "abort":
             stream = self.output.get(a)
             if stream is not None:
@@ -191,6 +204,8 @@ class Engine:
         ids = msg.prompt_ids
         if len(ids) == 0:
             return "the prompt has no tokens"
+        if msg.lora is not None and (self.runner.lora is None or self.runner.lora.get(msg.lora) is None):
+            return f"the LoRA adapter '{msg.lora}' is not loaded"
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             return f"prompt token ids must be in [0, {self.vocab_size})"
         return None
@@ -198,6 +213,8 @@ class Engine:
     def _add(self, msg: GenerateRequest, sink: Sink) -> None:
         req = Request.from_message(msg, self.eos_token_ids)
         refusal = self._refusal(msg)
+        if refusal is None and msg.lora is not None:
+            req.lora = self.runner.lora.get(msg.lora)
         if refusal is not None:  # the server checks this first; this is a backstop for any client
             self.output.open(req, sink)
             req.status, req.finish_reason = Status.FINISHED, "abort"

@@ -62,6 +62,7 @@ class GenerateRequest:
     # tag, when the output starts inside reasoning): the reasoning itself stays free text.
     grammar_after: tuple[str, ...] = ()
     return_prompt_logprobs: bool = False
+    lora: str | None = None  # the name of the LoRA adapter to generate with (None: the base model)
 
 
 @dataclass

@@ -40,6 +40,7 @@ class ModelRunner:
         self.deterministic = deterministic
         self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
         self.broadcaster: StepBroadcaster | None = None  # rank 0 of a tensor-parallel group
+        self.lora = None  # a LoRAManager, when adapters are served
 
     def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
@@ -67,7 +68,12 @@ class ModelRunner:
                 sample_rows.extend(range(len(ids) - 1 - len(s.draft), len(ids)))
             if s.req.needs_prompt_logits:
                 prompt_ranges.append((start, len(ids)))
-        return StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding, from_prev)
+        inp = StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding, from_prev)
+        if self.lora is not None:
+            loras = [s.req.lora for s in batch.segments]
+            if any(a is not None for a in loras):
+                inp.loras = loras
+        return inp
 
     def upload(self, parts: list) -> list[torch.Tensor]:
         """Int64 vectors (lists or host tensors) on the device. On CUDA in one non-blocking copy from
@@ -138,11 +144,18 @@ class ModelRunner:
         # Every input reaches the device before the forward is queued: a blocking host-to-device
         # copy after it would wait for the whole forward and leave nothing to overlap.
         input_ids, positions, md, sample_idx = self.build_metadata(inp, picks)
-        if self.graphs is not None and self.graphs.can_run(md):
+        lora = bool(inp.loras) and self.lora.activate(inp.loras, inp.q_lens, self.device)
+        if not lora and self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
-            hidden = self.model(input_ids, positions, ForwardContext(self.attn, md))
+            try:
+                hidden = self.model(
+                    input_ids, positions, ForwardContext(self.attn, md, self.lora.batch if lora else None)
+                )
+            finally:
+                if lora:
+                    self.lora.deactivate()
         prompt = [self.model.compute_logits(hidden[a:b], self.deterministic) for a, b in inp.prompt_ranges]
         if inp.sample_rows:
             rows = hidden if sample_idx is None else hidden.index_select(0, sample_idx)

@@ -35,6 +35,7 @@ class Request:
     # While set, the grammar waits: a ReasoningEndScanner fed the output text until reasoning ends.
     reasoning_end: Any = None
     return_prompt_logprobs: bool = False
+    lora: Any = None  # the LoRAAdapter its rows use (None: the base model)
 
     # engine state
     status: Status = Status.WAITING
@@ -71,6 +72,11 @@ class Request:
             eos_token_ids=eos_token_ids,
             return_prompt_logprobs=msg.return_prompt_logprobs,
         )
+
+    @property
+    def cache_namespace(self) -> int:
+        """The prefix-cache space of its K/V: an adapter's K/V is never shared with another's."""
+        return 0 if self.lora is None else self.lora.uid
 
     @property
     def all_ids(self) -> list[int]:

@@ -152,11 +152,18 @@ class Scheduler:
         batch = ScheduledBatch(segments, num_running_before=len(self.running))
         # 2. admit waiting requests while budget, slots and pages allow
         admitted = []
+        adapters: set | None = None  # the running adapters, gathered once a LoRA request waits
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
             if req.inflight:  # preempted with a token still on its way: admit it once it arrives
                 continue
+            if req.lora is not None:
+                if adapters is None:
+                    adapters = {r.lora.uid for r in self.running if r.lora is not None}
+                if req.lora.uid not in adapters and len(adapters) >= self.config.max_loras_per_batch:
+                    continue  # --max-loras-per-batch: waits for a running adapter's requests to end
+                adapters.add(req.lora.uid)
             if self.req_pool.num_free == 0:
                 break
             seg = self._admit(req, budget, reserve=len(self.running))
@@ -188,7 +195,7 @@ class Scheduler:
     def _order_waiting(self) -> None:
         if self.config.schedule_policy == "lpm":
             # Longest prefix match first; priority still dominates.
-            lengths = {id(r): len(self.cache.match_prefix(r.all_ids[:-1])[0]) for r in self.waiting}
+            lengths = {id(r): len(self.cache.match_prefix(r.all_ids[:-1], r.cache_namespace)[0]) for r in self.waiting}
             self.waiting.sort(key=lambda r: (r.priority, -lengths[id(r)], r.arrival))
         else:
             self.waiting.sort(key=lambda r: (r.priority, r.arrival))
@@ -198,7 +205,7 @@ class Scheduler:
         if req.needs_prompt_logits:
             slots, handle = torch.empty(0, dtype=torch.int64), None
         else:
-            slots, handle = self.cache.match_prefix(ids[:-1])  # leave >= 1 token to compute
+            slots, handle = self.cache.match_prefix(ids[:-1], req.cache_namespace)  # leave >= 1 token to compute
         prefix = len(slots)
         length = min(len(ids) - prefix, budget)
         need = -(-length // self.page)
@@ -244,7 +251,7 @@ class Scheduler:
         if cache_kv and n > 0:
             ids = req.all_ids[:n]
             slots = self.req_pool.read(row, n)
-            already = self.cache.insert(ids, slots)
+            already = self.cache.insert(ids, slots, req.cache_namespace)
             aligned = n - n % self.page
             # Pages the cache took over: [max(already, prefix), aligned). Free the rest of ours.
             kept_from = max(already, own_start)

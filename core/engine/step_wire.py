@@ -42,6 +42,9 @@ class StepInputs:
     # (index in ids, row of the step in flight's picks): ids still on the device (rank 0 alone,
     # never on the wire: a tensor-parallel group does not chain steps)
     from_prev: list[tuple[int, int]] = field(default_factory=list)
+    # per sequence: its LoRA adapter or None (empty: no adapter rows; rank 0 alone, as LoRA is not
+    # served under tensor parallelism yet)
+    loras: list = field(default_factory=list)
 
 
 class StepBroadcaster:

@@ -2,6 +2,8 @@
 
 A prefix cache maps token sequences to the KV slots that already hold them, so requests sharing a
 prefix reuse pages instead of recomputing them. Matching and insertion work in whole pages.
+A ``namespace`` keeps K/V that the same tokens produce differently apart (each LoRA adapter's
+K/V differs from the base model's): a prefix is only ever matched within its own namespace.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ class PrefixCache(ABC):
     """Interface of a prefix cache over a :class:`~llmkit.core.kvcache.kv_pool.KVCachePool`."""
 
     @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
-        """Return the slots of the longest cached page-aligned prefix of ``token_ids`` and a handle
-        to it (pass the handle to :meth:`lock`/:meth:`unlock`)."""
+    def match_prefix(self, token_ids: Sequence[int], namespace: int = 0) -> tuple[torch.Tensor, Any]:
+        """Return the slots of the longest cached page-aligned prefix of ``token_ids`` in
+        ``namespace`` and a handle to it (pass the handle to :meth:`lock`/:meth:`unlock`)."""
 
     @abstractmethod
-    def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:
+    def insert(self, token_ids: Sequence[int], slots: torch.Tensor, namespace: int = 0) -> int:
         """Cache ``token_ids`` (page-aligned length) stored at ``slots``. Returns how many leading
         tokens were cached already: the caller still owns (and must free) those slots' pages,
         which are duplicates; the cache owns the rest."""
@@ -56,10 +58,10 @@ class PrefixCache(ABC):
 class NoPrefixCache(PrefixCache):
     """``--disable-radix-cache``: nothing is shared; every insert is declined."""
 
-    def match_prefix(self, token_ids):
+    def match_prefix(self, token_ids, namespace=0):
         return torch.empty(0, dtype=torch.int64), None
 
-    def insert(self, token_ids, slots):
+    def insert(self, token_ids, slots, namespace=0):
         return len(token_ids)  # the caller keeps (and frees) everything
 
     def lock(self, handle):

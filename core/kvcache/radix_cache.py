@@ -27,13 +27,16 @@ class _Node:
 
 
 class RadixCache(PrefixCache):
-    """Children are keyed by their first page of tokens, so every split falls on a page boundary."""
+    """Children are keyed by their first page of tokens, so every split falls on a page boundary.
+    Each namespace has its own root (made on first insert), so trees of different namespaces
+    share no node; eviction sees the leaves of all of them."""
 
     def __init__(self, pool: KVCachePool) -> None:
         self.pool = pool
         self.page = pool.page_size
         self.root = _Node(None, (), torch.empty(0, dtype=torch.int64))
         self.root.lock_ref = 1  # never evicted
+        self._roots = {0: self.root}
         self._cached_tokens = 0
         self._evictable_tokens = 0
 
@@ -49,9 +52,19 @@ class RadixCache(PrefixCache):
             i += 1
         return i - i % self.page
 
-    def match_prefix(self, token_ids):
+    def _root(self, namespace: int, create: bool) -> _Node | None:
+        root = self._roots.get(namespace)
+        if root is None and create:
+            root = self._roots[namespace] = _Node(None, (), torch.empty(0, dtype=torch.int64))
+            root.lock_ref = 1
+        return root
+
+    def match_prefix(self, token_ids, namespace=0):
         key = self._aligned(token_ids)
-        node, pieces, pos = self.root, [], 0
+        root = self._root(namespace, create=False)
+        if root is None:
+            return torch.empty(0, dtype=torch.int64), None
+        node, pieces, pos = root, [], 0
         while pos < len(key):
             child = node.children.get(key[pos : pos + self.page])
             if child is None:
@@ -77,10 +90,10 @@ class RadixCache(PrefixCache):
         return upper
 
     # -- insertion ---------------------------------------------------------------------------
-    def insert(self, token_ids, slots):
+    def insert(self, token_ids, slots, namespace=0):
         key = self._aligned(token_ids)
         slots = slots[: len(key)]
-        node, pos = self.root, 0
+        node, pos = self._root(namespace, create=True), 0
         while pos < len(key):
             child = node.children.get(key[pos : pos + self.page])
             if child is None:
@@ -100,7 +113,7 @@ class RadixCache(PrefixCache):
     # -- locking -----------------------------------------------------------------------------
     def lock(self, handle):
         node = handle
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:  # up to its namespace's root
             if node.lock_ref == 0:
                 self._evictable_tokens -= len(node.key)
             node.lock_ref += 1
@@ -108,7 +121,7 @@ class RadixCache(PrefixCache):
 
     def unlock(self, handle):
         node = handle
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable_tokens += len(node.key)
@@ -116,10 +129,10 @@ class RadixCache(PrefixCache):
 
     # -- eviction ----------------------------------------------------------------------------
     def _leaves(self) -> list[_Node]:
-        out, stack = [], [self.root]
+        out, stack = [], list(self._roots.values())
         while stack:
             n = stack.pop()
-            if not n.children and n is not self.root:
+            if not n.children and n.parent is not None:
                 out.append(n)
             stack.extend(n.children.values())
         return out
@@ -137,7 +150,7 @@ class RadixCache(PrefixCache):
             self._evictable_tokens -= len(node.key)
             parent = node.parent
             del parent.children[node.key[: self.page]]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 

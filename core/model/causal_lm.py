@@ -19,6 +19,9 @@ class ForwardContext:
 
     attn: AttentionBackend
     metadata: AttentionMetadata
+    # Set when some rows of this forward use a LoRA adapter (``llmkit.core.lora``): the adapted
+    # projections read their row groups from it, and fused paths that bypass them stand aside.
+    lora: object | None = None
 
     @property
     def deterministic(self) -> bool:

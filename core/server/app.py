@@ -126,12 +126,19 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             "max_model_len": state.max_context,
         }
 
+    def adapter_card(name: str) -> dict:
+        # as vLLM lists an adapter: its own id and root (the path), the base model as parent
+        base = model_card()
+        return {**base, "id": name, "root": state.loras[name], "parent": base["id"]}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(), *(adapter_card(n) for n in list(state.loras))]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
+        if model_id in state.loras and not is_served(state.options, model_id):
+            return adapter_card(model_id)
         if not is_served(state.options, model_id):
             return model_not_found(state.options, model_id).response()
         return {**model_card(), "id": model_id}
@@ -198,6 +205,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))
     app.include_router(parser_router())
+    from llmkit.core.server.lora.routes import lora_router
+
+    app.include_router(lora_router(state))
     if state.options.enable_metrics:
         from llmkit.core.server.metrics import ServerMetrics, metrics_router
 

@@ -25,6 +25,10 @@ class ServerConfig:
     max_payload_size: int = 32 << 20  # every route's body cap (413), enforced while reading
     max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)
     max_prompt_list: int = 256
+    # LoRA adapters named in a request but not loaded are looked up as <lora_dir>/<name> and loaded
+    # on first use; past max_loaded_loras the least recently used adapter is unloaded (None: no limit)
+    lora_dir: str | None = None
+    max_loaded_loras: int | None = None
     # Serve the model as an embedding model (SGLang's --is-embedding); launch also sets it where
     # the config names an encoder architecture
     is_embedding: bool = False

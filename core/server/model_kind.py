@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from llmkit.core.server.errors import shaped_error
 
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/generate")
+GENERATION_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/generate",
+    "/load_lora_adapter",  # adapters adapt a generative model's projections
+    "/unload_lora_adapter",
+)
 
 
 def serves_generation_only(path: str) -> bool:

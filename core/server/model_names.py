@@ -3,7 +3,8 @@ Hugging Face id.
 
 A request naming another model gets 404 ``model_not_found``, as OpenAI and vLLM answer, instead of
 a 200 that echoes a name the server never served; the error lists the names that are served. A
-request that leaves ``model`` out is served by the one model there is.
+request that leaves ``model`` out is served by the one model there is. A loaded LoRA adapter's name
+is a model name too (vLLM's way), or SGLang's ``lora_path`` names it: the request generates with it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ def is_served(options, name: str) -> bool:
     return name in served_names(options) or (hf_id is not None and name.lower() == hf_id.lower())
 
 
-def model_not_found(options, name: str) -> APIError:
+def model_not_found(options, name: str, adapters=()) -> APIError:
     served = ", ".join(f"`{n}`" for n in served_names(options))
+    loras = f"; LoRA adapters: {', '.join(f'`{n}`' for n in adapters)}" if adapters else ""
     return APIError(
-        f"The model `{name}` does not exist. Served: {served} (add names with --served-model-name)",
+        f"The model `{name}` does not exist. Served: {served}{loras} (add names with --served-model-name)",
         status=404,
         param="model",
         code="model_not_found",
@@ -40,3 +42,54 @@ def check_model(options, body) -> None:
         return
     if not is_served(options, body.model):
         raise model_not_found(options, body.model)
+
+
+def adapter_of(state, body) -> str | None:
+    """The LoRA adapter ``body`` asks for (by ``model``, or SGLang's ``lora_path``), None for the
+    base model; 404 ``model_not_found`` for a name that is neither served nor a loaded adapter."""
+    lora = (body.model_extra or {}).get("lora_path") if body.model_extra is not None else None
+    if isinstance(lora, list) and len(set(lora)) == 1:  # SGLang's per-prompt list, one adapter
+        lora = lora[0]
+    if lora is not None:
+        if not isinstance(lora, str) or lora not in state.loras:
+            loaded = ", ".join(f"`{n}`" for n in state.loras) or "none"
+            raise APIError(
+                f"The LoRA adapter `{lora}` is not loaded (loaded: {loaded})",
+                status=404,
+                param="lora_path",
+                code="model_not_found",
+            )
+        return lora
+    if "model" not in body.model_fields_set or is_served(state.options, body.model):
+        return None
+    if body.model in state.loras:
+        return body.model
+    raise model_not_found(state.options, body.model, list(state.loras))
+
+
+def _requested(body) -> str | None:
+    lora = (body.model_extra or {}).get("lora_path") if body.model_extra is not None else None
+    if isinstance(lora, list) and len(set(lora)) == 1:
+        lora = lora[0]
+    if isinstance(lora, str):
+        return lora
+    return body.model if "model" in body.model_fields_set else None
+
+
+async def resolve_adapter(state, body) -> str | None:
+    """:func:`adapter_of`, after loading a named adapter from ``--lora-dir`` on first use (and
+    unloading the least recently used past ``--max-loaded-loras``)."""
+    try:
+        name = adapter_of(state, body)
+    except APIError as exc:
+        name = _requested(body)
+        if state.options.lora_dir is None or exc.status != 404 or name is None:
+            raise
+        from llmkit.core.server.lora.resolver import load_from_dir
+
+        if not await load_from_dir(state, name):
+            raise
+        name = adapter_of(state, body)
+    if name is not None and name in state.loras:
+        state.loras[name] = state.loras.pop(name)  # most recently used last (the LRU order)
+    return name

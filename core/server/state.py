@@ -31,6 +31,8 @@ class ServerState:
     render_pool: Any = field(default_factory=render_pool)  # chat templates render here (render_pool.py)
     in_flight: set = field(default_factory=set)  # Generations of HTTP requests (drained on shutdown)
     generate_rids: set = field(default_factory=set)  # caller-chosen /generate rids now running
+    loras: dict = field(default_factory=dict)  # LoRA adapter name -> its path, least recently used first
+    lora_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # loads from --lora-dir, one at a time
     # An embedding model's EmbeddingEngine (then also ``client``, for health and the drain); None
     # for a generative model
     embedder: Any = None

@@ -153,6 +153,8 @@ class StackedLM(CausalLM):
                 return None
             eps |= {n.eps for n in norms}
             linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            # a LoRA-wrapped projection: the plan runs its base layer (base-only batches)
+            linears = tuple(getattr(lin, "base_layer", lin) for lin in linears)
             blocks.append((attn.layer_id, *(n.weight for n in norms), *linears))
         return NativeStack.build(blocks, eps.pop()) if len(eps) == 1 else None
 
@@ -162,7 +164,7 @@ class StackedLM(CausalLM):
         plan = self._native_plan
         if plan is False:
             plan = self._native_plan = self._native_blocks()
-        if plan is not None and plan.usable(x):
+        if plan is not None and ctx.lora is None and plan.usable(x):
             attend = ctx.attn.native_attend(rope, ctx.metadata)
             if attend is not None:
                 x, residual = plan.run(x, attend)

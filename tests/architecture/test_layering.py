@@ -1,6 +1,6 @@
 """The import graph of core/ goes only downward, so each layer can be read (and replaced) alone.
 
-kvcache -> model, parsing, grammar -> engine, embedding -> server -> batches -> launch; plugins.py, hookspecs.py
+kvcache -> model, parsing, grammar -> lora -> engine, embedding -> server -> batches -> launch; plugins.py, hookspecs.py
 and native.py (the C-kernel builder) sit under everything. Same-rank packages do not import each other; the server reaches the engine only
 through its client protocol and its plain messages; core never imports a plugin or the CLI.
 Function-local imports count too.
@@ -29,6 +29,7 @@ RANK = {
     "parsing": 3,
     "grammar": 3,
     "speculative": 3,
+    "lora": 3.5,  # adapters over the model's linear layers; the engine serves them
     "engine": 4,
     "embedding": 4,  # encoders beside the generation engine, not in it
     "server": 5,

@@ -128,3 +128,16 @@ def test_a_value_without_a_place_fails_loudly():
         EngineConfig(**engine)  # no such field
     with pytest.raises(ValueError, match="another option set already"):
         build_configs(_parse(["--enable-overlap-schedule", "--disable-overlap-schedule"]))
+
+
+def test_lora_flags_take_several_values_after_one_flag():
+    """SGLang's and vLLM's nargs form (--lora-paths a=x b=y) and the repeated form both work."""
+    from llmkit.cli.help_format import spread_multi_values
+
+    args = ["--lora-paths", "a=/x", "b=/y", "--max-lora-rank", "8", "--lora-modules", "c=/z"]
+    args += ["--lora-target-modules", "q_proj", "v_proj"]
+    engine, _ = build_configs(_parse(spread_multi_values(args)))
+    assert engine.lora_paths == ("a=/x", "b=/y", "c=/z")
+    assert engine.lora_target_modules == ("q_proj", "v_proj") and engine.max_lora_rank == 8
+    out = CliRunner().invoke(app, ["serve", "--lora-paths", "a=/x", "b=/y", "--lora-target-modules", "nope"])
+    assert "--lora-target-modules: ['nope']" in out.output  # checked before any model loads

@@ -100,3 +100,27 @@ def test_allocator_all_or_nothing():
     assert sorted(got) == [1, 2, 3, 4] and pool.allocate(1) is None
     pool.free(got)
     assert pool.num_free_pages == 4
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_namespaces_share_nothing_and_evict_together(page):
+    """The same tokens in two namespaces (two LoRA adapters) never match each other's K/V; each
+    namespace still hits its own prefix, and eviction frees every namespace's pages."""
+    pool = _pool(page=page)
+    cache = RadixCache(pool)
+    tokens = list(range(8))
+    n = len(tokens) // page
+    pages_a, pages_b = pool.allocate(n), pool.allocate(n)
+    assert cache.insert(tokens, pool.page_slots(pages_a), namespace=1) == 0
+    assert len(cache.match_prefix(tokens, namespace=0)[0]) == 0  # the base sees nothing
+    assert len(cache.match_prefix(tokens, namespace=2)[0]) == 0  # nor does another adapter
+    slots, handle = cache.match_prefix(tokens, namespace=1)
+    assert slots.tolist() == pool.page_slots(pages_a).tolist()
+    assert cache.insert(tokens, pool.page_slots(pages_b), namespace=2) == 0  # its own copy
+    assert cache.match_prefix(tokens, namespace=2)[0].tolist() == pool.page_slots(pages_b).tolist()
+    cache.lock(handle)
+    assert cache.evictable_pages == n  # namespace 1's pages are locked
+    cache.unlock(handle)
+    free = pool.num_free_pages
+    assert cache.evict(2 * n) == 2 * n
+    assert pool.num_free_pages == free + 2 * n and cache.cached_pages == 0

@@ -21,9 +21,10 @@ import model_utils
 from model_utils import save_tiny_model, start_engine
 
 
-def _prefill_logits(model, ids: list[int], device: torch.device | None = None) -> torch.Tensor:
+def _prefill_logits(model, ids: list[int], device: torch.device | None = None, lora=None) -> torch.Tensor:
     """Run our model over ``ids`` as one prefill through the paged KV path (on ``device``, the CPU
-    by default, the pool in the model's dtype); fp32 logits for every position, on the CPU."""
+    by default, the pool in the model's dtype); fp32 logits for every position, on the CPU.
+    ``lora``: the LoRA batch of an active adapter (tests/lora)."""
     n, device = len(ids), device or torch.device("cpu")
     pool = KVCachePool(
         num_layers=model.num_layers,
@@ -59,7 +60,8 @@ def _prefill_logits(model, ids: list[int], device: torch.device | None = None) -
     )
     md = attn.prepare_metadata(md)
     with torch.inference_mode():
-        hidden = model(torch.tensor(ids, device=device), torch.arange(n, device=device), ForwardContext(attn, md))
+        ctx = ForwardContext(attn, md, lora)
+        hidden = model(torch.tensor(ids, device=device), torch.arange(n, device=device), ctx)
         return model.compute_logits(hidden).float().cpu()
 
 

@@ -126,6 +126,13 @@ class DataParallelClient(QueueSlots):
     async def check_grammar(self, spec: GrammarSpec) -> None:
         await self.replicas[0].check_grammar(spec)  # the same backend and checks on every replica
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        # Every replica serves every adapter; a restarted replica would come back without it.
+        raise NotImplementedError("loading LoRA adapters at run time under --dp-size > 1 is not supported yet")
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        raise NotImplementedError("unloading LoRA adapters at run time under --dp-size > 1 is not supported yet")
+
     async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         loads = [n if rep.alive() else DOWN for n, rep in zip(self.outstanding, self.replicas)]
         r = self.router.route(req.prompt_ids, loads)

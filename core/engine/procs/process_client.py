@@ -117,6 +117,25 @@ class ProcessEngineClient(QueueSlots):
         raise TimeoutError(f"the engine process was not ready after {timeout:.0f} s")
 
     # -- EngineClient ------------------------------------------------------------------------------
+    async def _lora_call(self, op: str, name: str, path: str | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        call_id = uuid.uuid4().hex
+        fut = loop.create_future()
+        self._calls[call_id] = (loop, fut)
+        try:
+            self._send("lora", {"id": call_id, "op": op, "name": name, "path": path})
+            error = await fut
+        finally:
+            self._calls.pop(call_id, None)
+        if error is not None:  # the engine process's exception, by its type's name
+            raise (KeyError if error["param"] == "KeyError" else ValueError)(error["message"])
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        await self._lora_call("load", name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._lora_call("unload", name)
+
     async def check_grammar(self, spec: GrammarSpec) -> None:
         loop = asyncio.get_running_loop()
         call_id = uuid.uuid4().hex

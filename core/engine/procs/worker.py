@@ -113,6 +113,21 @@ def main(argv: list[str]) -> int:
         except Exception as exc:
             reply(call_id, {"param": spec.param, "message": f"grammar compilation failed: {exc}"})
 
+    def lora_call(call_id: str, op: str, name: str, path: str | None) -> None:
+        from llmkit.core.engine.client import lora_manager
+
+        fn = (
+            (lambda: lora_manager(engine).load(name, path))
+            if op == "load"
+            else (lambda: lora_manager(engine).unload(name))
+        )
+
+        def done(fut) -> None:
+            exc = fut.exception()
+            reply(call_id, None if exc is None else {"param": type(exc).__name__, "message": str(exc)})
+
+        engine.call(fn).add_done_callback(done)
+
     def sink(output) -> None:  # called on the engine thread only
         out.send(ipc.pack("out", to_wire(output)))
 
@@ -134,6 +149,8 @@ def main(argv: list[str]) -> int:
             engine.abort(payload["rid"])
         elif kind == "grammar":
             compiles.submit(check_grammar, payload["id"], GrammarSpec(**payload["spec"]))
+        elif kind == "lora":
+            lora_call(payload["id"], payload["op"], payload["name"], payload.get("path"))
         elif kind == "shutdown":
             break
     stop.set()

@@ -17,7 +17,7 @@ from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.choice_text import ChoiceProcessor
 from llmkit.core.server.generation.logprobs import chat_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.model_names import check_model
+from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.openai.protocol import ChatCompletionRequest
 from llmkit.core.server.prompts.chat_template import TemplateRenderError, check_template_kwargs
 from llmkit.core.server.prompts.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
@@ -51,7 +51,7 @@ async def start_chat(
     """Check and start ``body``; its generation runs from now on (queue slots are held until each
     choice ends). ``http``: whether this serves an HTTP client (drained on shutdown, queue
     timeout); by default, whether there is a ``raw`` request (batch lines have none)."""
-    check_model(state.options, body)
+    lora = await resolve_adapter(state, body)
     if "chat_template" in (body.model_extra or {}):  # templates are the operator's, never a request's
         raise APIError(
             "chat_template in a request is not supported; the server's template is set with --chat-template",
@@ -95,7 +95,9 @@ async def start_chat(
 
     cid = new_id("chatcmpl-")
     reqs = [
-        GenerateRequest(rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i), priority=priority)
+        GenerateRequest(
+            rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i), priority=priority, lora=lora
+        )
         for i in range(body.n)
     ]
     from llmkit.core.server.generation.structured import attach_grammar

@@ -11,7 +11,7 @@ from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.logprobs import CompletionLogprobs, check_prompt_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
-from llmkit.core.server.model_names import check_model
+from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.openai.protocol import CompletionRequest
 from llmkit.core.server.prompts.prompt import tokenize_text
 from llmkit.core.server.state import ServerState, new_id, start_generation, usage, wants_stream_usage
@@ -57,7 +57,7 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None, priority: int = 0):
-    check_model(state.options, body)
+    lora = await resolve_adapter(state, body)
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(
             "best_of is not supported (no server-side ranking): leave it out, or set it equal to n", param="best_of"
@@ -93,6 +93,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
                 params=seed_for_choice(params, s),
                 return_prompt_logprobs=body.echo and body.logprobs is not None,
                 priority=priority,
+                lora=lora,
             )
             reqs.append(r)
             echoes.append(text if body.echo else "")

@@ -103,9 +103,9 @@ def responses_router(state, storage=None) -> APIRouter:
         from llmkit.core.server.body import parse_model, read_json
 
         body = parse_model(ResponsesRequest, await read_json(raw))
-        from llmkit.core.server.model_names import check_model
+        from llmkit.core.server.model_names import resolve_adapter
 
-        check_model(state.options, body)
+        await resolve_adapter(state, body)  # 404 before anything is stored (the chat request generates with it)
         if body.store or body.background:
             store.check_can_store()
         items = normalize_input(body)

@@ -21,6 +21,7 @@ from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.logprobs import check_prompt_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
+from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.nullable import RequestModel
 from llmkit.core.server.prompts.prompt import tokenize_text
 from llmkit.core.server.state import new_id, start_generation
@@ -71,6 +72,7 @@ class GenerateRequest(RequestModel):
     logprob_start_len: int = -1
     return_text_in_logprobs: bool = False
     rid: str | None = None
+    model: str | None = None  # a LoRA adapter's name (or the served model's)
 
 
 async def _prompts(state, body: GenerateRequest) -> tuple[list[list[int]], bool]:
@@ -167,6 +169,7 @@ def generate_router(state) -> APIRouter:
 
         started = time.monotonic()
         body = parse_model(GenerateRequest, await read_json(raw))
+        lora = await resolve_adapter(state, body)  # by model, or SGLang's lora_path
         prompts, batch = await _prompts(state, body)
         sp = body.sampling_params
         sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})] * len(prompts)
@@ -196,6 +199,7 @@ def generate_router(state) -> APIRouter:
                     prompt_ids=ids,
                     params=seed_for_choice(params, k),
                     return_prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0,
+                    lora=lora,
                 )
                 group.append(r)
                 items.append(_Item(r.rid, len(ids)))

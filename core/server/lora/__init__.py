@@ -1,0 +1,1 @@
+"""LoRA adapters at the HTTP edge: loading and unloading them while serving."""
