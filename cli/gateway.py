@@ -149,10 +149,7 @@ def gateway(
     if importlib.util.find_spec("sglang_router") is None:
         typer.echo("error: the gateway is sglang-router: pip install sglang-router", err=True)
         raise typer.Exit(2)
-    serve_args = list(ctx.args)
-    if "--port" in serve_args or "--host" in serve_args:
-        typer.echo("error: workers get their ports from --worker-port; --host/--port are the gateway's", err=True)
-        raise typer.Exit(2)
+    serve_args = list(ctx.args)  # --host and --port are the gateway's own: workers get --worker-port
     first = worker_port if worker_port is not None else port + 1
     urls = [f"http://127.0.0.1:{first + i}" for i in range(workers)]
     procs: list[subprocess.Popen] = []
