@@ -48,6 +48,9 @@ class EngineClient(Protocol):
         """Compile ``spec`` with the engine's grammar backend (cached), or raise
         :class:`GrammarError` (a client error naming the field)."""
 
+    async def flush_cache(self) -> bool:
+        """Drop the prefix cache; False (nothing dropped) while requests run or wait."""
+
     def alive(self) -> bool:
         """Whether the engine is running (``/health``)."""
 
@@ -153,6 +156,12 @@ class InProcessEngineClient(QueueSlots):
 
     async def abort(self, rid: str) -> None:
         self.engine.abort(rid)
+
+    async def flush_cache(self) -> bool:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.engine.flush_cache(lambda ok: loop.call_soon_threadsafe(fut.set_result, ok))
+        return await asyncio.wait_for(fut, timeout=30)
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -90,6 +90,11 @@ class Engine:
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid, None))
 
+    def flush_cache(self, done: Callable[[bool], None]) -> None:
+        """Drop the prefix cache (SGLang's ``/flush_cache``) on the engine thread, between steps;
+        ``done(flushed)`` is called there, with False while requests run or wait (as SGLang)."""
+        self._inbox.put(("flush", done, None))
+
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -177,6 +182,11 @@ class Engine:
         kind, a, b = item
         if kind == "add":
             self._add(a, b)
+        elif kind == "flush":
+            idle = not (self.scheduler.running or self.scheduler.waiting)
+            if idle:
+                self.scheduler.cache.reset()
+            a(idle)
         elif kind == "abort":
             stream = self.output.get(a)
             if stream is not None:

@@ -132,6 +132,13 @@ def test_files_and_batches_are_shared_across_workers(cluster):
     assert batch.id in [x.id for x in a.batches.list()]
 
 
+def test_flush_cache_through_the_gateway(cluster):
+    import httpx
+
+    r = httpx.post(cluster.url + "/flush_cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200 and r.json()["workers_flushed"] == 2, r.text
+
+
 def test_kill_a_worker_under_load(cluster):
     """Runs last: in-flight requests end (an error or a retried answer) within a bound, none hangs,
     and the gateway sends new requests to the survivor."""

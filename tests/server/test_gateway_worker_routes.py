@@ -57,3 +57,12 @@ def test_load_report_counts_requests_and_kv_tokens():
 
     stats = {"num_running_reqs": 3, "num_waiting_reqs": 2, "kv_pages_in_use": 5, "page_size": 16}
     assert load_report(stats) == [{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 80}]
+
+
+def test_flush_cache_drops_the_prefix_cache(fake_server):
+    http = fake_server.http()
+    before = getattr(fake_server.engine, "flushes", 0)
+    for method in (http.post, http.get):  # SGLang takes both
+        r = method("/flush_cache")
+        assert r.status_code == 200 and r.text.startswith("Cache flushed")
+    assert fake_server.engine.flushes == before + 2

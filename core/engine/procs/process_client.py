@@ -117,18 +117,25 @@ class ProcessEngineClient(QueueSlots):
         raise TimeoutError(f"the engine process was not ready after {timeout:.0f} s")
 
     # -- EngineClient ------------------------------------------------------------------------------
-    async def check_grammar(self, spec: GrammarSpec) -> None:
+    async def _call(self, kind: str, payload: dict) -> dict | None:
+        """Send ``kind`` and wait for the engine's ``reply`` to it: its error, or None."""
         loop = asyncio.get_running_loop()
         call_id = uuid.uuid4().hex
         fut = loop.create_future()
         self._calls[call_id] = (loop, fut)
         try:
-            self._send("grammar", {"id": call_id, "spec": to_wire(spec)})
-            error = await asyncio.wait_for(fut, timeout=30)
+            self._send(kind, {"id": call_id, **payload})
+            return await asyncio.wait_for(fut, timeout=30)
         finally:
             self._calls.pop(call_id, None)
+
+    async def check_grammar(self, spec: GrammarSpec) -> None:
+        error = await self._call("grammar", {"spec": to_wire(spec)})
         if error is not None:
             raise GrammarError(error["param"], error["message"])
+
+    async def flush_cache(self) -> bool:
+        return await self._call("flush", {}) is None
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()

@@ -134,6 +134,10 @@ def main(argv: list[str]) -> int:
             engine.abort(payload["rid"])
         elif kind == "grammar":
             compiles.submit(check_grammar, payload["id"], GrammarSpec(**payload["spec"]))
+        elif kind == "flush":
+            engine.flush_cache(
+                lambda ok, i=payload["id"]: reply(i, None if ok else {"message": "requests are running"})
+            )
         elif kind == "shutdown":
             break
     stop.set()
