@@ -3,7 +3,7 @@
 
 The gateway (0.3) does not route /v1/files, /v1/batches, /v1/messages or /tokenize (it answers 404
 itself), nor /v1/responses/{id}/input_items (501): files and batches go to any worker directly, and the shared storage makes them visible
-to the others. The last test kills a worker under load.
+to the others. The last tests kill a worker under load, then start it again.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ HI = [{"role": "user", "content": "Say hi."}]
 
 
 class Cluster:
-    def __init__(self, workers, router, url):
+    def __init__(self, workers, router, url, worker_args):
         self.workers, self.router, self.url = workers, router, url  # workers: [(proc, base_url)]
+        self.worker_args = worker_args  # what each worker was started with
 
     def client(self, base_url: str | None = None, timeout: float = 60) -> openai.OpenAI:
         return openai.OpenAI(base_url=(base_url or self.url) + "/v1", api_key=KEY, max_retries=0, timeout=timeout)
@@ -58,7 +59,7 @@ def cluster(tmp_path_factory):
     router = None
     try:
         router, url = start_router([u for _, u in workers], policy="round_robin", api_key=KEY)
-        yield Cluster(workers, router, url)
+        yield Cluster(workers, router, url, args)
     finally:
         if router is not None:
             stop_server(router, timeout=15)
@@ -166,3 +167,19 @@ def test_kill_a_worker_under_load(cluster):
         time.sleep(0.5)
     for _ in range(4):
         assert c.chat.completions.create(model="m", messages=HI, max_tokens=3).choices[0].message.content
+
+
+def test_a_restarted_worker_rejoins(cluster):
+    """After the kill above: the same worker started again on its port is routed to again."""
+    url = cluster.workers[1][1]
+    proc, _ = start_server(cluster.worker_args, port=int(url.rsplit(":", 1)[1]))
+    cluster.workers[1] = (proc, url)  # stopped by the fixture
+    deadline = time.monotonic() + 60
+    while healthy_workers(cluster.url, KEY) != 2:
+        assert time.monotonic() < deadline, "the gateway did not take the restarted worker back"
+        time.sleep(0.5)
+    before = cluster.posts("/v1/chat/completions")
+    c = cluster.client()
+    for _ in range(2):
+        assert c.chat.completions.create(model="m", messages=HI, max_tokens=3).choices[0].message.content
+    assert cluster.posts("/v1/chat/completions")[1] > before[1]
