@@ -101,6 +101,20 @@ def test_a_response_is_continued_on_the_other_worker(cluster):
         assert [i.type for i in cluster.client(url).responses.input_items.list(second.id).data] == ["message"]
 
 
+def test_a_background_response_polled_through_the_gateway(cluster):
+    """Polls land on both workers (round robin): the one not running it reports it running."""
+    c = cluster.client()
+    r = c.responses.create(model="m", input="Tell a story.", max_output_tokens=32, background=True)
+    seen = set()
+    deadline = time.monotonic() + 120
+    while r.status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, "the background response never finished"
+        time.sleep(0.3)
+        r = c.responses.retrieve(r.id)
+        seen.add(r.status)
+    assert r.status in ("completed", "incomplete") and "failed" not in seen, (r.status, r.error)
+
+
 def test_a_streamed_response_through_the_gateway(cluster):
     events = list(cluster.client().responses.create(model="m", input="Hi", max_output_tokens=4, stream=True))
     assert events[-1].type in ("response.completed", "response.incomplete")
