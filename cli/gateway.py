@@ -23,6 +23,10 @@ from typing import Annotated, Optional
 import typer
 
 STOP_TIMEOUT = 30.0  # seconds a child has to exit after SIGTERM before it is killed
+# A worker that dies is started again on its port (the gateway keeps its URL and takes it back once
+# healthy); one that dies MAX_RESTARTS times within RESTART_WINDOW_S is left down: a restart will
+# not fix it, and the others keep serving.
+MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
 
 
 def router_command(
@@ -142,7 +146,8 @@ def gateway(
     """Start N `llmkit serve` workers and SGLang's Model Gateway in front of them, on this machine.
 
     Options not listed here go to every `llmkit serve` (e.g. --model-path, --file-storage-path:
-    one storage for all, so responses, files and batches are shared). Ctrl-C or SIGTERM stops all.
+    one storage for all, so responses, files and batches are shared). A worker that dies is
+    started again (three times in ten minutes at most). Ctrl-C or SIGTERM stops all.
     """
     import importlib.util
 
@@ -152,23 +157,29 @@ def gateway(
     serve_args = list(ctx.args)  # --host and --port are the gateway's own: workers get --worker-port
     first = worker_port if worker_port is not None else port + 1
     urls = [f"http://127.0.0.1:{first + i}" for i in range(workers)]
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen] = []  # the router first once started, then the workers
+    restarts: list[list[float]] = [[] for _ in range(workers)]
+
+    def start_worker(i: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        if gpus_per_worker:
+            env["CUDA_VISIBLE_DEVICES"] = _visible_devices(i, gpus_per_worker)
+        cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(first + i), *serve_args]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        # own sessions: Ctrl-C reaches this process only, which stops the children in order
+        p = subprocess.Popen(
+            cmd, env=env, stdout=_output(log_dir, f"worker-{i}"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        typer.echo(f"worker {i}: pid {p.pid}, {urls[i]}", err=True)
+        return p
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        for i in range(workers):
-            env = dict(os.environ)
-            if gpus_per_worker:
-                env["CUDA_VISIBLE_DEVICES"] = _visible_devices(i, gpus_per_worker)
-            cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(first + i), *serve_args]
-            if api_key:
-                cmd += ["--api-key", api_key]
-            out = _output(log_dir, f"worker-{i}")
-            # own sessions: Ctrl-C reaches this process only, which stops the children in order
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        procs += [start_worker(i) for i in range(workers)]
         for url in urls:
             wait_until(lambda u=url: _get(u + "/health", None)[0] == 200, procs, startup_timeout, f"worker {url}")
         typer.echo(f"{workers} workers healthy: {' '.join(urls)}", err=True)
@@ -181,8 +192,9 @@ def gateway(
             api_key=api_key,
             extra=router_arg or [],
         )
-        out = _output(log_dir, "router")
-        router = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        router = subprocess.Popen(
+            cmd, stdout=_output(log_dir, "router"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         procs.insert(0, router)
         local = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::") else f"http://{host}:{port}"
         wait_until(lambda: healthy_workers(local, api_key) == workers, procs, 120, "the gateway")
@@ -190,10 +202,18 @@ def gateway(
         while True:
             if router.poll() is not None:
                 raise RuntimeError(f"the gateway exited with {router.returncode}")
-            for i, p in enumerate(procs[1:]):
-                if p.poll() is not None and not getattr(p, "reported", False):
-                    p.reported = True  # the gateway routes around it; said once
-                    typer.echo(f"warning: worker {urls[i]} exited with {p.returncode}", err=True)
+            for i in range(workers):
+                p = procs[1 + i]
+                if p.poll() is None or getattr(p, "left_down", False):
+                    continue
+                now = time.monotonic()
+                restarts[i] = [t for t in restarts[i] if now - t < RESTART_WINDOW_S] + [now]
+                if len(restarts[i]) > MAX_RESTARTS:
+                    p.left_down = True
+                    typer.echo(f"warning: worker {urls[i]} exited with {p.returncode} again; left down", err=True)
+                    continue
+                typer.echo(f"warning: worker {urls[i]} exited with {p.returncode}; starting it again", err=True)
+                procs[1 + i] = start_worker(i)
             time.sleep(1)
     except KeyboardInterrupt:
         typer.echo("stopping the gateway and its workers", err=True)

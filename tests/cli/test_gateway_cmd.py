@@ -1,9 +1,10 @@
-"""``llmkit gateway``: two workers and sglang-router started by one command, one request through
-it, and SIGTERM stopping every process it started."""
+"""``llmkit gateway``: two workers and sglang-router started by one command, a request through
+it, a killed worker started again, and SIGTERM stopping every process it started."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,6 +73,19 @@ def test_gateway_command_serves_and_stops(tmp_path):
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
         assert r.choices[0].message.content
         assert sorted(os.listdir(tmp_path / "logs")) == ["router.log", "worker-0.log", "worker-1.log"]
+
+        # a worker killed is started again on its port, and the gateway takes it back
+        pid = int(re.search(r"worker 1: pid (\d+)", (tmp_path / "gateway.log").read_text()).group(1))
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 300
+        while "starting it again" not in (tmp_path / "gateway.log").read_text():
+            assert time.monotonic() < deadline, "the dead worker was not restarted"
+            time.sleep(0.5)
+        while healthy_workers(url, "k") != 2 or _get(workers[1] + "/health", None)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "the restarted worker never rejoined"
+            time.sleep(1)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        assert r.choices[0].message.content
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
