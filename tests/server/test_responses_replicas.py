@@ -1,6 +1,6 @@
 """Background responses seen from another replica sharing the storage (behind a gateway, a poll
 lands on any replica): one running elsewhere is reported as running, not lost; one whose process
-stopped beating is failed; a cancel that cannot reach it says so."""
+stopped beating is failed; a cancel or delete that cannot reach it says so."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def test_a_response_running_on_one_replica_is_running_on_the_other(replicas):
     rid = ha.post("/v1/responses", json=BODY).json()["id"]
     time.sleep(0.5)  # a few beats
     assert _status(hb, rid) == "in_progress"
-    r = hb.post(f"/v1/responses/{rid}/cancel")
-    assert r.status_code == 409 and r.json()["error"]["param"] == "response_id"
+    for r in (hb.post(f"/v1/responses/{rid}/cancel"), hb.delete(f"/v1/responses/{rid}")):
+        assert r.status_code == 409 and r.json()["error"]["param"] == "response_id", r.text
     deadline = time.monotonic() + 30
     while _status(ha, rid) == "in_progress":
         assert time.monotonic() < deadline

@@ -103,6 +103,14 @@ def responses_router(state, storage=None) -> APIRouter:
         other, beat = record.get("runner"), record.get("beat_at")
         return other not in (None, runner) and beat is not None and time.time() - beat < STALE_S
 
+    def elsewhere() -> APIError:
+        return APIError(
+            "This response is running on another replica; cancel or delete it through that one, "
+            "or once it has finished.",
+            status=409,
+            param="response_id",
+        )
+
     async def previous(pid: str, caller: Principal) -> dict:
         """The stored response a request continues from; refused as OpenAI does when the id is
         malformed or the response has not finished (its output is not known yet)."""
@@ -206,8 +214,11 @@ def responses_router(state, storage=None) -> APIRouter:
 
     @router.delete("/v1/responses/{rid}")
     async def delete(rid: str, raw: HTTPRequest):
-        await store.get(rid, principal(raw))  # another key's response is not found, and not stopped
+        record = await store.get(rid, principal(raw))  # another key's response is not found, and not stopped
         task = tasks.get(rid)
+        if task is None and record["response"]["status"] in LIVE and running_elsewhere(record):
+            # its runner's next beat would store it again: deleted it would not stay
+            raise elsewhere()
         if task is not None:  # stop it first, or its last write would bring the record back
             task.cancel()
             await asyncio.wait([task])
@@ -223,11 +234,7 @@ def responses_router(state, storage=None) -> APIRouter:
             raise APIError("Only responses created with background: true can be cancelled.", param="response_id")
         task = tasks.get(rid)
         if task is None and record["response"]["status"] in LIVE and running_elsewhere(record):
-            raise APIError(
-                "This response runs on another replica; it can be cancelled only through that one for now.",
-                status=409,
-                param="response_id",
-            )
+            raise elsewhere()
         if task is not None:
             task.cancel()
             await asyncio.wait([task])  # it records "cancelled" itself
