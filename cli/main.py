@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from llmkit.cli import batch, bench, plugins_cmd, serve
+from llmkit.cli import batch, bench, gateway, plugins_cmd, serve
 from llmkit.cli.help_format import FlagGroup
 
 
@@ -33,6 +33,7 @@ serve.register(app)
 plugins_cmd.register(app)
 batch.register(app)
 bench.register(app)
+gateway.register(app)
 
 
 def _add_plugin_commands() -> None:

@@ -195,6 +195,9 @@ class EmbeddingEngine:
         started = self._busy_since
         return 0.0 if started is None else time.monotonic() - started
 
+    async def flush_cache(self) -> bool:
+        return True  # an encoder keeps no prefix cache: nothing to drop
+
     def stats(self) -> dict:
         return {
             "device": self.device,

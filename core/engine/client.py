@@ -55,6 +55,9 @@ class EngineClient(Protocol):
     async def unload_lora_adapter(self, name: str) -> None:
         """Stop serving ``name`` to new requests (running ones finish with it). KeyError: not loaded."""
 
+    async def flush_cache(self) -> bool:
+        """Drop the prefix cache; False (nothing dropped) while requests run or wait."""
+
     def alive(self) -> bool:
         """Whether the engine is running (``/health``)."""
 
@@ -174,6 +177,12 @@ class InProcessEngineClient(QueueSlots):
 
     async def unload_lora_adapter(self, name: str) -> None:
         await asyncio.wrap_future(self.engine.call(lambda: lora_manager(self.engine).unload(name)))
+
+    async def flush_cache(self) -> bool:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.engine.flush_cache(lambda ok: loop.call_soon_threadsafe(fut.set_result, ok))
+        return await asyncio.wait_for(fut, timeout=30)
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -98,6 +98,11 @@ class Engine:
         self._inbox.put(("call", fn, fut))
         return fut
 
+    def flush_cache(self, done: Callable[[bool], None]) -> None:
+        """Drop the prefix cache (SGLang's ``/flush_cache``) on the engine thread, between steps;
+        ``done(flushed)`` is called there, with False while requests run or wait (as SGLang)."""
+        self._inbox.put(("flush", done, None))
+
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -190,6 +195,11 @@ class Engine:
                 b.set_result(a())
             except Exception as exc:  # noqa: BLE001 (handed to the caller)
                 b.set_exception(exc)
+        elif kind == "flush":
+            idle = not (self.scheduler.running or self.scheduler.waiting)
+            if idle:
+                self.scheduler.cache.reset()
+            a(idle)
         elif kind == "abort":
             stream = self.output.get(a)
             if stream is not None:

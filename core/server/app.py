@@ -174,6 +174,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             return error_response("the engine did not answer within 20 s", 503)
         return JSONResponse({"status": "ok"})
 
+    # SGLang's Model Gateway asks for /model_info and /server_info first (the get_ names are
+    # SGLang's older ones, which it falls back to) when it registers a worker.
+    @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info():
         return {
@@ -183,6 +186,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             "max_model_len": state.max_context,
         }
 
+    @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info():
         return {
@@ -196,12 +200,14 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     from llmkit.core.server.openai.scores import scores_router
     from llmkit.core.server.responses.routes import responses_router
     from llmkit.core.server.sglang.generate import generate_router
+    from llmkit.core.server.sglang.load import load_router
     from llmkit.core.server.sglang.tokenize import tokenize_router
 
     app.include_router(tokenize_router(state))
     app.include_router(embeddings_router(state))
     app.include_router(scores_router(state))
     app.include_router(generate_router(state))
+    app.include_router(load_router(state))
     app.include_router(anthropic_router(state))
     app.include_router(responses_router(state, storage))
     app.include_router(parser_router())

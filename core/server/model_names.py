@@ -38,7 +38,7 @@ def model_not_found(options, name: str, adapters=()) -> APIError:
 
 def check_model(options, body) -> None:
     """Raise 404 unless ``body.model`` (when the request set it) is a served name."""
-    if "model" not in body.model_fields_set:
+    if "model" not in body.model_fields_set or body.model is None:  # null: as if left out
         return
     if not is_served(options, body.model):
         raise model_not_found(options, body.model)
@@ -60,7 +60,7 @@ def adapter_of(state, body) -> str | None:
                 code="model_not_found",
             )
         return lora
-    if "model" not in body.model_fields_set or is_served(state.options, body.model):
+    if "model" not in body.model_fields_set or body.model is None or is_served(state.options, body.model):
         return None
     if body.model in state.loras:
         return body.model
@@ -73,7 +73,7 @@ def _requested(body) -> str | None:
         lora = lora[0]
     if isinstance(lora, str):
         return lora
-    return body.model if "model" in body.model_fields_set else None
+    return body.model if "model" in body.model_fields_set and body.model is not None else None
 
 
 async def resolve_adapter(state, body) -> str | None:

@@ -106,6 +106,10 @@ class FakeEngineClient(QueueSlots):
     def stats(self) -> dict:
         return {"num_running_reqs": 0, "num_waiting_reqs": 0, "kv_pages_in_use": 0}
 
+    async def flush_cache(self) -> bool:
+        self.flushes = getattr(self, "flushes", 0) + 1
+        return True
+
     def shutdown(self) -> None:
         pass
 

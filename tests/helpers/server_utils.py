@@ -24,20 +24,26 @@ def free_port() -> int:
 
 
 def start_server(
-    args: list[str], *, env: dict[str, str] | None = None, timeout: float = STARTUP_TIMEOUT, on_start=None
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = STARTUP_TIMEOUT,
+    on_start=None,
+    port: int | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Run ``llmkit serve --port PORT *args``; return once ``GET /health`` answers 200.
 
     The server's output goes to a temporary log file (``proc.log_path``), printed if it dies or
     never becomes healthy. ``env`` is added to this process's environment. ``on_start(proc)`` is
     called right after the launch (a benchmark samples the server's memory from then on).
+    ``port``: a given one (a server restarted where a router expects it), else a free one.
     """
     if "--served-model-name" not in args:
         # The default name (the model path, or the embedded model's) plus "m", the short name the
         # tests send: a request naming any other model gets 404.
         path = args[args.index("--model-path") + 1] if "--model-path" in args else EMBEDDED_NAME
         args = [*args, "--served-model-name", path, "--served-model-name", "m"]
-    port = free_port()
+    port = port or free_port()
     log = tempfile.NamedTemporaryFile(prefix="llmkit-serve-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(

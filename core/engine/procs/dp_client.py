@@ -151,6 +151,13 @@ class DataParallelClient(QueueSlots):
         if r is not None:
             await self.replicas[r].abort(rid)
 
+    async def flush_cache(self) -> bool:
+        """Every live replica's cache; True only if all of them dropped theirs."""
+        import asyncio
+
+        live = [r for r in self.replicas if r.alive()]
+        return all(await asyncio.gather(*(r.flush_cache() for r in live)))
+
     def alive(self) -> bool:
         return self.gave_up is None and any(r.alive() for r in self.replicas)
 

@@ -5,7 +5,7 @@ Every frame is ``{"k": kind, "p": payload}`` with a payload of plain data (the d
 a private temporary directory, never TCP.
 
 Server -> engine (``engine-in``): ``add`` (a GenerateRequest), ``abort`` ({rid}), ``grammar``
-({id, spec}), ``shutdown``. Engine -> server (``engine-out``): ``ready`` / ``failed`` once at
+({id, spec}), ``flush`` ({id}: drop the prefix cache), ``shutdown``. Engine -> server (``engine-out``): ``ready`` / ``failed`` once at
 start-up, ``out`` (a RequestOutput), ``reply`` ({id, error}), ``stats`` (a snapshot, twice a second),
 ``fatal`` ({error}: why the engine is about to exit, e.g. a tensor-parallel rank died).
 """

@@ -117,16 +117,20 @@ class ProcessEngineClient(QueueSlots):
         raise TimeoutError(f"the engine process was not ready after {timeout:.0f} s")
 
     # -- EngineClient ------------------------------------------------------------------------------
-    async def _lora_call(self, op: str, name: str, path: str | None = None) -> None:
+    async def _call(self, kind: str, payload: dict, timeout: float = 30) -> dict | None:
+        """Send ``kind`` and wait for the engine's ``reply`` to it: its error, or None."""
         loop = asyncio.get_running_loop()
         call_id = uuid.uuid4().hex
         fut = loop.create_future()
         self._calls[call_id] = (loop, fut)
         try:
-            self._send("lora", {"id": call_id, "op": op, "name": name, "path": path})
-            error = await fut
+            self._send(kind, {"id": call_id, **payload})
+            return await asyncio.wait_for(fut, timeout=timeout)
         finally:
             self._calls.pop(call_id, None)
+
+    async def _lora_call(self, op: str, name: str, path: str | None = None) -> None:
+        error = await self._call("lora", {"op": op, "name": name, "path": path}, timeout=300)
         if error is not None:  # the engine process's exception, by its type's name
             raise (KeyError if error["param"] == "KeyError" else ValueError)(error["message"])
 
@@ -137,17 +141,12 @@ class ProcessEngineClient(QueueSlots):
         await self._lora_call("unload", name)
 
     async def check_grammar(self, spec: GrammarSpec) -> None:
-        loop = asyncio.get_running_loop()
-        call_id = uuid.uuid4().hex
-        fut = loop.create_future()
-        self._calls[call_id] = (loop, fut)
-        try:
-            self._send("grammar", {"id": call_id, "spec": to_wire(spec)})
-            error = await asyncio.wait_for(fut, timeout=30)
-        finally:
-            self._calls.pop(call_id, None)
+        error = await self._call("grammar", {"spec": to_wire(spec)})
         if error is not None:
             raise GrammarError(error["param"], error["message"])
+
+    async def flush_cache(self) -> bool:
+        return await self._call("flush", {}) is None
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()

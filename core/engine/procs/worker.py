@@ -151,6 +151,10 @@ def main(argv: list[str]) -> int:
             compiles.submit(check_grammar, payload["id"], GrammarSpec(**payload["spec"]))
         elif kind == "lora":
             lora_call(payload["id"], payload["op"], payload["name"], payload.get("path"))
+        elif kind == "flush":
+            engine.flush_cache(
+                lambda ok, i=payload["id"]: reply(i, None if ok else {"message": "requests are running"})
+            )
         elif kind == "shutdown":
             break
     stop.set()

@@ -40,6 +40,12 @@ class ResponsesRequest(NullMeansDefault):
     stream: bool = False
     include: list[str] | None = None
     top_logprobs: int | None = None
+    # SGLang's extensions, which its Model Gateway adds to every request it forwards (with their
+    # neutral values: top_k -1, min_p 0, repetition_penalty 1, priority 0)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    priority: int | None = None
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -232,7 +238,13 @@ def to_chat_body(body: ResponsesRequest, messages: list[dict]) -> dict:
         "max_tokens": body.max_output_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
     }
+    if body.priority not in (None, 0):
+        # online requests all run at one priority here (batches below them): refused, not ignored
+        raise APIError("priority is not supported: every online request runs at priority 0", param="priority")
     if body.include and LOGPROBS_INCLUDE in body.include:  # as OpenAI: top_logprobs alone adds nothing
         chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     elif body.top_logprobs is not None:

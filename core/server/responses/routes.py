@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
@@ -26,6 +27,10 @@ from llmkit.core.server.state import new_id
 
 log = logging.getLogger("llmkit")
 LIVE = ("queued", "in_progress")
+# A background response's record names the server running it and is re-stored every BEAT_S
+# while it runs: replicas sharing the storage tell a response running elsewhere (fresh beat) from
+# one whose server died (no beat for STALE_S), which will never finish.
+BEAT_S, STALE_S = 2.0, 20.0
 # chat field names in errors -> the Responses field the client sent
 PARAMS = {
     "messages": "input",
@@ -54,13 +59,17 @@ def responses_router(state, storage=None) -> APIRouter:
     router = APIRouter()
     store = ResponseStore(storage)
     tasks: dict[str, asyncio.Task] = {}  # background responses running in this process
+    runner = new_id("run_")  # this server, in the records of the background responses it runs
 
     async def run_background(events, record: dict) -> None:
         """Consume an already started (so already validated) generation into the record."""
         resp = record["response"]
+        beat = None
         try:
             resp["status"] = "in_progress"
+            record.update(runner=runner, beat_at=time.time())
             await store.put(record)
+            beat = asyncio.create_task(heartbeat(record))
             async for e in events:
                 if e.error is not None:
                     failed(resp, e.error.message)
@@ -73,12 +82,34 @@ def responses_router(state, storage=None) -> APIRouter:
             failed(resp, f"internal error: {type(exc).__name__}")
         finally:
             try:
+                if beat is not None:  # stopped first: its write must not land after the last one
+                    beat.cancel()
+                    await asyncio.gather(beat, return_exceptions=True)
                 await events.aclose()  # aborts the generation if it is still running
                 await store.put(record)
             finally:
                 # only once the final state is stored: a poll in between would find the stored
                 # "in_progress" with no task behind it and call the response lost to a restart
                 tasks.pop(resp["id"], None)
+
+    async def heartbeat(record: dict) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            record["beat_at"] = time.time()
+            await store.put(record)
+
+    def running_elsewhere(record: dict) -> bool:
+        """Whether another live process (a replica sharing the storage) runs this response."""
+        other, beat = record.get("runner"), record.get("beat_at")
+        return other not in (None, runner) and beat is not None and time.time() - beat < STALE_S
+
+    def elsewhere() -> APIError:
+        return APIError(
+            "This response is running on another replica; cancel or delete it through that one, "
+            "or once it has finished.",
+            status=409,
+            param="response_id",
+        )
 
     async def previous(pid: str, caller: Principal) -> dict:
         """The stored response a request continues from; refused as OpenAI does when the id is
@@ -91,7 +122,7 @@ def responses_router(state, storage=None) -> APIRouter:
             )
         prev = await store.get(pid, caller, param="previous_response_id")
         status = prev["response"]["status"]
-        if status in LIVE and pid in tasks:
+        if status in LIVE and (pid in tasks or running_elsewhere(prev)):
             raise APIError(
                 f"Previous response with id '{pid}' is still {status}; continue from it once it has finished.",
                 param="previous_response_id",
@@ -148,7 +179,7 @@ def responses_router(state, storage=None) -> APIRouter:
     async def load(rid: str, caller: Principal) -> dict:
         record = await store.get(rid, caller)
         resp = record["response"]
-        if resp["status"] in LIVE and rid not in tasks:
+        if resp["status"] in LIVE and rid not in tasks and not running_elsewhere(record):
             # queued or running in a process that is gone: it will never finish
             failed(resp, "the server restarted before this response finished")
             await store.put(record)
@@ -183,8 +214,11 @@ def responses_router(state, storage=None) -> APIRouter:
 
     @router.delete("/v1/responses/{rid}")
     async def delete(rid: str, raw: HTTPRequest):
-        await store.get(rid, principal(raw))  # another key's response is not found, and not stopped
+        record = await store.get(rid, principal(raw))  # another key's response is not found, and not stopped
         task = tasks.get(rid)
+        if task is None and record["response"]["status"] in LIVE and running_elsewhere(record):
+            # its runner's next beat would store it again: deleted it would not stay
+            raise elsewhere()
         if task is not None:  # stop it first, or its last write would bring the record back
             task.cancel()
             await asyncio.wait([task])
@@ -199,6 +233,8 @@ def responses_router(state, storage=None) -> APIRouter:
         if not record["response"]["background"]:
             raise APIError("Only responses created with background: true can be cancelled.", param="response_id")
         task = tasks.get(rid)
+        if task is None and record["response"]["status"] in LIVE and running_elsewhere(record):
+            raise elsewhere()
         if task is not None:
             task.cancel()
             await asyncio.wait([task])  # it records "cancelled" itself

@@ -18,9 +18,10 @@ from llmkit.core.parsing.tool_parser import create_tool_parser
 from llmkit.core.plugins import PluginError
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import error_response
+from llmkit.core.server.nullable import NullMeansDefault
 
 
-class SeparateReasoningRequest(BaseModel):
+class SeparateReasoningRequest(NullMeansDefault):
     text: str
     reasoning_parser: str
     # Optional context, as the server would pass it: the rendered prompt and template kwargs.
@@ -33,7 +34,7 @@ class SeparateReasoningResponse(BaseModel):
     text: str
 
 
-class ParseFunctionCallRequest(BaseModel):
+class ParseFunctionCallRequest(NullMeansDefault):
     text: str
     tool_call_parser: str
     tools: list[dict[str, Any]] = Field(default_factory=list)

@@ -114,3 +114,19 @@ def test_nothing_is_pickled_on_the_ipc_path():
     for path in (PROCS / "ipc.py", PROCS / "worker.py", PROCS / "process_client.py", CORE_ENGINE / "messages.py"):
         text = path.read_text()
         assert not re.search(r"\bpickle\b|recv_pyobj|send_pyobj|multiprocessing", text), path.name
+
+
+def test_flush_cache_reaches_the_engine_process(proc_server):
+    _, url = proc_server
+    _chat(url)
+    info = lambda: httpx.get(url + "/get_server_info", timeout=30).json()  # noqa: E731
+    deadline = time.monotonic() + 10  # the stats snapshot comes from the engine twice a second
+    while info()["kv_pages_cached"] == 0:
+        assert time.monotonic() < deadline, "nothing was cached"
+        time.sleep(0.2)
+    r = httpx.post(url + "/flush_cache", timeout=60)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 10
+    while info()["kv_pages_cached"] != 0:
+        assert time.monotonic() < deadline, "the cache was not flushed"
+        time.sleep(0.2)
