@@ -258,7 +258,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
             f"--host '{host}' cannot be resolved ({exc.strerror}): give an IP address or a host name of this machine"
         ) from None
     family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY on the accepted connections only when the
+    # socket says it is TCP. Without it a kept-alive connection's response waited 40 ms for the
+    # client's delayed ACK (Nagle), on every request after a connection's first.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
