@@ -56,7 +56,7 @@ class EmbeddingEngine:
         device: str,
         max_input_tokens: int,
         dimensions: tuple[int, ...] | None = None,
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int = 4096,
         pair_template: str | None = None,
     ) -> None:
         self.model = model

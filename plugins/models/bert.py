@@ -27,19 +27,22 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_r
 
 
 class _Dense:
-    """``act(x @ weight.T + bias)``. On CPU in fp32 through oneDNN, with the weight reordered once
-    into its blocked layout and the activation fused into the GEMM; elsewhere ``F.linear``."""
+    """``act(x @ weight.T + bias)``. On CPU in fp32, for fewer than 256 rows (a few sentences),
+    through oneDNN with the weight reordered once into its blocked layout and the activation fused
+    into the GEMM, as the generation path's Linear prefers oneDNN there; ``F.linear`` otherwise
+    (MKL, a little faster on the long row counts of a big batch)."""
+
+    ONEDNN_ROWS = 256
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, act: str | None = None) -> None:
-        self.act = act
-        self.onednn = _ONEDNN and weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.bias = bias
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 256) if self.onednn else weight
+        self.act, self.weight, self.bias = act, weight, bias
+        onednn = _ONEDNN and weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 64) if onednn else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.onednn:
+        if self.packed is not None and x.shape[0] < self.ONEDNN_ROWS:
             op, algorithm = _POST_OPS[self.act] if self.act else ("none", "")
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, op, [], algorithm)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, op, [], algorithm)
         y = F.linear(x, self.weight, self.bias)
         return _ACTIVATIONS[self.act](y) if self.act else y
 
