@@ -38,9 +38,10 @@ class _Ragged:
     deterministic: bool = False
 
 
-class _DenseCausalAttention:
+class DenseCausalAttention:
     """What a decoder layer asks of an attention backend, for whole inputs and no cache: causal
-    attention within each input of the flat batch (no fast paths offered)."""
+    attention within each input of the flat batch (no fast paths offered). A subclass with its
+    own ``forward`` serves other layouts (the STANDALONE draft model's cache)."""
 
     def __init__(self, scale: float | None) -> None:
         self.scale = scale
@@ -99,7 +100,7 @@ def load_causal_lm(model_dir: Path, config: dict, device: torch.device, dtype: t
 
 class _CausalForward:
     model: object
-    attention: _DenseCausalAttention
+    attention: DenseCausalAttention
 
     def last_states(self, inputs: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states of the flat batch ``[T, hidden]`` and each input's start."""
@@ -117,7 +118,7 @@ class DecoderEncoder(_CausalForward, Encoder):
 
     def __init__(self, model) -> None:
         self.model = model
-        self.attention = _DenseCausalAttention(model.attention_scale)
+        self.attention = DenseCausalAttention(model.attention_scale)
         self.hidden_size = int(model.config["hidden_size"])
         self.max_position = int(model.config.get("max_position_embeddings", 4096))
 
@@ -142,7 +143,7 @@ class DecoderReranker(_CausalForward, Scorer):
 
     def __init__(self, model, yes_id: int, no_id: int) -> None:
         self.model = model
-        self.attention = _DenseCausalAttention(model.attention_scale)
+        self.attention = DenseCausalAttention(model.attention_scale)
         self.max_position = int(model.config.get("max_position_embeddings", 4096))
         self.yes_id, self.no_id = yes_id, no_id
 

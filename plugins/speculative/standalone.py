@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from llmkit.core.embedding.decoder import DenseCausalAttention
 from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.speculative.contract import Proposer
 
@@ -52,18 +53,9 @@ class _DraftKV:
         return buf_k[:end], buf_v[:end]
 
 
-class _DraftAttention:
+class _DraftAttention(DenseCausalAttention):
     """The attention backend the draft model's layers call: causal attention of the new rows over
     the request's cached rows and themselves (no fast paths offered)."""
-
-    def __init__(self, scale: float | None) -> None:
-        self.scale = scale
-
-    def forward_qkv(self, qkv, rope, layer_id, metadata):
-        return None
-
-    def native_attend(self, rope, metadata):
-        return None
 
     def forward(self, q, k, v, layer_id, metadata: _DraftKV, *, sliding_window=None, sinks=None):
         keys, values = metadata.append(layer_id, k, v)
