@@ -3,6 +3,8 @@ answers it; found by running the gateway in front of llmkit (see tests/server/te
 
 from __future__ import annotations
 
+import pytest
+
 # The body the gateway forwards for `client.responses.create(model=..., input="hi",
 # max_output_tokens=5)`: its own defaults and SGLang's sampling extensions added, stream null.
 GATEWAY_RESPONSES_BODY = {
@@ -66,3 +68,10 @@ def test_flush_cache_drops_the_prefix_cache(fake_server):
         r = method("/flush_cache")
         assert r.status_code == 200 and r.text.startswith("Cache flushed")
     assert fake_server.engine.flushes == before + 2
+
+
+@pytest.fixture(autouse=True)
+def _serving(fake_server):
+    """The in-process server is shared by the session: a test before this file may have run its
+    lifespan's shutdown, which leaves its engine marked draining (every request a 503)."""
+    fake_server.engine.draining = False

@@ -164,3 +164,10 @@ def test_null_is_not_sent(fake_server, cls, route, body, where, field):
     http = fake_server.http()
     r_absent, r_null = http.post(route, json=absent), http.post(route, json=null)
     assert r_null.status_code == r_absent.status_code, (field, r_null.text, r_absent.text)
+
+
+@pytest.fixture(autouse=True)
+def _serving(fake_server):
+    """The in-process server is shared by the session: a test before this file may have run its
+    lifespan's shutdown, which leaves its engine marked draining (every request a 503)."""
+    fake_server.engine.draining = False
