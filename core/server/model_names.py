@@ -44,12 +44,18 @@ def check_model(options, body) -> None:
         raise model_not_found(options, body.model)
 
 
+def _lora_path(body):
+    """SGLang's ``lora_path`` extra field; a per-prompt list naming one adapter is that adapter."""
+    lora = (body.model_extra or {}).get("lora_path") if body.model_extra is not None else None
+    if isinstance(lora, list) and len(set(lora)) == 1:
+        lora = lora[0]
+    return lora
+
+
 def adapter_of(state, body) -> str | None:
     """The LoRA adapter ``body`` asks for (by ``model``, or SGLang's ``lora_path``), None for the
     base model; 404 ``model_not_found`` for a name that is neither served nor a loaded adapter."""
-    lora = (body.model_extra or {}).get("lora_path") if body.model_extra is not None else None
-    if isinstance(lora, list) and len(set(lora)) == 1:  # SGLang's per-prompt list, one adapter
-        lora = lora[0]
+    lora = _lora_path(body)
     if lora is not None:
         if not isinstance(lora, str) or lora not in state.loras:
             loaded = ", ".join(f"`{n}`" for n in state.loras) or "none"
@@ -68,9 +74,7 @@ def adapter_of(state, body) -> str | None:
 
 
 def _requested(body) -> str | None:
-    lora = (body.model_extra or {}).get("lora_path") if body.model_extra is not None else None
-    if isinstance(lora, list) and len(set(lora)) == 1:
-        lora = lora[0]
+    lora = _lora_path(body)
     if isinstance(lora, str):
         return lora
     return body.model if "model" in body.model_fields_set and body.model is not None else None
