@@ -22,6 +22,8 @@ class ForwardContext:
     # Set when some rows of this forward use a LoRA adapter (``llmkit.core.lora``): the adapted
     # projections read their row groups from it, and fused paths that bypass them stand aside.
     lora: object | None = None
+    # Set when some rows are image tokens or rotate by M-RoPE (``llmkit.core.multimodal.forward``).
+    mm: object | None = None
 
     @property
     def deterministic(self) -> bool:
