@@ -34,7 +34,8 @@ import torch
 SLIDING_WINDOW = "sliding_window"
 SINKS = "sinks"
 LATENT_KV = "latent_kv"
-ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV)
+BIDIRECTIONAL_SPANS = "bidirectional_spans"
+ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV, BIDIRECTIONAL_SPANS)
 
 if TYPE_CHECKING:
     from llmkit.core.kvcache.kv_pool import KVCachePool
@@ -63,6 +64,9 @@ class AttentionMetadata:
     # Per sequence: its new token is a generated one (a decode row), not a prompt token. A prompt's
     # last token alone (a prefix-cache hit) also has one new token. Empty: not provided.
     decoding: list[bool] = field(default_factory=list)
+    # Per sequence: [start, end) position spans whose tokens attend to each other both ways (the
+    # ``bidirectional_spans`` feature); empty: causal everywhere.
+    bidirectional_spans: list[list[tuple[int, int]]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # backend-private precomputed tensors
 
 
