@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from llmkit.cli.media_options import MEDIA_OPTIONS
 from llmkit.cli.option_table import ServeOption, accepted_only, config_fields, negated, only_when_given
 
 
@@ -616,7 +617,7 @@ SERVE_OPTIONS = (
         help="The most inputs one /v1/embeddings request (documents of a /v1/rerank, pairs of a "
         "/v1/score) may carry (OpenAI's cap: 2048).",
     ),
-)
+) + MEDIA_OPTIONS
 
 
 def build_configs(params: dict):

@@ -80,6 +80,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         sampling_defaults=_sampling_defaults(model_dir),
         loras=dict(parse_lora_paths(engine_config.lora_paths)),  # the engine loaded them, or failed
     )
+    state.mm, state.media = _multimodal(model_dir, tok, config)
     services, routers = [], []
     if storage is not None:
         services, routers = _batches(state, storage, config.batch_max_in_flight)
@@ -90,6 +91,32 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
             storage.close()
 
     return _app(state, shutdown, services, routers, storage)
+
+
+def _multimodal(model_dir: Path, tokenizer, config: ServerConfig):
+    """A vision-language model's processor (None for a text model) and the media policy."""
+    from llmkit.core.model.loader.source import load_config
+    from llmkit.core.multimodal.media import MediaPolicy
+
+    policy = MediaPolicy(
+        allowed_domains=tuple(config.allowed_media_domains),
+        allowed_local_path=config.allowed_local_media_path,
+        max_bytes=config.max_image_bytes,
+        max_pixels=config.max_image_pixels,
+        max_images=config.max_images_per_request,
+        timeout=config.media_fetch_timeout,
+    )
+    if not (Path(model_dir) / "config.json").exists():
+        return None, policy
+    hf = load_config(Path(model_dir))
+    arch = (hf.get("architectures") or [None])[0]
+    try:
+        cls = registry().model(arch) if arch else None
+    except Exception:  # the engine resolved the model by its model_type: not a vision one
+        cls = None
+    if not getattr(cls, "multimodal", False):
+        return None, policy
+    return cls.processor(str(model_dir), hf, tokenizer), policy
 
 
 def _app(state, shutdown, services, routers, storage):

@@ -104,6 +104,10 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     config = dataclasses.replace(config, max_running_requests=kv.running)  # the scheduler's limit
     scheduler, runner = build_runner(plan, config, model, kv, tp, leader)
     runner.lora = build_lora(config, model)
+    if getattr(model, "multimodal", False):  # images: encoded on this side, kept by content hash
+        from llmkit.core.multimodal.step_rows import EncoderCache
+
+        runner.encoder = EncoderCache(model)
     if runner.lora is None:  # adapter rows run eager: the segmented CUDA kernels are not here yet
         capture_graphs(plan, config, model, runner, kv, tp)
     _log_loaded(plan, config, kv, tp, leader, explicit_running, time.monotonic() - t0)

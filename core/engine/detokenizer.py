@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import regex
 
+from llmkit.core.multimodal.items import PSEUDO_BASE
+
 
 @dataclass
 class StopMatch:
@@ -49,7 +51,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tok = tokenizer
         self.skip = skip_special_tokens
-        self.ids: list[int] = list(prompt_ids[-self.CONTEXT :])
+        # (an image's pseudo-ids are no tokens: the context is the text around them)
+        self.ids: list[int] = [t for t in prompt_ids[-self.CONTEXT :] if t < PSEUDO_BASE]
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self._bytes: dict[int, bytes] | None = None  # the byte-level path's table (None: general path)

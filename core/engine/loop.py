@@ -218,6 +218,13 @@ class Engine:
             return f"the LoRA adapter '{msg.lora}' is not loaded"
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             return f"prompt token ids must be in [0, {self.vocab_size})"
+        if msg.mm is not None:
+            if self.runner.encoder is None:
+                return "this model does not take images"
+            if msg.return_prompt_logprobs:  # an image's tokens have no logprob to report
+                return "prompt logprobs are not served for prompts with images"
+            if any(off < 0 or off + n > len(ids) for off, n in msg.mm.spans):
+                return "an image's tokens lie outside the prompt"
         return None
 
     def _add(self, msg: GenerateRequest, sink: Sink) -> None:

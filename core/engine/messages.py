@@ -63,6 +63,9 @@ class GenerateRequest:
     grammar_after: tuple[str, ...] = ()
     return_prompt_logprobs: bool = False
     lora: str | None = None  # the name of the LoRA adapter to generate with (None: the base model)
+    # The prompt's images (``llmkit.core.multimodal.items.MultimodalInputs``): its ``prompt_ids``
+    # hold each image's run of placeholder tokens, which the engine keys by the image's hash.
+    mm: Any = None
 
 
 @dataclass
@@ -95,6 +98,10 @@ class RequestOutput:
 
 def to_wire(msg: Any) -> dict:
     """A message as a plain dict (nested dataclasses included); tuples become lists."""
+    if isinstance(msg, GenerateRequest) and msg.mm is not None:
+        from llmkit.core.multimodal.wire import mm_to_wire
+
+        return {**dataclasses.asdict(dataclasses.replace(msg, mm=None)), "mm": mm_to_wire(msg.mm)}
     return dataclasses.asdict(msg)
 
 
@@ -102,9 +109,15 @@ def from_wire(cls: type, data: dict) -> Any:
     """Rebuild a message of type ``cls`` from :func:`to_wire`'s dict (or its msgpack round trip)."""
     if cls is GenerateRequest:
         g = data.get("grammar")
+        mm = data.get("mm")
+        if mm is not None:
+            from llmkit.core.multimodal.wire import mm_from_wire
+
+            mm = mm_from_wire(mm)
         return GenerateRequest(
             **{
                 **data,
+                "mm": mm,
                 "prompt_ids": list(data["prompt_ids"]),
                 "params": from_wire(SamplingParams, data["params"]),
                 "grammar": GrammarSpec(**g) if g is not None else None,

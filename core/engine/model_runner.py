@@ -41,6 +41,7 @@ class ModelRunner:
         self.graphs = None  # a CudaGraphRunner, when decode steps replay CUDA graphs
         self.broadcaster: StepBroadcaster | None = None  # rank 0 of a tensor-parallel group
         self.lora = None  # a LoRAManager, when adapters are served
+        self.encoder = None  # an EncoderCache, when the model takes images
 
     def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
@@ -49,10 +50,13 @@ class ModelRunner:
         sampled it, see :meth:`Sampler.launch`), in its sampling order. Each gets a placeholder
         id here and ``inp.from_prev`` (the id's index, the pick's row) says where to copy it from."""
         ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding = [], [], [], [], [], [], [], []
+        seg_rows, has_mm = [], False
         prev = {id(r): i for i, r in enumerate(chained)} if chained else {}
         from_prev: list[tuple[int, int]] = []
         for s in batch.segments:
             start = len(ids)
+            seg_rows.append(start)
+            has_mm = has_mm or s.req.mm is not None
             if s.req.inflight and id(s.req) in prev:  # a decode step of the token in flight
                 from_prev.append((len(ids), prev[id(s.req)]))
                 ids.append(0)
@@ -73,6 +77,10 @@ class ModelRunner:
             loras = [s.req.lora for s in batch.segments]
             if any(a is not None for a in loras):
                 inp.loras = loras
+        if has_mm:
+            from llmkit.core.multimodal.step_rows import plan_images
+
+            inp.images, inp.rope, inp.bidirectional = plan_images(batch.segments, seg_rows, pos)
         return inp
 
     def upload(self, parts: list) -> list[torch.Tensor]:
@@ -134,6 +142,7 @@ class ModelRunner:
             q_starts=q_start,
             req_rows=rows,
             decoding=[bool(d) for d in inp.decoding],
+            bidirectional_spans=inp.bidirectional,
         )
         return input_ids, positions, md, sample_idx
 
@@ -144,15 +153,17 @@ class ModelRunner:
         # Every input reaches the device before the forward is queued: a blocking host-to-device
         # copy after it would wait for the whole forward and leave nothing to overlap.
         input_ids, positions, md, sample_idx = self.build_metadata(inp, picks)
+        mm = None
+        if inp.images or inp.rope is not None:  # image rows, or M-RoPE positions to rotate by
+            mm = self.encoder.forward_inputs(inp.images, inp.rope, len(inp.ids), self.device)
         lora = bool(inp.loras) and self.lora.activate(inp.loras, inp.q_lens, self.device)
-        if not lora and self.graphs is not None and self.graphs.can_run(md):
+        if not lora and mm is None and self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
             try:
-                hidden = self.model(
-                    input_ids, positions, ForwardContext(self.attn, md, self.lora.batch if lora else None)
-                )
+                ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm)
+                hidden = self.model(input_ids, positions, ctx)
             finally:
                 if lora:
                     self.lora.deactivate()

@@ -36,6 +36,7 @@ class Request:
     reasoning_end: Any = None
     return_prompt_logprobs: bool = False
     lora: Any = None  # the LoRAAdapter its rows use (None: the base model)
+    mm: Any = None  # its images (MultimodalInputs); their tokens in prompt_ids are pseudo-ids
 
     # engine state
     status: Status = Status.WAITING
@@ -64,13 +65,20 @@ class Request:
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, eos_token_ids: frozenset[int]) -> "Request":
+        ids = list(msg.prompt_ids)
+        if msg.mm is not None:  # the prefix cache keys an image's tokens by its hash
+            from llmkit.core.multimodal.items import pseudo_id
+
+            for item, (off, n) in zip(msg.mm.items, msg.mm.spans):
+                ids[off : off + n] = [pseudo_id(item.digest)] * n
         return cls(
             rid=msg.rid,
-            prompt_ids=list(msg.prompt_ids),
+            prompt_ids=ids,
             params=msg.params,
             priority=msg.priority,
             eos_token_ids=eos_token_ids,
             return_prompt_logprobs=msg.return_prompt_logprobs,
+            mm=msg.mm,
         )
 
     @property

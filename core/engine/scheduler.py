@@ -135,6 +135,8 @@ class Scheduler:
                 continue
             remaining = req.seq_len + req.inflight - req.num_computed
             length = remaining if remaining == 1 else min(remaining, max(budget, 0))
+            if length > 1:
+                length = _whole_images(req, req.num_computed, length)
             if length <= 0:
                 continue
             draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
@@ -206,8 +208,10 @@ class Scheduler:
             slots, handle = torch.empty(0, dtype=torch.int64), None
         else:
             slots, handle = self.cache.match_prefix(ids[:-1], req.cache_namespace)  # leave >= 1 token to compute
+            if _whole_images(req, 0, len(slots)) != len(slots):  # a cached prefix ending inside such an image
+                slots, handle = torch.empty(0, dtype=torch.int64), None
         prefix = len(slots)
-        length = min(len(ids) - prefix, budget)
+        length = _whole_images(req, prefix, min(len(ids) - prefix, budget))
         need = -(-length // self.page)
         # Keep a page per running request in reserve for its next decode step.
         if need + reserve > self.available_pages():
@@ -294,3 +298,17 @@ class Scheduler:
     def token_usage(self) -> float:
         used = self.pool.capacity_pages - self.pool.num_free_pages - self.cache.evictable_pages
         return used / max(1, self.pool.capacity_pages)
+
+
+def _whole_images(req: Request, start: int, length: int) -> int:
+    """``length`` shortened (or, for a chunk that starts an image, lengthened) so that a prefill
+    chunk from ``start`` never ends inside an image whose tokens attend to each other both ways:
+    all of its keys must be in the forward that computes any of its queries."""
+    mm = req.mm
+    if mm is None or not mm.bidirectional:
+        return length
+    end = start + length
+    for off, n in mm.spans:
+        if off < end < off + n:
+            return off - start if off > start else off + n - start
+    return length

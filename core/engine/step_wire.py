@@ -45,6 +45,12 @@ class StepInputs:
     # per sequence: its LoRA adapter or None (empty: no adapter rows; rank 0 alone, as LoRA is not
     # served under tensor parallelism yet)
     loras: list = field(default_factory=list)
+    # Images (rank 0 alone: vision-language models are not served under tensor parallelism):
+    # ``images`` (first row, item, encoder rows a:b), ``rope`` the (t, h, w) positions of every row
+    # (M-RoPE), ``bidirectional`` per sequence its spans that attend both ways (see plan_images)
+    images: list = field(default_factory=list)
+    rope: list | None = None
+    bidirectional: list = field(default_factory=list)
 
 
 class StepBroadcaster:

@@ -36,6 +36,13 @@ class ServerConfig:
     rerank_instruction: str | None = None  # its prompt's <Instruct> (None: the model card's)
     pooler_config: str | None = None  # vLLM's JSON overriding an embedding model's pooling
     max_embedding_inputs: int = 2048  # inputs in one /v1/embeddings request (OpenAI's cap)
+    # Images (vision-language models): where they may come from and how big (multimodal/media.py)
+    allowed_media_domains: tuple[str, ...] = ()  # hosts http(s) image URLs may name (none: no fetching)
+    allowed_local_media_path: str | None = None  # the directory file: image URLs may name
+    max_image_bytes: int = 20 << 20
+    max_image_pixels: int = 40_000_000
+    max_images_per_request: int = 16
+    media_fetch_timeout: float = 10.0
     max_prompt_size: int = 16 << 20  # characters; longer prompts are refused before tokenizing
     max_system_blocks: int = 256  # an Anthropic system's blocks (10,000 cost 8.5 s)
     max_prompt_logprobs_tokens: int = 1024  # prompt logprobs are a vocab-wide softmax per token

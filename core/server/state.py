@@ -36,6 +36,10 @@ class ServerState:
     # An embedding model's EmbeddingEngine (then also ``client``, for health and the drain); None
     # for a generative model
     embedder: Any = None
+    # A vision-language model's MultimodalProcessor (None: the model reads text only) and the
+    # limits on where its images come from (llmkit.core.multimodal.media)
+    mm: Any = None
+    media: Any = None
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:

@@ -64,7 +64,13 @@ class Speculator:
         )
         if room <= 0:
             return []
-        return list(self.proposer.propose(req, room))[:room]
+        draft = list(self.proposer.propose(req, room))[:room]
+        if req.mm is not None:  # a copy of the prompt may reach an image's pseudo-ids: stop before
+            from llmkit.core.multimodal.items import PSEUDO_BASE
+
+            cut = next((i for i, t in enumerate(draft) if t >= PSEUDO_BASE), len(draft))
+            draft = draft[:cut]
+        return draft
 
     def record(self, req, drafted: int, accepted: int) -> None:
         """A verify step of ``req`` kept ``accepted`` of ``drafted`` draft tokens."""

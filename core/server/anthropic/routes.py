@@ -75,7 +75,13 @@ def anthropic_router(state) -> APIRouter:
             text = await run_render(state, render_chat, state, chat, check_template_kwargs(chat.chat_template_kwargs))
         except TemplateRenderError as exc:
             raise APIError(str(exc), param="messages") from None
-        return JSONResponse({"input_tokens": len(await tokenize_text(state, text, param="messages", generate=False))})
+        ids = await tokenize_text(state, text, param="messages", generate=False)
+        from llmkit.core.server.prompts.images import attach_images, chat_images
+
+        images = chat_images(chat)
+        if images:  # each image counts as its tokens
+            ids, _ = await attach_images(state, ids, images, "messages")
+        return JSONResponse({"input_tokens": len(ids)})
 
     router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])

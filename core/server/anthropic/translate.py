@@ -25,6 +25,19 @@ def _text_of(blocks, where: str) -> str:
     return "".join(texts)
 
 
+def _image_url(block: dict, where: str) -> str:
+    """An image block's source as the URL a chat image part carries."""
+    src = block.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64" and isinstance(src.get("data"), str) and isinstance(src.get("media_type"), str):
+        return f"data:{src['media_type']};base64,{src['data']}"
+    if kind == "url" and isinstance(src.get("url"), str):
+        return src["url"]
+    raise APIError(
+        f"{where}: an image block's source must be base64 (media_type, data) or a url", param=f"{where}.source"
+    )
+
+
 def _messages(body: CountTokensRequest) -> list[dict]:
     out: list[dict] = []
     if body.system:
@@ -38,11 +51,14 @@ def _messages(body: CountTokensRequest) -> list[dict]:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        text, calls, reasoning = [], [], None
+        text, calls, reasoning, parts = [], [], None, []
         for j, b in enumerate(m.content):
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
+                parts.append({"type": "text", "text": b["text"]})
+            elif kind == "image" and m.role == "user":
+                parts.append({"type": "image_url", "image_url": {"url": _image_url(b, f"{where}[{j}]")}})
             elif kind == "tool_use" and m.role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise APIError(f"{where}[{j}]: tool_use needs an id and a name", param=f"{where}[{j}]")
@@ -72,7 +88,9 @@ def _messages(body: CountTokensRequest) -> list[dict]:
                 raise APIError(
                     f"{where}[{j}]: block type '{kind}' is not supported for role '{m.role}'", param=f"{where}[{j}]"
                 )
-        if text or calls or m.role == "assistant":
+        if len(parts) > len(text):  # images among the blocks: content parts keep their order
+            out.append({"role": m.role, "content": parts})
+        elif text or calls or m.role == "assistant":
             msg: dict = {"role": m.role, "content": "".join(text)}
             if calls:
                 msg["tool_calls"] = calls

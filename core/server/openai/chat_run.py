@@ -20,6 +20,7 @@ from llmkit.core.server.generation.sampling import build_sampling_params, seed_f
 from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.openai.protocol import ChatCompletionRequest
 from llmkit.core.server.prompts.chat_template import TemplateRenderError, check_template_kwargs
+from llmkit.core.server.prompts.images import attach_images, chat_images
 from llmkit.core.server.prompts.prompt import check_prompt_size, message_chars, render_chat, tokenize_text
 from llmkit.core.server.prompts.render_pool import run_render
 from llmkit.core.server.state import ServerState, new_id, start_generation, usage
@@ -73,6 +74,9 @@ async def start_chat(
     except TemplateRenderError as exc:
         raise APIError(str(exc), param="messages") from None
     prompt_ids = await tokenize_text(state, prompt_text, param="messages")
+    mm, images = None, chat_images(body)
+    if images:
+        prompt_ids, mm = await attach_images(state, prompt_ids, images, "messages")
     top_lp = body.top_logprobs or 0
     if top_lp and not body.logprobs:
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -96,7 +100,12 @@ async def start_chat(
     cid = new_id("chatcmpl-")
     reqs = [
         GenerateRequest(
-            rid=f"{cid}-{i}", prompt_ids=prompt_ids, params=seed_for_choice(params, i), priority=priority, lora=lora
+            rid=f"{cid}-{i}",
+            prompt_ids=prompt_ids,
+            params=seed_for_choice(params, i),
+            priority=priority,
+            lora=lora,
+            mm=mm,
         )
         for i in range(body.n)
     ]

@@ -54,22 +54,29 @@ def message_chars(body) -> int:
     return n
 
 
-def message_dicts(body) -> list[dict]:
-    """Messages as the chat template expects them (text-only; tool-call arguments as dicts)."""
+def message_dicts(body, images: bool = False) -> list[dict]:
+    """Messages as the chat template expects them (tool-call arguments as dicts). ``images``: the
+    model takes images, so a message with image parts keeps its content as a list of parts, each
+    image a ``{"type": "image"}`` part where the template writes the model's placeholder."""
     out = []
     for i, m in enumerate(body.messages):
         d: dict = {"role": m.role}
         content = m.content
         if isinstance(content, list):
-            texts = []
-            for part in content:
+            texts, parts = [], []
+            for j, part in enumerate(content):
+                if images and part.type == "image_url":
+                    parts.append({"type": "image"})
+                    continue
                 if part.type != "text" or part.text is None:
+                    kind = "images" if part.type == "image_url" else f"content part type '{part.type}'"
                     raise APIError(
-                        f"content part type '{part.type}' is not supported by this text-only model",
-                        param=f"messages[{i}].content",
+                        f"messages[{i}].content[{j}]: {kind} not supported by this text-only model",
+                        param=f"messages[{i}].content[{j}]",
                     )
                 texts.append(part.text)
-            content = "".join(texts)
+                parts.append({"type": "text", "text": part.text})
+            content = parts if len(parts) > len(texts) else "".join(texts)
         d["content"] = content if content is not None else ""
         if m.role == "tool" and not m.tool_call_id:
             raise APIError("tool messages need a tool_call_id", param=f"messages[{i}].tool_call_id")
@@ -100,7 +107,7 @@ def render_chat(state, body, kwargs: dict) -> str:
             "this model has no chat template; start the server with --chat-template FILE or use /v1/completions",
             param="messages",
         )
-    messages = message_dicts(body)
+    messages = message_dicts(body, images=state.mm is not None)
     tools = None
     if body.tools and body.tool_choice != "none":
         tools = [t.model_dump(exclude_none=True) for t in body.tools]

@@ -68,6 +68,23 @@ def _text(content, where: str) -> str:
     return "".join(out)
 
 
+def _parts(content: list, where: str, ptype: str) -> list[dict]:
+    """Text and ``input_image`` parts, as stored (an image by its URL; a data: URL travels whole)."""
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image":
+            if not isinstance(part.get("image_url"), str):
+                raise APIError(
+                    f"{where}[{j}]: input_image needs an image_url (a data: or http(s) URL; file_id is not supported)",
+                    param=f"{where}[{j}].image_url",
+                )
+            out.append({"type": "input_image", "image_url": part["image_url"], "detail": part.get("detail") or "auto"})
+        else:
+            out.append({"type": ptype, "text": _text([part], where)})
+    return out
+
+
 def normalize_input(body: ResponsesRequest) -> list[dict]:
     """The request's input as stored input items (each with an id), validated."""
     if isinstance(body.input, str):
@@ -91,14 +108,20 @@ def normalize_input(body: ResponsesRequest) -> list[dict]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise APIError(f"{where}.role must be user, system, developer or assistant", param=f"{where}.role")
             ptype = "output_text" if role == "assistant" else "input_text"
-            text = _text(item.get("content"), f"{where}.content")
+            content = item.get("content")
+            if isinstance(content, list) and any(
+                isinstance(p, dict) and p.get("type") == "input_image" for p in content
+            ):
+                parts = _parts(content, f"{where}.content", ptype)
+            else:
+                parts = [{"type": ptype, "text": _text(content, f"{where}.content")}]
             items.append(
                 {
                     "type": "message",
                     "id": item.get("id") or new_id("msg_"),
                     "role": role,
                     "status": "completed",
-                    "content": [{"type": ptype, "text": text}],
+                    "content": parts,
                 }
             )
         elif kind == "function_call":
@@ -152,7 +175,17 @@ def items_to_messages(items: list[dict]) -> list[dict]:
     for it in items:
         kind = it["type"]
         if kind == "message":
-            msgs.append({"role": it["role"], "content": "".join(p.get("text", "") for p in it["content"])})
+            parts = it["content"]
+            if any(p.get("type") == "input_image" for p in parts):  # as chat's content parts, in order
+                content = [
+                    {"type": "image_url", "image_url": {"url": p["image_url"], "detail": p.get("detail", "auto")}}
+                    if p.get("type") == "input_image"
+                    else {"type": "text", "text": p.get("text", "")}
+                    for p in parts
+                ]
+                msgs.append({"role": it["role"], "content": content})
+            else:
+                msgs.append({"role": it["role"], "content": "".join(p.get("text", "") for p in parts)})
         elif kind == "function_call":
             call = {
                 "id": it["call_id"],

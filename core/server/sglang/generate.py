@@ -73,6 +73,9 @@ class GenerateRequest(RequestModel):
     return_text_in_logprobs: bool = False
     rid: str | None = None
     model: str | None = None  # a LoRA adapter's name (or the served model's)
+    # SGLang's images: per prompt one or a list of (data:, http(s): or file: URLs, or base64); the
+    # prompt writes the model's image placeholder once per image
+    image_data: str | list[str | None | list[str]] | None = None
 
 
 async def _prompts(state, body: GenerateRequest) -> tuple[list[list[int]], bool]:
@@ -95,6 +98,41 @@ async def _prompts(state, body: GenerateRequest) -> tuple[list[list[int]], bool]
         if bad:
             raise APIError(f"input_ids {bad[:10]} are out of vocabulary (size {state.vocab_size})", param="input_ids")
     return prompts, batch
+
+
+async def _images(state, body: GenerateRequest, prompts: list[list[int]], batch: bool) -> list:
+    """Each prompt's MultimodalInputs (None without images); ``prompts`` get the images' tokens."""
+    data = body.image_data
+    if data is None:
+        return [None] * len(prompts)
+    if batch:
+        if not isinstance(data, list) or len(data) != len(prompts):
+            raise APIError("image_data must have one entry per prompt", param="image_data")
+        per = [[] if d is None else [d] if isinstance(d, str) else d for d in data]
+    else:
+        per = [[data] if isinstance(data, str) else data]
+    from llmkit.core.server.prompts.images import attach_images
+
+    out = []
+    for pi, images in enumerate(per):
+        if not images:
+            out.append(None)
+            continue
+        where = f"image_data[{pi}]" if batch else "image_data"
+        if any(not isinstance(x, str) or not x for x in images):
+            raise APIError(f"{where}: each image is a non-empty string", param=where)
+        if body.return_logprob and body.logprob_start_len >= 0:
+            raise APIError("input logprobs are not served for prompts with images", param="logprob_start_len")
+        sources = [(x, f"{where}[{k}]" if len(images) > 1 else where, True) for k, x in enumerate(images)]
+        if state.mm is not None and prompts[pi].count(state.mm.placeholder_id) != len(images):
+            raise APIError(
+                f"{where}: the prompt must write {state.mm.placeholder_text!r} once per image "
+                f"({len(images)} images, {prompts[pi].count(state.mm.placeholder_id)} placeholders)",
+                param=where,
+            )
+        prompts[pi], mm = await attach_images(state, prompts[pi], sources, where)
+        out.append(mm)
+    return out
 
 
 class _Item:
@@ -171,6 +209,7 @@ def generate_router(state) -> APIRouter:
         body = parse_model(GenerateRequest, await read_json(raw))
         lora = await resolve_adapter(state, body)  # by model, or SGLang's lora_path
         prompts, batch = await _prompts(state, body)
+        mms = await _images(state, body, prompts, batch)
         sp = body.sampling_params
         sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})] * len(prompts)
         if len(sps) != len(prompts):
@@ -200,6 +239,7 @@ def generate_router(state) -> APIRouter:
                     params=seed_for_choice(params, k),
                     return_prompt_logprobs=body.return_logprob and body.logprob_start_len >= 0,
                     lora=lora,
+                    mm=mms[pi],
                 )
                 group.append(r)
                 items.append(_Item(r.rid, len(ids)))

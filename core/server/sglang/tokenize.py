@@ -74,7 +74,10 @@ def _render(state, body: TokenizeRequest) -> str:
             return render_chat(state, chat, kwargs)  # raises the "no chat template" error
         tools = [t.model_dump(exclude_none=True) for t in chat.tools or []]
         return state.chat_template.render(
-            message_dicts(chat), add_generation_prompt=False, tools=tools or None, extra=kwargs
+            message_dicts(chat, images=state.mm is not None),
+            add_generation_prompt=False,
+            tools=tools or None,
+            extra=kwargs,
         )
     except TemplateRenderError as exc:
         raise APIError(str(exc), param="messages") from None
@@ -103,6 +106,13 @@ def tokenize_router(state) -> APIRouter:
         # The generation routes' bounds: characters before tokenizing (off the event loop), then
         # tokens, which also caps the answer (ids and token strings) at the context's size.
         ids = await tokenize_text(state, text, "prompt", add_special_tokens=special, generate=False)
+        if body.messages is not None and state.mm is not None:  # each image counts as its tokens
+            from llmkit.core.server.body import parse_model
+            from llmkit.core.server.prompts.images import attach_images, chat_images
+
+            images = chat_images(parse_model(ChatCompletionRequest, {"messages": body.messages}))
+            if images:
+                ids, _ = await attach_images(state, ids, images, "messages")
         if len(ids) > state.max_context:
             raise APIError(
                 f"The input ({len(ids)} tokens) is longer than the model's context length ({state.max_context} tokens).",
