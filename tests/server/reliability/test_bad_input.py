@@ -117,7 +117,7 @@ def test_non_finite_numbers(server, literal):
         ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id"),
         (
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}],
-            "messages[0].content",
+            "messages[0].content[0]",
         ),
     ],
 )

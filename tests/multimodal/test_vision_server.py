@@ -1,0 +1,316 @@
+"""Images through the real server, for each vision-language family (tiny random-weight models with
+their real processors and chat templates), with the official ``openai`` and ``anthropic`` SDKs."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import http.server
+import io
+import json
+import threading
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from server_utils import start_server, stop_server
+
+FAMILIES = []
+try:
+    from vl_utils import save_tiny_qwen2_5_vl
+
+    FAMILIES.append(("qwen2_5_vl", save_tiny_qwen2_5_vl))
+except ImportError:  # pragma: no cover - the fixture builder lives beside the model plugin
+    pass
+try:
+    from gemma3_utils import save_tiny_gemma3
+
+    FAMILIES.append(("gemma3", save_tiny_gemma3))
+except ImportError:  # pragma: no cover
+    pass
+
+
+def image(w: int, h: int, seed: int) -> Image.Image:
+    data = bytes((i * (31 + seed) + seed * 97) % 251 for i in range(w * h * 3))
+    return Image.frombytes("RGB", (w, h), data)
+
+
+def png_b64(im: Image.Image) -> str:
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def data_url(im: Image.Image) -> str:
+    return "data:image/png;base64," + png_b64(im)
+
+
+RED, BLUE, WIDE = image(56, 56, 1), image(56, 56, 2), image(112, 56, 3)
+
+
+def user(text: str, *images: Image.Image) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(im)}} for im in images]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+@pytest.fixture(scope="module")
+def media_host():
+    """A local image server (127.0.0.1), which the server under test allows explicitly."""
+    body = base64.b64decode(png_b64(RED))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/red.png" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module", params=[f[0] for f in FAMILIES] or ["none"])
+def vl(request, tmp_path_factory):
+    if request.param == "none":
+        pytest.skip("no vision-language fixture builder")
+    build = dict(FAMILIES)[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    model = build(root / "model")
+    proc, url = start_server(
+        [
+            "--model-path",
+            str(root / "model"),
+            "--allowed-media-domains",
+            "127.0.0.1",
+            "--max-images-per-request",
+            "3",
+            "--chunked-prefill-size",
+            "16",  # prompts are prefilled in several chunks, some ending inside an image
+            "--max-total-tokens",
+            "4096",
+        ]
+    )
+    yield request.param, url, model, root / "model"
+    stop_server(proc)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def chat(url: str, messages: list, **kw):
+    kw = {"max_tokens": 8, "temperature": 0, **kw}
+    return client(url).chat.completions.create(model="m", messages=messages, **kw)
+
+
+def test_greedy_output_equals_transformers(vl):
+    """The server's greedy tokens for a chat with one image equal transformers' generate."""
+    import torch
+    from transformers import AutoProcessor
+
+    name, url, model, path = vl
+    processor = AutoProcessor.from_pretrained(str(path))
+    msgs = [user("What is in the picture?", WIDE)]
+    tmpl = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]}]
+    text = processor.apply_chat_template(tmpl, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[WIDE], return_tensors="pt")
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    want = ref[0, inputs["input_ids"].shape[1] :].tolist()
+    r = chat(url, msgs, logprobs=True, extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    got_text = r.choices[0].message.content
+    assert r.usage.prompt_tokens == inputs["input_ids"].shape[1]  # image tokens counted
+    assert got_text == processor.tokenizer.decode(want, skip_special_tokens=False)
+
+
+def test_stream_equals_non_stream_and_usage_counts_images(vl):
+    _, url, _, _ = vl
+    msgs = [user("Describe.", RED)]
+    full = chat(url, msgs)
+    stream = client(url).chat.completions.create(
+        model="m", messages=msgs, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    assert text == full.choices[0].message.content
+    text_only = chat(url, [{"role": "user", "content": "Describe."}])
+    assert full.usage.prompt_tokens > text_only.usage.prompt_tokens + 3
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+    counted = httpx.post(url + "/tokenize", json={"messages": msgs, "add_generation_prompt": True}).json()
+    assert counted["count"] == full.usage.prompt_tokens
+
+
+def test_output_does_not_depend_on_the_batch(vl):
+    _, url, _, _ = vl
+    msgs = [user("One picture.", WIDE), {"role": "assistant", "content": "ok"}, user("And two?", RED, BLUE)]
+    alone = chat(url, msgs).choices[0].message.content
+    others = [[user(f"other {i}", BLUE if i % 2 else RED)] for i in range(5)]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futs = [pool.submit(chat, url, m) for m in others] + [pool.submit(chat, url, msgs)]
+        together = futs[-1].result().choices[0].message.content
+        for f in futs[:-1]:
+            f.result()
+    assert together == alone
+
+
+def test_prefix_cache_is_keyed_by_the_image(vl):
+    """Same text, another image: the cache stops before the image. The same image again: it hits
+    past it. A multi-turn chat re-sending its earlier image reuses that turn's K/V."""
+    _, url, _, _ = vl
+    first = chat(url, [user("Same words, image one.", RED)])
+    other = chat(url, [user("Same words, image one.", BLUE)])
+    again = chat(url, [user("Same words, image one.", RED)])
+    prompt = first.usage.prompt_tokens
+    assert other.usage.prompt_tokens == prompt
+    assert other.usage.prompt_tokens_details.cached_tokens < prompt // 2  # the image comes early
+    assert again.usage.prompt_tokens_details.cached_tokens >= prompt - 16
+    turn2 = chat(
+        url,
+        [
+            user("Same words, image one.", RED),
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And now?"},
+        ],
+    )
+    assert turn2.usage.prompt_tokens_details.cached_tokens >= prompt - 16
+
+
+def test_anthropic_responses_and_generate_take_images(vl):
+    _, url, _, _ = vl
+    want = chat(url, [user("Look.", RED)]).choices[0].message.content
+    a = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    msg = a.messages.create(
+        model="m",
+        max_tokens=8,
+        temperature=0,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png_b64(RED)}},
+                    {"type": "text", "text": "Look."},
+                ],
+            }
+        ],
+    )
+    assert msg.content[0].text == want
+    r = client(url).responses.create(
+        model="m",
+        max_output_tokens=8,
+        temperature=0,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": data_url(RED)},
+                    {"type": "input_text", "text": "Look."},
+                ],
+            }
+        ],
+    )
+    assert r.output_text == want
+    tokens = a.messages.count_tokens(
+        model="m",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png_b64(RED)}},
+                    {"type": "text", "text": "Look."},
+                ],
+            }
+        ],
+    )
+    assert tokens.input_tokens > 8
+
+
+def test_generate_image_data(vl):
+    _, url, _, _ = vl
+    info = httpx.post(url + "/tokenize", json={"messages": [user("Look.", RED)], "add_generation_prompt": True})
+    prompt = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "m", "messages": [user("Look.", RED)], "max_tokens": 8, "temperature": 0},
+    ).json()
+    rendered = httpx.post(
+        url + "/tokenize",
+        json={"messages": [{"role": "user", "content": "Look."}], "add_generation_prompt": True},
+    ).json()
+    assert info.status_code == 200 and rendered["count"] < info.json()["count"]
+    # /generate with the raw prompt: the placeholder written once, the image as bare base64
+    ph = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>"}[vl[0]]
+    body = {"text": f"{ph}Look.", "image_data": png_b64(RED), "sampling_params": {"max_new_tokens": 4}}
+    r = httpx.post(url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["prompt_tokens"] > 8
+    assert prompt["usage"]["prompt_tokens"] == info.json()["count"]
+    bad = httpx.post(url + "/generate", json={**body, "text": "Look."}, timeout=60)
+    assert bad.status_code == 400 and "once per image" in bad.json()["error"]["message"]
+
+
+def test_url_policy(vl, media_host):
+    _, url, _, _ = vl
+    fetched = chat(
+        url,
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": media_host + "/red.png"}},
+                    {"type": "text", "text": "Look."},
+                ],
+            }
+        ],
+    )
+    assert fetched.choices[0].message.content == chat(url, [user("Look.", RED)]).choices[0].message.content
+    for bad in ("http://localhost:9/x.png", "http://10.0.0.1/x.png", "file:///etc/passwd", "ftp://127.0.0.1/x"):
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(url, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": bad}}]}])
+        assert err.value.body["param"] == "messages[0].content[0].image_url"
+
+
+def test_bad_images_are_400_naming_the_part(vl):
+    _, url, _, _ = vl
+    corrupt = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nnot really").decode()
+    cases = [
+        ([{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": corrupt}}], "content[1]"),
+        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}], "content[0]"),
+        ([{"type": "image_url", "image_url": {}}], "content[0]"),
+        ([{"type": "image_url", "image_url": {"url": data_url(RED)}}] * 4, "messages"),  # over the cap of 3
+    ]
+    for content, where in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(url, [{"role": "user", "content": content}])
+        assert where in (err.value.body.get("param") or "") or where in err.value.body["message"]
+    assert chat(url, [user("still serving", RED)]).choices[0].message.content is not None
+
+
+def test_batch_lines_take_images(vl):
+    _, url, _, _ = vl
+    c = client(url)
+    want = chat(url, [user("Look.", RED)]).choices[0].message.content
+    line = {
+        "custom_id": "img",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [user("Look.", RED)], "max_tokens": 8, "temperature": 0},
+    }
+    f = c.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (b := c.batches.retrieve(b.id)).status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert b.status == "completed", b
+    out = json.loads(c.files.content(b.output_file_id).text.splitlines()[0])
+    assert out["response"]["body"]["choices"][0]["message"]["content"] == want
