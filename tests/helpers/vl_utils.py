@@ -1,0 +1,181 @@
+"""A tiny, servable Qwen2.5-VL model directory and the per-forward image rows the engine builds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from llmkit.core.multimodal.forward import MultimodalForward
+from llmkit.core.multimodal.items import MultimodalInputs
+
+# Qwen2.5-VL's special tokens, at the top of the tiny 512-id vocabulary (bytes take 0..255)
+SPECIAL = {
+    "<|endoftext|>": 500,
+    "<|im_start|>": 501,
+    "<|im_end|>": 502,
+    "<|vision_start|>": 503,
+    "<|vision_end|>": 504,
+    "<|vision_pad|>": 505,
+    "<|image_pad|>": 506,
+    "<|video_pad|>": 507,
+}
+VOCAB_SIZE = 512
+IMAGE_TOKEN_ID = SPECIAL["<|image_pad|>"]
+
+# Qwen2.5-VL's chat template (chat_template.json of the released checkpoints)
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_qwen2_5_vl_config():
+    from transformers import Qwen2_5_VLConfig
+
+    ids = dict(bos_token_id=SPECIAL["<|endoftext|>"], eos_token_id=SPECIAL["<|im_end|>"])
+    text = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        # head_dim 16: 8 frequencies, 2 temporal, 3 height, 3 width
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0, mrope_section=[2, 3, 3]),
+        **ids,
+    )
+    # window 56 px = 2x2 merged cells: the test images span several windows; block 2 attends fully
+    vision = dict(
+        depth=4,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=56,
+        fullatt_block_indexes=[2],
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE_TOKEN_ID,
+        video_token_id=SPECIAL["<|video_pad|>"],
+        vision_start_token_id=SPECIAL["<|vision_start|>"],
+        vision_end_token_id=SPECIAL["<|vision_end|>"],
+        tie_word_embeddings=False,
+        **ids,
+    )
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (what a byte-level BPE vocabulary holds)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    keep += list(range(ord("®"), ord("ÿ") + 1))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+def write_tokenizer(path) -> None:
+    """A byte-level BPE tokenizer of exactly ``VOCAB_SIZE`` ids (every text encodes, every id
+    decodes) with Qwen2.5-VL's special tokens at :data:`SPECIAL` and its chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(_byte_symbols())}
+    vocab.update({f"t{i}": i for i in range(256, VOCAB_SIZE) if i not in SPECIAL.values()})
+    vocab.update(SPECIAL)
+    tok = Tokenizer(models.BPE(vocab, [], fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=list(SPECIAL),
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    assert len(fast) == VOCAB_SIZE, len(fast)
+    fast.save_pretrained(str(path))
+
+
+def save_tiny_qwen2_5_vl(path):
+    """A complete servable Qwen2.5-VL directory at ``path`` (random weights, widened as
+    ``save_tiny_model`` does): config.json, safetensors, tokenizer with the chat template,
+    generation_config.json and preprocessor_config.json (at most 64 merged tokens per image).
+    Returns transformers' model (fp32, eval) on the same weights."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config()).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+            elif "norm" in name or "ln_q" in name:
+                p.normal_(1.0, 0.1)
+            else:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
+    gen = dict(bos_token_id=SPECIAL["<|endoftext|>"], eos_token_id=[SPECIAL["<|im_end|>"], SPECIAL["<|endoftext|>"]])
+    gen.update(pad_token_id=SPECIAL["<|endoftext|>"])
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    write_tokenizer(path)
+    Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64).save_pretrained(str(path))
+    return model.eval()
+
+
+def mm_rows(inputs: MultimodalInputs, embeds: torch.Tensor, start: int, n: int) -> MultimodalForward | None:
+    """``ctx.mm`` for a forward over positions ``start .. start + n`` of one sequence whose prompt
+    is described by ``inputs`` (``embeds``: every image's encoder rows, concatenated), as the engine
+    builds it: image rows take their encoder rows, positions past the prompt rotate by
+    ``p + rope_delta`` on all three axes. None when the prompt has no image."""
+    if inputs.rope_positions is None:
+        return None
+    prompt_len = len(inputs.rope_positions[0])
+    first = [0]
+    for _, length in inputs.spans:
+        first.append(first[-1] + length)
+    mask = torch.zeros(n, dtype=torch.bool)
+    rows = []
+    for j, p in enumerate(range(start, start + n)):
+        i = inputs.image_at(p) if p < prompt_len else None
+        if i is not None:
+            mask[j] = True
+            rows.append(first[i] + p - inputs.spans[i][0])
+    rope = torch.empty(3, n, dtype=torch.int64)
+    for j, p in enumerate(range(start, start + n)):
+        for a in range(3):
+            rope[a, j] = inputs.rope_positions[a][p] if p < prompt_len else p + inputs.rope_delta
+    return MultimodalForward(mask=mask, embeds=embeds[torch.tensor(rows, dtype=torch.long)], rope_positions=rope)
