@@ -11,7 +11,7 @@ The vision tower is Qwen2.5-VL's ViT: 14x14 (x2 frames) patches, 2-D rotary over
 blocks attending within windows of merged cells except the ``fullatt_block_indexes`` ones that
 attend over the whole image, RMSNorm and a SwiGLU MLP, then a merger folding each 2x2 block of
 patches into one language-model token. The processor's patch order already groups each 2x2 block
-together, so windows are masks over that order (no reordering).
+together; each attention gathers its frames or windows, batched by size (no reordering).
 """
 
 from __future__ import annotations
@@ -37,7 +37,14 @@ def text_config(config: dict) -> dict:
     ``text_config``; older checkpoints keep them flat), with ``vision_config`` and the
     multimodal token ids alongside."""
     text = config.get("text_config") or {}
-    return {**{k: v for k, v in config.items() if k != "text_config"}, **text}
+    out = {**{k: v for k, v in config.items() if k != "text_config"}, **text}
+    for key in ("rope_scaling", "rope_parameters"):
+        params = out.get(key)
+        # transformers 4's checkpoints say {"type": "mrope", "mrope_section": ...}: default rope
+        # frequencies, the section says which axis each reads
+        if params and (params.get("rope_type") or params.get("type")) == "mrope":
+            out[key] = {**{k: v for k, v in params.items() if k != "type"}, "rope_type": "default"}
+    return out
 
 
 def _mrope_section(config: dict) -> list[int]:
@@ -82,15 +89,28 @@ class _VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.proj = nn.Linear(dim, dim, bias=True)
 
-    def forward(self, x, rope, segments):
+    def forward(self, x, rope, groups: list[torch.Tensor]):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
         q, k = _rotate(q, rope), _rotate(k, rope)
         out = torch.empty_like(q)
-        for start, end, mask in segments:  # one image frame (or its windows, as a mask) at a time
-            qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(0, 1)
+        for idx in groups:  # [B, s]: B segments (frames or windows) of s patches, attended together
+            qs, ks, vs = (t[idx].transpose(1, 2) for t in (q, k, v))
+            out[idx] = F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2)
         return self.proj(out.reshape(n, -1))
+
+
+def _segment_groups(segment: torch.Tensor) -> list[torch.Tensor]:
+    """Patches grouped by ``segment`` (their frame's or window's number): per distinct segment
+    size s, the ``[B, s]`` indices of the B segments that size, so each attends in one batch."""
+    order = torch.argsort(segment, stable=True)
+    _, counts = torch.unique_consecutive(segment[order], return_counts=True)
+    starts = counts.cumsum(0) - counts
+    groups = []
+    for size in counts.unique().tolist():
+        first = starts[counts == size]
+        groups.append(order[first[:, None] + torch.arange(size, device=segment.device)])
+    return groups
 
 
 def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -121,8 +141,8 @@ class _VisionBlock(nn.Module):
         self.attn = _VisionAttention(dim, int(vc["num_heads"]))
         self.mlp = _VisionMLP(dim, int(vc["intermediate_size"]), vc.get("hidden_act", "silu"))
 
-    def forward(self, x, rope, segments):
-        x = x + self.attn(self.norm1(x), rope, segments)
+    def forward(self, x, rope, groups):
+        x = x + self.attn(self.norm1(x), rope, groups)
         return x + self.mlp(self.norm2(x))
 
 
@@ -158,40 +178,33 @@ class Qwen2_5_VisionTower(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def _layout(self, grids: list[tuple[int, int, int]], device):
-        """Per patch its (row, column) in its image and its window's number; the frames' spans."""
+        """Per patch its (row, column) in its image, its frame's number and its window's."""
         m, ws = self.merge, max(self.window // self.merge // self.patch, 1)
-        rows, cols, wins, frames = [], [], [], []
-        start, win_base = 0, 0
+        rows, cols, frames, wins = [], [], [], []
+        frame, win_base = 0, 0
         for t, h, w in grids:
             lh, lw = h // m, w // m
             # block-major order: merged cell (r, c), then its m x m patches
             r = torch.arange(lh).view(lh, 1, 1, 1) * m + torch.arange(m).view(1, 1, m, 1)
             c = torch.arange(lw).view(1, lw, 1, 1) * m + torch.arange(m).view(1, 1, 1, m)
             r, c = r.expand(lh, lw, m, m).reshape(-1), c.expand(lh, lw, m, m).reshape(-1)
-            nww = -(-lw // ws)
-            win = (r // m // ws) * nww + (c // m // ws)
-            n_win = -(-lh // ws) * nww
-            for f in range(t):
-                rows.append(r), cols.append(c), wins.append(win + win_base + f * n_win)
-                frames.append((start, start + h * w))
-                start += h * w
-            win_base += t * n_win
-        cat = lambda xs: torch.cat(xs).to(device)  # noqa: E731
-        return cat(rows), cat(cols), cat(wins), frames
+            per_row = -(-lw // ws)  # windows of ws x ws merged cells, the last ones cut short
+            win = (r // m // ws) * per_row + (c // m // ws)
+            n_win = -(-lh // ws) * per_row
+            for _ in range(t):
+                rows.append(r), cols.append(c), wins.append(win + win_base)
+                frames.append(torch.full_like(r, frame))
+                frame, win_base = frame + 1, win_base + n_win
+        return tuple(torch.cat(xs).to(device) for xs in (rows, cols, frames, wins))
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
         device = self.inv_freq.device
         x = self.patch_embed(pixels.to(device))
-        rows, cols, wins, frames = self._layout(grids, device)
+        rows, cols, frames, wins = self._layout(grids, device)
         freqs = torch.cat((rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq), dim=-1)
         cos, sin = freqs.cos(), freqs.sin()
         rope = (torch.cat((cos, cos), -1)[:, None], torch.cat((-sin, sin), -1)[:, None])
-        full = [(a, b, None) for a, b in frames]
-        windowed = []
-        for a, b in frames:
-            wid = wins[a:b]
-            one = bool((wid == wid[0]).all())
-            windowed.append((a, b, None if one else wid[:, None] == wid[None, :]))
+        full, windowed = _segment_groups(frames), _segment_groups(wins)
         for i, block in enumerate(self.blocks):
             x = block(x, rope, full if i in self.full_blocks else windowed)
         return self.merger(x)

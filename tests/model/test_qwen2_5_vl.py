@@ -251,3 +251,26 @@ def test_model_directory_is_servable(vl):
     assert text.endswith("<|im_start|>assistant\n")
     gen = json.loads((path / "generation_config.json").read_text())
     assert SPECIAL["<|im_end|>"] in gen["eos_token_id"]
+
+
+def test_transformers4_flat_config_with_mrope_rope_scaling(vl):
+    """Released checkpoints' config.json: the text settings at the top level and
+    ``rope_scaling: {"type": "mrope", "mrope_section": [...]}``; the same model as the nested one."""
+    from llmkit.core.engine.builder import build_model
+
+    nested = load_config(vl["path"])
+    text = nested["text_config"]
+    flat = {k: v for k, v in nested.items() if k != "text_config"}
+    flat.update({k: v for k, v in text.items() if k != "rope_parameters"})
+    flat.update(rope_theta=text["rope_parameters"]["rope_theta"])
+    flat.update(rope_scaling={"type": "mrope", "mrope_section": text["rope_parameters"]["mrope_section"]})
+    model = build_model(type(vl["model"]), flat, torch.device("cpu"), torch.float32)
+    model.load_weights(iter_safetensors(vl["path"]))
+    ids, inputs, items = _prompt(vl, 1)
+    embeds = torch.cat(model.encode_images(items))
+    eng = _engine_ids(ids, inputs)
+    outs = []
+    for m in (model, vl["model"]):
+        runner = PagedRunner(m, 16)
+        outs.append(runner.step([(runner.new_seq(), eng)], mm=mm_rows(inputs, embeds, 0, len(eng)))[0])
+    assert torch.equal(outs[0], outs[1])
