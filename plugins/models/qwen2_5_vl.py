@@ -214,20 +214,38 @@ class Qwen2_5_VisionTower(nn.Module):
 # The model
 
 
-class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
+def mrope_axis(section: list[int], head_dim: int, interleaved: bool = False) -> torch.Tensor:
+    """Per rotary column (cos2/sin2 are ``[cos, cos]`` wide) the position axis (0 t, 1 h, 2 w)
+    its frequency reads: contiguous bands (Qwen2-VL, Qwen2.5-VL) or, ``interleaved`` (Qwen3-VL),
+    t h w t h w ... over the first ``3 * section[1]`` / ``3 * section[2]`` frequencies."""
+    half = head_dim // 2
+    if sum(section) != half:
+        raise ValueError(f"mrope_section {section} does not cover head_dim / 2 = {half}")
+    if interleaved:
+        j = torch.arange(half)
+        axis = torch.zeros(half, dtype=torch.long)
+        axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+        axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+    else:
+        axis = torch.repeat_interleave(torch.arange(len(section)) % 3, torch.tensor(section))
+    return torch.cat((axis, axis))
+
+
+class QwenVLMixin(VisionLanguageModel):
+    """What the Qwen vision-language models add to their text decoder: the image rows in the
+    input embeddings, the M-RoPE table, the vision tower (``vision_tower``, built from
+    ``vision_config``) and both checkpoint layouts. Listed before the decoder class."""
+
+    vision_tower: type
+    mrope_interleaved = False
     supports_tp = False  # the vision tower is not sharded (the decoder would be)
 
     def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
         config = text_config(config)
         super().__init__(config, tp)
-        self.visual = Qwen2_5_VisionTower(config["vision_config"])
-        # per rotary column (cos2/sin2 are [cos, cos] wide) the axis its frequency reads
-        section = _mrope_section(config)
-        half = self.head_dim // 2
-        if sum(section) != half:
-            raise ValueError(f"mrope_section {section} does not cover head_dim / 2 = {half}")
-        axis = torch.repeat_interleave(torch.arange(len(section)) % 3, torch.tensor(section))
-        self.register_buffer("mrope_axis", torch.cat((axis, axis)), persistent=False)
+        self.visual = self.vision_tower(config["vision_config"])
+        axis = mrope_axis(_mrope_section(config), self.head_dim, self.mrope_interleaved)
+        self.register_buffer("mrope_axis", axis, persistent=False)
 
     # --- language model -----------------------------------------------------------------------
 
@@ -237,7 +255,7 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
             return self.embed_tokens(input_ids)
         x = self.embed_tokens(input_ids.masked_fill(mm.mask, 0))  # pseudo-ids: never looked up
         if mm.embeds.shape[0]:
-            x[mm.mask] = mm.embeds.to(x.dtype)
+            x[mm.mask] = mm.embeds[:, : x.shape[1]].to(x.dtype)  # (wider rows: Qwen3-VL's deepstack)
         return x
 
     def rope_table(self, positions, ctx: ForwardContext, dtype):
@@ -254,10 +272,10 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
     # --- images -------------------------------------------------------------------------------
 
     @classmethod
-    def processor(cls, model_dir: str, config: dict, tokenizer=None) -> "Qwen2_5_VLProcessor":
+    def processor(cls, model_dir: str, config: dict, tokenizer=None) -> "QwenVLProcessor":
         from transformers import AutoImageProcessor
 
-        return Qwen2_5_VLProcessor(AutoImageProcessor.from_pretrained(str(model_dir)), config, tokenizer)
+        return QwenVLProcessor(AutoImageProcessor.from_pretrained(str(model_dir)), config, tokenizer)
 
     def encode_images(self, items: list[ImageItem]) -> list[torch.Tensor]:
         if not items:
@@ -293,14 +311,19 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
             raise KeyError(f"checkpoint is missing vision weights: {missing[:5]}")
 
 
+class Qwen2_5_VLForConditionalGeneration(QwenVLMixin, Qwen2ForCausalLM):
+    vision_tower = Qwen2_5_VisionTower
+
+
 # ---------------------------------------------------------------------------------------------
 # The processor
 
 
-class Qwen2_5_VLProcessor(MultimodalProcessor):
-    """Pixels by transformers' ``Qwen2VLImageProcessor`` (resized to multiples of 28, flattened
-    into 14x14x2 patches in 2x2-block order); one ``<|image_pad|>`` per merged 2x2 block; M-RoPE
-    positions as transformers' ``get_rope_index`` lays them out for images."""
+class QwenVLProcessor(MultimodalProcessor):
+    """Pixels by transformers' ``Qwen2VLImageProcessor`` (resized to multiples of 2 patches,
+    flattened into patch x patch x 2-frame rows in 2x2-block order); one ``<|image_pad|>`` per
+    merged 2x2 block; M-RoPE positions as transformers' ``get_rope_index`` lays them out for images
+    (the same for Qwen2-VL, Qwen2.5-VL and Qwen3-VL)."""
 
     def __init__(self, image_processor, config: dict, tokenizer=None):
         config = text_config(config)
@@ -355,3 +378,6 @@ class Qwen2_5_VLProcessor(MultimodalProcessor):
         text(len(ids) - prev)
         delta = max(max(a) for a in axes) + 1 - len(out)
         return out, MultimodalInputs(list(items), spans, rope_positions=axes, rope_delta=delta)
+
+
+Qwen2_5_VLProcessor = QwenVLProcessor
