@@ -4,87 +4,34 @@ split inside an image, decode steps rotating by ``p + rope_delta``)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from llmkit.core.model import quantize
 from llmkit.core.model.cpu import cpu_decoder
 from llmkit.core.model.loader.source import iter_safetensors, load_config
-from llmkit.core.multimodal.items import MultimodalInputs, pseudo_id
 
 from model_utils import load_ours
 from paged_runner import PagedRunner
-from vl_utils import IMAGE_TOKEN_ID, SPECIAL, mm_rows, save_tiny_qwen2_5_vl
+from vl_utils import (
+    IMAGE_TOKEN_ID,
+    SPECIAL,
+    assert_logits_close,
+    chat_prompt,
+    engine_ids,
+    grid_of,
+    load_vl,
+    mm_rows,
+    reference_logits,
+    save_tiny_qwen2_5_vl,
+)
 
 SIZES = [(56, 84), (112, 56), (140, 168)]  # (height, width): 6, 8 and 30 tokens
 
 
-def _image(h: int, w: int, seed: int):
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8"))
-
-
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    path = tmp_path_factory.mktemp("qwen2_5_vl")
-    ref = save_tiny_qwen2_5_vl(path)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    model = load_ours(path)
-    proc = type(model).processor(str(path), load_config(path), tok)
-    images = [_image(h, w, i) for i, (h, w) in enumerate(SIZES)]
-    return dict(path=path, ref=ref, tok=tok, model=model, proc=proc, images=images)
-
-
-def _grid(items) -> torch.Tensor:
-    return torch.tensor([item.meta["grid_thw"] for item in items])
-
-
-def _prompt(vl, n_images: int, first: int = 0) -> tuple[list[int], MultimodalInputs, list]:
-    """A chat prompt with ``n_images`` images (from ``SIZES[first:]``), expanded."""
-    content = []
-    for i in range(n_images):
-        content += [{"type": "image"}, {"type": "text", "text": f"picture {i}, "}]
-    content.append({"type": "text", "text": "what differs?"})
-    text = vl["tok"].apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
-    ids = vl["tok"](text, add_special_tokens=False)["input_ids"]
-    items = [vl["proc"].preprocess(im) for im in vl["images"][first : first + n_images]]
-    full, inputs = vl["proc"].expand(ids, items)
-    return full, inputs, items
-
-
-def _reference_logits(vl, ids: list[int], items) -> torch.Tensor:
-    t = torch.tensor([ids])
-    kw = {}
-    if items:
-        kw = dict(
-            pixel_values=torch.cat([item.pixel_values for item in items]),
-            image_grid_thw=_grid(items),
-            mm_token_type_ids=(t == IMAGE_TOKEN_ID).int(),
-        )
-    with torch.no_grad():
-        return vl["ref"](input_ids=t, **kw).logits[0]
-
-
-def _engine_ids(ids: list[int], inputs: MultimodalInputs) -> list[int]:
-    """The prompt as the engine holds it: image tokens replaced by their image's pseudo-id."""
-    out = list(ids)
-    for item, (off, n) in zip(inputs.items, inputs.spans):
-        out[off : off + n] = [pseudo_id(item.digest)] * n
-    return out
-
-
-def _close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
-    assert ours.shape == theirs.shape, what
-    scale = theirs.abs().max().item()
-    err = (ours - theirs).abs().max().item()
-    assert err <= 1e-4 * max(scale, 1.0), f"{what}: max error {err} at logit scale {scale}"
+    return load_vl(tmp_path_factory.mktemp("qwen2_5_vl"), save_tiny_qwen2_5_vl, SIZES)
 
 
 def test_vision_tower_matches_transformers(vl):
@@ -93,12 +40,12 @@ def test_vision_tower_matches_transformers(vl):
     ours = vl["model"].encode_images(items)  # one batched pass over three sizes
     with torch.no_grad():
         pixels = torch.cat([item.pixel_values for item in items])
-        theirs = vl["ref"].model.get_image_features(pixels, _grid(items)).pooler_output
+        theirs = vl["ref"].model.get_image_features(pixels, grid_of(items)).pooler_output
     assert [o.shape[0] for o in ours] == [item.num_tokens for item in items] == [6, 8, 30]
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        _close(a, b, f"image {i}")
+        assert_logits_close(a, b, f"image {i}")
     alone = vl["model"].encode_images(items[2:])[0]  # an image's rows do not depend on its batch
-    _close(alone, ours[2], "image 2 alone")
+    assert_logits_close(alone, ours[2], "image 2 alone")
 
 
 def test_processor_items_and_rope_layout_match_transformers(vl):
@@ -106,13 +53,13 @@ def test_processor_items_and_rope_layout_match_transformers(vl):
     assert proc.placeholder_id == IMAGE_TOKEN_ID and proc.placeholder_text == "<|image_pad|>"
     a, b = proc.preprocess(vl["images"][0]), proc.preprocess(vl["images"][0])
     assert a.digest == b.digest and a.digest != proc.preprocess(vl["images"][1]).digest
-    ids, inputs, items = _prompt(vl, 2)
+    ids, inputs, items = chat_prompt(vl, 2)
     assert ids.count(IMAGE_TOKEN_ID) == 6 + 8
     for (off, n), item in zip(inputs.spans, items):
         assert n == item.num_tokens and ids[off - 1] == SPECIAL["<|vision_start|>"]
         assert ids[off : off + n] == [IMAGE_TOKEN_ID] * n and ids[off + n] == SPECIAL["<|vision_end|>"]
     t = torch.tensor([ids])
-    pos, delta = vl["ref"].model.get_rope_index(t, (t == IMAGE_TOKEN_ID).int(), _grid(items))
+    pos, delta = vl["ref"].model.get_rope_index(t, (t == IMAGE_TOKEN_ID).int(), grid_of(items))
     assert torch.equal(torch.tensor(inputs.rope_positions), pos[:, 0])
     assert inputs.rope_delta == int(delta) < 0
     raw = vl["tok"](vl["tok"].apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False))["input_ids"]
@@ -124,44 +71,44 @@ def test_processor_items_and_rope_layout_match_transformers(vl):
 
 @pytest.mark.parametrize("n_images", [0, 1, 2])
 def test_logits_match_transformers_prefill_then_decode(vl, n_images):
-    ids, inputs, items = _prompt(vl, n_images)
+    ids, inputs, items = chat_prompt(vl, n_images)
     model = vl["model"]
     embeds = torch.cat(model.encode_images(items)) if items else None
-    eng = _engine_ids(ids, inputs)
+    eng = engine_ids(ids, inputs)
     gen = [SPECIAL["<|im_start|>"], 77, 300]  # decoded tokens, as if sampled
-    full = _reference_logits(vl, ids + gen, items)
+    full = reference_logits(vl, ids + gen, items)
     runner = PagedRunner(model, 16)
     row = runner.new_seq()
     (logits,) = runner.step([(row, eng)], mm=mm_rows(inputs, embeds, 0, len(eng)))
-    _close(logits, full[: len(ids)], "prefill")
+    assert_logits_close(logits, full[: len(ids)], "prefill")
     for j, tok in enumerate(gen):
         p = len(ids) + j
         (logits,) = runner.step([(row, [tok])], mm=mm_rows(inputs, embeds, p, 1))
-        _close(logits, full[p : p + 1], f"decode step {j}")
+        assert_logits_close(logits, full[p : p + 1], f"decode step {j}")
 
 
 def test_prefill_split_inside_an_image_and_batched_decode(vl):
     """Two images; the first chunk ends in the middle of the second image. A text-only sequence
     decodes in the same batches (its rows carry plain positions in the shared ``ctx.mm``)."""
-    ids, inputs, items = _prompt(vl, 2, first=1)  # the 8- and 30-token images
+    ids, inputs, items = chat_prompt(vl, 2, first=1)  # the 8- and 30-token images
     model = vl["model"]
     embeds = torch.cat(model.encode_images(items))
-    eng = _engine_ids(ids, inputs)
+    eng = engine_ids(ids, inputs)
     off, n = inputs.spans[1]
     cut = off + n // 2
-    full = _reference_logits(vl, ids + [9, 12], items)
+    full = reference_logits(vl, ids + [9, 12], items)
     runner = PagedRunner(model, 16)
     a = runner.new_seq()
     (first,) = runner.step([(a, eng[:cut])], mm=mm_rows(inputs, embeds, 0, cut))
-    _close(first, full[:cut], "chunk 1")
+    assert_logits_close(first, full[:cut], "chunk 1")
     (second,) = runner.step([(a, eng[cut:])], mm=mm_rows(inputs, embeds, cut, len(eng) - cut))
-    _close(second, full[cut : len(ids)], "chunk 2")
+    assert_logits_close(second, full[cut : len(ids)], "chunk 2")
     # a text sequence beside it: its rows rotate by plain positions on all three axes
-    text_ids, text_inputs, _ = _prompt(vl, 0)
-    text_full = _reference_logits(vl, text_ids + [5], [])
+    text_ids, text_inputs, _ = chat_prompt(vl, 0)
+    text_full = reference_logits(vl, text_ids + [5], [])
     b = runner.new_seq()
     (lb,) = runner.step([(b, text_ids)])
-    _close(lb, text_full[: len(text_ids)], "text prefill")
+    assert_logits_close(lb, text_full[: len(text_ids)], "text prefill")
     for j, (ta, tb) in enumerate(((9, 5), (12, None))):
         pa, pb = len(ids) + j, len(text_ids) + j
         ma = mm_rows(inputs, embeds, pa, 1)
@@ -172,20 +119,20 @@ def test_prefill_split_inside_an_image_and_batched_decode(vl):
             ma.rope_positions = torch.cat((ma.rope_positions, rope_b), dim=1)
             ma.mask = torch.cat((ma.mask, torch.zeros(1, dtype=torch.bool)))
         out = runner.step(batch, mm=ma)
-        _close(out[0], full[pa : pa + 1], f"decode {j}")
+        assert_logits_close(out[0], full[pa : pa + 1], f"decode {j}")
         if tb is not None:
-            _close(out[1], text_full[pb : pb + 1], f"text decode {j}")
+            assert_logits_close(out[1], text_full[pb : pb + 1], f"text decode {j}")
 
 
 @pytest.mark.skipif(not cpu_decoder.available(), reason="no C compiler: the Python layers run")
 def test_native_stack_runs_the_mrope_table_as_the_python_layers(vl):
     """The C decoder stack (int4 weights) takes the M-RoPE table as the plain one: an image
     prompt's prefill and a decode step equal the Python layers' exactly."""
-    ids, inputs, items = _prompt(vl, 1)
+    ids, inputs, items = chat_prompt(vl, 1)
     model = load_ours(vl["path"])
     quantize.quantize(model, "int4", 32)
     embeds = torch.cat(model.encode_images(items))
-    eng = _engine_ids(ids, inputs)
+    eng = engine_ids(ids, inputs)
     outs = []
     for native in (True, False):
         model.native_stack, model._native_plan = native, False
@@ -266,9 +213,9 @@ def test_transformers4_flat_config_with_mrope_rope_scaling(vl):
     flat.update(rope_scaling={"type": "mrope", "mrope_section": text["rope_parameters"]["mrope_section"]})
     model = build_model(type(vl["model"]), flat, torch.device("cpu"), torch.float32)
     model.load_weights(iter_safetensors(vl["path"]))
-    ids, inputs, items = _prompt(vl, 1)
+    ids, inputs, items = chat_prompt(vl, 1)
     embeds = torch.cat(model.encode_images(items))
-    eng = _engine_ids(ids, inputs)
+    eng = engine_ids(ids, inputs)
     outs = []
     for m in (model, vl["model"]):
         runner = PagedRunner(m, 16)
