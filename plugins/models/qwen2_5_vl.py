@@ -12,6 +12,9 @@ blocks attending within windows of merged cells except the ``fullatt_block_index
 attend over the whole image, RMSNorm and a SwiGLU MLP, then a merger folding each 2x2 block of
 patches into one language-model token. The processor's patch order already groups each 2x2 block
 together; each attention gathers its frames or windows, batched by size (no reordering).
+
+``QwenVLMixin`` (the image rows, the M-RoPE table, ``encode_images``, both checkpoint layouts) and
+``QwenVLProcessor`` serve Qwen3-VL too (``qwen3_vl.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def _mrope_section(config: dict) -> list[int]:
         section = (config.get(key) or {}).get("mrope_section")
         if section:
             return [int(s) for s in section]
-    raise ValueError("Qwen2.5-VL config has no mrope_section (rope_parameters / rope_scaling)")
+    raise ValueError("the config has no M-RoPE mrope_section (rope_parameters / rope_scaling)")
 
 
 # ---------------------------------------------------------------------------------------------
