@@ -10,6 +10,16 @@ def llmkit_register_models(register):
     register("Qwen2ForCausalLM", "llmkit.plugins.models.qwen2:Qwen2ForCausalLM", model_types=("qwen2",))
     register("Qwen3ForCausalLM", "llmkit.plugins.models.qwen3:Qwen3ForCausalLM", model_types=("qwen3",))
     register("Qwen3MoeForCausalLM", "llmkit.plugins.models.qwen3_moe:Qwen3MoeForCausalLM", model_types=("qwen3_moe",))
+    register(
+        "Qwen2_5_VLForConditionalGeneration",
+        "llmkit.plugins.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
+        model_types=("qwen2_5_vl",),
+    )
+    register(
+        "Qwen3VLForConditionalGeneration",
+        "llmkit.plugins.models.qwen3_vl:Qwen3VLForConditionalGeneration",
+        model_types=("qwen3_vl",),
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
     # (embedding=True: launch serves them without the generation engine)

@@ -158,9 +158,18 @@ class StackedLM(CausalLM):
             blocks.append((attn.layer_id, *(n.weight for n in norms), *linears))
         return NativeStack.build(blocks, eps.pop()) if len(eps) == 1 else None
 
+    def embed(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The input rows of the forward (vision-language models put their image rows in)."""
+        return self.embed_tokens(input_ids)
+
+    def rope_table(self, positions: torch.Tensor, ctx: ForwardContext, dtype: torch.dtype):
+        """The forward's rotary (cos2, sin2) table, shared by every layer and the native stack
+        (M-RoPE models build it from ``ctx.mm``'s three position axes)."""
+        return self.rotary.table(positions, dtype)
+
     def forward(self, input_ids, positions, ctx):
-        x, residual = self.embed_tokens(input_ids), None
-        rope = self.rotary.table(positions, x.dtype)
+        x, residual = self.embed(input_ids, ctx), None
+        rope = self.rope_table(positions, ctx, x.dtype)
         plan = self._native_plan
         if plan is False:
             plan = self._native_plan = self._native_blocks()
