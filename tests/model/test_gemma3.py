@@ -327,3 +327,125 @@ def test_torch_backend_bidirectional_spans_match_a_dense_mask(native, window):
     assert_close(out_b, _dense(q_all[1, 9:10], k_all[1], v_all[1], torch.arange(9, 10), [], window, scale, 10))
     (dec_a,) = forward([(0, 1)], [spans_a])  # a decode row past the spans: causal
     assert_close(dec_a, _dense(q_all[0, 24:25], k_all[0], v_all[0], torch.arange(24, 25), spans_a, window, scale, 25))
+
+
+# --- the published checkpoints' layout ----------------------------------------------------------
+
+
+def test_text_model_reads_published_config_fields(tmp_path):
+    """The published configs spell rope as ``rope_theta`` + ``rope_scaling`` (global layers) and
+    ``rope_local_base_freq`` (sliding ones), and the layer pattern as ``sliding_window_pattern``."""
+    import json
+
+    legacy = dict(
+        rope_theta=50_000.0,
+        rope_local_base_freq=500.0,
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+        sliding_window_pattern=2,
+    )
+    ref = g3.save_tiny_gemma3_text(tmp_path, rope_parameters=None, layer_types=None, **legacy)
+    assert ref.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types"):
+        config.pop(key)
+    (tmp_path / "config.json").write_text(json.dumps({**config, **legacy}))
+    model = load_ours(tmp_path)
+    assert [layer.self_attn.sliding_window for layer in model.layers] == [8, None, 8]
+    ids = [(29 * i + 7) % g3.VOCAB for i in range(24)]
+    runner = PagedRunner(model, 4)
+    (ours,) = runner.step([(runner.new_seq(), ids)])
+    with torch.no_grad():
+        assert_close(ours, ref(torch.tensor([ids])).logits[0])
+
+
+def test_vl_loads_published_weight_names(vl):
+    """google/gemma-3-*-it name their tensors ``language_model.model.*``,
+    ``vision_tower.vision_model.*`` and ``multi_modal_projector.*``."""
+    from llmkit.core.model.loader.source import iter_safetensors
+
+    path, _, model, _, proc = vl
+    other = type(model)(model.config).eval()
+
+    def published(name: str) -> str:
+        name = name.removeprefix("model.")
+        if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+            return name.replace("vision_tower.", "vision_tower.vision_model.", 1)
+        return name
+
+    other.load_weights((published(n), t) for n, t in iter_safetensors(path))
+    item = proc.preprocess(g3.random_image(3))
+    assert torch.equal(other.encode_images([item])[0], model.encode_images([item])[0])
+
+
+def test_vl_runs_in_bfloat16(vl):
+    path, _, model, tok, proc = vl
+    ours = load_ours(path, dtype=torch.bfloat16)
+    ids, mm = _prompt(tok, proc, 1)
+    pseudo, rows, spans = _engine_view(ours, ids, mm)
+    assert next(iter(rows.values())).dtype == torch.bfloat16
+    runner = MMRunner(ours, 4, kv_dtype=torch.bfloat16)
+    (logits,) = runner.step_mm([(runner.new_seq(), pseudo)], {0: rows}, {0: spans})
+    pseudo32, rows32, _ = _engine_view(model, ids, mm)
+    runner32 = MMRunner(model, 4)
+    (logits32,) = runner32.step_mm([(runner32.new_seq(), pseudo32)], {0: rows32}, {0: spans})
+    assert torch.isfinite(logits).all()
+    assert (logits - logits32).abs().max() < 0.1 * logits32.abs().max()
+
+
+def _tp_rank(rank: int, size: int, init: str, model_dir: str, out: str, ids: list[int]) -> None:
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model import quantize
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
+    from llmkit.core.model.parallel import TPGroup
+    from llmkit.core.plugins import registry
+
+    from paged_runner import PagedRunner
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        torch.set_num_threads(1)
+        config = load_config(Path(model_dir))
+        tp = TPGroup(rank=rank, size=size, group=dist.group.WORLD)
+        model = build_model(
+            registry().model(config["architectures"][0]), config, torch.device("cpu"), torch.float32, tp
+        )
+        model.load_weights(iter_safetensors(Path(model_dir)))
+        quantize.finalize_weights(model)
+        runner = PagedRunner(model, 4)
+        s = runner.new_seq()
+        (prefill,) = runner.step([(s, ids[:-2])])
+        decode = [runner.step([(s, [t])])[0] for t in ids[-2:]]
+        torch.save({"logits": torch.cat([prefill, *decode]), "heads": model.local_heads}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_text_model_two_ranks_match_transformers(tmp_path):
+    """Gemma3ForCausalLM sharded over two gloo ranks (heads, channels, vocabulary rows)."""
+    import torch.multiprocessing as mp
+
+    model_dir = tmp_path / "model"
+    ref = g3.save_tiny_gemma3_text(model_dir)
+    ids = [(37 * i + 11) % g3.VOCAB for i in range(20)]
+    with torch.no_grad():
+        full = ref(torch.tensor([ids])).logits[0]
+    init = f"file://{tmp_path / 'rendezvous'}"
+    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_tp_rank, args=(r, 2, init, str(model_dir), outs[r], ids)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    for out in outs:
+        got = torch.load(out)
+        assert got["heads"] == 2
+        assert_close(got["logits"], full)
