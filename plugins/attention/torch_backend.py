@@ -120,6 +120,8 @@ class TorchAttentionBackend(AttentionBackend):
         rows = md.req_rows or md.req_pool_indices.tolist()
         if md.bidirectional_spans:
             md.extra["torch_spans"] = self._span_metadata(md, starts, rows)
+            if not md.extra["torch_spans"]:  # no span row among this forward's: a causal forward
+                md.bidirectional_spans = []
         if self._native_rows():
             md.extra["torch_native"] = self._native_metadata(md, starts, rows, self.device)
             return md
