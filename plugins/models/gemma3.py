@@ -222,6 +222,7 @@ class Gemma3ForCausalLM(CausalLM):
         self.rotary_global = RotaryEmbedding(d, mpe, ropes["full_attention"])
         self.rotary_local = RotaryEmbedding(d, mpe, ropes["sliding_attention"])
         self.embed_scale = float(hidden) ** 0.5
+        self._scales: dict[torch.dtype, float] = {}
         self.softcap = config.get("final_logit_softcapping")
 
     @property
@@ -241,9 +242,14 @@ class Gemma3ForCausalLM(CausalLM):
         return self.layers[0].self_attn.num_kv_heads
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings times ``sqrt(hidden)``, the scale rounded to the model dtype first."""
+        """Token embeddings times ``sqrt(hidden)``, the scale rounded to the model dtype first (a
+        Python number: no host-to-device copy in a captured CUDA graph; the product rounds as
+        transformers' tensor product does, both factors being of the dtype)."""
         x = self.embed_tokens(input_ids)
-        return x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
+        scale = self._scales.get(x.dtype)
+        if scale is None:
+            scale = self._scales[x.dtype] = torch.tensor(self.embed_scale).to(x.dtype).item()
+        return x * scale
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         ropes = {
