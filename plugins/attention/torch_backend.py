@@ -26,14 +26,28 @@ past a cached prefix) run per sequence in chunks of query positions, and decode 
 padded batch, in pure decode steps and in mixed ones alike. A KV head's query group stacks into the GEMM's rows, so GQA never copies K/V
 per query head. Sliding windows are part of the mask; a sink is one extra score in front of the
 keys that takes its share of the softmax and has no value.
+
+Bidirectional spans (``metadata.bidirectional_spans``, Gemma 3's image tokens): every row is first
+computed causally as above, then the rows inside a span are computed again over their keys up to
+the span's end (the window, if any, still counts back from the row's own position) and replace
+the causal ones. A text row never changes, so its numbers are those of a forward without spans.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from llmkit.core.kvcache.kv_pool import gather_kv, store_kv
-from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import (
+    BIDIRECTIONAL_SPANS,
+    LATENT_KV,
+    SINKS,
+    SLIDING_WINDOW,
+    AttentionBackend,
+    AttentionMetadata,
+)
 from llmkit.plugins.attention import cpu_attention
 
 _ROWS = 4  # GEMM row counts are padded to a multiple of this (see above)
@@ -95,7 +109,7 @@ def _padded_slots(req_to_token: torch.Tensor, row: int, kv_len: int) -> torch.Te
 
 
 class TorchAttentionBackend(AttentionBackend):
-    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
+    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV, BIDIRECTIONAL_SPANS})
 
     @classmethod
     def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -104,6 +118,10 @@ class TorchAttentionBackend(AttentionBackend):
     def prepare_metadata(self, md: AttentionMetadata) -> AttentionMetadata:
         starts = md.q_starts or md.q_start_loc.tolist()
         rows = md.req_rows or md.req_pool_indices.tolist()
+        if md.bidirectional_spans:
+            md.extra["torch_spans"] = self._span_metadata(md, starts, rows)
+            if not md.extra["torch_spans"]:  # no span row among this forward's: a causal forward
+                md.bidirectional_spans = []
         if self._native_rows():
             md.extra["torch_native"] = self._native_metadata(md, starts, rows, self.device)
             return md
@@ -160,7 +178,57 @@ class TorchAttentionBackend(AttentionBackend):
             torch.arange(kv - n + 1, kv + 1, out=len_t[start : start + n], device=device)
         return {"table": md.req_to_token, "rows": row_t, "lens": len_t}
 
+    def _forward_spans(self, q, k, v, layer_id, md, sliding_window, sinks):
+        """:meth:`forward` of a batch with bidirectional spans: causal rows, then the span rows again."""
+        causal = dataclasses.replace(md, bidirectional_spans=[])  # shares ``extra``
+        out = self.forward(q, k, v, layer_id, causal, sliding_window=sliding_window, sinks=sinks)
+        spans = md.extra.get("torch_spans")
+        if spans:
+            self._span_rows(out, q, layer_id, spans, sliding_window, sinks, latent=v is None)
+        return out
+
+    def _span_metadata(self, md: AttentionMetadata, starts: list[int], rows: list[int]) -> list:
+        """Per span with new rows in this forward: the rows of ``q`` (``r0 .. r1``), their
+        positions, and the pool rows (:func:`_head_rows`) of the keys ``0 .. span end`` they see."""
+        out = []
+        for i, spans in enumerate(md.bidirectional_spans[: md.num_seqs]):
+            kv_len, first = md.kv_lens[i], md.kv_lens[i] - md.q_lens[i]
+            for s, e in spans:
+                p0, p1, end = max(s, first), min(e, kv_len), min(e, kv_len)
+                if p0 >= p1:
+                    continue  # the span's rows were computed in an earlier forward
+                slots = md.req_to_token[rows[i], :end]
+                pos = torch.arange(p0, p1, device=self.device)
+                r0 = starts[i] + p0 - first
+                out.append((r0, r0 + p1 - p0, pos, _head_rows(slots, self.num_kv_heads), end))
+        return out
+
+    def _span_rows(self, out, q, layer_id, spans, window, sinks, latent):
+        """Recompute the rows of ``out`` inside bidirectional spans, in place: each sees every key
+        up to its span's end (and none older than its window)."""
+        kbuf = self.pool.k_buffers[layer_id]
+        vbuf = None if latent else self.pool.v_buffers[layer_id]
+        hkv = self.num_kv_heads
+        g = self.num_heads // hkv
+        for r0, r1, pos, head_rows, n in spans:
+            ks, vs = self._keys_values(kbuf, vbuf, head_rows)
+            ks, vs = ks.view(hkv, n, -1), vs.view(hkv, n, -1)
+            m = r1 - r0
+            qg = q[r0:r1].float().reshape(m, hkv, g, -1).permute(1, 2, 0, 3).reshape(hkv, g * m, -1)
+            bias = torch.zeros(m, n, device=q.device)
+            if window:
+                kpos = torch.arange(n, device=q.device)
+                bias.masked_fill_(kpos[None, :] <= pos[:, None] - window, float("-inf"))
+            scores = torch.baddbmm(bias.repeat(g, 1).unsqueeze(0), qg, ks.transpose(1, 2), alpha=self.scale)
+            row_sinks = None
+            if sinks is not None:
+                row_sinks = sinks.float().view(hkv, g).repeat_interleave(m, dim=1).view(hkv, g * m, 1)
+            o = torch.bmm(_softmax(scores, row_sinks), vs)  # [Hkv, G*m, Dv]
+            out[r0:r1] = o.view(hkv, g, m, -1).permute(2, 0, 1, 3).reshape(m, self.num_heads, -1).to(out.dtype)
+
     def forward(self, q, k, v, layer_id, md, *, sliding_window=None, sinks=None):
+        if md.bidirectional_spans:
+            return self._forward_spans(q, k, v, layer_id, md, sliding_window, sinks)
         # The new tokens' K/V are read back from the pool like the cached ones (in its dtype, under
         # --kv-cache-dtype), so a prompt served from the prefix cache sees exactly these values.
         kbuf = self.pool.k_buffers[layer_id]
@@ -201,6 +269,8 @@ class TorchAttentionBackend(AttentionBackend):
         return native
 
     def forward_qkv(self, qkv, rope, layer_id, md):
+        if md.bidirectional_spans:
+            return None  # forward() recomputes the span rows
         native = self._rope_native(rope, md)
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if native is None or qkv.stride(1) != 1 or qkv.shape[1] != (h + 2 * hkv) * d:
@@ -217,6 +287,8 @@ class TorchAttentionBackend(AttentionBackend):
         return self._native_attention(q, kbuf, vbuf, native, None, None, (k, v, md.out_slots), tables)
 
     def native_attend(self, rope, md):
+        if md.bidirectional_spans:
+            return None
         native = self._rope_native(rope, md)
         pool = self.pool
         if native is None or not pool.v_buffers or not cpu_attention.stores(pool.dtype, None, None, md.out_slots):

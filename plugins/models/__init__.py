@@ -21,6 +21,13 @@ def llmkit_register_models(register):
         model_types=("qwen3_vl",),
     )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
+    register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
+    # images in, text out (a VisionLanguageModel: the server builds its processor)
+    register(
+        "Gemma3ForConditionalGeneration",
+        "llmkit.plugins.models.gemma3:Gemma3ForConditionalGeneration",
+        model_types=("gemma3",),
+    )
     # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
     # (embedding=True: launch serves them without the generation engine)
     register("BertModel", "llmkit.plugins.models.bert:BertModel", model_types=("bert",), embedding=True)

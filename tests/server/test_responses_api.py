@@ -320,7 +320,7 @@ def test_background_and_cancel(client):
         ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-            "input[0].content[0].type",
+            "messages[0].content[0]",
         ),
         ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
         ({"input": [{"role": "hacker", "content": "x"}]}, "input[0].role"),
