@@ -111,7 +111,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     if runner.lora is None:  # adapter rows run eager: the segmented CUDA kernels are not here yet
         capture_graphs(plan, config, model, runner, kv, tp)
     _log_loaded(plan, config, kv, tp, leader, explicit_running, time.monotonic() - t0)
-    vocab_size = int(plan.hf_config["vocab_size"])
+    vocab_size = int(plan.hf_config.get("vocab_size") or model.vocab_size)  # (a VL config may nest it)
     eos_ids = _eos_ids(plan.model_dir, plan.hf_config, tokenizer)
     return EngineParts(
         model_dir=plan.model_dir,

@@ -16,7 +16,6 @@ declares a huge image).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import io
@@ -24,10 +23,8 @@ import ipaddress
 import os
 import socket
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmkit-media")
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 
@@ -186,28 +183,3 @@ def decode_image(data: bytes, policy: MediaPolicy):
         raise MediaError(f"the image declares more than {policy.max_pixels} pixels") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise MediaError(f"the image is corrupt or truncated ({type(exc).__name__})") from None
-
-
-async def load_images(sources: list[tuple[str, str, bool]], policy: MediaPolicy, processor) -> list:
-    """``(source, param, bare_base64)`` per image, in prompt order: each fetched, decoded and
-    preprocessed in the media threads. Raises ``APIError`` naming the part that failed."""
-    from llmkit.core.server.errors import APIError
-
-    if len(sources) > policy.max_images:
-        raise APIError(
-            f"{len(sources)} images: a request may carry at most {policy.max_images} (--max-images-per-request)"
-        )
-
-    def one(source: str, bare: bool):
-        image = decode_image(image_bytes(source, policy, bare), policy)
-        return processor.preprocess(image)
-
-    loop = asyncio.get_running_loop()
-    futures = [loop.run_in_executor(_POOL, one, src, bare) for src, _, bare in sources]
-    results = await asyncio.gather(*futures, return_exceptions=True)
-    for (_, param, _), res in zip(sources, results):
-        if isinstance(res, MediaError):
-            raise APIError(f"{param}: {res}", param=param)
-        if isinstance(res, BaseException):
-            raise APIError(f"{param}: the image could not be processed ({type(res).__name__})", param=param)
-    return list(results)

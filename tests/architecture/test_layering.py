@@ -25,6 +25,7 @@ RANK = {
     "native": 0,
     "plugins": 1,
     "kvcache": 2,
+    "multimodal": 2.5,  # image items, pixels to tokens: the engine, the server and model plugins share them
     "model": 3,
     "parsing": 3,
     "grammar": 3,

@@ -163,7 +163,15 @@ def iter_gguf_native(gguf_path: Path, config: dict) -> Iterator[tuple[str, objec
 
 
 def load_config(model_dir: Path) -> dict:
-    return json.loads((model_dir / "config.json").read_text())
+    """``config.json``; a vision-language model's ``text_config`` keys are also lifted to the top
+    level where absent there (vocab_size, max_position_embeddings, layers: what the engine sizes
+    by), the nested dict kept for the model plugin."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    text = cfg.get("text_config")
+    if isinstance(text, dict):
+        for k, v in text.items():
+            cfg.setdefault(k, v)
+    return cfg
 
 
 class LazyTensor:

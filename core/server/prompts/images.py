@@ -4,7 +4,13 @@ them (``GenerateRequest.mm``)."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from llmkit.core.multimodal.media import MediaError, MediaPolicy, decode_image, image_bytes
 from llmkit.core.server.errors import APIError
+
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmkit-media")  # decoding off the event loop
 
 
 def chat_images(body) -> list[tuple[str, str, bool]]:
@@ -29,9 +35,7 @@ async def attach_images(state, prompt_ids: list[int], sources: list[tuple[str, s
     """``(prompt ids with each image's tokens, MultimodalInputs)``; a 400 for anything wrong."""
     if state.mm is None:
         raise APIError("images are not supported by this text-only model", param=sources[0][1])
-    from llmkit.core.multimodal.media import load_images
-
-    items = await load_images(sources, state.media, state.mm)
+    items = await load_images(sources, state.media, state.mm, param)
     try:
         ids, mm = state.mm.expand(list(prompt_ids), items)
     except ValueError as exc:
@@ -44,3 +48,27 @@ async def attach_images(state, prompt_ids: list[int], sources: list[tuple[str, s
             code="context_length_exceeded",
         )
     return ids, mm
+
+
+async def load_images(sources: list[tuple[str, str, bool]], policy: MediaPolicy, processor, param: str) -> list:
+    """``(source, param, bare_base64)`` per image, in prompt order: each fetched, decoded and
+    preprocessed in the media threads. Raises ``APIError`` naming the part that failed."""
+    if len(sources) > policy.max_images:
+        raise APIError(
+            f"{len(sources)} images: a request may carry at most {policy.max_images} (--max-images-per-request)",
+            param=param,
+        )
+
+    def one(source: str, bare: bool):
+        image = decode_image(image_bytes(source, policy, bare), policy)
+        return processor.preprocess(image)
+
+    loop = asyncio.get_running_loop()
+    futures = [loop.run_in_executor(_POOL, one, src, bare) for src, _, bare in sources]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    for (_, param, _), res in zip(sources, results):
+        if isinstance(res, MediaError):
+            raise APIError(f"{param}: {res}", param=param)
+        if isinstance(res, BaseException):
+            raise APIError(f"{param}: the image could not be processed ({type(res).__name__})", param=param)
+    return list(results)
