@@ -188,26 +188,7 @@ class StackedLM(CausalLM):
         return self.lm_head(hidden, deterministic)
 
     def load_tensor(self, modules: dict, params: dict, name: str, tensor, fused: dict) -> tuple[str, str, int]:
-        """Put one checkpoint tensor where it belongs: a (fused) linear layer keeps its rank's
-        slice, the embedding or LM head its vocabulary rows, anything else is copied whole.
-        ``fused`` maps a checkpoint projection name to ``(fused layer, part)``. Returns
-        ``(module, leaf, part)`` for the missing-weights check."""
-        parts = name.split(".")
-        owner, leaf = ".".join(parts[:-1]), parts[-1]
-        part = 0
-        if len(parts) >= 2 and parts[-2] in fused:
-            target, part = fused[parts[-2]]
-            owner = ".".join(parts[:-2] + [target])
-        module = modules.get(owner)
-        if isinstance(module, Linear) and leaf in ("weight", "bias"):
-            module.load(tensor, part)
-        elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-            module.load(tensor)
-        elif name in params:
-            params[name].data.copy_(materialize(tensor))
-        else:
-            raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-        return owner, leaf, part
+        return place_tensor(self, modules, params, name, tensor, fused)
 
 
 class DecoderLM(StackedLM):
@@ -266,3 +247,26 @@ class DecoderLM(StackedLM):
         missing = sorted(f"{m}.{leaf}" for m, leaf, _ in expected - loaded)
         if missing:
             raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
+
+
+def place_tensor(model, modules: dict, params: dict, name: str, tensor, fused: dict) -> tuple[str, str, int]:
+    """Put one checkpoint tensor where it belongs: a (fused) linear layer keeps its rank's
+    slice, the embedding or LM head its vocabulary rows, anything else is copied whole.
+    ``fused`` maps a checkpoint projection name to ``(fused layer, part)``. Returns
+    ``(module, leaf, part)`` for the missing-weights check."""
+    parts = name.split(".")
+    owner, leaf = ".".join(parts[:-1]), parts[-1]
+    part = 0
+    if len(parts) >= 2 and parts[-2] in fused:
+        target, part = fused[parts[-2]]
+        owner = ".".join(parts[:-2] + [target])
+    module = modules.get(owner)
+    if isinstance(module, Linear) and leaf in ("weight", "bias"):
+        module.load(tensor, part)
+    elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
+        module.load(tensor)
+    elif name in params:
+        params[name].data.copy_(materialize(tensor))
+    else:
+        raise KeyError(f"unexpected weight '{name}' for {type(model).__name__}")
+    return owner, leaf, part

@@ -35,6 +35,7 @@ from llmkit.core.model.parallel import TPGroup
 from llmkit.core.multimodal.items import ImageItem, MultimodalInputs
 from llmkit.core.multimodal.model import VisionLanguageModel
 from llmkit.core.multimodal.processor import MultimodalProcessor
+from llmkit.plugins.models.decoder import place_tensor
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -280,21 +281,7 @@ class Gemma3ForCausalLM(CausalLM):
     def load_tensor(self, modules: dict, params: dict, name: str, tensor) -> str:
         """One text-stack tensor (named as in ``Gemma3TextModel``, ``lm_head.weight`` aside) into
         place; returns the name of what it filled, for the missing-weights check."""
-        parts = name.split(".")
-        owner, leaf, part = ".".join(parts[:-1]), parts[-1], 0
-        if len(parts) >= 2 and parts[-2] in self._FUSED:
-            target, part = self._FUSED[parts[-2]]
-            owner = ".".join(parts[:-2] + [target])
-        module = modules.get(owner)
-        if isinstance(module, Linear) and leaf in ("weight", "bias"):
-            module.load(tensor, part)
-        elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-            module.load(tensor)
-        elif name in params:
-            params[name].data.copy_(materialize(tensor))
-        else:
-            raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-        return f"{owner}.{leaf}.{part}"
+        return ".".join(map(str, place_tensor(self, modules, params, name, tensor, self._FUSED)))
 
     def expected_weights(self) -> set[str]:
         out = set()
