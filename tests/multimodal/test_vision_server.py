@@ -21,9 +21,10 @@ from server_utils import start_server, stop_server
 
 FAMILIES = []
 try:
-    from vl_utils import save_tiny_qwen2_5_vl
+    from vl_utils import save_tiny_qwen2_5_vl, save_tiny_qwen3_vl
 
     FAMILIES.append(("qwen2_5_vl", save_tiny_qwen2_5_vl))
+    FAMILIES.append(("qwen3_vl", save_tiny_qwen3_vl))
 except ImportError:  # pragma: no cover - the fixture builder lives beside the model plugin
     pass
 try:
@@ -259,7 +260,8 @@ def test_generate_image_data(vl):
     ).json()
     assert info.status_code == 200 and rendered["count"] < info.json()["count"]
     # /generate with the raw prompt: the placeholder written once, the image as bare base64
-    ph = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>"}[vl[0]]
+    qwen = "<|vision_start|><|image_pad|><|vision_end|>"
+    ph = {"qwen2_5_vl": qwen, "qwen3_vl": qwen, "gemma3": "<start_of_image>"}[vl[0]]
     body = {"text": f"{ph}Look.", "image_data": png_b64(RED), "sampling_params": {"max_new_tokens": 4}}
     r = httpx.post(url + "/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
