@@ -25,7 +25,7 @@ def llmkit_register_models(register):
     # images in, text out (a VisionLanguageModel: the server builds its processor)
     register(
         "Gemma3ForConditionalGeneration",
-        "llmkit.plugins.models.gemma3:Gemma3ForConditionalGeneration",
+        "llmkit.plugins.models.gemma3_vl:Gemma3ForConditionalGeneration",
         model_types=("gemma3",),
     )
     # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
