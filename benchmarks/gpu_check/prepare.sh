@@ -9,7 +9,8 @@ mkdir -p .whl
 # what the GPU image (torch, triton, transformers, httpx, typer, msgpack, ...) does not have
 pkgs="fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection xgrammar apache-tvm-ffi
 gguf pyzmq openai jiter distro sniffio jsonschema jsonschema-specifications referencing rpds-py python-multipart
-httpx2 httpcore2 truststore opentelemetry-api typing-extensions anyio h11 idna certifi annotated-doc orjson pillow"
+httpx2 httpcore2 truststore opentelemetry-api typing-extensions anyio h11 idna certifi annotated-doc orjson pillow
+anthropic docstring-parser"
 specs=""
 for p in $pkgs; do
     v=$("${PYTHON:-python3}" -c "import importlib.metadata as m; print(m.version('$p'))" 2>/dev/null || true)
@@ -29,7 +30,7 @@ du -sh .whl
 "${PYTHON:-python3}" - <<'PY'
 import shutil
 from pathlib import Path
-from llmkit.core.model.source import resolve_model_dir
+from llmkit.core.model.loader.source import resolve_model_dir
 dst = Path(".whl/smollm2-tokenizer")
 dst.mkdir(parents=True, exist_ok=True)
 for f in resolve_model_dir(None).iterdir():

