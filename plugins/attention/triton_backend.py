@@ -146,12 +146,29 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        plan: _Plan = md.extra["triton"]
         if sinks is not None:
             sinks = sinks.to(torch.float32).contiguous()
         k_buf = self.pool.k_buffers[layer_id]
         v_buf = None if v is None else self.pool.v_buffers[layer_id]  # latent KV: values in the keys
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
+        return self._attend(q, k_buf, v_buf, md, sliding_window, sinks)
+
+    def forward_qkv(self, qkv, rope, layer_id, md):
+        # One kernel rotates Q and K and writes K/V (instead of a rotation, then the K/V store): a
+        # decode step runs it once a layer. Only for the plain layout, and with the fused kernels on
+        # (LLMKIT_DISABLE_FUSED_KERNELS=1 keeps every model on its torch forms).
+        from llmkit.core.model.layers import FUSED_ON_CUDA
+
+        if (qkv.is_cuda and not FUSED_ON_CUDA) or self.v_head_dim != self.head_dim or not self.pool.v_buffers:
+            return None
+        if qkv.shape[1] != (self.num_heads + 2 * self.num_kv_heads) * self.head_dim or qkv.stride(1) != 1:
+            return None
+        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        q = self._extend.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots)
+        return self._attend(q, k_buf, v_buf, md, None, None)
+
+    def _attend(self, q, k_buf, v_buf, md: AttentionMetadata, sliding_window, sinks) -> torch.Tensor:
+        plan: _Plan = md.extra["triton"]
         o = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
         if plan.decode:
             self._decode.decode_attention(

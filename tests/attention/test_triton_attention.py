@@ -146,6 +146,13 @@ GRAPH_CASES = {
     "decode_ps4_latent_graph": dict(seqs=[(9, 1), (30, 1)], heads=(8, 1), page_size=4, head_dim=40, latent=32),
 }
 GRAPH_RUNS = [f"{name}:float32" for name in GRAPH_CASES]
+# forward_qkv (one kernel rotates Q and K and stores K/V, from the fused projection) against
+# rotating first and calling forward, on the plain layouts it takes
+QKV_CASES = {
+    f"qkv_{name}": CASES[name]
+    for name in ("extend_ps1_gqa4", "extend_ps4_gqa7", "decode_ps4_gqa7", "decode_ps16_gqa4_shared")
+}
+QKV_RUNS = [f"{name}:{dt}" for name in QKV_CASES for dt in ("float32", "bfloat16")]
 TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
@@ -225,6 +232,37 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     assert err <= TOL[dtype], f"{name}: max abs error {err:.3g} > {TOL[dtype]}"
 
 
+def check_rope_store(name: str, device: str, dtype: torch.dtype) -> None:
+    """``forward_qkv`` (rotation and K/V store in one kernel) equals rotating, then ``forward``:
+    bit for bit where both rotate with the same kernel (CUDA), within rounding on the CPU (the
+    separate rotation is a C function there)."""
+    from llmkit.core.model.layers import RotaryEmbedding
+
+    spec = QKV_CASES.get(name) or GPU_QKV_CASES[name]
+    outs, pools = [], []
+    for fused in (False, True):
+        b = _build(spec, device, dtype)
+        tri, _ = _backends(b, spec["heads"][0], splits=4 if name in QKV_CASES else 16)
+        rope = RotaryEmbedding(spec["head_dim"], 8192, {"rope_theta": 10000.0}).to(device)
+        pos = [p for q_len, kv in zip(b.md.q_lens, b.md.kv_lens) for p in range(kv - q_len, kv)]
+        table = rope.table(torch.tensor(pos, device=device), dtype)
+        qkv = torch.cat([b.q.flatten(1), b.k.flatten(1), b.v.flatten(1)], dim=1)
+        md = tri.prepare_metadata(b.md)
+        if fused:
+            out = tri.forward_qkv(qkv, table, 0, md)
+            assert out is not None, "forward_qkv not taken"
+        else:
+            q, k, v = _strided_views(b.q, b.k, b.v)
+            out = tri.forward(RotaryEmbedding.rotate(q, table), RotaryEmbedding.rotate(k, table), v, 0, md)
+        slots = b.md.out_slots
+        outs.append(out.float())
+        pools.append(torch.cat([b.pool.k_buffers[0][slots].float(), b.pool.v_buffers[0][slots].float()]))
+    exact = device != "cpu"
+    for what, (a, w) in (("output", outs), ("stored K/V", pools)):
+        err = (a - w).abs().max().item()
+        assert (err == 0) if exact else err <= TOL[dtype], f"{name} {what}: max abs error {err:.3g}"
+
+
 def check_graph_hooks(name: str, device: str, dtype: torch.dtype, capture: bool) -> None:
     """Decode through the capture/replay static buffers equals eager decode.
 
@@ -270,6 +308,8 @@ def _main(runs: list[str]) -> None:
         try:
             if name in GRAPH_CASES:
                 check_graph_hooks(name, "cpu", getattr(torch, dtype), capture=False)
+            elif name in QKV_CASES:
+                check_rope_store(name, "cpu", getattr(torch, dtype))
             else:
                 check_case(name, "cpu", getattr(torch, dtype))
             results[run] = "ok"
@@ -280,12 +320,12 @@ def _main(runs: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, str]:
-    runs = [*INTERP_RUNS, *GRAPH_RUNS]
+    runs = [*INTERP_RUNS, *GRAPH_RUNS, *QKV_RUNS]
     env = {**os.environ, "TRITON_INTERPRET": "1", "LLMKIT_TRITON_INTERPRET": "1"}
     return run_in_subprocesses("test_triton_attention", "_main", [runs[0::2], runs[1::2]], env)  # two cores
 
 
-@pytest.mark.parametrize("run", [*INTERP_RUNS, *GRAPH_RUNS])
+@pytest.mark.parametrize("run", [*INTERP_RUNS, *GRAPH_RUNS, *QKV_RUNS])
 def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
     assert interpreter_results[run] == "ok", interpreter_results[run]
 
@@ -328,6 +368,12 @@ def _compile_main(runs: list[str]) -> None:
         try:
             store = dict(NUM_KV_HEADS=8, HEAD_DIM=d, BLOCK_H=8, BLOCK_D=bd, HAS_V=not latent, HEAD_DV=dv, BLOCK_DV=bdv)
             build(te._store_kv_kernel, ptrs, store, arch, 4)
+            if not latent:
+                ptrs_rope = {**ptrs, "QKV": t, "C": t, "S": t, "Q_out": t}
+                rope = dict(
+                    NUM_HEADS=32, NUM_KV_HEADS=8, HALF=d // 2, BLOCK_H=2048 // (bd // 2), BLOCK_KH=8, BLOCK=bd // 2
+                )
+                build(te._rope_store_kernel, ptrs_rope, rope, arch, 4)
             bm, bn, warps = te.extend_config(bd, dtype, False)
             build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
             bn, warps = td.decode_config(bd, dtype, False)
@@ -391,3 +437,17 @@ def test_compiled_matches_torch(name: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("name", list(GRAPH_CASES))
 def test_cuda_graph_replay_equals_eager(name: str, dtype: torch.dtype) -> None:
     check_graph_hooks(name, "cuda", dtype, capture=True)
+
+
+GPU_QKV_CASES = {
+    "qkv_gpu_decode_llama8b": GPU_CASES["gpu_decode_llama8b"],
+    "qkv_gpu_decode_qwen05b": GPU_CASES["gpu_decode_qwen05b"],
+}
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", [*QKV_CASES, *GPU_QKV_CASES])
+def test_compiled_rope_store_equals_rotate_then_store(name: str, dtype: torch.dtype) -> None:
+    check_rope_store(name, "cuda", dtype)
