@@ -10,7 +10,7 @@ mkdir -p .whl
 pkgs="fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection xgrammar apache-tvm-ffi
 gguf pyzmq openai jiter distro sniffio jsonschema jsonschema-specifications referencing rpds-py python-multipart
 httpx2 httpcore2 truststore opentelemetry-api typing-extensions anyio h11 idna certifi annotated-doc orjson pillow
-anthropic docstring-parser"
+anthropic docstring-parser py-spy"
 specs=""
 for p in $pkgs; do
     v=$("${PYTHON:-python3}" -c "import importlib.metadata as m; print(m.version('$p'))" 2>/dev/null || true)

@@ -7,7 +7,8 @@
 # transformers baseline to the in-process benchmarks (slow: ~30 s a run). Every section has its own time limit and
 # log under OUTDIR; OUTDIR/check.tar.gz holds them all and summary.md the figures
 # (what benchmarks/RESULTS.md is rewritten from). A rerun of a part: TESTS_K="expr" selects GPU tests,
-# FEATURES_FILES="tests/..." the feature test files (fp32 only).
+# FEATURES_FILES="tests/..." the feature test files (fp32 only). PYSPY=1 records the server's threads with
+# py-spy (carried by prepare.sh) during each HTTP run, into logs/spy_*.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-/tmp/gpu_check}
@@ -87,9 +88,16 @@ for _ in range(480):  # 4 minutes at most, and not a moment once the server has 
     stamp "$tag ready"
     for run in "$@"; do
         local n=${run%%:*} o=${run##*:}
+        local spy=""
+        if [ -n "${PYSPY:-}" ] && [ -x /tmp/site/bin/py-spy ]; then  # the server's threads, sampled during the run
+            /tmp/site/bin/py-spy record -p $pid --threads --nonblocking --rate 500 --format raw \
+                -o "$L/spy_${tag}_${n}x${o}.txt" > "$L/spy_${tag}_${n}x${o}.log" 2>&1 &
+            spy=$!
+        fi
         timeout 120 python3 -m llmkit.cli.main bench serve --base-url http://127.0.0.1:30123 --num-prompts $n \
             --backend openai-completions --random-input-len 6 --random-output-len $o --ignore-eos --no-progress \
             --json "$OUT/http_${tag}_${n}x${o}.json" > "$L/http_${tag}_${n}x${o}.log" 2>&1
+        [ -n "$spy" ] && { kill -INT $spy; wait $spy; }
         grep -E "Successful|Failed|throughput|Mean TTFT|Median TTFT|Mean TPOT|Median TPOT" "$L/http_${tag}_${n}x${o}.log"
     done
     kill $pid; wait $pid 2>/dev/null
