@@ -35,6 +35,7 @@ class LoRALinear(HotModule):
         # what the layer's users read from a Linear
         self.in_features, self.out_features = base.in_features, base.out_features
         self.local_in, self.local_out = base.local_in, base.local_out
+        self.bias_foldable = False  # the base's bias is added inside base_layer's forward
 
     def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         y = self.base_layer(x, deterministic)

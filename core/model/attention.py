@@ -123,6 +123,9 @@ class AttentionBackend(ABC):
         ``sliding_window`` and ``sinks`` (``[H]`` fp32 logits, this rank's heads) are passed only
         by models that need them, and only to a backend whose :attr:`features` name them."""
 
+    #: whether :meth:`forward_qkv` takes ``bias=`` (the projection's bias, not yet added to ``qkv``)
+    folds_qkv_bias: bool = False
+
     def forward_qkv(
         self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layer_id: int, metadata: AttentionMetadata
     ) -> torch.Tensor | None:

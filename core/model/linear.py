@@ -232,11 +232,17 @@ class Linear(HotModule):
         fmt.load(self, dense, slice(0, self.local_out), slice(0, self.local_out), slice(0, self.local_in))
         fmt.finalize(self)
 
-    def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+    @property
+    def bias_foldable(self) -> bool:
+        """Whether a caller may take ``forward(add_bias=False)`` and add :attr:`bias` itself
+        (inside a kernel of its own): a column-parallel layer with a bias."""
+        return self.bias is not None and self.parallel != "row"
+
+    def forward(self, x: torch.Tensor, deterministic: bool = False, add_bias: bool = True) -> torch.Tensor:
         y = self.format.apply(self, x, deterministic)
         if self.parallel == "row":
             y = self.tp.all_reduce(y)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None or not add_bias else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, parallel={self.parallel}, format={self.format.name}"

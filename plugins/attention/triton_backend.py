@@ -153,7 +153,9 @@ class TritonAttentionBackend(AttentionBackend):
         self._extend.store_kv(k, v, k_buf, v_buf, md.out_slots)
         return self._attend(q, k_buf, v_buf, md, sliding_window, sinks)
 
-    def forward_qkv(self, qkv, rope, layer_id, md):
+    folds_qkv_bias = True
+
+    def forward_qkv(self, qkv, rope, layer_id, md, bias=None):
         # One kernel rotates Q and K and writes K/V (instead of a rotation, then the K/V store): a
         # decode step runs it once a layer. Only for the plain layout, and with the fused kernels on
         # (LLMKIT_DISABLE_FUSED_KERNELS=1 keeps every model on its torch forms).
@@ -164,7 +166,7 @@ class TritonAttentionBackend(AttentionBackend):
         if qkv.shape[1] != (self.num_heads + 2 * self.num_kv_heads) * self.head_dim or qkv.stride(1) != 1:
             return None
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
-        q = self._extend.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots)
+        q = self._extend.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots, bias)
         return self._attend(q, k_buf, v_buf, md, None, None)
 
     def _attend(self, q, k_buf, v_buf, md: AttentionMetadata, sliding_window, sinks) -> torch.Tensor:

@@ -73,6 +73,7 @@ def _rope_store_kernel(
     K_buf,
     V_buf,
     slots,
+    Bias,  # [(H + 2 Hkv) D] the projection's bias, not yet added (read only with HAS_BIAS)
     stride_qkv,
     stride_bs,
     stride_bh,
@@ -84,11 +85,13 @@ def _rope_store_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_KH: tl.constexpr,
     BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     # One program per new token of a fused projection [Q heads | K heads | V heads]: rotate its Q
     # into Q_out, rotate its K and write K and V into the pool slot. The rotation and roundings are
     # triton_pointwise._rotate_kernel's followed by _store_kv_kernel's (rotate in fp32, round to the
-    # activations' dtype, then to the pool's), so the numbers equal rotate-then-store_kv's.
+    # activations' dtype, then to the pool's), so the numbers equal rotate-then-store_kv's. A bias
+    # is added first and rounded to the activations' dtype, as the projection's own add would.
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots + t).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -104,6 +107,11 @@ def _rope_store_kernel(
         src = row + heads[:, None] * 2 * HALF + cols[None, :]
         x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            b = Bias + heads[:, None] * 2 * HALF + cols[None, :]
+            x1 = (x1 + tl.load(b, mask=mask, other=0.0).to(tl.float32)).to(Q_out.dtype.element_ty).to(tl.float32)
+            x2 = (x2 + tl.load(b + HALF, mask=mask, other=0.0).to(tl.float32)).to(Q_out.dtype.element_ty)
+            x2 = x2.to(tl.float32)
         dst = Q_out + (t * NUM_HEADS + heads[:, None]) * 2 * HALF + cols[None, :]
         tl.store(dst, (x1 * c1 + x2 * s1).to(Q_out.dtype.element_ty), mask=mask)
         tl.store(dst + HALF, (x2 * c2 + x1 * s2).to(Q_out.dtype.element_ty), mask=mask)
@@ -113,15 +121,24 @@ def _rope_store_kernel(
     ksrc = row + (NUM_HEADS + kh[:, None]) * 2 * HALF + cols[None, :]
     k1 = tl.load(ksrc, mask=kmask, other=0.0).to(tl.float32)
     k2 = tl.load(ksrc + HALF, mask=kmask, other=0.0).to(tl.float32)
+    v1 = tl.load(ksrc + NUM_KV_HEADS * 2 * HALF, mask=kmask, other=0.0)
+    v2 = tl.load(ksrc + NUM_KV_HEADS * 2 * HALF + HALF, mask=kmask, other=0.0)
+    if HAS_BIAS:
+        kb = Bias + (NUM_HEADS + kh[:, None]) * 2 * HALF + cols[None, :]
+        k1 = (k1 + tl.load(kb, mask=kmask, other=0.0).to(tl.float32)).to(Q_out.dtype.element_ty).to(tl.float32)
+        k2 = (k2 + tl.load(kb + HALF, mask=kmask, other=0.0).to(tl.float32)).to(Q_out.dtype.element_ty)
+        k2 = k2.to(tl.float32)
+        vb = kb + NUM_KV_HEADS * 2 * HALF
+        v1 = (v1.to(tl.float32) + tl.load(vb, mask=kmask, other=0.0).to(tl.float32)).to(Q_out.dtype.element_ty)
+        v2 = (v2.to(tl.float32) + tl.load(vb + HALF, mask=kmask, other=0.0).to(tl.float32)).to(Q_out.dtype.element_ty)
     r1 = (k1 * c1 + k2 * s1).to(Q_out.dtype.element_ty).to(K_buf.dtype.element_ty)
     r2 = (k2 * c2 + k1 * s2).to(Q_out.dtype.element_ty).to(K_buf.dtype.element_ty)
     kdst = K_buf + slot * stride_bs + kh[:, None] * stride_bh + cols[None, :]
     tl.store(kdst, r1, mask=kmask)
     tl.store(kdst + HALF, r2, mask=kmask)
-    vsrc = row + (NUM_HEADS + NUM_KV_HEADS + kh[:, None]) * 2 * HALF + cols[None, :]
     vdst = V_buf + slot * stride_vbs + kh[:, None] * stride_vbh + cols[None, :]
-    tl.store(vdst, tl.load(vsrc, mask=kmask, other=0.0).to(V_buf.dtype.element_ty), mask=kmask)
-    tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=kmask, other=0.0).to(V_buf.dtype.element_ty), mask=kmask)
+    tl.store(vdst, v1.to(V_buf.dtype.element_ty), mask=kmask)
+    tl.store(vdst + HALF, v2.to(V_buf.dtype.element_ty), mask=kmask)
 
 
 @triton.jit
@@ -302,11 +319,13 @@ def rope_store_kv(
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
     slots: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """From a fused projection ``qkv [T, (H + 2 Hkv) D]`` whose Q and K are not rotated yet, with
     the rotary tables ``cos2, sin2 [T, 1, D]``: write the rotated K and the V into the pool at
     ``slots`` and return the rotated ``q [T, H, D]``, in one kernel (rotating, then
-    :func:`store_kv`, takes two)."""
+    :func:`store_kv`, takes two). ``bias`` ``[(H + 2 Hkv) D]``: the projection's, added first (one
+    kernel fewer again)."""
     t = qkv.shape[0]
     hkv, d = k_buf.shape[1], k_buf.shape[2]
     q = qkv.new_empty(t, num_heads, d)
@@ -323,6 +342,7 @@ def rope_store_kv(
         k_buf,
         v_buf,
         slots,
+        qkv if bias is None else bias,  # any pointer when HAS_BIAS is off: never read
         qkv.stride(0),
         k_buf.stride(0),
         k_buf.stride(1),
@@ -334,6 +354,7 @@ def rope_store_kv(
         BLOCK_H=min(triton.next_power_of_2(num_heads), max(1, 2048 // block)),
         BLOCK_KH=triton.next_power_of_2(hkv),
         BLOCK=block,
+        HAS_BIAS=bias is not None,
         num_warps=4,
     )
     return q

@@ -52,11 +52,17 @@ class Attention(HotModule):
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext):
         det = ctx.deterministic
-        qkv = self.qkv_proj(x, det)
+        proj = self.qkv_proj
+        # A backend that folds the bias into its forward_qkv kernel saves the add's kernel.
+        fold = self.q_norm is None and proj.bias_foldable and getattr(ctx.attn, "folds_qkv_bias", False)
+        qkv = proj(x, det, add_bias=False) if fold else proj(x, det)
         if self.q_norm is None:  # one backend call rotates, writes K/V and attends, where it can
-            o = ctx.attn.forward_qkv(qkv, rope, self.layer_id, ctx.metadata)
+            kw = {"bias": proj.bias} if fold else {}
+            o = ctx.attn.forward_qkv(qkv, rope, self.layer_id, ctx.metadata, **kw)
             if o is not None:
                 return self.o_proj(o.reshape(-1, self.q_size), det)
+            if fold:
+                qkv = qkv + proj.bias
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:

@@ -5,7 +5,7 @@ A tiny random-weight Llama keeps the interpreted launches few. Two requests shar
 so the second one's prefill runs the extend kernel over pages the radix cache handed it; decode
 steps run the split-K kernel; page size 4 puts sequences across page boundaries. Tiny gpt-oss
 and DeepSeek-V3 models do the same with prompts longer than gpt-oss's window (sinks, sliding
-windows, latent KV).
+windows, latent KV), and a tiny Qwen2 its QKV bias.
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ LONG_PREFIX = [(31 * i + 7) % 500 + 3 for i in range(21)]
 LONG_PROMPTS = [LONG_PREFIX + [7, 8, 9], LONG_PREFIX + [100, 200]]
 
 
-@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v3", "qwen2"])
 def test_new_families_serve_on_triton_interpreted(arch, tmp_path):
     """gpt-oss (sinks, sliding windows) and DeepSeek-V3 (latent KV) start with ``--attention
     triton`` (the backend declares the features they need) and generate what the torch backend
-    does, through the radix cache, extend and decode kernels."""
+    does, through the radix cache, extend and decode kernels; Qwen2 too, its QKV bias folded into
+    the kernel that rotates and stores K/V."""
     save_tiny_model(arch, tmp_path)
     copy_embedded_tokenizer(tmp_path)
     ref, _ = _generate(tmp_path, "torch", prompts=LONG_PROMPTS)
