@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Any, Callable
 
-from llmkit.core.batches.storage import NotFoundError, StorageBackend
+from llmkit.core.batches.storage import ACTIVE_STATUSES, BatchRecord, NotFoundError, StorageBackend
 
 CANCEL_KIND = "batch_cancel"
 log = logging.getLogger("llmkit.batch")
@@ -59,6 +59,8 @@ class BatchLeases:
         failing until it expired)."""
         if not self.enabled:
             return True
+        if batch_id not in self._until:
+            return False  # released (or never held): renewing would revive it
         try:
             return await self._call(self.storage.renew_lease, batch_id)
         except Exception as exc:  # a storage hiccup: the next renewal may succeed in time
@@ -100,3 +102,89 @@ class BatchLeases:
         """Delete the cancel request of a finished batch (blocking)."""
         if self.enabled:
             self.storage.delete_record(CANCEL_KIND, batch_id)
+
+
+class LeaseKeeping:
+    """The part of :class:`~llmkit.core.batches.runner.BatchRunner` that deals with other
+    replicas: renewing its leases, taking over orphaned batches, cancels asked elsewhere."""
+
+    storage: StorageBackend
+    leases: BatchLeases
+    _active: dict[str, Any]  # batch id -> the runner's _Active
+    _maintainer: asyncio.Task | None
+
+    def _spawn(self, rec: BatchRecord, start: bool = True) -> Any:
+        raise NotImplementedError
+
+    async def _start_cancel(self, a: Any) -> None:
+        raise NotImplementedError
+
+    def _ensure_maintainer(self) -> None:
+        if self.leases.enabled and (self._maintainer is None or self._maintainer.done()):
+            self._maintainer = asyncio.create_task(self._maintain())
+
+    async def _maintain(self) -> None:
+        """Renew the leases held every ``interval``; take over orphaned batches every ``ttl``."""
+        last_scan = time.monotonic()
+        while True:
+            await asyncio.sleep(self.leases.interval)
+            try:
+                await self._renew_all()
+                if time.monotonic() - last_scan >= self.leases.ttl:
+                    last_scan = time.monotonic()
+                    await self._claim_orphans()
+            except Exception:  # the storage failed: the next round tries again
+                log.exception("batch leases: renewal or takeover failed")
+
+    async def _renew_all(self) -> None:
+        for a in list(self._active.values()):
+            batch_id = a.record.id
+            if self._active.get(batch_id) is not a:
+                continue  # finished meanwhile
+            if not await self.leases.renew(batch_id):
+                log.warning("batch %s: lease lost (another replica runs it now); stopping here", batch_id)
+                a.abort.set()
+                if a.task is not None:
+                    a.task.cancel()  # no status is written: the batch is the new holder's
+                elif self._active.get(batch_id) is a:
+                    del self._active[batch_id]
+            elif a.record.status in ("validating", "in_progress") and await self.leases.cancel_requested(batch_id):
+                log.info("batch %s: cancel asked through another replica", batch_id)
+                await self._start_cancel(a)
+
+    async def _claim_orphans(self) -> None:
+        """Claim and resume the unfinished batches whose lease is free or expired."""
+        for listed in await asyncio.to_thread(self.storage.list_batches, statuses=ACTIVE_STATUSES):
+            if listed.id not in self._active and (rec := await self._claim(listed.id)) is not None:
+                log.info("batch %s: claimed, resuming (status %s)", rec.id, rec.status)
+                self._spawn(rec)
+
+    async def _claim(self, batch_id: str) -> BatchRecord | None:
+        """Take the batch's lease and read the batch afresh (its last holder may have finished it
+        since it was listed); None if another replica holds it or it has finished."""
+        if not await self.leases.acquire(batch_id):
+            return None
+        try:
+            rec = await asyncio.to_thread(self.storage.get_batch, batch_id)
+        except BaseException:
+            await self.leases.release(batch_id)
+            raise
+        if rec.status in ACTIVE_STATUSES:
+            return rec
+        await self.leases.release(batch_id)
+        return None
+
+    async def _ask_holder_to_cancel(self, batch_id: str) -> BatchRecord:
+        rec = await asyncio.to_thread(self.storage.get_batch, batch_id)
+        if rec.status not in ("validating", "in_progress"):
+            return rec  # it got further since
+        await self.leases.request_cancel(batch_id, int(time.time()))
+        log.info("batch %s: cancel asked of the replica running it", batch_id)
+        return await self._with_cancel_request(rec)
+
+    async def _with_cancel_request(self, rec: BatchRecord) -> BatchRecord:
+        """A batch another replica runs reads as cancelling once a cancel was asked, before that
+        replica applies it."""
+        if rec.status in ("validating", "in_progress") and (req := await self.leases.cancel_requested(rec.id)):
+            rec.status, rec.cancelling_at = "cancelling", req["at"]
+        return rec

@@ -24,10 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
-from llmkit.core.batches.leases import BatchLeases
+from llmkit.core.batches.leases import BatchLeases, LeaseKeeping
 from llmkit.core.batches.lines import error_line, output_line, write_output_files
 from llmkit.core.batches.storage import (
-    ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     BatchRecord,
     NotFoundError,
@@ -61,7 +60,7 @@ class _Active:
     last_log: float = 0.0
 
 
-class BatchRunner:
+class BatchRunner(LeaseKeeping):
     """Owns every running batch. Create one per app; ``await start()`` on startup, ``stop()`` on
     shutdown. ``max_in_flight`` bounds the lines of all batches handed to the engine at once."""
 
@@ -199,75 +198,6 @@ class BatchRunner:
             a.task = asyncio.create_task(self._run(a))
         self._ensure_maintainer()
         return a
-
-    # -- replicas: leases, takeover, cancels from elsewhere ---------------------------------------
-    def _ensure_maintainer(self) -> None:
-        if self.leases.enabled and (self._maintainer is None or self._maintainer.done()):
-            self._maintainer = asyncio.create_task(self._maintain())
-
-    async def _maintain(self) -> None:
-        """Renew the leases held every ``interval``; take over orphaned batches every ``ttl``."""
-        last_scan = time.monotonic()
-        while True:
-            await asyncio.sleep(self.leases.interval)
-            try:
-                await self._renew_all()
-                if time.monotonic() - last_scan >= self.leases.ttl:
-                    last_scan = time.monotonic()
-                    await self._claim_orphans()
-            except Exception:  # the storage failed: the next round tries again
-                log.exception("batch leases: renewal or takeover failed")
-
-    async def _renew_all(self) -> None:
-        for a in list(self._active.values()):
-            batch_id = a.record.id
-            if not await self.leases.renew(batch_id):
-                log.warning("batch %s: lease lost (another replica runs it now); stopping here", batch_id)
-                a.abort.set()
-                if a.task is not None:
-                    a.task.cancel()  # no status is written: the batch is the new holder's
-                elif self._active.get(batch_id) is a:
-                    del self._active[batch_id]
-            elif a.record.status in ("validating", "in_progress") and await self.leases.cancel_requested(batch_id):
-                log.info("batch %s: cancel asked through another replica", batch_id)
-                await self._start_cancel(a)
-
-    async def _claim_orphans(self) -> None:
-        """Claim and resume the unfinished batches whose lease is free or expired."""
-        for listed in await asyncio.to_thread(self.storage.list_batches, statuses=ACTIVE_STATUSES):
-            if listed.id not in self._active and (rec := await self._claim(listed.id)) is not None:
-                log.info("batch %s: claimed, resuming (status %s)", rec.id, rec.status)
-                self._spawn(rec)
-
-    async def _claim(self, batch_id: str) -> BatchRecord | None:
-        """Take the batch's lease and read the batch afresh (its last holder may have finished it
-        since it was listed); None if another replica holds it or it has finished."""
-        if not await self.leases.acquire(batch_id):
-            return None
-        try:
-            rec = await asyncio.to_thread(self.storage.get_batch, batch_id)
-        except BaseException:
-            await self.leases.release(batch_id)
-            raise
-        if rec.status in ACTIVE_STATUSES:
-            return rec
-        await self.leases.release(batch_id)
-        return None
-
-    async def _ask_holder_to_cancel(self, batch_id: str) -> BatchRecord:
-        rec = await asyncio.to_thread(self.storage.get_batch, batch_id)
-        if rec.status not in ("validating", "in_progress"):
-            return rec  # it got further since
-        await self.leases.request_cancel(batch_id, int(time.time()))
-        log.info("batch %s: cancel asked of the replica running it", batch_id)
-        return await self._with_cancel_request(rec)
-
-    async def _with_cancel_request(self, rec: BatchRecord) -> BatchRecord:
-        """A batch another replica runs reads as cancelling once a cancel was asked, before that
-        replica applies it."""
-        if rec.status in ("validating", "in_progress") and (req := await self.leases.cancel_requested(rec.id)):
-            rec.status, rec.cancelling_at = "cancelling", req["at"]
-        return rec
 
     async def _start_cancel(self, a: _Active) -> None:
         a.record.status, a.record.cancelling_at = "cancelling", int(time.time())
