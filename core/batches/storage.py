@@ -41,8 +41,8 @@ Contract, checked by ``tests/helpers/storage_contract.py`` (reuse it for your ba
   included: the owner id of the API key that made the file or batch (None: no owner, as for
   records stored before keys had owners), which decides who sees it after a restart too
   (``core/server/access/owners.py``). Stored responses keep theirs under the record's ``owner``.
-* Lease methods are atomic across every process and machine sharing the storage: of concurrent
-  callers on one batch, at most one succeeds. Expiry is wall-clock time (``time.time()``), so
+* Lease methods (checked by ``tests/helpers/lease_contract.py``) are atomic across every process
+  and machine sharing the storage: of concurrent callers on one batch, at most one succeeds. Expiry is wall-clock time (``time.time()``), so
   machines sharing a store need clocks that agree to well within the lease's duration.
 """
 

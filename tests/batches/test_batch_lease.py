@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import uuid
 
 import pytest
 
@@ -19,9 +20,27 @@ from batch_utils import fake_execute, jsonl, read_file, upload
 TTL = 0.6  # renewed every 0.2 s; a dead holder's batch is taken over within about 2 x TTL
 
 
-@pytest.fixture
-def stores(tmp_path):
-    a, b = LocalStorage(str(tmp_path / "s")), LocalStorage(str(tmp_path / "s"))
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    from s3_utils import make_bucket, moto_endpoint
+
+    with moto_endpoint() as url:
+        make_bucket(url, "llmkit-lease")
+        yield url
+
+
+@pytest.fixture(params=["local", "s3"])
+def stores(request, tmp_path):
+    """Two handles on one store, as two servers have."""
+    if request.param == "local":
+        a, b = LocalStorage(str(tmp_path / "s")), LocalStorage(str(tmp_path / "s"))
+    else:
+        from llmkit.plugins.storage.s3 import S3Storage
+
+        url, prefix = request.getfixturevalue("s3_endpoint"), f"{uuid.uuid4().hex}/"
+        a, b = (S3Storage("llmkit-lease", prefix=prefix, endpoint_url=url) for _ in range(2))
     yield a, b
     a.close()
     b.close()
