@@ -3,13 +3,16 @@
 for it, a cancel through the replica not running it, and the holder killed with kill -9 mid-batch
 (the other takes it over and finishes it, every line answered exactly once).
 
-The tests share one pair of servers and run in file order; the last one kills replica A.
+The local tests share one pair of servers and run in file order; the last of them kills replica A.
+The s3 test starts a pair of its own.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -39,12 +42,11 @@ def store(tmp_path_factory):
     return tmp_path_factory.mktemp("shared-storage")
 
 
-@pytest.fixture(scope="module")
-def replicas(store):
-    args = ["--batch-storage", "local", "--file-storage-path", str(store), "--batch-lease-ttl", str(LEASE_TTL)]
-    args += ["--skip-server-warmup"]
+@contextmanager
+def two_replicas(storage_args: list[str], env: dict[str, str] | None = None) -> Iterator[list[Replica]]:
+    args = [*storage_args, "--batch-lease-ttl", str(LEASE_TTL), "--skip-server-warmup"]
     with cf.ThreadPoolExecutor(2) as pool:  # the two load their model side by side
-        futures = [pool.submit(start_server, args) for _ in range(2)]
+        futures = [pool.submit(start_server, args, env=env) for _ in range(2)]
         started = []
         try:
             for f in futures:
@@ -59,6 +61,12 @@ def replicas(store):
     finally:
         for r in started:
             stop_server(r.proc)
+
+
+@pytest.fixture(scope="module")
+def replicas(store):
+    with two_replicas(["--batch-storage", "local", "--file-storage-path", str(store)]) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +121,24 @@ def test_cancel_through_b_reaches_the_run_on_a(replicas, model):
 
 
 def test_holder_killed_mid_batch_the_other_finishes_it(replicas, model):
+    _kill_the_holder(replicas, model)
+
+
+def test_holder_killed_mid_batch_on_s3():
+    """The same with the replicas sharing an S3 bucket (moto's server on loopback)."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    from s3_utils import FAKE_CREDENTIALS, make_bucket, moto_endpoint
+
+    with moto_endpoint() as url:
+        make_bucket(url, "llmkit-lease-e2e")
+        options = ["bucket=llmkit-lease-e2e", f"endpoint_url={url}", "prefix=lease/"]
+        args = ["--batch-storage", "s3", *(x for o in options for x in ("--storage-option", o))]
+        with two_replicas(args, env=FAKE_CREDENTIALS) as pair:
+            _kill_the_holder(pair, pair[0].client.models.list().data[0].id)
+
+
+def _kill_the_holder(replicas, model: str) -> None:
     a, b = replicas
     n = 24
     _, batch = submit(a.client, requests_jsonl(n, model, max_tokens=8))
