@@ -23,8 +23,8 @@ or takeover a PUT with ``If-Match: <the ETag read>``, so of two replicas racing 
 store lets one write win and refuses the other (412). Every lease write carries a fresh nonce, so
 its ETag (an MD5 of the body) never repeats. The endpoint must implement conditional writes (AWS
 S3 does since 2024, as do MinIO and moto); one that ignores the headers would let two replicas
-run one batch. Result writes are conditional too (``If-None-Match: *``), so even then each line is
-stored once.
+run one batch. Result writes are conditional too (``If-None-Match: *``), and readers take one
+result per line, so a line reaches the output once even from two writers.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class S3Storage(StorageBackend):
 
     def put_result(self, batch_id: str, result: BatchResult) -> bool:
         base = self._result_prefix(batch_id) + f"{result.index:08d}"
-        for kind in ("output", "error"):  # one writer per batch, so check-then-put is enough
+        for kind in ("output", "error"):  # a line has one kind; the put below is the atomic check
             try:
                 self._s3.head_object(Bucket=self.bucket, Key=f"{base}.{kind}")
                 return False
