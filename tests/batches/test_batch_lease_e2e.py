@@ -112,7 +112,7 @@ def test_cancel_through_b_reaches_the_run_on_a(replicas, model):
     assert batch.id in [x.id for x in b.client.batches.list()]
     cancelled = b.client.batches.cancel(batch.id)
     assert cancelled.status == "cancelling"
-    assert b.client.batches.retrieve(batch.id).status == "cancelling"
+    assert b.client.batches.retrieve(batch.id).status in ("cancelling", "cancelled")  # never in_progress again
     done = wait_for(b.client, batch.id, timeout=120)
     assert done.status == "cancelled" and done.cancelled_at and done.request_counts.completed < 40
     assert a.client.batches.retrieve(batch.id).status == "cancelled"
