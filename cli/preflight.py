@@ -48,7 +48,7 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
         value = p.get(key)
         if value is not None and value < 1:
             raise OptionError(f"{FLAGS[key]} must be at least 1 (got {value})")
-    for key in ("max_payload_size", "max_prompt_size", "header_timeout", "keep_alive_timeout"):
+    for key in ("max_payload_size", "max_prompt_size", "header_timeout", "keep_alive_timeout", "batch_lease_ttl"):
         value = p.get(key)
         if value is not None and value <= 0:
             raise OptionError(f"{FLAGS[key]} must be positive (got {value})")

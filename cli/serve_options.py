@@ -479,6 +479,15 @@ SERVE_OPTIONS = (
         to="server",
         help="Batch lines handed to the engine at once (fewer: faster online responses while a batch runs).",
     ),
+    ServeOption(
+        ("--batch-lease-ttl",),
+        float,
+        30.0,
+        to="server",
+        envvar="LLMKIT_BATCH_LEASE_TTL",
+        help="Seconds a replica's claim on a running batch lasts unrenewed (renewed every third of it): "
+        "replicas sharing the storage take over a batch whose runner died once its claim expires.",
+    ),
     ServeOption(("--log-level",), str, "info", to="server"),
     ServeOption(
         ("--tp-size", "--tp", "--tensor-parallel-size"),

@@ -83,7 +83,7 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
     state.mm, state.media = _multimodal(model_dir, tok, config)
     services, routers = [], []
     if storage is not None:
-        services, routers = _batches(state, storage, config.batch_max_in_flight)
+        services, routers = _batches(state, storage, config)
 
     def shutdown():
         client.shutdown()
@@ -225,7 +225,7 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
     if storage is not None:
         from llmkit.core.batches.validation import EMBEDDING_ENDPOINTS
 
-        services, routers = _batches(state, storage, config.batch_max_in_flight, EMBEDDING_ENDPOINTS)
+        services, routers = _batches(state, storage, config, EMBEDDING_ENDPOINTS)
 
     def shutdown():
         engine.shutdown()
@@ -256,7 +256,7 @@ def _start_engine(config: EngineConfig):
     return InProcessEngineClient(engine, config.max_queued_requests), parts.model_dir
 
 
-def _batches(state, storage, max_in_flight: int, endpoints: tuple[str, ...] | None = None):
+def _batches(state, storage, config: ServerConfig, endpoints: tuple[str, ...] | None = None):
     """The batch runner (started and stopped with the app) and the files and batches routes
     (batches of ``endpoints``: the chat and completions ones by default)."""
     from llmkit.core.batches.batches_routes import batches_router, protocol_body_validator
@@ -265,7 +265,11 @@ def _batches(state, storage, max_in_flight: int, endpoints: tuple[str, ...] | No
     from llmkit.core.batches.runner import BatchRunner
 
     runner = BatchRunner(
-        storage, make_batch_executor(state), max_in_flight=max_in_flight, body_validator=protocol_body_validator
+        storage,
+        make_batch_executor(state),
+        max_in_flight=config.batch_max_in_flight,
+        body_validator=protocol_body_validator,
+        lease_ttl=config.batch_lease_ttl,
     )
     return [runner], [
         files_router(storage, max_upload_bytes=state.options.max_upload_size),

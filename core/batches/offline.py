@@ -57,7 +57,10 @@ async def run_batch_file(
             storage.put_file(FileRecord(fid, size, int(time.time()), input_path.name, "batch"))
             runner = BatchRunner(storage, execute, max_in_flight=max_in_flight, on_progress=on_progress)
             rec = await runner.create(fid, endpoint, "24h")
-            rec = await runner.wait(rec.id)
+            try:
+                rec = await runner.wait(rec.id)
+            finally:
+                await runner.stop()  # its lease renewals, before the storage closes
             # A batch that failed validation ran nothing (as POST /v1/batches): no output file, so
             # an empty one is never mistaken for a result.
             if rec.status != "failed":

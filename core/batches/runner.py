@@ -3,9 +3,13 @@
 The runner knows nothing about the engine: it calls an :data:`Executor` for each line. Each
 finished line is stored as a result keyed by its index before it is counted, so after a crash
 or restart (:meth:`BatchRunner.start`) a batch resumes with the lines that have no result yet and
-every ``custom_id`` reaches the output exactly once. The runner is the only writer of batch
-records while the process runs: every change goes through the in-memory record of an active batch
-and is persisted by one serialised writer, so a cancel can never be overwritten by a late update.
+every ``custom_id`` reaches the output exactly once. The runner is the only writer of the record
+of a batch it runs: every change goes through the in-memory record of an active batch and is
+persisted by one serialised writer, so a cancel can never be overwritten by a late update.
+
+Replicas sharing one storage each run only the batches whose lease they hold
+(:mod:`llmkit.core.batches.leases`): a batch created through one replica runs there, is listed,
+retrieved and cancelled through any, and is taken over by another if its holder dies.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
+from llmkit.core.batches.leases import BatchLeases, LeaseKeeping
 from llmkit.core.batches.lines import error_line, output_line, write_output_files
 from llmkit.core.batches.storage import (
-    ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     BatchRecord,
     NotFoundError,
@@ -56,7 +60,7 @@ class _Active:
     last_log: float = 0.0
 
 
-class BatchRunner:
+class BatchRunner(LeaseKeeping):
     """Owns every running batch. Create one per app; ``await start()`` on startup, ``stop()`` on
     shutdown. ``max_in_flight`` bounds the lines of all batches handed to the engine at once."""
 
@@ -70,6 +74,8 @@ class BatchRunner:
         persist_interval: float = 1.0,
         log_interval: float = 10.0,
         on_progress: Callable[[BatchRecord], None] | None = None,
+        lease_ttl: float = 30.0,
+        holder: str | None = None,
     ) -> None:
         self.storage = storage
         self.execute = execute
@@ -80,16 +86,23 @@ class BatchRunner:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight = 0  # lines handed to the executor and not yet done (for /metrics)
         self._active: dict[str, _Active] = {}
+        self.leases = BatchLeases(storage, lease_ttl, holder)
+        self._maintainer: asyncio.Task | None = None
 
     # -- lifecycle of the runner ---------------------------------------------------------------
     async def start(self) -> None:
-        """Resume every batch that a previous process left unfinished."""
-        for rec in await asyncio.to_thread(self.storage.list_batches, statuses=ACTIVE_STATUSES):
-            log.info("batch %s: resuming (status %s)", rec.id, rec.status)
-            self._spawn(rec)
+        """Resume every unfinished batch that no live replica holds; from then on, renew the
+        leases held and take over the batches whose holder stopped renewing."""
+        await self._claim_orphans()
+        self._ensure_maintainer()
 
     async def stop(self) -> None:
-        """Stop all work without changing any status; :meth:`start` resumes it later."""
+        """Stop all work without changing any status and give the leases up; :meth:`start`
+        (here or on another replica) resumes it later."""
+        if self._maintainer is not None:
+            self._maintainer.cancel()
+            await asyncio.gather(self._maintainer, return_exceptions=True)
+            self._maintainer = None
         for a in list(self._active.values()):
             a.abort.set()
             if a.task:
@@ -131,6 +144,9 @@ class BatchRunner:
             created_ns=time.time_ns(),
             owner=owner,
         )
+        # Leased before it is stored, so no other replica's scan can claim it first.
+        if not await self.leases.acquire(rec.id):
+            raise RuntimeError(f"batch {rec.id}: a new batch's lease was taken")
         await asyncio.to_thread(self.storage.put_batch, rec)
         log.info("batch %s: created from %s for %s", rec.id, input_file_id, endpoint)
         return copy.deepcopy(self._spawn(rec).record)
@@ -140,27 +156,30 @@ class BatchRunner:
         check_batch_id(batch_id)
         if (a := self._active.get(batch_id)) is not None:
             return copy.deepcopy(a.record)
-        return await asyncio.to_thread(self.storage.get_batch, batch_id)
+        return await self._with_cancel_request(await asyncio.to_thread(self.storage.get_batch, batch_id))
 
     async def list(self) -> list[BatchRecord]:
         """Every batch, newest first, with live state for the running ones."""
         recs = await asyncio.to_thread(self.storage.list_batches)
-        return [copy.deepcopy(self._active[r.id].record) if r.id in self._active else r for r in recs]
+        return [
+            copy.deepcopy(self._active[r.id].record) if r.id in self._active else await self._with_cancel_request(r)
+            for r in recs
+        ]
 
     async def cancel(self, batch_id: str) -> BatchRecord:
-        """Start cancelling; a batch that is finalizing or finished is returned unchanged."""
+        """Start cancelling; a batch that is finalizing or finished is returned unchanged. A batch
+        another replica runs is cancelled by that replica, at its next lease renewal."""
         rec = await self.get(batch_id)
         if rec.status not in ("validating", "in_progress"):
             return rec
-        a = self._active.get(batch_id) or self._spawn(rec, start=False)
-        a.record.status, a.record.cancelling_at = "cancelling", int(time.time())
-        await self._persist(a, force=True)
-        log.info("batch %s: cancelling", batch_id)
-        a.abort.set()
-        if a.exec_task:
-            a.exec_task.cancel()  # cancels the lines in flight, which aborts their requests
-        if a.task is None:
-            a.task = asyncio.create_task(self._run(a))
+        if (a := self._active.get(batch_id)) is None:
+            claimed = await self._claim(batch_id)
+            if claimed is None:
+                return await self._ask_holder_to_cancel(batch_id)
+            if claimed.status not in ("validating", "in_progress"):  # its dead holder got further
+                return copy.deepcopy(self._spawn(claimed).record)
+            a = self._spawn(claimed, start=False)
+        await self._start_cancel(a)
         return copy.deepcopy(a.record)
 
     async def wait(self, batch_id: str, poll: float = 0.05) -> BatchRecord:
@@ -177,7 +196,18 @@ class BatchRunner:
         self._active[rec.id] = a
         if start:
             a.task = asyncio.create_task(self._run(a))
+        self._ensure_maintainer()
         return a
+
+    async def _start_cancel(self, a: _Active) -> None:
+        a.record.status, a.record.cancelling_at = "cancelling", int(time.time())
+        await self._persist(a, force=True)
+        log.info("batch %s: cancelling", a.record.id)
+        a.abort.set()
+        if a.exec_task:
+            a.exec_task.cancel()  # cancels the lines in flight, which aborts their requests
+        if a.task is None:
+            a.task = asyncio.create_task(self._run(a))
 
     async def _persist(self, a: _Active, force: bool = False) -> None:
         now = time.monotonic()
@@ -188,6 +218,8 @@ class BatchRunner:
 
         async def write() -> None:
             async with a.persist_lock:  # serialised, and finished even if the caller is cancelled
+                if not self.leases.holds(snapshot.id):
+                    return  # the lease may be another replica's by now: the batch's state is its to write
                 await asyncio.to_thread(self.storage.put_batch, snapshot)
 
         await asyncio.shield(asyncio.create_task(write()))
@@ -229,6 +261,7 @@ class BatchRunner:
         finally:
             if self._active.get(rec.id) is a:
                 del self._active[rec.id]
+            await self.leases.release(rec.id)
 
     async def _validate(self, a: _Active) -> bool:
         rec = a.record
@@ -354,6 +387,8 @@ class BatchRunner:
             rec.pending_output_file_id, rec.pending_error_file_id = new_file_id(), new_file_id()
             await self._persist(a, force=True)
         await asyncio.to_thread(write_output_files, self.storage, rec)
+        if not self.leases.holds(rec.id):
+            return  # taken over meanwhile: the new holder finalizes, from results kept for it
         await self._transition(a, final)
         await asyncio.to_thread(self._cleanup, rec)
         rec.pinned_input_id = None
@@ -363,6 +398,7 @@ class BatchRunner:
         self.storage.delete_results(rec.id)
         if rec.pinned_input_id:
             self.storage.delete_blob(rec.pinned_input_id)
+        self.leases.forget_cancel(rec.id)
 
 
 async def _aiter(items: Iterable, batch: int = 256):

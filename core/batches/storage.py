@@ -9,7 +9,10 @@ A backend stores four things:
   keyed by ``(batch_id, line index)``, so a restarted server skips lines already done and every
   ``custom_id`` reaches the output exactly once;
 * **records** (optional) -- small JSON objects keyed by ``(kind, key)``, e.g. stored Responses
-  API responses (kind ``response``). A backend without them serves files and batches only.
+  API responses (kind ``response``). A backend without them serves files and batches only;
+* **leases** (optional) -- which replica runs each batch, until when: replicas sharing the
+  storage run every batch exactly once, and take over one whose holder died. A backend without
+  them (or without records) suits one server per storage only.
 
 Writing a third-party backend
 -----------------------------
@@ -38,6 +41,9 @@ Contract, checked by ``tests/helpers/storage_contract.py`` (reuse it for your ba
   included: the owner id of the API key that made the file or batch (None: no owner, as for
   records stored before keys had owners), which decides who sees it after a restart too
   (``core/server/access/owners.py``). Stored responses keep theirs under the record's ``owner``.
+* Lease methods (checked by ``tests/helpers/lease_contract.py``) are atomic across every process
+  and machine sharing the storage: of concurrent callers on one batch, at most one succeeds. Expiry is wall-clock time (``time.time()``), so
+  machines sharing a store need clocks that agree to well within the lease's duration.
 """
 
 from __future__ import annotations
@@ -307,6 +313,31 @@ class StorageBackend(abc.ABC):
     def delete_record(self, kind: str, key: str) -> bool:
         """Delete the record; return whether it existed."""
         raise NotImplementedError(f"{type(self).__name__} does not store records")
+
+    # -- leases (optional) ---------------------------------------------------------------------
+    # A lease names one holder (a runner's id) of one batch until an expiry. The runner takes one
+    # before running a batch, renews it while running and gives it up when done.
+    @property
+    def stores_leases(self) -> bool:
+        """Whether this backend implements the lease methods below."""
+        return type(self).acquire_lease is not StorageBackend.acquire_lease
+
+    def acquire_lease(self, batch_id: str, holder: str, ttl: float) -> bool:
+        """Give ``holder`` the lease on ``batch_id`` until ``ttl`` seconds from now if there is
+        none or it has expired (whoever held it); return False, changing nothing, if a lease is
+        live (``holder``'s own included). Atomic: of concurrent callers at most one succeeds."""
+        raise NotImplementedError(f"{type(self).__name__} does not store leases")
+
+    def renew_lease(self, batch_id: str, holder: str, ttl: float) -> bool:
+        """Extend ``holder``'s lease to ``ttl`` seconds from now; return False, changing nothing,
+        if the lease is not ``holder``'s (another took it over, or there is none)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store leases")
+
+    def release_lease(self, batch_id: str, holder: str) -> None:
+        """Expire ``holder``'s lease at once (another's is left alone), so another replica may
+        take the batch without waiting; the lease keeps naming ``holder``, so a late
+        :meth:`renew_lease` by it fails."""
+        raise NotImplementedError(f"{type(self).__name__} does not store leases")
 
     def close(self) -> None:
         """Release connections and handles; the default does nothing."""

@@ -60,6 +60,7 @@ class ServerConfig:
     file_storage_path: str = "./llmkit_storage"
     storage_options: tuple[str, ...] = ()  # KEY=VALUE pairs for the storage backend
     batch_max_in_flight: int = 4
+    batch_lease_ttl: float = 30.0  # seconds a replica's batch lease lasts unrenewed
     enable_metrics: bool = True  # GET /metrics (Prometheus)
     metrics_no_auth: bool = False  # serve /metrics without the API key
     enable_web_ui: bool = True  # the chat playground at /

@@ -4,11 +4,17 @@ Layout under ``path`` (``--file-storage-path``, default ``./llmkit_storage``)::
 
     blobs/<file id>      file contents (name = the validated id, never the client's filename)
     tmp/                 in-progress writes, renamed into blobs/ when complete
-    llmkit.sqlite3       file and batch records, batch results, keyed records (WAL mode)
+    llmkit.sqlite3       file and batch records, batch results, keyed records, batch leases (WAL mode)
 
 The root is created 0700 and files 0600. A blob write goes to ``tmp/``, is fsynced and renamed
 (atomic on POSIX), so readers never see a partial blob and a crash leaves at most a temp file,
 which the next start removes.
+
+Leases are rows changed by one conditional statement each: SQLite serialises writers across every
+process that opens the file (servers sharing one ``--file-storage-path``), so a conditional
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` is a compare-and-swap, takeover of an expired
+lease included. The file must be on a local disk: SQLite's locks are unreliable on network file
+systems (use ``s3`` for replicas on several machines).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -41,6 +48,7 @@ CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created INTEGER, status
 CREATE TABLE IF NOT EXISTS results (
     batch_id TEXT, idx INTEGER, kind TEXT, line TEXT, PRIMARY KEY (batch_id, idx));
 CREATE TABLE IF NOT EXISTS records (kind TEXT, key TEXT, data TEXT, PRIMARY KEY (kind, key));
+CREATE TABLE IF NOT EXISTS leases (batch_id TEXT PRIMARY KEY, holder TEXT, expires REAL);
 """
 
 
@@ -203,6 +211,28 @@ class LocalStorage(StorageBackend):
         args = check_record_key(kind, key)
         with self._lock:
             return self._db.execute("DELETE FROM records WHERE kind = ? AND key = ?", args).rowcount > 0
+
+    # -- leases --------------------------------------------------------------------------------
+    def _changed(self, sql: str, args: tuple) -> bool:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount > 0
+
+    def acquire_lease(self, batch_id: str, holder: str, ttl: float) -> bool:
+        now = time.time()
+        return self._changed(
+            "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (batch_id) DO UPDATE"
+            " SET holder = excluded.holder, expires = excluded.expires WHERE leases.expires <= ?",
+            (check_batch_id(batch_id), holder, now + ttl, now),
+        )
+
+    def renew_lease(self, batch_id: str, holder: str, ttl: float) -> bool:
+        sql = "UPDATE leases SET expires = ? WHERE batch_id = ? AND holder = ?"
+        return self._changed(sql, (time.time() + ttl, check_batch_id(batch_id), holder))
+
+    def release_lease(self, batch_id: str, holder: str) -> None:
+        self._changed(
+            "UPDATE leases SET expires = 0 WHERE batch_id = ? AND holder = ?", (check_batch_id(batch_id), holder)
+        )
 
     def close(self) -> None:
         with self._lock:

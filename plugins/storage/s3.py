@@ -11,17 +11,28 @@ Keys under the prefix::
     batches/<batch id>.json              batch records
     results/<batch id>/<index:08d>.<kind>  one finished line each (kind: output | error)
     records/<kind>/<key>.json            keyed records (stored responses)
+    leases/<batch id>.json               which replica runs a batch, until when
 
 A PUT is atomic in S3, so records and blobs are never torn. Blob uploads are spooled to a local
 temporary file first (bounded memory), so an oversize upload is refused before anything reaches
 the bucket. Listing reads every record, which suits the modest numbers of files and batches a
 serving node keeps.
+
+Leases use S3's conditional writes: a new lease is a PUT with ``If-None-Match: *`` and a renewal
+or takeover a PUT with ``If-Match: <the ETag read>``, so of two replicas racing for a lease the
+store lets one write win and refuses the other (412). Every lease write carries a fresh nonce, so
+its ETag (an MD5 of the body) never repeats. The endpoint must implement conditional writes (AWS
+S3 does since 2024, as do MinIO and moto); one that ignores the headers would let two replicas
+run one batch. Result writes are conditional too (``If-None-Match: *``), and readers take one
+result per line, so a line reaches the output once even from two writers.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import tempfile
+import time
 from typing import Any, Iterable, Iterator
 
 from llmkit.core.batches.storage import (
@@ -40,6 +51,7 @@ from llmkit.core.batches.storage import (
 from llmkit.core.hookspecs import hookimpl
 
 _SPOOL_IN_MEMORY = 8 << 20
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")  # another write won
 
 
 class S3Storage(StorageBackend):
@@ -68,9 +80,11 @@ class S3Storage(StorageBackend):
     def _key(self, *parts: str) -> str:
         return self.prefix + "/".join(parts)
 
+    def _code(self, exc: Exception) -> str:
+        return getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+
     def _missing(self, exc: Exception) -> bool:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
-        return code in ("NoSuchKey", "404", "NotFound")
+        return self._code(exc) in ("NoSuchKey", "404", "NotFound")
 
     def _get_json(self, key: str, what: str) -> dict[str, Any]:
         try:
@@ -175,14 +189,21 @@ class S3Storage(StorageBackend):
 
     def put_result(self, batch_id: str, result: BatchResult) -> bool:
         base = self._result_prefix(batch_id) + f"{result.index:08d}"
-        for kind in ("output", "error"):  # one writer per batch, so check-then-put is enough
+        for kind in ("output", "error"):  # a line has one kind; the put below is the atomic check
             try:
                 self._s3.head_object(Bucket=self.bucket, Key=f"{base}.{kind}")
                 return False
             except self._client_error as exc:
                 if not self._missing(exc):
                     raise
-        self._s3.put_object(Bucket=self.bucket, Key=f"{base}.{result.kind}", Body=result.line.encode())
+        try:  # conditional: a replica that lost its lease mid-line cannot store the line twice
+            self._s3.put_object(
+                Bucket=self.bucket, Key=f"{base}.{result.kind}", Body=result.line.encode(), IfNoneMatch="*"
+            )
+        except self._client_error as exc:
+            if self._code(exc) in _LOST_RACE:
+                return False
+            raise
         return True
 
     def result_indices(self, batch_id: str) -> dict[int, str]:
@@ -224,6 +245,47 @@ class S3Storage(StorageBackend):
 
     def delete_record(self, kind: str, key: str) -> bool:
         return self._delete(self._record_key(kind, key))
+
+    # -- leases --------------------------------------------------------------------------------
+    def _read_lease(self, batch_id: str) -> tuple[str, dict[str, Any] | None, str | None]:
+        """The lease's key, body (None: no lease) and ETag."""
+        key = self._key("leases", check_batch_id(batch_id) + ".json")
+        try:
+            obj = self._s3.get_object(Bucket=self.bucket, Key=key)
+        except self._client_error as exc:
+            if self._missing(exc):
+                return key, None, None
+            raise
+        return key, json.loads(obj["Body"].read()), obj["ETag"]
+
+    def _write_lease(self, key: str, holder: str, expires_at: float, **condition: str) -> bool:
+        body = json.dumps({"holder": holder, "expires_at": expires_at, "nonce": secrets.token_hex(8)})
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=key, Body=body.encode(), **condition)
+        except self._client_error as exc:
+            if self._code(exc) in _LOST_RACE or self._missing(exc):
+                return False
+            raise
+        return True
+
+    def acquire_lease(self, batch_id: str, holder: str, ttl: float) -> bool:
+        key, lease, etag = self._read_lease(batch_id)
+        if lease is None:
+            return self._write_lease(key, holder, time.time() + ttl, IfNoneMatch="*")
+        if lease["expires_at"] > time.time():
+            return False
+        return self._write_lease(key, holder, time.time() + ttl, IfMatch=etag)  # type: ignore[arg-type]
+
+    def renew_lease(self, batch_id: str, holder: str, ttl: float) -> bool:
+        key, lease, etag = self._read_lease(batch_id)
+        if lease is None or lease["holder"] != holder:
+            return False
+        return self._write_lease(key, holder, time.time() + ttl, IfMatch=etag)  # type: ignore[arg-type]
+
+    def release_lease(self, batch_id: str, holder: str) -> None:
+        key, lease, etag = self._read_lease(batch_id)
+        if lease is not None and lease["holder"] == holder:
+            self._write_lease(key, holder, 0.0, IfMatch=etag)  # type: ignore[arg-type]
 
     def close(self) -> None:
         self._s3.close()

@@ -154,6 +154,9 @@ def test_seed_cell_cancel_500(server, model):
 
 def _kill_and_resume(args: list[str], env: dict[str, str] | None = None) -> None:
     n_lines = 60  # killed after 10: enough lines left in flight and queued to resume
+    # The restarted server is a new lease holder: it takes the batch over once the killed one's
+    # lease expires (a short one here).
+    args = [*args, "--batch-lease-ttl", "3"]
     proc, base = start_server(args, env=env)
     try:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x")

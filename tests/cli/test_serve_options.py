@@ -141,3 +141,12 @@ def test_lora_flags_take_several_values_after_one_flag():
     assert engine.lora_target_modules == ("q_proj", "v_proj") and engine.max_lora_rank == 8
     out = CliRunner().invoke(app, ["serve", "--lora-paths", "a=/x", "b=/y", "--lora-target-modules", "nope"])
     assert "--lora-target-modules: ['nope']" in out.output  # checked before any model loads
+
+
+@pytest.mark.parametrize("ttl", [0, -1])
+def test_batch_lease_ttl_must_be_positive(ttl):
+    from llmkit.cli.preflight import OptionError, check_serve_options
+
+    params = {row.name: row.default for row in SERVE_OPTIONS} | {"batch_lease_ttl": ttl}
+    with pytest.raises(OptionError, match="--batch-lease-ttl must be positive"):
+        check_serve_options(params, check_port=False)
