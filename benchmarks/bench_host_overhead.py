@@ -1,7 +1,7 @@
 """The engine's host time per step, with a forward that does no work: everything a step costs
 outside the model, split by phase, at batch 1, 64 and 256. Runs on CPU (no GPU needed).
 
-    python benchmarks/bench_host_overhead.py [--batch 1 64 256] [--steps 200] [--markdown]
+    python benchmarks/bench_host_overhead.py [--batch 1 64 256] [--steps 200] [--markdown] [--no-phases]
 
 The engine is the real one (scheduler, model runner's input building and attention metadata,
 sampler, output processor, detokenizer, the sinks a server's client gets); only the model's forward
@@ -18,6 +18,10 @@ are never used. Phases:
 - detokenize: ``IncrementalDetokenizer.add_token`` (every request's new token)
 - output: the output processor around it (stop checks, emitting to each request's sink)
 - other: the rest of ``Engine.step`` (the loop's own bookkeeping and the fake forward's slicing)
+
+The phase timers wrap two calls per request per step (the output processor and the detokenizer),
+about 1 us each on the 2-core machine; ``--no-phases`` times the argmax alone, for the host time
+without them.
 
 The server's HTTP streaming (SSE formatting and the socket) runs on the event loop thread, not in
 the engine step, and is not counted here.
@@ -60,7 +64,7 @@ class Timers:
         setattr(obj, name, timed)
 
 
-def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
+def measure(batch: int, steps: int, warmup: int = 20, phases: bool = True) -> dict[str, float]:
     cfg = EngineConfig(
         load_format="dummy", grammar_backend="none", max_running_requests=max(batch, 1),
         max_total_tokens=batch * (steps + warmup + 64) + 4096, num_threads=None,
@@ -79,13 +83,14 @@ def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
         return logits[calls[0] % 8][: len(inp.sample_rows)], []
 
     t = Timers()
-    t.wrap(engine.scheduler, "schedule", "schedule")
-    t.wrap(runner, "step_inputs", "prepare")
-    t.wrap(runner, "build_metadata", "prepare")
-    t.wrap(runner.attn, "prepare_metadata", "prepare")
     runner.execute = fake_execute
-    t.wrap(engine.sampler, "sample", "sample")
-    t.wrap(engine.output, "process", "output")
+    if phases:
+        t.wrap(engine.scheduler, "schedule", "schedule")
+        t.wrap(runner, "step_inputs", "prepare")
+        t.wrap(runner, "build_metadata", "prepare")
+        t.wrap(runner.attn, "prepare_metadata", "prepare")
+        t.wrap(engine.sampler, "sample", "sample")
+        t.wrap(engine.output, "process", "output")
     detok_add = IncrementalDetokenizer.add_token
     detok_time = [0.0]
 
@@ -96,7 +101,8 @@ def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
         finally:
             detok_time[0] += time.perf_counter() - s
 
-    IncrementalDetokenizer.add_token = add_token
+    if phases:
+        IncrementalDetokenizer.add_token = add_token
     argmax = sampler_module.argmax
 
     def timed_argmax(x):
@@ -132,7 +138,8 @@ def measure(batch: int, steps: int, warmup: int = 20) -> dict[str, float]:
     finally:
         IncrementalDetokenizer.add_token = detok_add
         sampler_module.argmax = argmax
-    return {p: statistics.median(r.get(p, 0.0) for r in rows) * 1e3 for p in COLUMNS}
+    cols = COLUMNS if phases else ("host", "argmax", "total")
+    return {p: statistics.median(r.get(p, 0.0) for r in rows) * 1e3 for p in cols}
 
 
 def main() -> None:
@@ -140,9 +147,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--no-phases", action="store_true", help="time the argmax alone (no per-request timers)")
     args = ap.parse_args()
-    results = {b: measure(b, args.steps) for b in args.batch}
-    cols = COLUMNS
+    results = {b: measure(b, args.steps, phases=not args.no_phases) for b in args.batch}
+    cols = COLUMNS if not args.no_phases else ("host", "argmax", "total")
     print(f"host ms per decode step (median of {args.steps}), torch threads {torch.get_num_threads()}")
     if args.markdown:
         print("| batch | " + " | ".join(cols) + " |")

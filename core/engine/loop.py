@@ -370,27 +370,42 @@ class Engine:
         out = step.out
         if out.prompt_logits:
             self._record_prompt_logprobs(out.prompt_logits)
-        # Counted before the new tokens are appended (which moves each sequence's end).
-        n_decode = sum(1 for s in out.sample_segments if s.length == 1)
         segs, logits = out.sample_segments, out.sample_logits
-        if any(s.draft for s in segs):  # rows per segment differ: verify the drafted ones
-            emitted, segs, logits = verify_drafted(self, segs, logits)
-            n_decode += emitted
+        # Counted before the new tokens are appended (which moves each sequence's end).
+        if step.batch.decode_only:  # (every segment one token, no draft)
+            n_decode = len(segs)
+        else:
+            n_decode = sum(1 for s in segs if s.length == 1)
+            if any(s.draft for s in segs):  # rows per segment differ: verify the drafted ones
+                emitted, segs, logits = verify_drafted(self, segs, logits)
+                n_decode += emitted
         if segs:
             reqs = [s.req for s in segs]
             if step.pending is not None:
                 tokens, logprobs = self.sampler.finish(step.pending)
             else:
                 tokens, logprobs = self.sampler.sample(logits, reqs)
-            for i, (req, tok, lp) in enumerate(zip(reqs, tokens, logprobs)):
-                req.inflight = False
-                if self.output.get(req.rid) is None:
-                    continue  # ended (abort, deferred stop string) after this step was launched
-                if i in self.sampler.failed:
-                    self._fail(req, self.sampler.failed[i])
-                    continue
-                self.output.guarded(req, self._append_token, req, tok, lp)
+            self._append_tokens(reqs, tokens, logprobs)
         self.log_stats.on_step(step.batch, self.scheduler, n_decode)
+
+    def _append_tokens(self, reqs: list[Request], tokens: list[int], logprobs: list) -> None:
+        """Append each request's sampled token (one pass over the batch: per request only what its
+        token needs)."""
+        failed = self.sampler.failed
+        get = self.output.streams.get
+        append = self._append
+        for i, req in enumerate(reqs):
+            req.inflight = False
+            stream = get(req.rid)
+            if stream is None:
+                continue  # ended (abort, deferred stop string) after this step was launched
+            if failed and i in failed:
+                self._fail(req, failed[i])
+                continue
+            try:
+                append(stream, req, tokens[i], logprobs[i])
+            except Exception as exc:  # a failure fails only this request (as OutputProcessor.guarded)
+                self.output.post_processing_failed(req, exc)
 
     def _record_prompt_logprobs(self, prompt_logits) -> None:
         for rid, (start, logits) in prompt_logits.items():
@@ -400,14 +415,17 @@ class Engine:
             self.sampler.add_prompt_logprobs(stream.req, start, logits)
 
     def _append_token(self, req: Request, tok: int, lp: TokenLogprob | None) -> None:
-        stream = self.output.get(req.rid)
+        self._append(self.output.get(req.rid), req, tok, lp)
+
+    def _append(self, stream, req: Request, tok: int, lp: TokenLogprob | None) -> None:
         p = req.params
-        req.output_ids.append(tok)
+        out = req.output_ids
+        out.append(tok)
         if lp is not None:
             req.output_logprobs.append(lp)
-        if req.grammar_active:
+        if req.grammar is not None and req.reasoning_end is None:  # (Request.grammar_active)
             req.grammar.accept_token(tok)
-        n_out = len(req.output_ids)
+        n_out = len(out)
         if tok in p.stop_token_ids and n_out >= p.min_new_tokens:
             self.output.finish(stream, "stop", tok)
         elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_new_tokens:

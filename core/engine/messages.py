@@ -10,6 +10,7 @@ without the server changing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,18 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @functools.cached_property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes a row's logits or asks for its logprobs: the sampler
+        takes such rows' argmax alone (read every step for every row, so computed once)."""
+        return (
+            self.greedy
+            and not self.logit_bias
+            and not self.needs_penalties
+            and not self.min_new_tokens
+            and not self.logprobs
+        )
 
 
 @dataclass(frozen=True)

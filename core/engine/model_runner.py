@@ -49,6 +49,10 @@ class ModelRunner:
         ``chained``: the requests whose input token is still on the device (the step in flight
         sampled it, see :meth:`Sampler.launch`), in its sampling order. Each gets a placeholder
         id here and ``inp.from_prev`` (the id's index, the pick's row) says where to copy it from."""
+        if batch.decode_only:
+            inp = self._decode_inputs(batch, chained)
+            if inp is not None:
+                return inp
         ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding = [], [], [], [], [], [], [], []
         seg_rows, has_mm = [], False
         prev = {id(r): i for i, r in enumerate(chained)} if chained else {}
@@ -81,6 +85,47 @@ class ModelRunner:
             from llmkit.core.multimodal.step_rows import plan_images
 
             inp.images, inp.rope, inp.bidirectional = plan_images(batch.segments, seg_rows, pos)
+        return inp
+
+    def _decode_inputs(self, batch: ScheduledBatch, chained: list | None) -> StepInputs | None:
+        """:meth:`step_inputs` of a batch whose segments are all one token with no draft, in one
+        pass (a decode step of a large batch ran ~10 list appends a request); None for a batch
+        with images (their rows take the general path)."""
+        segs = batch.segments
+        prev = {id(r): i for i, r in enumerate(chained)} if chained else None
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []
+        decoding: list[int] = []
+        sample_rows: list[int] = []
+        prompt_ranges: list[tuple[int, int]] = []
+        from_prev: list[tuple[int, int]] = []
+        loras = []
+        for i, s in enumerate(segs):
+            req = s.req
+            if req.mm is not None:
+                return None
+            start = s.start
+            prompt, out = req.prompt_ids, req.output_ids
+            n_prompt = len(prompt)
+            if req.inflight and prev is not None and id(req) in prev:  # its token is in flight
+                from_prev.append((i, prev[id(req)]))
+                ids.append(0)
+            else:
+                ids.append(out[start - n_prompt] if start >= n_prompt else prompt[start])
+            pos.append(start)
+            rows.append(req.req_pool_idx)
+            decoding.append(1 if start >= n_prompt else 0)
+            if start + 1 == n_prompt + len(out) + req.inflight:  # Segment.samples
+                sample_rows.append(i)
+            if req.return_prompt_logprobs and not req.first_prefill_done:
+                prompt_ranges.append((i, i + 1))
+            loras.append(req.lora)
+        n = len(segs)
+        kv_lens = [p + 1 for p in pos]
+        inp = StepInputs(ids, pos, [1] * n, kv_lens, rows, sample_rows, prompt_ranges, decoding, from_prev)
+        if self.lora is not None and any(a is not None for a in loras):
+            inp.loras = loras
         return inp
 
     def upload(self, parts: list) -> list[torch.Tensor]:
@@ -137,11 +182,11 @@ class ModelRunner:
             req_to_token=table,
             out_slots=out_slots,
             page_size=self.pool.page_size,
-            is_decode=all(n == 1 for n in q_lens),
+            is_decode=q_lens.count(1) == len(q_lens),
             deterministic=self.deterministic,
             q_starts=q_start,
             req_rows=rows,
-            decoding=[bool(d) for d in inp.decoding],
+            decoding=list(map(bool, inp.decoding)),
             bidirectional_spans=inp.bidirectional,
         )
         return input_ids, positions, md, sample_idx
@@ -194,8 +239,12 @@ class ModelRunner:
             except Exception as exc:
                 self.broadcaster.fail(exc)
                 raise
-        sample_segs = [s for s in batch.segments if s.samples]
-        wants_prompt = [s for s in batch.segments if s.req.needs_prompt_logits]
+        segs = batch.segments
+        if batch.decode_only and len(inp.sample_rows) == len(segs):  # (one row a segment)
+            sample_segs = list(segs)
+        else:
+            sample_segs = [s for s in segs if s.samples]
+        wants_prompt = [s for s in segs if s.req.needs_prompt_logits] if inp.prompt_ranges else []
         prompt_logits = {s.req.rid: (s.start, lg) for s, lg in zip(wants_prompt, prompt)}
         return StepOutput(logits, sample_segs, prompt_logits)
 

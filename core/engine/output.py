@@ -68,17 +68,20 @@ class OutputProcessor:
     def process(self, stream: Stream, tok: int) -> None:
         """Feed ``tok`` (the request's newest token) to the detokenizer; finish the request if its
         text, length or grammar says so, stream the new text otherwise."""
-        req, p = stream.req, stream.req.params
+        req = stream.req
+        p = req.params
+        detok = stream.detok
         n_out = len(req.output_ids)
-        before = len(stream.detok.text)
-        hit = stream.detok.add_token(tok)
+        reasoning_end = req.reasoning_end
+        before = len(detok.text) if reasoning_end is not None else 0
+        hit = detok.add_token(tok)
         if hit is not None and n_out >= p.min_new_tokens:
             return self.finish(stream, "stop", hit.text)
-        if n_out >= p.max_new_tokens or req.seq_len >= self.max_context:
+        if n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_context:  # (seq_len)
             return self.finish(stream, "length")
-        if req.grammar_active and req.grammar.is_terminated():
+        if req.grammar is not None and reasoning_end is None and req.grammar.is_terminated():
             return self.finish(stream, "stop")
-        if req.reasoning_end is not None and req.reasoning_end.is_reasoning_end(stream.detok.text[before:]):
+        if reasoning_end is not None and reasoning_end.is_reasoning_end(detok.text[before:]):
             req.reasoning_end = None  # reasoning ended: constrain the answer from here on
         self.emit(stream, final=False)
 
@@ -98,9 +101,13 @@ class OutputProcessor:
         try:
             fn(*args)
         except Exception as exc:
-            log.exception("post-processing failed for %s", req.rid)
-            self.on_finish(req, "abort", None)
-            self.fail(req.rid, f"internal error: {exc}")
+            self.post_processing_failed(req, exc)
+
+    def post_processing_failed(self, req: Request, exc: Exception) -> None:
+        """Fail ``req`` alone for ``exc``, raised by its post-processing (call it where caught)."""
+        log.exception("post-processing failed for %s", req.rid)
+        self.on_finish(req, "abort", None)
+        self.fail(req.rid, f"internal error: {exc}")
 
     def emit(self, stream: Stream, final: bool, error: str | None = None) -> None:
         req = stream.req
@@ -110,23 +117,27 @@ class OutputProcessor:
                 stream.detok.add_token(tok)
             stream.detok.flush()
             self.streams.pop(req.rid, None)
-        first = stream.sent_tokens == 0
+        sent = stream.sent_tokens
+        first = sent == 0
+        out_ids = req.output_ids
+        # Positional, in the fields' order: one of these a token a request, and keywords cost
+        # twice as much to bind.
         out = RequestOutput(
-            rid=req.rid,
-            text=stream.detok.take_delta(final),
-            token_ids=req.output_ids[stream.sent_tokens :],
-            logprobs=req.output_logprobs[stream.sent_tokens :] if req.params.logprobs else [],
-            finished=final,
-            finish_reason=req.finish_reason if final else None,
-            matched_stop=req.matched_stop if final else None,
-            prompt_tokens=len(req.prompt_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            prompt_logprobs=req.prompt_logprobs if first else None,
-            error=error,
-            queue_time=req.first_scheduled - req.arrival if first and req.first_scheduled is not None else None,
+            req.rid,
+            stream.detok.take_delta(final),  # text
+            out_ids[sent:],  # token_ids
+            req.output_logprobs[sent:] if req.params.logprobs else [],  # logprobs
+            final,  # finished
+            req.finish_reason if final else None,
+            req.matched_stop if final else None,
+            len(req.prompt_ids),  # prompt_tokens
+            len(out_ids),  # completion_tokens
+            req.cached_tokens,
+            req.prompt_logprobs if first else None,
+            error,
+            req.first_scheduled - req.arrival if first and req.first_scheduled is not None else None,  # queue_time
         )
-        stream.sent_tokens = len(req.output_ids)
+        stream.sent_tokens = len(out_ids)
         try:
             stream.sink(out)
         except Exception:

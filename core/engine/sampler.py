@@ -59,8 +59,10 @@ class Sampler:
         ``self.failed`` (row -> message) and the engine fails only that request.
         """
         logits = logits[:, : self.vocab_size]
-        raw = logits
         self.failed = {}
+        if all(r.grammar is None and r.params.plain_greedy for r in reqs):  # the common batch
+            return argmax(logits).tolist(), [None] * len(reqs)
+        raw = logits
         rows_to_process = [i for i, r in enumerate(reqs) if self._needs_processing(r)]
         if rows_to_process:
             logits = logits.clone()

@@ -10,6 +10,7 @@ cache and it is recomputed later (never failed).
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import PrefixCache
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
     req: Request
     start: int  # first token position computed in this step
@@ -44,6 +45,9 @@ class ScheduledBatch:
     num_prefill_tokens: int = 0
     num_cached_tokens: int = 0
     num_running_before: int = 0
+    # Set by the scheduler when every segment is one token of a running request with no draft (the
+    # common step): the runner and the engine then take their per-request fast paths.
+    decode_only: bool = False
 
     @property
     def is_decode(self) -> bool:
@@ -121,36 +125,19 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         budget = self.config.chunked_prefill_size
-        segments: list[Segment] = []
         self._order_waiting()
         # A more urgent request (online traffic) waiting to start: lower-priority requests (batch
         # lines) sit this step out, so its prefill runs without them and its first token comes
         # as fast as on an idle server. They resume next step with their KV intact.
         urgent = self._urgent_priority()
         # 1. requests already running: their next token (or next prompt chunk)
-        for req in sorted(self.running, key=lambda r: (r.priority, r.arrival)):
-            if req.status is not Status.RUNNING:
-                continue
-            if urgent is not None and req.priority > urgent:
-                continue
-            remaining = req.seq_len + req.inflight - req.num_computed
-            length = remaining if remaining == 1 else min(remaining, max(budget, 0))
-            if length > 1:
-                length = _whole_images(req, req.num_computed, length)
-            if length <= 0:
-                continue
-            draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
-            length += len(draft)
-            while not self._assign_slots(req, req.num_computed + length):
-                victim = self._pick_victim(exclude=req)
-                if victim is None:
-                    length = 0
-                    break
-                self.preempt(victim)
-                segments = [s for s in segments if s.req is not victim]
-            if length:
-                segments.append(Segment(req, req.num_computed, length, draft))
-                budget -= length
+        order = sorted(self.running, key=_RUN_ORDER)
+        segments = self._decode_segments(order, urgent)
+        decode_only = segments is not None
+        if decode_only:
+            budget -= len(segments)
+        else:
+            segments, budget = self._running_segments(order, urgent, budget)
         batch = ScheduledBatch(segments, num_running_before=len(self.running))
         # 2. admit waiting requests while budget, slots and pages allow
         admitted = []
@@ -179,7 +166,90 @@ class Scheduler:
             batch.num_cached_tokens += req.prefix_len
         for req in admitted:
             self.waiting.remove(req)
+        batch.decode_only = decode_only and not admitted
         return batch if segments else None
+
+    def _decode_segments(self, order: list[Request], urgent: int | None) -> list[Segment] | None:
+        """The running requests' segments when each is one token to decode and their new pages are
+        free without evicting or preempting anything (the steady state): what the loop in
+        :meth:`_running_segments` makes of them, with their slots assigned in one batch. None, and
+        nothing changed, in any other case (a prompt chunk, a draft, pages short)."""
+        if self.speculator is not None:
+            return None
+        page = self.page
+        picked: list[Request] = []
+        needs: list[int] = []
+        total = 0
+        RUNNING = Status.RUNNING
+        for req in order:
+            if req.status is not RUNNING or (urgent is not None and req.priority > urgent):
+                continue
+            computed = req.num_computed
+            remaining = len(req.prompt_ids) + len(req.output_ids) + req.inflight - computed
+            if remaining != 1:
+                if remaining <= 0:
+                    continue  # (as the general loop: nothing to compute)
+                return None
+            covered = req.prefix_len + len(req.own_pages) * page
+            need = -(-(computed + 1 - covered) // page) if computed + 1 > covered else 0
+            picked.append(req)
+            needs.append(need)
+            total += need
+        if total > self.pool.num_free_pages:
+            return None  # the general loop evicts, or preempts
+        pages = self.pool.allocate(total) if total else []
+        # Each request takes its pages from the end of the batch's, as one allocate() each would.
+        hi = total
+        rows: list[int] = []
+        cols: list[int] = []
+        slots: list[int] = []
+        for req, need in zip(picked, needs):
+            if not need:
+                continue
+            own = pages[hi - need : hi]
+            hi -= need
+            first = req.prefix_len + len(req.own_pages) * page
+            req.own_pages.extend(own)
+            if page == 1 and need == 1:  # a page is a slot: written with the others below
+                rows.append(req.req_pool_idx)
+                cols.append(first)
+                slots.append(own[0])
+            elif page == 1:
+                self.req_pool.write(req.req_pool_idx, first, own)
+            else:
+                self.req_pool.write(req.req_pool_idx, first, self.pool.page_slots(own))
+        if rows:
+            self.req_pool.write_points(rows, cols, slots)
+        return [Segment(req, req.num_computed, 1) for req in picked]
+
+    def _running_segments(self, order: list[Request], urgent: int | None, budget: int) -> tuple[list[Segment], int]:
+        """The running requests' segments (``order``: by priority, then arrival), preempting the
+        least urgent where pages run out; and the budget left."""
+        segments: list[Segment] = []
+        for req in order:
+            if req.status is not Status.RUNNING:
+                continue
+            if urgent is not None and req.priority > urgent:
+                continue
+            remaining = req.seq_len + req.inflight - req.num_computed
+            length = remaining if remaining == 1 else min(remaining, max(budget, 0))
+            if length > 1:
+                length = _whole_images(req, req.num_computed, length)
+            if length <= 0:
+                continue
+            draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
+            length += len(draft)
+            while not self._assign_slots(req, req.num_computed + length):
+                victim = self._pick_victim(exclude=req)
+                if victim is None:
+                    length = 0
+                    break
+                self.preempt(victim)
+                segments = [s for s in segments if s.req is not victim]
+            if length:
+                segments.append(Segment(req, req.num_computed, length, draft))
+                budget -= length
+        return segments, budget
 
     def _urgent_priority(self) -> int | None:
         """The priority of the first waiting request if it outranks some running request and can be
@@ -288,6 +358,13 @@ class Scheduler:
         self.waiting.insert(0, req)
 
     def on_step_done(self, batch: ScheduledBatch) -> None:
+        if batch.decode_only:
+            for seg in batch.segments:
+                req = seg.req
+                req.num_computed = seg.start + 1
+                if not req.first_prefill_done and seg.samples:
+                    req.first_prefill_done = True
+            return
         for seg in batch.segments:
             # A draft's K/V counts once its tokens are accepted (the engine moves this on then).
             seg.req.num_computed = seg.start + seg.length - len(seg.draft)
@@ -298,6 +375,9 @@ class Scheduler:
     def token_usage(self) -> float:
         used = self.pool.capacity_pages - self.pool.num_free_pages - self.cache.evictable_pages
         return used / max(1, self.pool.capacity_pages)
+
+
+_RUN_ORDER = operator.attrgetter("priority", "arrival")  # the running requests' order each step
 
 
 def _whole_images(req: Request, start: int, length: int) -> int:

@@ -138,7 +138,7 @@ class ReqToTokenPool:
         on_host = not mirror if mirror is not None else self.table.device.type == "cpu"
         self.host = self.table if on_host else torch.zeros_like(self.table, device="cpu")
         self._host_np = self.host.numpy()  # the same memory: a numpy write costs ~0.2 us, torch's ~5 us
-        self._pending: list[tuple[int, int, int]] | None = None if on_host else []  # (row, start, n)
+        self._pending: list[tuple] | None = None if on_host else []  # (row, start, n) or (rows, cols)
         self._free = list(range(max_requests - 1, -1, -1))
         # Under tensor parallelism rank 0 logs its writes to replay them on the other ranks.
         self.write_log: list[tuple[int, int, torch.Tensor]] | None = None
@@ -155,6 +155,17 @@ class ReqToTokenPool:
             self.write_log.append((row, start, torch.as_tensor(slots, dtype=torch.int64).clone()))
         if self._pending is not None:
             self._pending.append((row, start, n))
+
+    def write_points(self, rows: list[int], cols: list[int], slots: list[int]) -> None:
+        """Position ``cols[i]`` of row ``rows[i]`` lives in ``slots[i]``, for every ``i`` (one slot
+        a request: a decode step's writes, in one numpy assignment). The rows are distinct."""
+        if not rows:
+            return
+        self._host_np[rows, cols] = slots
+        if self.write_log is not None:
+            self.write_log.extend((r, c, torch.tensor([s], dtype=torch.int64)) for r, c, s in zip(rows, cols, slots))
+        if self._pending is not None:
+            self._pending.append((rows, cols))
 
     def read(self, row: int, n: int) -> torch.Tensor:
         """The slots of positions ``[0, n)`` of ``row`` (a CPU tensor; no device sync)."""
@@ -176,9 +187,19 @@ class ReqToTokenPool:
         the caller to move to the device with its other step inputs and :meth:`apply`; None if none."""
         if not self._pending:
             return None
-        rows = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, _, n in self._pending])
-        cols = torch.cat([torch.arange(c, c + n, dtype=torch.int64) for _, c, n in self._pending])
+        # (row, start, n) for a run of positions, or (rows, cols) for write_points' single slots
+        rows, cols = [], []
+        for w in self._pending:
+            if len(w) == 2:
+                rows.extend(w[0])
+                cols.extend(w[1])
+            else:
+                r, c, n = w
+                rows.extend([r] * n)
+                cols.extend(range(c, c + n))
         self._pending.clear()
+        rows = torch.tensor(rows, dtype=torch.int64)
+        cols = torch.tensor(cols, dtype=torch.int64)
         # Values from the host copy, not from the writes: a position written twice (a row freed
         # and handed out again within one step) gets its final value whatever the copy order.
         return torch.stack([rows, cols, self.host[rows, cols]])

@@ -168,9 +168,9 @@ class TorchAttentionBackend(AttentionBackend):
         """Per query row: its sequence's slot-table row and how many keys it sees (its position + 1).
         A prompt row and the decode row at the same position are the same computation, so K/V
         recomputed after a preemption, or read from the prefix cache, are what decoding wrote."""
-        if all(n == 1 for n in md.q_lens):
-            rows_t = torch.tensor(rows, device=device)
-            return {"table": md.req_to_token, "rows": rows_t, "lens": torch.tensor(md.kv_lens, device=device)}
+        if md.q_lens.count(1) == len(md.q_lens):  # one query row a sequence
+            rows_t = _same_tensor(md.req_pool_indices, rows, device)
+            return {"table": md.req_to_token, "rows": rows_t, "lens": _same_tensor(md.kv_lens_t, md.kv_lens, device)}
         row_t = torch.zeros(sum(md.q_lens), dtype=torch.int64, device=device)
         len_t = torch.zeros_like(row_t)
         for start, n, kv, row in zip(starts, md.q_lens, md.kv_lens, rows):
@@ -415,3 +415,17 @@ class TorchAttentionBackend(AttentionBackend):
             o = _weighted_values(probs, vs[:, :n])[:, : g * mc]  # [Hkv, G*mc, Dv]
             out[c0:c1] = o.view(hkv, g, mc, -1).permute(2, 0, 1, 3).reshape(mc, self.num_heads, -1)
         return out
+
+
+def _same_tensor(t: torch.Tensor | None, values: list[int], device) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device``, or ``t`` where it already is that (the model runner
+    uploads these vectors with the metadata; building them again cost a step two list copies)."""
+    if (
+        t is not None
+        and t.device == torch.device(device)
+        and t.dtype == torch.int64
+        and t.dim() == 1
+        and len(t) == len(values)
+    ):
+        return t
+    return torch.tensor(values, device=device)
