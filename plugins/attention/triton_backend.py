@@ -2,7 +2,8 @@
 
 Three kernels (``triton_extend``, ``triton_decode``): write the new K/V into their slots, "extend"
 attention for prefill and mixed batches (new tokens over a cached prefix plus themselves, causal),
-and split-K decode. Decode steps can be captured in CUDA graphs through the backend hooks. Both
+and split-K decode; and a fourth (``triton_rope_store``) that rotates Q/K and writes K/V in one
+launch, for models that hand over their fused projection (``forward_qkv``). Decode steps can be captured in CUDA graphs through the backend hooks. Both
 attention kernels take a per-layer sliding window and per-head attention sinks (gpt-oss), and a
 latent KV (MLA: ``v`` None, the values are the first ``v_head_dim`` channels of the cached keys).
 
@@ -29,6 +30,7 @@ INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
 _KERNEL_MODULES = (
     "llmkit.plugins.attention.triton_extend",
     "llmkit.plugins.attention.triton_decode",
+    "llmkit.plugins.attention.triton_rope_store",
 )
 
 
@@ -56,14 +58,14 @@ class TritonAttentionBackend(AttentionBackend):
         reason = self.availability(self.device)
         if reason is not None:
             raise RuntimeError(reason)
-        from llmkit.plugins.attention import triton_decode, triton_extend
+        from llmkit.plugins.attention import triton_decode, triton_extend, triton_rope_store
 
         if self.device.type == "cpu" and not triton_extend.is_interpreted():
             raise RuntimeError(
                 "the Triton kernels were imported before TRITON_INTERPRET=1 took effect; set "
                 f"{INTERPRET_ENV}=1 (or TRITON_INTERPRET=1) in the environment before starting"
             )
-        self._extend, self._decode = triton_extend, triton_decode
+        self._extend, self._decode, self._rope_store = triton_extend, triton_decode, triton_rope_store
         self.supports_cuda_graph = self.device.type == "cuda"
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
@@ -166,7 +168,7 @@ class TritonAttentionBackend(AttentionBackend):
         if qkv.shape[1] != (self.num_heads + 2 * self.num_kv_heads) * self.head_dim or qkv.stride(1) != 1:
             return None
         k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
-        q = self._extend.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots, bias)
+        q = self._rope_store.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots, bias)
         return self._attend(q, k_buf, v_buf, md, None, None)
 
     def _attend(self, q, k_buf, v_buf, md: AttentionMetadata, sliding_window, sinks) -> torch.Tensor:

@@ -353,6 +353,7 @@ def _compile_main(runs: list[str]) -> None:
 
     from llmkit.plugins.attention import triton_decode as td
     from llmkit.plugins.attention import triton_extend as te
+    from llmkit.plugins.attention import triton_rope_store as trs
 
     def build(fn, ptrs: dict, consts: dict, arch: int, warps: int) -> None:
         sig = {
@@ -383,7 +384,7 @@ def _compile_main(runs: list[str]) -> None:
                     NUM_HEADS=32, NUM_KV_HEADS=8, HALF=d // 2, BLOCK_H=2048 // (bd // 2), BLOCK_KH=8, BLOCK=bd // 2
                 )
                 for has_bias in (False, True):
-                    build(te._rope_store_kernel, ptrs_rope, dict(rope, HAS_BIAS=has_bias), arch, 4)
+                    build(trs._rope_store_kernel, ptrs_rope, dict(rope, HAS_BIAS=has_bias), arch, 4)
             bm, bn, warps = te.extend_config(bd, dtype, False)
             build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
             bn, warps = td.decode_config(bd, dtype, False)
