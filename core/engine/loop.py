@@ -423,7 +423,7 @@ class Engine:
         out.append(tok)
         if lp is not None:
             req.output_logprobs.append(lp)
-        if req.grammar is not None and req.reasoning_end is None:  # (Request.grammar_active)
+        if req.grammar_active:
             req.grammar.accept_token(tok)
         n_out = len(out)
         if tok in p.stop_token_ids and n_out >= p.min_new_tokens:

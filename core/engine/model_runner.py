@@ -116,7 +116,7 @@ class ModelRunner:
             pos.append(start)
             rows.append(req.req_pool_idx)
             decoding.append(1 if start >= n_prompt else 0)
-            if start + 1 == n_prompt + len(out) + req.inflight:  # Segment.samples
+            if s.samples:
                 sample_rows.append(i)
             if req.return_prompt_logprobs and not req.first_prefill_done:
                 prompt_ranges.append((i, i + 1))

@@ -185,13 +185,12 @@ class Scheduler:
             if req.status is not RUNNING or (urgent is not None and req.priority > urgent):
                 continue
             computed = req.num_computed
-            remaining = len(req.prompt_ids) + len(req.output_ids) + req.inflight - computed
+            remaining = req.seq_len + req.inflight - computed
             if remaining != 1:
                 if remaining <= 0:
                     continue  # (as the general loop: nothing to compute)
                 return None
-            covered = req.prefix_len + len(req.own_pages) * page
-            need = -(-(computed + 1 - covered) // page) if computed + 1 > covered else 0
+            need = self._pages_needed(req, computed + 1)
             picked.append(req)
             needs.append(need)
             total += need
@@ -214,10 +213,8 @@ class Scheduler:
                 rows.append(req.req_pool_idx)
                 cols.append(first)
                 slots.append(own[0])
-            elif page == 1:
-                self.req_pool.write(req.req_pool_idx, first, own)
-            else:
-                self.req_pool.write(req.req_pool_idx, first, self.pool.page_slots(own))
+            else:  # as _assign_slots
+                self.req_pool.write(req.req_pool_idx, first, own if page == 1 else self.pool.page_slots(own))
         if rows:
             self.req_pool.write_points(rows, cols, slots)
         return [Segment(req, req.num_computed, 1) for req in picked]
@@ -358,17 +355,10 @@ class Scheduler:
         self.waiting.insert(0, req)
 
     def on_step_done(self, batch: ScheduledBatch) -> None:
-        if batch.decode_only:
-            for seg in batch.segments:
-                req = seg.req
-                req.num_computed = seg.start + 1
-                if not req.first_prefill_done and seg.samples:
-                    req.first_prefill_done = True
-            return
         for seg in batch.segments:
             # A draft's K/V counts once its tokens are accepted (the engine moves this on then).
             seg.req.num_computed = seg.start + seg.length - len(seg.draft)
-            if seg.samples:
+            if not seg.req.first_prefill_done and seg.samples:  # (samples: read once a request)
                 seg.req.first_prefill_done = True
 
     # -- stats -------------------------------------------------------------------------------
