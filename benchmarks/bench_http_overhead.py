@@ -10,7 +10,8 @@ engine thread). Here the model's forward is replaced by precomputed logits (as i
 ``bench_host_overhead.py``; the tokenizer and vocabulary are the embedded SmolLM2's), so both
 columns measure host work only:
 
-- engine: output tokens a second of ``Engine.step`` alone, ``batch`` requests decoding
+- engine: output tokens a second of ``Engine.step`` alone, ``batch`` requests decoding (the median
+  step of ``bench_host_overhead.py --no-phases``)
 - http: output tokens a second that ``llmkit bench serve`` receives from the server
   (``--num-prompts batch``, all sent at once, ``--ignore-eos``), with its median TPOT
 
@@ -62,27 +63,10 @@ def _serve(argv: list[str]) -> None:
 
 
 def engine_rate(batch: int, steps: int) -> float:
-    """Output tokens a second of the engine alone (the same fake forward)."""
-    from llmkit.core.engine.builder import build_engine_parts
-    from llmkit.core.engine.config import EngineConfig
-    from llmkit.core.engine.loop import Engine
-    from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+    """Output tokens a second of the engine alone: ``bench_host_overhead``'s step, timed whole."""
+    from bench_host_overhead import measure
 
-    _fake_forward()
-    cfg = EngineConfig(
-        load_format="dummy", grammar_backend="none", max_running_requests=batch,
-        max_total_tokens=batch * (steps + 64) + 4096,
-    )  # fmt: skip
-    engine = Engine(cfg, build_engine_parts(cfg))
-    for i in range(batch):
-        params = SamplingParams(max_new_tokens=steps + 20, ignore_eos=True, temperature=0.0)
-        engine._add(GenerateRequest(f"r{i}", [5 + i % 50, 6, 7, 8], params), lambda o: None)
-    for _ in range(10):  # prefill and warm-up
-        engine.step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    return batch * steps / (time.perf_counter() - t)
+    return batch / (measure(batch, steps, phases=False)["total"] / 1e3)
 
 
 def http_rate(batch: int, tokens: int, profile: Path | None) -> dict:
@@ -147,6 +131,7 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     print("| streams | engine alone, tok/s | over HTTP, tok/s | HTTP / engine | HTTP median TPOT |")
     print("|---:|---:|---:|---:|---:|")

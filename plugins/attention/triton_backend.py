@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.layers import FUSED_ON_CUDA  # (imports no triton)
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
 _KERNEL_MODULES = (
@@ -161,8 +162,6 @@ class TritonAttentionBackend(AttentionBackend):
         # One kernel rotates Q and K and writes K/V (instead of a rotation, then the K/V store): a
         # decode step runs it once a layer. Only for the plain layout, and with the fused kernels on
         # (LLMKIT_DISABLE_FUSED_KERNELS=1 keeps every model on its torch forms).
-        from llmkit.core.model.layers import FUSED_ON_CUDA
-
         if (qkv.is_cuda and not FUSED_ON_CUDA) or self.v_head_dim != self.head_dim or not self.pool.v_buffers:
             return None
         if qkv.shape[1] != (self.num_heads + 2 * self.num_kv_heads) * self.head_dim or qkv.stride(1) != 1:
