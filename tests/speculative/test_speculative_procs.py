@@ -5,6 +5,8 @@ plain TP=1 server answers, greedy and seeded, on a tiny random Llama drafting fo
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -21,6 +23,20 @@ SAMPLING = [{"temperature": 0}, {"temperature": 0.8, "seed": 9}]
 def _answers(url: str) -> list[str]:
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
     return [client.completions.create(model="m", prompt=PROMPT, max_tokens=24, **kw).choices[0].text for kw in SAMPLING]
+
+
+def _drafts_counted(url: str) -> float:
+    """The engine process publishes its counters twice a second: wait up to 5 s for a snapshot
+    taken after the requests above."""
+    deadline, drafts = time.monotonic() + 5, 0.0
+    while time.monotonic() < deadline:
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        lines = [line for line in metrics.splitlines() if line.startswith("llmkit:spec_decode_num_drafts_total")]
+        drafts = float(lines[0].split()[-1]) if lines else 0.0
+        if drafts > 0:
+            break
+        time.sleep(0.1)
+    return drafts
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +56,6 @@ def test_speculation_out_of_the_server_process(tiny_llama, reference, where):
     proc, url = start_server(["--model-path", str(tiny_llama), *COMMON, *spec, *where])
     try:
         assert _answers(url) == reference
-        metrics = httpx.get(url + "/metrics", timeout=10).text
-        drafts = [line for line in metrics.splitlines() if line.startswith("llmkit:spec_decode_num_drafts_total")]
-        assert drafts and float(drafts[0].split()[-1]) > 0, metrics[:2000]
+        assert _drafts_counted(url) > 0
     finally:
         stop_server(proc)
