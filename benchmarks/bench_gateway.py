@@ -19,7 +19,6 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request

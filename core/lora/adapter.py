@@ -43,6 +43,9 @@ class LoRAAdapter:
     uid: int  # never reused: a reloaded adapter of the same name gets a fresh prefix-cache space
     rank: int
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # per layer, the ``(first output row, rows)`` of each part, in the order of A's rank blocks
+    parts: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    native: object = None  # the C decoder stack's copy of the weights, built on first use
 
 
 def read_adapter_config(path: Path) -> dict:
@@ -149,7 +152,14 @@ def build_adapter(
             raise ValueError(f"{where}: the model has no layer '{owner}.{module}' (another architecture?)")
         fused.setdefault(layer_name, {})[part] = (ab["lora_A"], ab["lora_B"])
     weights = {n: _fuse(where, n, layers[n], parts, rank, scale, dtype, device) for n, parts in fused.items()}
-    return LoRAAdapter(name, str(path), uid, rank, weights)
+    layout = {n: [_part_rows(layers[n], p) for p in sorted(parts)] for n, parts in fused.items()}
+    return LoRAAdapter(name, str(path), uid, rank, weights, layout)
+
+
+def _part_rows(layer, part: int) -> tuple[int, int]:
+    """``(first output row, rows)`` of ``part`` of a fused layer (as :func:`_fuse` places its B)."""
+    lo, hi, dst = layer._row_map[part]
+    return dst, hi - lo
 
 
 def _fuse(where, name, layer, parts: dict, rank: int, scale: float, dtype, device):

@@ -20,7 +20,7 @@ class ForwardContext:
     attn: AttentionBackend
     metadata: AttentionMetadata
     # Set when some rows of this forward use a LoRA adapter (``llmkit.core.lora``): the adapted
-    # projections read their row groups from it, and fused paths that bypass them stand aside.
+    # projections read their row groups from it (the C decoder stack runs them itself).
     lora: object | None = None
     # Set when some rows are image tokens or rotate by M-RoPE (``llmkit.core.multimodal.forward``).
     mm: object | None = None

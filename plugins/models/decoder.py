@@ -16,6 +16,7 @@ from torch import nn
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.cpu import cpu_decoder
 from llmkit.core.model.cpu.cpu_decoder import NativeStack
+from llmkit.core.model.cpu.cpu_lora import NativeLoRA
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, silu_mul
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
@@ -179,10 +180,12 @@ class StackedLM(CausalLM):
         plan = self._native_plan
         if plan is False:
             plan = self._native_plan = self._native_blocks()
-        if plan is not None and ctx.lora is None and plan.usable(x):
-            attend = ctx.attn.native_attend(rope, ctx.metadata)
+        if plan is not None and plan.usable(x):
+            # adapter rows run in the stack too, unless an adapter's weights cannot go there
+            lora = None if ctx.lora is None else NativeLoRA.build(ctx.lora, x.shape[0], plan.n)
+            attend = None if ctx.lora is not None and lora is None else ctx.attn.native_attend(rope, ctx.metadata)
             if attend is not None:
-                x, residual = plan.run(x, attend)
+                x, residual = plan.run(x, attend, lora)
                 x, _ = self.norm(x, residual)
                 return x
         for layer in self.layers:

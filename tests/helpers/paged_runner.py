@@ -76,9 +76,12 @@ class PagedRunner:
         self.lens[row] = old + n
         return slots
 
-    def step(self, batch: list[tuple[int, list[int]]], deterministic: bool = False, mm=None) -> list[torch.Tensor]:
+    def step(
+        self, batch: list[tuple[int, list[int]]], deterministic: bool = False, mm=None, lora=None
+    ) -> list[torch.Tensor]:
         """One forward over ``(row, new token ids)`` pairs; the logits of each sequence's new tokens.
-        ``mm``: the forward's image rows (``ForwardContext.mm``, a vision-language model's)."""
+        ``mm``: the forward's image rows (``ForwardContext.mm``, a vision-language model's);
+        ``lora``: its adapter rows (a ``LoRABatch``, set by ``LoRAManager.activate``)."""
         q_lens = [len(ids) for _, ids in batch]
         starts = [0]
         for n in q_lens:
@@ -107,7 +110,7 @@ class PagedRunner:
         md = self.attn.prepare_metadata(md)
         ids = torch.tensor([t for _, toks in batch for t in toks])
         with torch.inference_mode():
-            hidden = self.model(ids, torch.cat(positions), ForwardContext(self.attn, md, mm=mm))
+            hidden = self.model(ids, torch.cat(positions), ForwardContext(self.attn, md, lora, mm=mm))
             logits = self.model.compute_logits(hidden)
         return [logits[starts[i] : starts[i + 1]] for i in range(len(batch))]
 

@@ -46,6 +46,62 @@ typedef struct {
     int64_t qkv_width;                 /* the widest QKV output of the stack */
 } CStack;
 
+/* LoRA deltas (core/lora/layer.py's math, cpu_lora.py builds these): per adapter group of rows,
+ * t = x A^T, then y += t B^T, where a fused layer's part p expands only its own rank columns into
+ * its own output rows [dst, dst + len). A and B come transposed (at [k, r_total], bt [r_total,
+ * n_out], B scaled), so both loops are row updates the compiler vectorizes, and each row's delta
+ * is summed in one fixed order whatever its batch. */
+typedef struct {
+    const float *at, *bt; /* at NULL: the adapter leaves this layer alone */
+    int64_t r_total, rank, nparts;
+    int64_t dst[3], len[3];
+} CLoRALin;
+
+typedef struct {
+    int64_t nrows;
+    const int64_t *rows;  /* the group's rows of the forward; NULL: rows 0 .. nrows-1 */
+    const CLoRALin *lins; /* [nblocks][4]: qkv, o, gate_up, down */
+} CLoRAGroup;
+
+typedef struct {
+    int64_t ngroups;
+    const CLoRAGroup *groups;
+} CLoRA;
+
+static void lora_row(const CLoRALin *l, const float *x, int64_t k, float *y, int64_t n_out) {
+    float t[l->r_total];
+    memset(t, 0, sizeof(float) * (size_t)l->r_total);
+    for (int64_t i = 0; i < k; i++) {
+        const float xi = x[i], *a = l->at + i * l->r_total;
+        for (int64_t j = 0; j < l->r_total; j++)
+            t[j] += xi * a[j];
+    }
+    for (int64_t p = 0; p < l->nparts; p++) {
+        float *yp = y + l->dst[p];
+        for (int64_t j = p * l->rank; j < (p + 1) * l->rank; j++) {
+            const float tj = t[j], *b = l->bt + j * n_out + l->dst[p];
+            for (int64_t c = 0; c < l->len[p]; c++)
+                yp[c] += tj * b[c];
+        }
+    }
+}
+
+/* Linear `lin` (0 qkv, 1 o, 2 gate_up, 3 down) of block `blk`: each group's rows get their delta;
+ * rows of no group (base rows) are left as the base layer wrote them. */
+static void lora_add(const CLoRA *lora, int64_t blk, int lin, const float *x, int64_t k, float *y, int64_t n_out) {
+    for (int64_t g = 0; g < lora->ngroups; g++) {
+        const CLoRAGroup *grp = lora->groups + g;
+        const CLoRALin *l = grp->lins + blk * 4 + lin;
+        if (!l->at)
+            continue;
+#pragma omp parallel for if (grp->nrows > 1)
+        for (int64_t i = 0; i < grp->nrows; i++) {
+            const int64_t m = grp->rows ? grp->rows[i] : i;
+            lora_row(l, x + m * k, k, y + m * n_out, n_out);
+        }
+    }
+}
+
 /* y [M, n_out] = x [M, k] W^T (+ bias), as Linear.forward on that format */
 static void linear(const CStack *s, const CLinear *l, const float *x, int64_t M, float *y) {
     if (l->kind != LIN_INT8)
@@ -61,9 +117,9 @@ static void linear(const CStack *s, const CLinear *l, const float *x, int64_t M,
 /* Blocks [0, nblocks) over the embedding output x_in [M, hidden] (only read; the residual starts
  * as it). Each block's MLP output goes to x_out, the next block's input; on return res is the
  * residual (the final norm adds the two). scratch: M * (2 hidden + qkv_width + attn_width + 3 inter)
- * floats. */
+ * floats. lora: the forward's adapter rows, or NULL. */
 void decoder_stack(const CStack *s, const CBlock *blocks, int64_t nblocks, const float *x_in, float *x_out, float *res,
-                   int64_t M, float *scratch) {
+                   int64_t M, float *scratch, const CLoRA *lora) {
     const int64_t hid = s->hidden;
     float *h = scratch, *qkv = h + M * hid, *att = qkv + M * s->qkv_width, *y = att + M * s->attn_width;
     float *gu = y + M * hid, *act = gu + 2 * M * s->inter;
@@ -76,11 +132,19 @@ void decoder_stack(const CStack *s, const CBlock *blocks, int64_t nblocks, const
             s->norm(x_out, res, res, blk->in_norm, h, M, hid, s->eps); /* res += x, h = norm(res) */
         }
         linear(s, &blk->qkv, h, M, qkv);
+        if (lora)
+            lora_add(lora, b, 0, h, blk->qkv.k, qkv, blk->qkv.n_out);
         s->attend(s->attend_ctx, blk->layer, qkv, blk->qkv.n_out, att);
         linear(s, &blk->o, att, M, y);
+        if (lora)
+            lora_add(lora, b, 1, att, blk->o.k, y, blk->o.n_out);
         s->norm(y, res, res, blk->post_norm, h, M, hid, s->eps);
         linear(s, &blk->gate_up, h, M, gu);
+        if (lora)
+            lora_add(lora, b, 2, h, blk->gate_up.k, gu, blk->gate_up.n_out);
         s->silu(gu, M, s->inter, act);
         linear(s, &blk->down, act, M, x_out);
+        if (lora)
+            lora_add(lora, b, 3, act, blk->down.k, x_out, blk->down.n_out);
     }
 }

@@ -49,7 +49,7 @@ class CStack(ctypes.Structure):
 def _lib():
     return native.load(
         Path(__file__).with_name("cpu_decoder.c"),
-        decoder_stack=[_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR],
+        decoder_stack=[_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR],
     )
 
 
@@ -141,9 +141,9 @@ class NativeStack:
             and rows <= min(int4_format.INT4_MAX_ROWS, int8.INT8_NO_DENSE_MAX_ROWS)
         )
 
-    def run(self, x: torch.Tensor, attend: NativeAttend) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, x: torch.Tensor, attend: NativeAttend, lora=None) -> tuple[torch.Tensor, torch.Tensor]:
         """All blocks over the embedding output ``x [M, hidden]`` (fp32) -> ``(last MLP output,
-        residual)``."""
+        residual)``. ``lora``: the forward's adapter rows (a ``cpu_lora.NativeLoRA``), or None."""
         m = x.shape[0]
         x = x.contiguous()
         res, out = torch.empty_like(x), torch.empty_like(x)
@@ -159,5 +159,6 @@ class NativeStack:
             res.data_ptr(),
             m,
             scratch.data_ptr(),
+            None if lora is None else lora.address,
         )
         return out, res

@@ -1,0 +1,141 @@
+"""Multi-LoRA serving against the base model alone, on CPU with the embedded SmolLM2-135M.
+
+    python benchmarks/bench_lora.py [--adapters 4] [--rank 16] [--concurrent 16] [--tokens 128] [--rounds 2]
+
+Random rank-``--rank`` PEFT adapters on all seven projections are written for the embedded model.
+Two servers, one at a time: the base model with no LoRA flags, and the same model with the
+adapters loaded at start (``--lora-paths``). Each round measures, on each server:
+
+- concurrent: ``--concurrent`` completions at once, each ``--tokens`` tokens (``ignore_eos``); on
+  the LoRA server they are spread over the adapters (request i uses adapter i mod N), so every
+  forward mixes all of them; output tokens a second over the whole run
+- single: one completion of ``--tokens`` tokens; on the LoRA server with one adapter
+
+The median of the rounds is reported, with the ratio LoRA / base (issue 30's targets: ≥ 0.75x
+concurrent, ≥ 0.85x single).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def write_adapters(out: Path, n: int, rank: int) -> list[str]:
+    """``n`` random adapters for the embedded model, saved as PEFT saves them; returns their paths."""
+    import torch
+    from safetensors.torch import save_file
+
+    from llmkit.core.model.loader.source import resolve_model_dir
+
+    cfg = json.loads((resolve_model_dir(None, weights=False) / "config.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim
+    shapes = {  # (in, out) of each projection
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
+    paths = []
+    for a in range(n):
+        g = torch.Generator().manual_seed(a)
+        tensors = {}
+        for layer in range(cfg["num_hidden_layers"]):
+            for module, (d_in, d_out) in shapes.items():
+                key = f"base_model.model.model.layers.{layer}.{module}"
+                tensors[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * 0.02
+                tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * 0.02
+        path = out / f"a{a}"
+        path.mkdir(parents=True)
+        save_file(tensors, str(path / "adapter_model.safetensors"))
+        (path / "adapter_config.json").write_text(
+            json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS)})
+        )
+        paths.append(str(path))
+    return paths
+
+
+async def _rate(url: str, models: list[str], tokens: int) -> float:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=900)
+
+    async def one(model: str) -> int:
+        r = await client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=tokens, temperature=0, extra_body={"ignore_eos": True}
+        )
+        return r.usage.completion_tokens
+
+    start = time.perf_counter()
+    done = await asyncio.gather(*(one(m) for m in models))
+    wall = time.perf_counter() - start
+    await client.close()
+    return sum(done) / wall
+
+
+def measure(url: str, models: list[str], args) -> dict:
+    asyncio.run(_rate(url, models[:2], 4))  # warm-up
+    concurrent = [models[i % len(models)] for i in range(args.concurrent)]
+    return {
+        "concurrent": asyncio.run(_rate(url, concurrent, args.tokens)),
+        "single": asyncio.run(_rate(url, models[:1], args.tokens)),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--adapters", type=int, default=4)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--concurrent", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+
+    from server_utils import start_server, stop_server
+
+    paths = write_adapters(Path(tempfile.mkdtemp(prefix="bench-lora-")), args.adapters, args.rank)
+    names = [f"a{i}" for i in range(args.adapters)]
+    common = ["--batch-storage", "none", "--disable-web-ui", "--max-running-requests", str(max(16, args.concurrent))]
+    setups = {
+        "base": (common, ["SmolLM2-135M-Instruct"]),
+        "lora": ([*common, "--lora-paths", *(f"{n}={p}" for n, p in zip(names, paths))], names),
+    }
+    runs: dict[str, list[dict]] = {k: [] for k in setups}
+    for _ in range(args.rounds):  # alternate: the machine's drift falls on both alike
+        for key, (flags, models) in setups.items():
+            proc, url = start_server(flags)
+            try:
+                runs[key].append(measure(url, models, args))
+            finally:
+                stop_server(proc)
+            print(key, json.dumps(runs[key][-1]), flush=True)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("concurrent", "single")} for k, v in runs.items()}
+    print(f"\npython benchmarks/bench_lora.py {' '.join(sys.argv[1:])}")
+    print(f"{args.adapters} rank-{args.rank} adapters, {args.tokens} tokens a request, median of {args.rounds}\n")
+    print("| run | base model, no adapters (tok/s) | with adapters (tok/s) | ratio |")
+    print("|---|---|---|---|")
+    for m, label in (("concurrent", f"{args.concurrent} concurrent, over {args.adapters} adapters"),
+                     ("single", "single stream, one adapter")):  # fmt: skip
+        base, lora = med["base"][m], med["lora"][m]
+        print(f"| {label} | {base:.1f} | {lora:.1f} | {lora / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

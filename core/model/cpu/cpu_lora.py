@@ -1,0 +1,89 @@
+"""LoRA adapter rows inside the C decoder stack (``cpu_decoder.c``'s ``lora_add``).
+
+Through the Python layers an adapter costs a handful of small torch ops per projection and row
+group (~200 projections a step on the embedded model), which outweighs the deltas' arithmetic; in
+the C stack a row's delta is two vectorized loops. The stack reads A and B transposed (both loops
+then update contiguous rows), so each adapter keeps a float32 copy of its weights in that layout,
+built the first time the stack runs it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+# the stack's four linear layers of a block, in cpu_decoder.c's order
+LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+MAX_PARTS = 3  # Q, K and V of a fused QKV layer
+
+
+class CLoRALin(ctypes.Structure):
+    _fields_ = (
+        [("at", _PTR), ("bt", _PTR)]
+        + [(n, _I64) for n in ("r_total", "rank", "nparts")]
+        + [
+            ("dst", _I64 * MAX_PARTS),
+            ("len", _I64 * MAX_PARTS),
+        ]
+    )
+
+
+class CLoRAGroup(ctypes.Structure):
+    _fields_ = [("nrows", _I64), ("rows", _PTR), ("lins", _PTR)]
+
+
+class CLoRA(ctypes.Structure):
+    _fields_ = [("ngroups", _I64), ("groups", _PTR)]
+
+
+def _adapter_lins(adapter, nblocks: int):
+    """The adapter's ``CLoRALin [nblocks * 4]`` (cached on it), or None where its weights cannot go
+    (not float32 on the CPU, or a layer outside the stack's four)."""
+    cached = adapter.native
+    if cached is not None:
+        return cached[1] if cached[0] == nblocks else None
+    lins, keep = (CLoRALin * (nblocks * 4))(), []
+    names = {f"layers.{b}.{name}": b * 4 + i for b in range(nblocks) for i, name in enumerate(LINEARS)}
+    for name, (a, b) in adapter.weights.items():
+        slot = names.get(name)
+        parts = adapter.parts.get(name, [])
+        if slot is None or a.dtype != torch.float32 or a.device.type != "cpu" or not 0 < len(parts) <= MAX_PARTS:
+            adapter.native = (nblocks, None)
+            return None
+        at, bt = a.t().contiguous(), b.t().contiguous()
+        keep += [at, bt]
+        dst = (_I64 * MAX_PARTS)(*(d for d, _ in parts))
+        rows = (_I64 * MAX_PARTS)(*(n for _, n in parts))
+        lins[slot] = CLoRALin(at.data_ptr(), bt.data_ptr(), a.shape[0], adapter.rank, len(parts), dst, rows)
+    adapter.native = (nblocks, lins, keep)
+    return lins
+
+
+class NativeLoRA:
+    """One forward's adapter groups as the C stack reads them; ``address`` is its pointer."""
+
+    def __init__(self, groups: list, keep: list) -> None:
+        self._groups = (CLoRAGroup * len(groups))(*groups)
+        self._keep = keep
+        self._lora = CLoRA(len(groups), ctypes.addressof(self._groups))
+        self.address = ctypes.addressof(self._lora)
+
+    @classmethod
+    def build(cls, batch, rows: int, nblocks: int) -> "NativeLoRA | None":
+        """``batch`` (a ``LoRABatch``) for a forward of ``rows`` rows, or None where an adapter's
+        weights cannot go into the stack (the Python layers run that forward)."""
+        groups, keep = [], []
+        for adapter, idx in batch.groups:
+            lins = _adapter_lins(adapter, nblocks)
+            if lins is None:
+                return None
+            if idx is None:
+                groups.append(CLoRAGroup(rows, None, ctypes.addressof(lins)))
+            else:
+                idx = idx.to(device="cpu", dtype=torch.int64).contiguous()
+                keep.append(idx)
+                groups.append(CLoRAGroup(idx.numel(), idx.data_ptr(), ctypes.addressof(lins)))
+            keep.append(lins)
+        return cls(groups, keep)
