@@ -5,6 +5,10 @@ the prefix cache kept per adapter."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import httpx
 import openai
 import pytest
@@ -14,6 +18,7 @@ from server_utils import start_server, stop_server
 
 KEY = "sk-lora-test"
 PROMPT = "The quick brown fox jumps over the lazy dog and keeps running"
+SHORT = "Say hi"  # under --dp-size: too short for the replica router's prefix blocks
 
 
 @pytest.fixture(scope="module")
@@ -129,25 +134,53 @@ def test_streaming_equals_non_streaming(server):
     assert "".join(c.choices[0].text for c in stream if c.choices) == whole
 
 
-def test_run_time_loading_in_an_engine_process(tmp_path):
-    """The engine in its own process loads and unloads through the same routes (its IPC calls)."""
+@pytest.mark.parametrize("where", [["--engine-process"], ["--dp-size", "2"]], ids=["engine-process", "dp2"])
+def test_run_time_loading_out_of_the_server_process(tmp_path, where):
+    """The engine in its own process loads and unloads through the same routes (its IPC calls);
+    under --dp-size every replica does, and a replica that dies comes back with the adapters the
+    others serve (a start-up one unloaded, a run-time one loaded)."""
     save_tiny_llama(tmp_path / "base")
     save_adapter(tmp_path / "base", tmp_path / "a", seed=1, r=4)
-    proc, url = start_server(
-        ["--model-path", str(tmp_path / "base"), "--device", "cpu", "--engine-process", "--enable-lora"]
-    )
+    save_adapter(tmp_path / "base", tmp_path / "s", seed=2, r=4)
+    args = ["--model-path", str(tmp_path / "base"), "--device", "cpu", "--lora-paths", f"s={tmp_path / 's'}"]
+    proc, url = start_server([*args, *where])
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="None", max_retries=0, timeout=120)
-        base = _complete(client, "m")[0]
         assert _post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(tmp_path / "a")}).status_code == 200
-        assert _complete(client, "a")[0] != base
+        a_out = _complete(client, "a", SHORT)[0]
+        assert a_out != _complete(client, "m", SHORT)[0]
         r = _post(url, "/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path / "none")})
         assert r.status_code == 400 and "not a directory" in r.text
+        assert _post(url, "/unload_lora_adapter", {"lora_name": "s"}).status_code == 200
+        if "--dp-size" in where:
+            info = httpx.get(url + "/get_server_info", timeout=30).json()
+            pid = info["replicas"][1]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            _wait_replica_back(url, 1, pid)
+            routed = [r["routed"] for r in httpx.get(url + "/get_server_info", timeout=30).json()["replicas"]]
+            # prompts under 32 tokens rotate over the replicas: both answer as the adapter makes them
+            assert all(_complete(client, "a", SHORT)[0] == a_out for _ in range(4))
+            after = [r["routed"] for r in httpx.get(url + "/get_server_info", timeout=30).json()["replicas"]]
+            assert all(b > a for a, b in zip(routed, after)), (routed, after)
+            for _ in range(2):
+                with pytest.raises(openai.NotFoundError):
+                    _complete(client, "s")
         assert _post(url, "/unload_lora_adapter", {"lora_name": "a"}).status_code == 200
         with pytest.raises(openai.NotFoundError):
             _complete(client, "a")
     finally:
         stop_server(proc)
+
+
+def _wait_replica_back(url: str, rank: int, old_pid: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = httpx.get(url + "/get_server_info", timeout=30).json()
+        rep = info["replicas"][rank]
+        if rep["alive"] and rep["pid"] != old_pid:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"replica {rank} did not come back within {timeout:g} s")
 
 
 def test_lora_dir_loads_on_first_use_and_evicts_the_least_recently_used(tmp_path):

@@ -89,6 +89,27 @@ def start_replicas(config: EngineConfig, dp_size: int, on_death=None) -> list:
     return started
 
 
+def _startup_loras(config: EngineConfig) -> dict[str, str]:
+    from llmkit.core.lora.options import parse_lora_paths
+
+    return dict(parse_lora_paths(config.lora_paths))
+
+
+def _bring_loras(replica, has: dict[str, str], wanted: dict[str, str]) -> None:
+    """Load and unload on a restarted ``replica`` (off the event loop) until it serves ``wanted``."""
+    import asyncio
+
+    async def sync() -> None:
+        for name, path in has.items():
+            if wanted.get(name) != path:
+                await replica.unload_lora_adapter(name)
+        for name, path in wanted.items():
+            if has.get(name) != path:
+                await replica.load_lora_adapter(name, path)
+
+    asyncio.run(sync())
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -103,6 +124,7 @@ class DataParallelClient(QueueSlots):
         replicas = start_replicas(config, config.dp_size, on_death=lambda old: box[0]._replica_died(old))
         client = cls(replicas, config.max_queued_requests)
         client.config = config
+        client.loras = _startup_loras(config)
         box.append(client)
         return client
 
@@ -121,17 +143,35 @@ class DataParallelClient(QueueSlots):
         self.routed = [0] * len(replicas)  # requests each replica was given since start
         self.router = router or PrefixRouter(len(replicas))
         self._where: dict[str, int] = {}
+        # the adapters every replica serves now (start-up ones, then as loaded and unloaded at run
+        # time): what a restarted replica, which starts with the start-up ones, is brought back to
+        self.loras: dict[str, str] = {}
 
     # -- EngineClient ------------------------------------------------------------------------------
     async def check_grammar(self, spec: GrammarSpec) -> None:
         await self.replicas[0].check_grammar(spec)  # the same backend and checks on every replica
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
-        # Every replica serves every adapter; a restarted replica would come back without it.
-        raise NotImplementedError("loading LoRA adapters at run time under --dp-size > 1 is not supported yet")
+        """On every live replica, or on none: one that refuses it unloads it from the others."""
+        import asyncio
+
+        live = [r for r in self.replicas if r.alive()]
+        results = await asyncio.gather(*(r.load_lora_adapter(name, path) for r in live), return_exceptions=True)
+        errors = [e for e in results if isinstance(e, BaseException)]
+        if errors:
+            loaded = [r for r, e in zip(live, results) if not isinstance(e, BaseException)]
+            await asyncio.gather(*(r.unload_lora_adapter(name) for r in loaded), return_exceptions=True)
+            raise errors[0]
+        self.loras[name] = path
 
     async def unload_lora_adapter(self, name: str) -> None:
-        raise NotImplementedError("unloading LoRA adapters at run time under --dp-size > 1 is not supported yet")
+        import asyncio
+
+        live = [r for r in self.replicas if r.alive()]
+        results = await asyncio.gather(*(r.unload_lora_adapter(name) for r in live), return_exceptions=True)
+        self.loras.pop(name, None)
+        if all(isinstance(e, BaseException) for e in results):
+            raise next(iter(results), KeyError(name))  # a KeyError: no replica had it
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[RequestOutput]:
         loads = [n if rep.alive() else DOWN for n, rep in zip(self.outstanding, self.replicas)]
@@ -199,7 +239,18 @@ class DataParallelClient(QueueSlots):
             log.error("replica %d did not restart: %s", old.rank, exc)
             self.gave_up = f"replica {old.rank} died and did not restart: {exc}"
             return stop_server_soon()
-        self.replicas[old.rank] = new
+        try:
+            has = _startup_loras(self.config)
+            while has != self.loras:  # again if a load or unload landed on the others meanwhile
+                wanted = dict(self.loras)
+                _bring_loras(new, has, wanted)
+                has = wanted
+        except Exception as exc:  # noqa: BLE001 - it would answer its adapters' requests wrongly
+            log.error("replica %d did not get its LoRA adapters back: %s", old.rank, exc)
+            new.shutdown()
+            self.gave_up = f"replica {old.rank} restarted without its LoRA adapters: {exc}"
+            return stop_server_soon()
+        self.replicas[old.rank] = new  # routed to only now, with the adapters the others serve
         log.info("replica %d is back (pid %d)", old.rank, new.engine_pid)
 
     def stats(self) -> dict:
