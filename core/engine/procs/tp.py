@@ -13,6 +13,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -77,6 +78,13 @@ def spawn_followers(config: EngineConfig, ranks) -> dict[int, subprocess.Popen]:
 
 def describe_exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def brief_error(exc: BaseException) -> str:
+    """An error for a log line or a client; a failed gloo collective's without its source location
+    and generic advice (``[.../pair.cc:553] Connection closed by peer ... This is typically ...``)."""
+    text = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", str(exc)).split(" This is typically")[0]
+    return f"{type(exc).__name__}: {text}"
 
 
 def run_follower(config: EngineConfig, rank: int) -> int:

@@ -18,7 +18,15 @@ import zmq
 
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.procs import ipc
-from llmkit.core.engine.procs.tp import describe_exit, free_port, init_tp, rank_device, ranks_of_node, spawn_followers
+from llmkit.core.engine.procs.tp import (
+    brief_error,
+    describe_exit,
+    free_port,
+    init_tp,
+    rank_device,
+    ranks_of_node,
+    spawn_followers,
+)
 from llmkit.core.model.parallel import TPGroup
 
 log = logging.getLogger("llmkit")
@@ -75,10 +83,22 @@ class Followers:
     def step_failed(self, exc: BaseException) -> None:
         """A collective failed on rank 0. A local rank that died is usually why: name it (its exit
         may lag its closed connection by a moment); else the peer is on another node."""
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 2.0 if self.procs else 0.0  # no local ranks: nothing to wait for
         while (dead := self._dead_rank()) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.fatal(dead or f"a tensor-parallel step failed ({type(exc).__name__}: {exc}); a rank on another node died")
+        self.fatal(
+            dead or f"{self._remote_ranks()} died or is unreachable: a tensor-parallel step failed ({brief_error(exc)})"
+        )
+
+    def _remote_ranks(self) -> str:
+        """The ranks on other nodes, by node: which peers the failed collective can have lost (gloo
+        and NCCL name an address at best, not a rank)."""
+        per_node, n = self.config.tp_size // self.config.nnodes, self.config.nnodes
+        if n == 1:  # (every rank is local and none has exited yet)
+            return "a tensor-parallel rank"
+        last = self.config.tp_size - 1
+        ranks = f"rank {last}" if per_node == 1 and n == 2 else f"ranks {per_node}-{last}"
+        return f"node 1 (tensor-parallel {ranks})" if n == 2 else f"one of nodes 1-{n - 1} (tensor-parallel {ranks})"
 
     def fatal(self, why: str) -> None:
         """Tell the server why the engine stops, stop the other ranks, and exit."""

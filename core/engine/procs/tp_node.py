@@ -44,7 +44,13 @@ def serve_ranks(config: EngineConfig) -> int:
                 continue
             del procs[rank]
             if rc != 0:
-                log.error("tensor-parallel rank %d (pid %d) ended: %s", rank, proc.pid, describe_exit(rc))
+                log.error(
+                    "tensor-parallel rank %d (pid %d) ended: %s; node %d stops",
+                    rank,
+                    proc.pid,
+                    describe_exit(rc),
+                    config.node_rank,
+                )
                 code = 1
                 stop(None, None)  # the group cannot go on without it
         time.sleep(0.2)

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.procs.tp import rank_device, run_follower
+from llmkit.core.engine.procs.tp import brief_error, rank_device, run_follower
 
 log = logging.getLogger("llmkit")
 
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     try:
         return run_follower(config, rank)
     except Exception as exc:  # a dead peer surfaces here as a failed collective
-        log.error("tensor-parallel rank %d failed: %s: %s", rank, type(exc).__name__, exc)
+        log.error("tensor-parallel rank %d failed: %s", rank, brief_error(exc))
         return 1
 
 

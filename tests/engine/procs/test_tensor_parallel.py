@@ -266,3 +266,81 @@ def test_killed_rank_fails_its_clients_and_stops_the_server(llama_dir):
         assert re.search(rf"tensor-parallel rank 1 \(pid {pid}\) died: killed by signal 9", server_log(proc, 20000))
     finally:
         stop_server(proc)
+
+
+def _start_node1(llama_dir: str, nodes: list[str], log_path: Path) -> subprocess.Popen:
+    """Node 1 (``--node-rank 1``) as its own process group, its output in ``log_path``."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmkit.cli.main", "serve", "--model-path", llama_dir, *nodes, "--node-rank", "1"]
+            + COMMON,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    """SIGKILL a process group (the process and everything it started); fine if it is gone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@pytest.mark.slow
+def test_dead_node_fails_every_client_and_stops_the_server(llama_dir, tmp_path):
+    """Node 1 SIGKILLed (its whole process group) under open streams: every stream ends with an
+    error naming the lost rank within seconds, and node 0's server exits non-zero saying why."""
+    addr = f"127.0.0.1:{free_port()}"
+    nodes = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
+    node1 = _start_node1(llama_dir, nodes, tmp_path / "node1.log")
+    proc = None
+    try:
+        proc, url = start_server(["--model-path", llama_dir, *nodes, "--node-rank", "0", *COMMON])
+        clients = LongStreams(url, 4)
+        assert clients.started.wait(60)
+        killed = time.monotonic()
+        os.killpg(node1.pid, signal.SIGKILL)
+        clients.join_all(since=killed, within=15)
+        for ev in clients.events:  # each stream's last event is an OpenAI-shaped error
+            data = [e for e in ev if e.startswith("data:") and e != "data: [DONE]"]
+            assert data and '"error"' in data[-1] and '"message"' in data[-1], ev[-3:]
+            assert "node 1 (tensor-parallel rank 1) died" in data[-1], data[-1]
+        proc.wait(timeout=max(1.0, 15 - (time.monotonic() - killed)))
+        assert proc.returncode != 0
+        assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
+    finally:
+        _killpg(node1)
+        if proc is not None:
+            stop_server(proc)
+            _killpg(proc)
+
+
+@pytest.mark.slow
+def test_node1_exits_on_its_own_when_node0_dies(llama_dir, tmp_path):
+    """Node 0 SIGKILLed (server, engine and rank 0): node 1 notices its lost peer and exits
+    promptly, saying so, rather than wait for a step that never comes."""
+    addr = f"127.0.0.1:{free_port()}"
+    nodes = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
+    node1 = _start_node1(llama_dir, nodes, tmp_path / "node1.log")
+    proc = None
+    try:
+        proc, url = start_server(["--model-path", llama_dir, *nodes, "--node-rank", "0", *COMMON])
+        asyncio.run(_complete_all(url, PROMPTS[:2]))  # the group works; rank 1 now waits for a step
+        killed = time.monotonic()
+        os.killpg(proc.pid, signal.SIGKILL)
+        node1.wait(timeout=15)
+        out = (tmp_path / "node1.log").read_text()
+        assert node1.returncode != 0, out
+        assert "tensor-parallel rank 1 failed: RuntimeError" in out, out
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
+        assert time.monotonic() - killed < 15
+    finally:
+        _killpg(node1)
+        if proc is not None:
+            _killpg(proc)
