@@ -40,8 +40,10 @@ def router_command(
     extra: list[str] = (),
 ) -> list[str]:
     """The ``sglang_router.launch_router`` command line. Its Prometheus exporter binds a port of its
-    own (29000 by default): two gateways on one machine need different ones."""
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls]
+    own (29000 by default): two gateways on one machine need different ones. With no
+    ``worker_urls`` it starts empty, for workers that register themselves (``serve --gateway-url``)."""
+    cmd = [sys.executable, "-m", "sglang_router.launch_router"]
+    cmd += ["--worker-urls", *worker_urls] if worker_urls else []
     cmd += ["--host", host, "--port", str(port), "--policy", policy, "--prometheus-port", str(prometheus_port)]
     if api_key:
         # The router sends this key to the workers, and asks it of its own clients too.

@@ -58,6 +58,7 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
             raise OptionError(f"{FLAGS[key]} must be 0 or more (got {value})")
     _check_paths(p)
     _check_keys(p)
+    _check_gateway_urls(p)
     _check_choice("--dtype", p["dtype"], DTYPES)
     _check_choice("--kv-cache-dtype", p["kv_cache_dtype"], KV_CACHE_DTYPES)
     _check_choice("--schedule-policy", p["schedule_policy"], SCHEDULE_POLICIES)
@@ -185,6 +186,15 @@ def _check_keys(p: dict) -> None:
         load_keys(p.get("api_key") or (), p.get("api_keys_file"))
     except KeysFileError as exc:
         raise OptionError(str(exc)) from None
+
+
+def _check_gateway_urls(p: dict) -> None:
+    for key in ("gateway_url", "gateway_worker_url"):
+        url = p.get(key)
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise OptionError(f"{FLAGS[key]} {url!r} must be an http:// or https:// URL")
+    if p.get("gateway_worker_url") and not p.get("gateway_url"):
+        raise OptionError("--gateway-worker-url is the URL given to --gateway-url's gateway: give --gateway-url too")
 
 
 def _check_plugins(p: dict) -> None:

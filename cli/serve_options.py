@@ -43,6 +43,24 @@ SERVE_OPTIONS = (
     ServeOption(("--host",), str, "127.0.0.1", to="server", envvar="LLMKIT_HOST"),
     ServeOption(("--port",), int, 30000, to="server", envvar="LLMKIT_PORT"),
     ServeOption(
+        ("--gateway-url",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_GATEWAY_URL",
+        help="SGLang's Model Gateway (sglang-router) to join: once serving, this worker registers itself there "
+        "(retrying until the gateway answers; --api-key is sent as the gateway's key too) and leaves on SIGTERM.",
+    ),
+    ServeOption(
+        ("--gateway-worker-url",),
+        Optional[str],
+        None,
+        to="server",
+        envvar="LLMKIT_GATEWAY_WORKER_URL",
+        help="The URL the gateway reaches this worker at. Default: http://HOST:PORT, with --host 0.0.0.0 or :: "
+        "replaced by the address this machine's host name resolves to; give it behind NAT.",
+    ),
+    ServeOption(
         ("--served-model-name",),
         Optional[list[str]],
         None,

@@ -30,6 +30,21 @@ log = logging.getLogger("llmkit")
 OPEN_PATHS = frozenset({"/health"})  # a load balancer probes it without the key
 
 
+def _join_gateway(state: ServerState):
+    from llmkit.core.server.sglang.register import GatewayRegistration, advertised_url, local_url
+
+    opts = state.options
+    registration = GatewayRegistration(
+        opts.gateway_url,
+        advertised_url(opts.host, opts.port, opts.gateway_worker_url),
+        local_url(opts.host, opts.port),
+        next((k for k in opts.api_keys if k), None),
+        draining=lambda: state.client.draining,
+    )
+    registration.start()
+    return registration
+
+
 def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(), storage=None) -> FastAPI:
     """Build the app. ``services`` (objects with async ``start``/``stop``, e.g. the batch runner)
     run for the app's lifetime; ``routers`` are mounted beside the OpenAI routes; ``storage`` (a
@@ -48,7 +63,10 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
             from llmkit.core.server.warmup import warm_routes
 
             await warm_routes(app, opts.served_model_name, next((k for k in opts.api_keys if k), None))
+        joined = _join_gateway(state) if opts.gateway_url else None  # registers once /health answers
         yield
+        if joined is not None:  # (already left if draining began: this covers the rest)
+            await asyncio.to_thread(joined.stop)
         for service in services:
             await service.stop()
         state.client.draining = True

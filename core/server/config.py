@@ -15,6 +15,10 @@ class ServerConfig:
     warm_routes: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
+    # SGLang's Model Gateway to register with once serving, and leave on shutdown
+    # (sglang/register.py); the URL it reaches this worker at (None: from host and port)
+    gateway_url: str | None = None
+    gateway_worker_url: str | None = None
     api_keys: tuple[str, ...] = ()  # --api-key, repeatable (access/keys.py: a lone one is the admin)
     api_keys_file: str | None = None  # one key a line, with a name, a role and limits (access/keys.py)
     rate_limit_rpm: int = 0  # requests per minute per key (0: none); the keys file may override it

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 
-from llmkit.cli.gateway import healthy_workers, router_command, wait_until
+from llmkit.cli.gateway import _get, healthy_workers, router_command, wait_until
 
 from server_utils import free_port, server_log, stop_server
 
@@ -14,10 +15,16 @@ TEST_ROUTER_ARGS = ["--health-check-interval-secs", "1", "--health-failure-thres
 
 
 def start_router(
-    worker_urls: list[str], *, policy: str = "round_robin", api_key: str | None = None, timeout: float = 60.0
+    worker_urls: list[str],
+    *,
+    policy: str = "round_robin",
+    api_key: str | None = None,
+    timeout: float = 60.0,
+    port: int | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """Run the gateway on a free port; return once it routes to every worker."""
-    port = free_port()
+    """Run the gateway on ``port`` (default: a free one); return once it routes to every worker
+    (with none: once it answers, empty, for workers that register themselves)."""
+    port = port or free_port()
     log = tempfile.NamedTemporaryFile(prefix="sglang-router-", suffix=".log", delete=False)
     cmd = router_command(
         worker_urls,
@@ -32,8 +39,17 @@ def start_router(
     proc.log_path = log.name  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: healthy_workers(url, api_key) == len(worker_urls), [proc], timeout, "sglang-router")
+        if worker_urls:
+            wait_until(lambda: healthy_workers(url, api_key) == len(worker_urls), [proc], timeout, "sglang-router")
+        else:
+            wait_until(lambda: _get(url + "/health", None)[0] == 200, [proc], timeout, "sglang-router")
     except RuntimeError as exc:
         stop_server(proc, timeout=10)
         raise RuntimeError(f"{exc}\n{server_log(proc)}") from None
     return proc, url
+
+
+def listed_workers(gateway_url: str, api_key: str | None = None) -> list[dict]:
+    """The gateway's ``GET /workers`` entries (``url``, ``is_healthy``, ...); [] if it does not answer."""
+    status, body = _get(gateway_url + "/workers", api_key)
+    return json.loads(body).get("workers", []) if status == 200 else []
