@@ -67,6 +67,29 @@ def test_worker_registers_and_leaves():
         stop_server(router, timeout=15)
 
 
+def test_worker_registers_again_with_a_restarted_gateway():
+    """A gateway keeps no list of its workers: the same gateway started again on its port gets the
+    worker back without anyone telling it (the worker checks every LLMKIT_GATEWAY_RECHECK_S)."""
+    port = free_port()
+    router, gateway_url = start_router([], port=port)
+    worker = None
+    try:
+        args = ["--skip-server-warmup", "--batch-storage", "none", "--gateway-url", gateway_url]
+        worker, url = start_server(args, env={"LLMKIT_GATEWAY_RECHECK_S": "1"})
+        healthy = lambda: any(w["url"] == url and w["is_healthy"] for w in listed_workers(gateway_url))  # noqa: E731
+        wait_for(healthy, "the worker listed healthy", [worker, router])
+        stop_server(router, timeout=15)
+        router, _ = start_router([], port=port)
+        wait_for(healthy, "the worker listed again by the restarted gateway", [worker, router])
+        assert "registering again" in server_log(worker, tail=100_000)
+        client = openai.OpenAI(base_url=gateway_url + "/v1", api_key="none", max_retries=0, timeout=60)
+        assert client.chat.completions.create(model="m", messages=HI, max_tokens=4).choices[0].message.content
+    finally:
+        if worker is not None:
+            stop_server(worker)
+        stop_server(router, timeout=15)
+
+
 def test_worker_waits_for_the_gateway_with_a_key():
     """The worker starts first (the gateway is not up: it retries), the gateway later; both keyed:
     the worker's --api-key is the gateway's key on its /workers routes and the key it sends back."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -33,6 +34,9 @@ BACKOFF_S = (0.5, 10.0)  # first and longest wait between attempts while the gat
 REQUEST_TIMEOUT_S = 5.0  # one HTTP call to the gateway
 SELF_READY_S = 120.0  # how long to wait for this server's own /health before registering anyway
 CONFIRM_S = 60.0  # how long to watch the gateway's check of this worker, only to log its outcome
+# How often a registered worker checks that the gateway still lists it: a restarted gateway starts
+# empty (it keeps no list), so its workers register again on their own.
+RECHECK_S = float(os.environ.get("LLMKIT_GATEWAY_RECHECK_S", "30"))
 
 
 def advertised_url(host: str, port: int, given: str | None = None) -> str:
@@ -115,10 +119,14 @@ class GatewayRegistration:
             if self._register():
                 self._confirm()
                 # Leave as soon as draining begins, not only once the server has stopped.
+                next_check = time.monotonic() + RECHECK_S
                 while not self._stop.wait(0.2):
                     if self.draining():
                         self.deregister()
                         return
+                    if time.monotonic() >= next_check:
+                        self._register_again_if_forgotten()
+                        next_check = time.monotonic() + RECHECK_S
         except Exception:  # never let the gateway take the worker down
             log.exception("gateway: registration failed")
 
@@ -173,9 +181,22 @@ class GatewayRegistration:
                 CONFIRM_S,
             )
 
-    def _listed(self) -> list[dict]:
+    def _register_again_if_forgotten(self) -> None:
+        """The gateway answers without this worker (it restarted): register again. A gateway
+        that does not answer is left alone until it does."""
+        listed = self._listed(answering_only=True)
+        if listed is not None and not listed:
+            log.warning("gateway: %s no longer lists this worker (restarted?); registering again", self.gateway)
+            if self._register():
+                self._confirm()
+
+    def _listed(self, answering_only: bool = False) -> list[dict] | None:
+        """The gateway's entries with our URL ([] when it does not answer, or None with
+        ``answering_only``)."""
         status, answer = _call("GET", self.gateway + "/workers", self.api_key)
         workers = answer.get("workers") if status == 200 else None
+        if workers is None and answering_only:
+            return None
         return [w for w in workers or () if isinstance(w, dict) and w.get("url", "").rstrip("/") == self.worker_url]
 
     def deregister(self) -> None:
