@@ -116,7 +116,7 @@ def _check_lora(p: dict, tp: int) -> None:
     lora_dir = p.get("lora_dir")
     if lora_dir is not None and not Path(lora_dir).expanduser().is_dir():
         raise OptionError(f"--lora-dir '{lora_dir}' is not a directory")
-    if not (specs or targets or lora_dir or p.get("enable_lora")):
+    if not (specs or targets or lora_dir or p.get("enable_lora") or p.get("lora_resolver")):
         return
     if tp > 1:
         raise OptionError("LoRA adapters under --tp-size > 1 are not supported yet")

@@ -357,7 +357,8 @@ SERVE_OPTIONS = (
         ("--enable-lora",),
         bool,
         False,
-        to=lambda on, p: {"engine.enable_lora": on or p["lora_dir"] is not None},  # --lora-dir loads at run time
+        # --lora-dir and --lora-resolver load at run time
+        to=lambda on, p: {"engine.enable_lora": on or p["lora_dir"] is not None or p["lora_resolver"] is not None},
         help="Serve LoRA adapters loaded at run time (POST /load_lora_adapter) with none given at start.",
     ),
     ServeOption(
@@ -382,6 +383,14 @@ SERVE_OPTIONS = (
         None,
         to="server",
         help="A directory of PEFT adapters: a request naming an adapter that is not loaded loads <dir>/<name>.",
+    ),
+    ServeOption(
+        ("--lora-resolver",),
+        Optional[str],
+        None,
+        to="server",
+        help="Where an adapter a request names but the server has not loaded comes from: dir (--lora-dir, "
+        "the default with it), storage (loras/<name>/ in the storage backend, e.g. the S3 bucket), or a plugin's.",
     ),
     ServeOption(
         ("--max-loaded-loras",),

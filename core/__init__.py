@@ -51,6 +51,8 @@ _EXPORTS = {
     "clean_compiler_message": "llmkit.core.grammar.limits",
     # speculative decoding
     "Proposer": "llmkit.core.speculative.contract",
+    # LoRA adapters found by name at run time
+    "LoRAResolver": "llmkit.core.lora.resolver",
     # files and batches storage
     "StorageBackend": "llmkit.core.batches.storage",
     "StorageError": "llmkit.core.batches.storage",

@@ -62,5 +62,13 @@ def llmkit_register_speculative_algorithms(register):
 
 
 @hookspec
+def llmkit_register_lora_resolvers(register):
+    """Register LoRA adapter resolvers (``--lora-resolver NAME``).
+
+    The factory is a subclass of :class:`llmkit.core.lora.resolver.LoRAResolver`.
+    """
+
+
+@hookspec
 def llmkit_register_commands(app):
     """Add commands to the Typer ``app`` of the ``llmkit`` CLI."""

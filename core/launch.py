@@ -42,6 +42,8 @@ def check_server_config(config: ServerConfig) -> None:
         reg.entry("tool_parser", config.tool_call_parser)
     if config.enable_batches:
         reg.entry("storage", config.batch_storage or reg.default("storage"))
+    if config.lora_resolver:
+        reg.entry("lora_resolver", config.lora_resolver)
 
 
 def build_server(engine_config: EngineConfig, config: ServerConfig):
@@ -81,6 +83,9 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
         loras=dict(parse_lora_paths(engine_config.lora_paths)),  # the engine loaded them, or failed
     )
     state.mm, state.media = _multimodal(model_dir, tok, config)
+    from llmkit.core.server.lora.resolver import open_resolver
+
+    state.lora_resolver = open_resolver(config, storage)
     services, routers = [], []
     if storage is not None:
         services, routers = _batches(state, storage, config)

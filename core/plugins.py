@@ -27,6 +27,7 @@ KINDS = {
     "storage": "llmkit_register_storage_backends",
     "grammar": "llmkit_register_grammar_backends",
     "speculative_algorithm": "llmkit_register_speculative_algorithms",
+    "lora_resolver": "llmkit_register_lora_resolvers",
 }
 
 
@@ -123,6 +124,9 @@ class Registry:
 
     def speculative_algorithm(self, name: str) -> Any:
         return self._load("speculative_algorithm", name)
+
+    def lora_resolver(self, name: str) -> Any:
+        return self._load("lora_resolver", name)
 
     def default(self, kind: str) -> str:
         """The one plugin of ``kind`` registered with ``default=True`` (grammar, storage)."""

@@ -101,6 +101,16 @@ def check_record_key(kind: object, key: object) -> tuple[str, str]:
     return kind, key
 
 
+def check_asset_key(key: object) -> str:
+    """``key`` if it is ``/``-separated plain segments (no empty, ``.`` or ``..`` segment, no
+    backslash or NUL), else :class:`NotFoundError`: no key can reach outside the assets."""
+    if not isinstance(key, str) or not key or len(key) > 1024 or "\\" in key or "\0" in key:
+        raise NotFoundError("asset not found")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise NotFoundError("asset not found")
+    return key
+
+
 def check_batch_id(batch_id: object) -> str:
     """Return ``batch_id`` if it matches ``batch_[0-9a-f]{32}``, else raise :class:`NotFoundError`."""
     if not isinstance(batch_id, str) or not BATCH_ID_RE.fullmatch(batch_id):
@@ -338,6 +348,19 @@ class StorageBackend(abc.ABC):
         take the batch without waiting; the lease keeps naming ``holder``, so a late
         :meth:`renew_lease` by it fails."""
         raise NotImplementedError(f"{type(self).__name__} does not store leases")
+
+    # -- assets (optional) ---------------------------------------------------------------------
+    # Files a deployment places in the store for the server to read, by key (``loras/<name>/...``:
+    # LoRA adapters for ``--lora-resolver storage``). The server never writes them.
+    @property
+    def stores_assets(self) -> bool:
+        """Whether this backend implements :meth:`read_asset`."""
+        return type(self).read_asset is not StorageBackend.read_asset
+
+    def read_asset(self, key: str) -> Iterator[bytes]:
+        """Yield the asset ``key`` (``/``-separated segments, after :func:`check_asset_key`) in
+        chunks; raise :class:`NotFoundError` (before yielding) if there is none."""
+        raise NotImplementedError(f"{type(self).__name__} does not store assets")
 
     def close(self) -> None:
         """Release connections and handles; the default does nothing."""

@@ -32,6 +32,7 @@ class ServerConfig:
     # LoRA adapters named in a request but not loaded are looked up as <lora_dir>/<name> and loaded
     # on first use; past max_loaded_loras the least recently used adapter is unloaded (None: no limit)
     lora_dir: str | None = None
+    lora_resolver: str | None = None  # a resolver plugin's name (None: "dir" when lora_dir is set)
     max_loaded_loras: int | None = None
     # Serve the model as an embedding model (SGLang's --is-embedding); launch also sets it where
     # the config names an encoder architecture

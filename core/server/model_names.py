@@ -81,17 +81,17 @@ def _requested(body) -> str | None:
 
 
 async def resolve_adapter(state, body) -> str | None:
-    """:func:`adapter_of`, after loading a named adapter from ``--lora-dir`` on first use (and
+    """:func:`adapter_of`, after loading a named adapter through the resolver on first use (and
     unloading the least recently used past ``--max-loaded-loras``)."""
     try:
         name = adapter_of(state, body)
     except APIError as exc:
         name = _requested(body)
-        if state.options.lora_dir is None or exc.status != 404 or name is None:
+        if state.lora_resolver is None or exc.status != 404 or name is None:
             raise
-        from llmkit.core.server.lora.resolver import load_from_dir
+        from llmkit.core.server.lora.resolver import load_resolved
 
-        if not await load_from_dir(state, name):
+        if not await load_resolved(state, name):
             raise
         name = adapter_of(state, body)
     if name is not None and name in state.loras:

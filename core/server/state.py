@@ -32,7 +32,9 @@ class ServerState:
     in_flight: set = field(default_factory=set)  # Generations of HTTP requests (drained on shutdown)
     generate_rids: set = field(default_factory=set)  # caller-chosen /generate rids now running
     loras: dict = field(default_factory=dict)  # LoRA adapter name -> its path, least recently used first
-    lora_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # loads from --lora-dir, one at a time
+    lora_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # resolver loads, one at a time
+    lora_resolver: Any = None  # a LoRAResolver (--lora-resolver, --lora-dir), or None
+    resolved_loras: set = field(default_factory=set)  # the loaded adapters it gave (evictable)
     # An embedding model's EmbeddingEngine (then also ``client``, for health and the drain); None
     # for a generative model
     embedder: Any = None

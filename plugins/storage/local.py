@@ -5,6 +5,7 @@ Layout under ``path`` (``--file-storage-path``, default ``./llmkit_storage``)::
     blobs/<file id>      file contents (name = the validated id, never the client's filename)
     tmp/                 in-progress writes, renamed into blobs/ when complete
     llmkit.sqlite3       file and batch records, batch results, keyed records, batch leases (WAL mode)
+    loras/<name>/...     assets a deployment puts there (read only: ``--lora-resolver storage``)
 
 The root is created 0700 and files 0600. A blob write goes to ``tmp/``, is fsynced and renamed
 (atomic on POSIX), so readers never see a partial blob and a crash leaves at most a temp file,
@@ -36,6 +37,7 @@ from llmkit.core.batches.storage import (
     NotFoundError,
     StorageBackend,
     capped,
+    check_asset_key,
     check_batch_id,
     check_file_id,
     check_record_key,
@@ -233,6 +235,13 @@ class LocalStorage(StorageBackend):
         self._changed(
             "UPDATE leases SET expires = 0 WHERE batch_id = ? AND holder = ?", (check_batch_id(batch_id), holder)
         )
+
+    # -- assets: files placed under the storage directory (``<path>/loras/<name>/...``) -------------
+    def read_asset(self, key: str) -> Iterator[bytes]:
+        path = (self.root / check_asset_key(key)).resolve()
+        if not path.is_relative_to(self.root) or not path.is_file():  # a link out of it included
+            raise NotFoundError("asset not found")
+        return _read_chunks(open(path, "rb"))  # noqa: SIM115 - closed by the generator
 
     def close(self) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ Keys under the prefix::
     results/<batch id>/<index:08d>.<kind>  one finished line each (kind: output | error)
     records/<kind>/<key>.json            keyed records (stored responses)
     leases/<batch id>.json               which replica runs a batch, until when
+    loras/<name>/...                     assets a deployment uploads (read only: --lora-resolver storage)
 
 A PUT is atomic in S3, so records and blobs are never torn. Blob uploads are spooled to a local
 temporary file first (bounded memory), so an oversize upload is refused before anything reaches
@@ -44,6 +45,7 @@ from llmkit.core.batches.storage import (
     StorageBackend,
     StorageError,
     capped,
+    check_asset_key,
     check_batch_id,
     check_file_id,
     check_record_key,
@@ -286,6 +288,16 @@ class S3Storage(StorageBackend):
         key, lease, etag = self._read_lease(batch_id)
         if lease is not None and lease["holder"] == holder:
             self._write_lease(key, holder, 0.0, IfMatch=etag)  # type: ignore[arg-type]
+
+    # -- assets: objects placed under the prefix (``<prefix>loras/<name>/...``) --------------------
+    def read_asset(self, key: str) -> Iterator[bytes]:
+        try:
+            body = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + check_asset_key(key))["Body"]
+        except self._client_error as exc:
+            if self._missing(exc):
+                raise NotFoundError("asset not found") from None
+            raise
+        return _stream(body)
 
     def close(self) -> None:
         self._s3.close()

@@ -162,6 +162,28 @@ def test_third_party_backend_and_model_serve(toy_site, tmp_path):
         stop_server(proc)
 
 
+def test_third_party_lora_resolver(toy_site, tmp_path):
+    """``--lora-resolver toy-shelf``: a request naming ``shelf-a`` loads what the plugin found."""
+    from lora_utils import save_adapter, save_tiny_llama
+
+    save_tiny_llama(tmp_path / "base")
+    save_adapter(tmp_path / "base", tmp_path / "shelf" / "a", seed=1, r=4)
+    proc, url = start_server(
+        ["--model-path", str(tmp_path / "base"), "--device", "cpu", "--lora-resolver", "toy-shelf"],
+        env={"PYTHONPATH": _env(toy_site)["PYTHONPATH"], "TOY_LORA_SHELF": str(tmp_path / "shelf")},
+    )
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        base = client.completions.create(model="m", prompt="Hello there", max_tokens=6, temperature=0)
+        r = client.completions.create(model="shelf-a", prompt="Hello there", max_tokens=6, temperature=0)
+        assert r.choices[0].text != base.choices[0].text  # the adapter it found changes the output
+        assert "shelf-a" in {m.id for m in client.models.list().data}
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="shelf-none", prompt="Hello", max_tokens=2)
+    finally:
+        stop_server(proc)
+
+
 def test_help_does_not_import_torch():
     code = (
         "import sys, runpy; sys.argv=['llmkit','--help']\n"

@@ -1,9 +1,10 @@
-"""Adapters loaded by name on first use from ``--lora-dir`` (SGLang #15417's ask), the least
-recently used unloaded past ``--max-loaded-loras``. ``state.loras`` keeps the use order: the
-first entry is the least recently used."""
+"""Adapters loaded by name on first use through the server's LoRA resolver (``--lora-resolver``,
+``--lora-dir``), the least recently used resolved one unloaded past ``--max-loaded-loras``.
+``state.loras`` keeps the use order: the first entry is the least recently used."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -12,41 +13,49 @@ from llmkit.core.server.errors import APIError
 log = logging.getLogger("llmkit")
 
 
-def adapter_dir(root: str, name: str) -> Path | None:
-    """``<root>/<name>`` when ``name`` is a plain directory name holding an adapter; None for
-    anything else, and never a path outside ``root`` (no ``..``, separators or links out)."""
-    if not name or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
+def open_resolver(options, storage):
+    """The server's resolver (``--lora-resolver``; ``dir`` when only ``--lora-dir`` is given), or
+    None when adapters come only from start-up and the load route."""
+    name = options.lora_resolver or ("dir" if options.lora_dir is not None else None)
+    if name is None:
         return None
-    base = Path(root).expanduser().resolve()
-    path = (base / name).resolve()
-    if path.parent != base or not (path / "adapter_config.json").is_file():
-        return None
-    return path
+    from llmkit.core.plugins import registry
+
+    return registry().lora_resolver(name).create(lora_dir=options.lora_dir, storage=storage)
 
 
-async def load_from_dir(state, name: str) -> bool:
-    """Load ``name`` from ``--lora-dir``; False when no such adapter is there. A refused adapter
+async def load_resolved(state, name: str) -> bool:
+    """Load ``name`` through the resolver; False when it has no such adapter. A refused adapter
     is a 400 naming why."""
-    path = adapter_dir(state.options.lora_dir, name)
-    if path is None:
-        return False
+    resolver = state.lora_resolver
     async with state.lora_lock:  # one load at a time: two requests naming a new adapter load it once
         if name in state.loras:
             return True
+        path = await asyncio.to_thread(resolver.fetch, name)
+        if path is None:
+            return False
         limit = state.options.max_loaded_loras
-        # only adapters this directory gave may go (--lora-paths ones could not come back)
-        evictable = [n for n, p in state.loras.items() if Path(p).parent == path.parent]
+        # only adapters the resolver gave may go (--lora-paths ones could not come back)
+        evictable = [n for n in state.loras if n in state.resolved_loras]
         while limit is not None and evictable and len(state.loras) >= limit:
             victim = evictable.pop(0)  # the least recently used
-            state.loras.pop(victim)
-            try:
-                await state.client.unload_lora_adapter(victim)
-            except KeyError:
-                pass
+            await _unload(state, victim)
             log.info("LoRA adapter '%s' unloaded (least recently used, --max-loaded-loras %d)", victim, limit)
         try:
             await state.client.load_lora_adapter(name, str(path))
         except ValueError as exc:
+            resolver.release(name, Path(path))
             raise APIError(str(exc), param="model") from None
         state.loras[name] = str(path)
+        state.resolved_loras.add(name)
     return True
+
+
+async def _unload(state, name: str) -> None:
+    path = state.loras.pop(name)
+    state.resolved_loras.discard(name)
+    try:
+        await state.client.unload_lora_adapter(name)
+    except KeyError:
+        pass
+    state.lora_resolver.release(name, Path(path))

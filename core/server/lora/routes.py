@@ -9,6 +9,7 @@ with nothing loaded, and the server serves on.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
@@ -75,6 +76,9 @@ def lora_router(state) -> APIRouter:
         except NotImplementedError as exc:
             state.loras[name] = path
             raise APIError(str(exc), status=501) from None
+        if name in state.resolved_loras:  # the resolver's copy of it may go
+            state.resolved_loras.discard(name)
+            state.lora_resolver.release(name, Path(path))
         return JSONResponse({"status": "ok", "message": f"LoRA adapter '{name}' unloaded", "lora_name": name})
 
     return router

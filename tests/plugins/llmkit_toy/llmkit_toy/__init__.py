@@ -40,3 +40,8 @@ def llmkit_register_speculative_algorithms(register):
 @hookimpl
 def llmkit_register_grammar_backends(register):
     register("toy-choice", "llmkit_toy.grammar:ChoiceBackend")
+
+
+@hookimpl
+def llmkit_register_lora_resolvers(register):
+    register("toy-shelf", "llmkit_toy.lora:ShelfResolver")
