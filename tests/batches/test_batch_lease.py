@@ -170,8 +170,10 @@ def test_the_holder_stops_once_its_lease_is_taken(stores):
         sb.release_lease(rec.id, a.leases.holder)  # ...and its lease runs out
         await b.start()  # takes it over
         assert rec.id in b._active
-        a._ensure_maintainer()  # a wakes up: its next renewal fails
-        await asyncio.sleep(TTL)
+        a._ensure_maintainer()  # a wakes up: its next renewal (within a third of TTL) fails
+        deadline = time.monotonic() + 10 * TTL  # bounded, with room for a loaded machine
+        while rec.id in a._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert rec.id not in a._active
         done = await finished(b, rec.id)
         await asyncio.gather(a.stop(), b.stop())
