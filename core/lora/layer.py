@@ -4,10 +4,15 @@ The base layer runs as it always does (dense, int8, int4 or GGUF blocks: its ker
 then, per adapter in the batch, the rows of that adapter are gathered, shrunk by ``A`` and expanded
 by the scaled ``B``, and added back: two small matmuls per adapter group and layer (the CPU form
 of SGMV). Rows of no adapter pay nothing, and a batch with no adapter rows only reads one field.
+
+On CUDA (Triton installed, ``LLMKIT_DISABLE_FUSED_KERNELS`` not 1) the whole batch's deltas of a
+layer are two launches instead (:mod:`llmkit.core.lora.triton_sgmv`): the manager gives each row
+its adapter's slot once per forward, and each layer stacks its weights once per set of adapters.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +27,29 @@ class LoRABatch:
     forward (empty: no adapter rows, the layers add nothing). ``rows`` None: every row."""
 
     groups: list[tuple[object, torch.Tensor | None]] = field(default_factory=list)
+    # CUDA kernels only (else None / empty): each row's slot in ``slots`` (int32, -1: no adapter)
+    row_slot: torch.Tensor | None = None
+    slots: tuple = ()
+    # per set of adapters (their uids in slot order), each layer's stacked weights (or None: the
+    # set does not adapt it); the last few sets are kept, as a batch's set changes seldom
+    stacks: OrderedDict = field(default_factory=OrderedDict)
+    max_sets: int = 2
+
+    def stack(self, layer: "LoRALinear"):
+        """``layer``'s :class:`~llmkit.core.lora.triton_sgmv.Stack` for the current slots."""
+        key = tuple(a.uid for a in self.slots)
+        per_layer = self.stacks.get(key)
+        if per_layer is None:
+            per_layer = self.stacks[key] = {}
+            while len(self.stacks) > self.max_sets:
+                self.stacks.popitem(last=False)
+        else:
+            self.stacks.move_to_end(key)
+        if layer.name not in per_layer:
+            from llmkit.core.lora.triton_sgmv import build_stack
+
+            per_layer[layer.name] = build_stack(self.slots, layer.name, layer.in_features, layer.local_out)
+        return per_layer[layer.name]
 
 
 class LoRALinear(HotModule):
@@ -39,6 +67,14 @@ class LoRALinear(HotModule):
 
     def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         y = self.base_layer(x, deterministic)
+        batch = self.batch
+        if batch.row_slot is not None and x.is_cuda:
+            stack = batch.stack(self)
+            if stack is not None:
+                from llmkit.core.lora.triton_sgmv import add_lora
+
+                add_lora(y, x.to(stack.a.dtype), stack, batch.row_slot)  # one row's delta: its own only
+            return y
         for adapter, rows in self.batch.groups:
             ab = adapter.weights.get(self.name)
             if ab is None:

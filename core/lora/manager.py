@@ -18,6 +18,7 @@ from torch import nn
 from llmkit.core.lora.adapter import FUSED_PARTS, LoRAAdapter, build_adapter
 from llmkit.core.lora.layer import LoRABatch, LoRALinear
 from llmkit.core.lora.options import target_set
+from llmkit.core.model.layers import FUSED_ON_CUDA
 from llmkit.core.model.linear import Linear
 
 log = logging.getLogger("llmkit")
@@ -98,9 +99,12 @@ class LoRAManager:
     def activate(self, per_segment: Sequence[LoRAAdapter | None], q_lens: Sequence[int], device) -> bool:
         """Group the forward's rows by adapter (``per_segment``: each segment's, None for the
         base); False when no row uses one (the forward runs as without LoRA)."""
+        self.batch.row_slot, self.batch.slots = None, ()
         if all(a is None for a in per_segment):
             self.batch.groups = []
             return False
+        if FUSED_ON_CUDA and torch.device(device).type == "cuda":
+            self._slot_rows(per_segment, q_lens, device)
         first = per_segment[0]
         if all(a is first for a in per_segment):
             self.batch.groups = [(first, None)]
@@ -118,5 +122,24 @@ class LoRAManager:
         ]
         return True
 
+    def _slot_rows(self, per_segment: Sequence[LoRAAdapter | None], q_lens: Sequence[int], device) -> None:
+        """The Triton kernels' inputs: each row's slot (one host-to-device copy per forward) and
+        the adapters in slot order (first appearance)."""
+        slot_of: dict[int, int] = {}
+        slots: list[LoRAAdapter] = []
+        per_row: list[int] = []
+        for adapter, n in zip(per_segment, q_lens):
+            if adapter is None:
+                per_row += [-1] * n
+                continue
+            s = slot_of.get(adapter.uid)
+            if s is None:
+                s = slot_of[adapter.uid] = len(slots)
+                slots.append(adapter)
+            per_row += [s] * n
+        self.batch.slots = tuple(slots)
+        self.batch.row_slot = torch.tensor(per_row, dtype=torch.int32, device=device)
+
     def deactivate(self) -> None:
         self.batch.groups = []
+        self.batch.row_slot, self.batch.slots = None, ()

@@ -1,0 +1,211 @@
+"""The LoRA shrink/expand Triton kernels (core/lora/triton_sgmv.py) against LoRALinear's torch path.
+
+On CPU the kernels run in Triton's interpreter, in a fresh subprocess with ``TRITON_INTERPRET=1``
+set before anything imports triton (as test_fused_moe_triton does), on small shapes: three adapters
+of ranks 1, 4 and 64, one leaving a part of the fused layer out and one adapting only part of it,
+base rows, rows of one adapter in several places, an unfused layer one adapter does not adapt at
+all, one adapter for every row, and ``in_features`` / ``out_features`` that are not multiples of the
+blocks; fp32 and bf16. The row slots come from ``LoRAManager``'s own code. The kernels are also
+compiled for sm_80 / sm_90 with Triton's bundled ptxas, and on a CUDA device the cases run compiled
+through ``LoRALinear.forward`` (the row slots built by ``LoRAManager.activate`` on the device).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from llmkit.core.lora.adapter import LoRAAdapter
+from llmkit.core.lora.layer import LoRABatch, LoRALinear
+from llmkit.core.lora.manager import LoRAManager
+
+from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
+
+QKV = [(0, 48), (48, 16), (64, 16)]  # a fused layer's parts: (first output row, rows)
+IN = 40
+# adapter: (rank, parts of the fused layer it adapts, adapts the unfused layer)
+ADAPTERS = {"r4_all": (4, [0, 1, 2], True), "r1_qv": (1, [0, 2], False), "r64_k": (64, [1], True)}
+# name: (per segment adapter or None, segment lengths)
+CASES = {
+    "mixed": (["r1_qv", None, "r4_all", "r64_k", "r4_all", None, "r1_qv"], [3, 2, 1, 2, 2, 1, 1]),
+    "decode": (["r64_k", "r4_all", None, "r1_qv", "r4_all"], [1, 1, 1, 1, 1]),
+    "one_adapter": (["r4_all", "r4_all"], [3, 2]),
+}
+LAYERS = ["qkv", "o"]
+RUNS = [f"{c}:{layer}:float32" for c in CASES for layer in LAYERS] + ["mixed:qkv:bfloat16", "mixed:o:bfloat16"]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+class _Base(nn.Module):
+    """A base layer whose output is a fixed tensor (the delta is what is checked)."""
+
+    def __init__(self, out: torch.Tensor, in_features: int) -> None:
+        super().__init__()
+        self.out = out
+        self.in_features = self.local_in = in_features
+        self.out_features = self.local_out = out.shape[1]
+
+    def forward(self, x, deterministic=False):
+        return self.out.clone()
+
+
+def _adapter(name: str, uid: int, layer: str, dtype, device, g) -> LoRAAdapter:
+    """Weights laid out as adapter._fuse lays them: stacked A, block-diagonal scaled B."""
+    rank, parts, adapts_o = ADAPTERS[name]
+    ad = LoRAAdapter(name, "", uid, rank)
+    layout = QKV if layer == "qkv" else [(0, IN)]
+    used = parts if layer == "qkv" else ([0] if adapts_o else [])
+    if not used:
+        return ad
+    out = sum(rows for _, rows in layout)
+    a = torch.randn(len(used) * rank, IN, generator=g) / IN**0.5
+    b = torch.zeros(out, len(used) * rank)
+    for i, p in enumerate(used):
+        dst, rows = layout[p]
+        b[dst : dst + rows, i * rank : (i + 1) * rank] = torch.randn(rows, rank, generator=g) / rank**0.5
+    ad.weights[layer] = (a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
+    ad.parts[layer] = [layout[p] for p in used]
+    return ad
+
+
+def check_case(case: str, layer: str, dtype: torch.dtype, device: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    names, q_lens = CASES[case]
+    adapters = {n: _adapter(n, i + 1, layer, dtype, device, g) for i, n in enumerate(ADAPTERS)}
+    per_segment = [adapters[n] if n else None for n in names]
+    rows = sum(q_lens)
+    out = 80 if layer == "qkv" else IN
+    x = torch.randn(rows, IN, generator=g).to(device, dtype)
+    y0 = torch.randn(rows, out, generator=g).to(device, dtype)
+    mgr = object.__new__(LoRAManager)  # only activate's state: no model to wrap
+    mgr.batch = LoRABatch()
+    lin = LoRALinear(_Base(y0, IN), layer, mgr.batch)
+    assert mgr.activate(per_segment, q_lens, torch.device(device))
+    row_slot = mgr.batch.row_slot
+    mgr.batch.row_slot = None
+    want = lin(x)  # the torch path
+    if device == "cpu":
+        mgr._slot_rows(per_segment, q_lens, device)
+        from llmkit.core.lora.triton_sgmv import add_lora
+
+        stack = mgr.batch.stack(lin)
+        got = y0.clone() if stack is None else add_lora(y0.clone(), x, stack, mgr.batch.row_slot)
+    else:
+        assert row_slot is not None, "activate built no row slots on CUDA"
+        mgr.batch.row_slot = row_slot
+        got = lin(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    slots = mgr.batch.row_slot.tolist()
+    expect = [-1 if a is None else mgr.batch.slots.index(a) for a, n in zip(per_segment, q_lens) for _ in range(n)]
+    assert slots == expect
+    base = torch.tensor([s < 0 for s in slots], device=device)
+    assert torch.equal(got[base], y0[base]), "a row of no adapter changed"
+    delta = (want.float() - y0.float()).abs().max().item()
+    if delta < 0.05:
+        raise AssertionError(f"a degenerate case: the deltas are ~0 ({delta:.3g})")
+    err = (got.float() - want.float()).abs().max().item()
+    scale = max(1.0, want.float().abs().max().item())
+    assert err <= TOL[dtype] * scale, f"max abs error {err:.3g} (output scale {scale:.3g})"
+    mgr.deactivate()
+    assert mgr.batch.row_slot is None and mgr.batch.slots == ()
+
+
+def _main(runs: list[str]) -> None:
+    """Subprocess entry: the ``case:layer:dtype`` checks under the interpreter, reported as JSON."""
+
+    def one(run: str) -> None:
+        case, layer, dtype = run.split(":")
+        check_case(case, layer, getattr(torch, dtype), "cpu")
+
+    report_runs(runs, one)
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, str]:
+    return interpreted("test_lora_sgmv_triton", RUNS)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
+    assert interpreter_results[run] == "ok", interpreter_results[run]
+
+
+def test_stack_keeps_each_output_rows_own_rank_block():
+    """build_stack (plain torch): B keeps only each output row's own rank block, and the slot
+    metadata says where each block's rows are; a layer no adapter of the set adapts has none."""
+    pytest.importorskip("triton")
+    from llmkit.core.lora.triton_sgmv import build_stack
+
+    g = torch.Generator().manual_seed(1)
+    r4 = _adapter("r4_all", 1, "qkv", torch.float32, "cpu", g)
+    r1 = _adapter("r1_qv", 2, "qkv", torch.float32, "cpu", g)
+    st = build_stack((r1, r4), "qkv", IN, 80)
+    assert st.a.shape == (2, 12, IN) and st.b.shape == (2, 80, 4)
+    assert st.r_total.tolist() == [2, 12] and st.rank.tolist() == [1, 4]
+    assert st.lo.tolist() == [[0, 64, 0], [0, 48, 64]] and st.hi.tolist() == [[48, 80, 0], [48, 64, 80]]
+    a1, b1 = r1.weights["qkv"]
+    assert torch.equal(st.a[0, :2], a1) and not st.a[0, 2:].any()
+    assert torch.equal(st.b[0, :48, 0], b1[:48, 0]) and torch.equal(st.b[0, 64:, 0], b1[64:, 1])
+    assert not st.b[0, 48:64].any() and not st.b[0, :, 1:].any()
+    assert torch.equal(st.b[1, 48:64], r4.weights["qkv"][1][48:64, 4:8])
+    r1_o = _adapter("r1_qv", 3, "o", torch.float32, "cpu", g)
+    assert build_stack((r1_o,), "o", IN, IN) is None
+
+
+def test_stacks_are_cached_per_set_of_adapters():
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(2)
+    ads = [_adapter(n, i + 1, "qkv", torch.float32, "cpu", g) for i, n in enumerate(ADAPTERS)]
+    batch = LoRABatch()
+    lin = LoRALinear(_Base(torch.zeros(1, 80), IN), "qkv", batch)
+    batch.slots = (ads[0], ads[1])
+    first = batch.stack(lin)
+    assert batch.stack(lin) is first
+    batch.slots = (ads[1], ads[0])  # another slot order: another stack
+    assert batch.stack(lin) is not first
+    batch.slots = (ads[2],)
+    batch.stack(lin)
+    assert len(batch.stacks) == batch.max_sets  # the oldest set was dropped
+
+
+COMPILE_RUNS = ["bfloat16:90", "float16:80", "bfloat16:80"]
+
+
+def _compile_main(runs: list[str]) -> None:
+    """Subprocess entry (no TRITON_INTERPRET): compile both kernels for ``dtype:arch``."""
+    from llmkit.core.lora import triton_sgmv as ts
+
+    def compile_both(run: str) -> None:
+        dtype_name, arch = run.split(":")
+        t = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype_name]
+        block_r, block_k, block_n, block_rn = ts._blocks()
+        ptrs = dict(X=t, A=t, Tmp="*fp32", row_slot="*i32", r_total="*i32")
+        compile_for_cuda(ts._shrink_kernel, arch, ptrs, dict(BLOCK_R=block_r, BLOCK_K=block_k), num_warps=4)
+        ptrs = dict(Tmp="*fp32", B=t, Y=t, row_slot="*i32", rank="*i32", lo="*i32", hi="*i32")
+        consts = dict(MAX_BLOCKS=ts.MAX_BLOCKS, BLOCK_N=block_n, BLOCK_R=block_rn)
+        compile_for_cuda(ts._expand_kernel, arch, ptrs, consts, num_warps=4)
+
+    report_runs(runs, compile_both)
+
+
+@pytest.fixture(scope="module")
+def compile_results() -> dict[str, str]:
+    return compiled("test_lora_sgmv_triton", COMPILE_RUNS)
+
+
+@pytest.mark.parametrize("run", COMPILE_RUNS)
+def test_kernels_compile_for_cuda(run: str, compile_results: dict[str, str]) -> None:
+    assert compile_results[run] == "ok", compile_results[run]
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_matches_torch(case: str, layer: str, dtype: torch.dtype) -> None:
+    check_case(case, layer, dtype, "cuda")
