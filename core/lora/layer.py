@@ -38,7 +38,24 @@ class LoRALinear(HotModule):
         self.bias_foldable = False  # the base's bias is added inside base_layer's forward
 
     def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        y = self.base_layer(x, deterministic)
+        base = self.base_layer
+        if base.parallel != "row" or not self.batch.groups:
+            # one rank, or a column-parallel layer: this rank's output rows are whole, and its
+            # share of B (those rows) gives exactly their delta
+            y = base(x, deterministic)
+            self._add_deltas(x, y, deterministic)
+            return y
+        # Row-parallel under tensor parallelism: ``x`` is this rank's input columns and A holds the
+        # same columns, so ``(x_r A_r^T) B^T`` is this rank's share of the delta, as ``x_r W_r^T``
+        # is of the base output. Both are summed by the layer's one all-reduce: sum_r (x_r A_r^T)
+        # B^T = (x A^T) B^T, exactly the unsharded delta (up to the float order of the sum, as the
+        # base output), with no collective of its own. The bias is added once, after the sum.
+        y = base.format.apply(base, x, deterministic)
+        self._add_deltas(x, y, deterministic)
+        y = base.tp.all_reduce(y)
+        return y if base.bias is None else y + base.bias
+
+    def _add_deltas(self, x: torch.Tensor, y: torch.Tensor, deterministic: bool) -> None:
         for adapter, rows in self.batch.groups:
             ab = adapter.weights.get(self.name)
             if ab is None:
@@ -55,4 +72,3 @@ class LoRALinear(HotModule):
                 y.add_(delta)
             else:
                 y.index_add_(0, rows, delta)
-        return y
