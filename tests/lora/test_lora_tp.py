@@ -4,7 +4,8 @@ Unit: the layers of two simulated ranks (built in one process, their all-reduce 
 give the unsharded layer's adapted output: column-parallel rows concatenated, row-parallel partial
 outputs summed. Servers (real rank processes on gloo): greedy completions with adapter a, adapter b,
 the base, and a mixed concurrent batch equal a ``--tp-size 1`` server's; an adapter loaded at run
-time serves on every rank, is unloaded and loaded again.
+time serves on every rank, is unloaded and loaded again. Two rank processes on gloo: a load that
+fails on rank 1 alone is refused on rank 0 too, and the next load goes through on both.
 """
 
 from __future__ import annotations
@@ -191,3 +192,71 @@ def test_tp2_run_time_load_and_unload(pair, models, tmp_path):
     assert "LoRA adapter 'c' (uid 3) dropped" in log
     assert _post(url2, "/unload_lora_adapter", {"lora_name": "c"}).status_code == 200
     assert _post(url1, "/unload_lora_adapter", {"lora_name": "c"}).status_code == 200
+
+
+_RANK_SCRIPT = """
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from llmkit.core.engine.builder import build_model
+from llmkit.core.lora.manager import LoRAManager
+from llmkit.core.model.loader.source import iter_safetensors, load_config
+from llmkit.core.model.parallel import TPGroup
+from llmkit.core.plugins import registry
+
+rank, port, base, good, bad = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+tp = TPGroup(rank, 2, dist.group.WORLD)
+cfg = load_config(base)
+model = build_model(registry().model(cfg["architectures"][0]), cfg, torch.device("cpu"), torch.float32, tp)
+model.load_weights(iter_safetensors(base, lazy=True))
+m = LoRAManager(model, max_rank=8, max_per_batch=4)
+
+
+class Told:  # rank 0's wire, here: rank 1 is told by this script instead
+    def send_lora_load(self, name, path, uid):
+        pass
+
+    def fail(self, exc):
+        raise AssertionError(exc)
+
+
+if rank == 0:
+    m.channel = Told()
+    try:
+        m.load("x", good)
+    except ValueError as exc:
+        print("REFUSED", exc)
+    print("NAMES", sorted(m.adapters))
+    m.load("y", good)
+    print("NAMES", sorted(m.adapters))
+else:
+    m.load_on_follower("x", bad, 1)  # this rank alone cannot read it
+    print("HELD", sorted(m._held))
+    m.load_on_follower("y", good, 2)
+    print("HELD", sorted(m._held))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_load_one_rank_cannot_read_is_loaded_on_none(models, tmp_path):
+    """Two real ranks on gloo agree on a run-time load: rank 1 failing refuses it on rank 0 too."""
+    import subprocess
+    import sys
+
+    from server_utils import free_port
+
+    port = str(free_port())
+    args = [str(models / "base"), str(models / "a"), str(tmp_path / "missing")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RANK_SCRIPT, str(r), port, *args], stdout=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "REFUSED LoRA adapter 'x'" in outs[0] and "tensor-parallel rank 1" in outs[0], outs[0]
+    assert "NAMES []\nNAMES ['y']" in outs[0]
+    assert "HELD []\nHELD [2]" in outs[1]
