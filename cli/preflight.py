@@ -105,21 +105,19 @@ def check_serve_options(p: dict, *, check_port: bool = True) -> None:
             raise OptionError(f"--dp-size {dp} puts replica i on cuda:i; give --device cuda (or auto), not one GPU")
         if torch.cuda.device_count() < dp:
             raise OptionError(f"--dp-size {dp} needs {dp} GPUs (one per replica); {torch.cuda.device_count()} visible")
-    _check_lora(p, tp)
+    _check_lora(p)
     frac = p.get("mem_fraction_static")
     if frac is not None and not 0 < frac < 1:
         raise OptionError(f"--mem-fraction-static {frac} must be between 0 and 1 (e.g. 0.8)")
 
 
-def _check_lora(p: dict, tp: int) -> None:
+def _check_lora(p: dict) -> None:
     specs, targets = p.get("lora_paths") or [], p.get("lora_target_modules") or []
     lora_dir = p.get("lora_dir")
     if lora_dir is not None and not Path(lora_dir).expanduser().is_dir():
         raise OptionError(f"--lora-dir '{lora_dir}' is not a directory")
     if not (specs or targets or lora_dir or p.get("enable_lora") or p.get("lora_resolver")):
         return
-    if tp > 1:
-        raise OptionError("LoRA adapters under --tp-size > 1 are not supported yet")
     from llmkit.core.lora.options import parse_lora_paths, target_set
 
     try:

@@ -104,6 +104,8 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     config = dataclasses.replace(config, max_running_requests=kv.running)  # the scheduler's limit
     scheduler, runner = build_runner(plan, config, model, kv, tp, leader)
     runner.lora = build_lora(config, model)
+    if runner.lora is not None:  # from here on, rank 0's run-time loads reach every rank
+        runner.lora.channel = runner.broadcaster
     if getattr(model, "multimodal", False):  # images: encoded on this side, kept by content hash
         from llmkit.core.multimodal.step_rows import EncoderCache
 

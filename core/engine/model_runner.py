@@ -233,6 +233,8 @@ class ModelRunner:
         if self.broadcaster is None:
             logits, prompt = self.execute(inp, prev.picks if prev is not None else None)
         else:
+            if self.lora is not None:  # adapters no request here holds: the other ranks drop them
+                inp.lora_freed = self.lora.take_freed()
             try:
                 self.broadcaster.send(inp, self.req_pool.take_write_log())
                 logits, prompt = self.execute(inp)

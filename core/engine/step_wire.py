@@ -5,9 +5,14 @@ it (:func:`receive_step`) and runs the same forward on its shard; the collective
 keep the ranks in lock step. A step on the wire is two int64 tensors (a fixed header, then a
 payload), never a pickled object:
 
-    header:  op, T tokens, B sequences, S sampled rows, P prompt-logit ranges, W slot writes, payload length
-    payload: ids[T] positions[T] q_lens[B] kv_lens[B] rows[B] sample_rows[S] prompt (start, end)[P]
-             writes (row, start, n)[W] slots[sum n]
+    header:  op, T tokens, B sequences, S sampled rows, P prompt-logit ranges, W slot writes, payload length,
+             L LoRA uids (0 or B), F freed LoRA uids
+    payload: ids[T] positions[T] q_lens[B] kv_lens[B] rows[B] decoding[B] sample_rows[S] lora uids[L]
+             freed uids[F] prompt (start, end)[P] writes (row, start, n)[W] slots[sum n]
+
+A run-time LoRA load is a frame of its own between steps (op ``OP_LORA_LOAD``, the adapter's uid in
+the header, its name and path as UTF-8 JSON bytes in the payload); every rank reads the adapter and
+they agree with a collective (:meth:`LoRAManager.load`).
 
 The slot writes are the scheduler's changes to the request-to-token table since the last step
 (new tokens, prefix-cache hits, reused rows), so every follower's table mirrors rank 0's without
@@ -17,14 +22,24 @@ starts the ranks (``procs/tp*.py``) sits above the engine builder.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
 
 from llmkit.core.model.parallel import TPGroup
 
-OP_STEP, OP_STOP = 1, 2
-_HEADER = 7
+OP_STEP, OP_STOP, OP_LORA_LOAD = 1, 2, 3
+_HEADER = 9
+
+
+@dataclass
+class LoRALoad:
+    """A run-time LoRA load, for every rank to read (as ``uid``, the one rank 0 gave it)."""
+
+    name: str
+    path: str
+    uid: int
 
 
 @dataclass
@@ -42,9 +57,10 @@ class StepInputs:
     # (index in ids, row of the step in flight's picks): ids still on the device (rank 0 alone,
     # never on the wire: a tensor-parallel group does not chain steps)
     from_prev: list[tuple[int, int]] = field(default_factory=list)
-    # per sequence: its LoRA adapter or None (empty: no adapter rows; rank 0 alone, as LoRA is not
-    # served under tensor parallelism yet)
+    # per sequence: its LoRA adapter or None (empty: no adapter rows); on the wire by uid, 0 for none
     loras: list = field(default_factory=list)
+    # the uids of LoRA adapters rank 0 no longer holds, for the other ranks to drop (wire only)
+    lora_freed: list[int] = field(default_factory=list)
     # Images (rank 0 alone: vision-language models are not served under tensor parallelism):
     # ``images`` (first row, item, encoder rows a:b), ``rope`` the (t, h, w) positions of every row
     # (M-RoPE), ``bidirectional`` per sequence its spans that attend both ways (see plan_images)
@@ -69,9 +85,18 @@ class StepBroadcaster:
         import torch.distributed as dist
 
         slots = [w[2] for w in writes]
+        uids = [0 if a is None else a.uid for a in inp.loras]
         flat = [
             torch.tensor(
-                inp.ids + inp.positions + inp.q_lens + inp.kv_lens + inp.rows + inp.decoding + inp.sample_rows
+                inp.ids
+                + inp.positions
+                + inp.q_lens
+                + inp.kv_lens
+                + inp.rows
+                + inp.decoding
+                + inp.sample_rows
+                + uids
+                + inp.lora_freed
             ),
             torch.tensor(
                 [x for r in inp.prompt_ranges for x in r] + [x for w in writes for x in (w[0], w[1], len(w[2]))]
@@ -88,9 +113,22 @@ class StepBroadcaster:
                 len(inp.prompt_ranges),
                 len(writes),
                 payload.numel(),
+                len(uids),
+                len(inp.lora_freed),
             ],
             dtype=torch.int64,
         )
+        dist.broadcast(header, 0, group=self.tp.group)
+        dist.broadcast(payload, 0, group=self.tp.group)
+
+    def send_lora_load(self, name: str, path: str, uid: int) -> None:
+        """Have every other rank read the LoRA adapter at ``path`` as ``uid`` (between steps)."""
+        import torch.distributed as dist
+
+        data = json.dumps({"name": name, "path": path}).encode()
+        payload = torch.tensor(list(data), dtype=torch.int64)
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[0], header[1], header[6] = OP_LORA_LOAD, uid, payload.numel()
         dist.broadcast(header, 0, group=self.tp.group)
         dist.broadcast(payload, 0, group=self.tp.group)
 
@@ -102,20 +140,24 @@ class StepBroadcaster:
         dist.broadcast(header, 0, group=self.tp.group)
 
 
-def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Tensor]]] | None:
-    """A follower's side of the wire: the next step, or None when rank 0 stops."""
+def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Tensor]]] | LoRALoad | None:
+    """A follower's side of the wire: the next step, a LoRA load, or None when rank 0 stops.
+    A step's ``loras`` are uids (the follower's LoRA manager resolves them)."""
     import torch.distributed as dist
 
     header = torch.empty(_HEADER, dtype=torch.int64)
     dist.broadcast(header, 0, group=tp.group)
-    op, t, b, s, p, w, n = header.tolist()
+    op, t, b, s, p, w, n, n_lora, n_freed = header.tolist()
     if op == OP_STOP:
         return None
     payload = torch.empty(n, dtype=torch.int64)
     dist.broadcast(payload, 0, group=tp.group)
-    sizes = [t, t, b, b, b, b, s, 2 * p, 3 * w]
+    if op == OP_LORA_LOAD:
+        msg = json.loads(bytes(payload.tolist()).decode())
+        return LoRALoad(msg["name"], msg["path"], t)
+    sizes = [t, t, b, b, b, b, s, n_lora, n_freed, 2 * p, 3 * w]
     parts = payload.split(sizes + [n - sum(sizes)])
-    ids, pos, q_lens, kv_lens, rows, decoding, sample, prompt, write_hdr, slots = parts
+    ids, pos, q_lens, kv_lens, rows, decoding, sample, loras, freed, prompt, write_hdr, slots = parts
     flat_prompt = prompt.tolist()
     inp = StepInputs(
         ids=ids.tolist(),
@@ -126,6 +168,8 @@ def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Te
         sample_rows=sample.tolist(),
         prompt_ranges=[(flat_prompt[i], flat_prompt[i + 1]) for i in range(0, len(flat_prompt), 2)],
         decoding=decoding.tolist(),
+        loras=loras.tolist(),
+        lora_freed=freed.tolist(),
     )
     writes, off = [], 0
     hdr = write_hdr.tolist()

@@ -8,6 +8,11 @@ matrices placed block-diagonally in the fused output (``[out, parts * r]``, each
 own rows and its own rank columns). One shrink and one expand then adapt the whole fused layer,
 and a part the adapter leaves out contributes nothing. The scale (``alpha / r``, or
 ``alpha / sqrt(r)`` under rsLoRA) is folded into B once, here.
+
+Under ``--tp-size N`` each rank keeps the share of A and B that goes with its share of the layer:
+B's rows of the output rows a column-parallel layer (QKV, gate-up) holds, A's columns of the input
+columns a row-parallel layer (o_proj, down_proj) holds (see :class:`~llmkit.core.lora.layer.LoRALinear`
+for where the row-parallel delta is summed).
 """
 
 from __future__ import annotations
@@ -163,20 +168,25 @@ def _part_rows(layer, part: int) -> tuple[int, int]:
 
 
 def _fuse(where, name, layer, parts: dict, rank: int, scale: float, dtype, device):
-    """Stacked A and block-diagonal, scaled B for ``layer`` from its parts' ``(A, B)``."""
+    """Stacked A and block-diagonal, scaled B for ``layer`` from its parts' ``(A, B)``, split over
+    the tensor-parallel ranks as the layer is: a column-parallel layer's B keeps the output rows
+    this rank holds of each part (the rows the base layer loads, at the same local offsets); a
+    row-parallel layer's A keeps this rank's input columns. With one rank nothing is cut."""
     order = sorted(parts)
-    a = torch.zeros(len(order) * rank, layer.in_features, dtype=torch.float32)
+    cols = layer._cols
+    a = torch.zeros(len(order) * rank, layer.local_in, dtype=torch.float32)
     b = torch.zeros(layer.local_out, len(order) * rank, dtype=torch.float32)
     for i, part in enumerate(order):
         pa, pb = parts[part]
         lo, hi, dst = layer._row_map[part]
-        if tuple(pa.shape) != (rank, layer.in_features) or tuple(pb.shape) != (hi - lo, rank):
+        rows = layer.part_rows[part]
+        if tuple(pa.shape) != (rank, layer.in_features) or tuple(pb.shape) != (rows, rank):
             raise ValueError(
                 f"{where}: {name} part {part} has A {tuple(pa.shape)} and B {tuple(pb.shape)}, but the base "
-                f"model needs A ({rank}, {layer.in_features}) and B ({hi - lo}, {rank}) (another base model?)"
+                f"model needs A ({rank}, {layer.in_features}) and B ({rows}, {rank}) (another base model?)"
             )
         if not (torch.isfinite(pa).all() and torch.isfinite(pb).all()):
             raise ValueError(f"{where}: {name} part {part} holds NaN or infinite values")
-        a[i * rank : (i + 1) * rank] = pa.float()
-        b[dst : dst + hi - lo, i * rank : (i + 1) * rank] = pb.float() * scale
+        a[i * rank : (i + 1) * rank] = pa[:, cols].float()
+        b[dst : dst + hi - lo, i * rank : (i + 1) * rank] = pb[lo:hi].float() * scale
     return a.to(device=device, dtype=dtype).contiguous(), b.to(device=device, dtype=dtype).contiguous()

@@ -48,7 +48,7 @@ class LoRABatch:
         if layer.name not in per_layer:
             from llmkit.core.lora.triton_sgmv import build_stack
 
-            per_layer[layer.name] = build_stack(self.slots, layer.name, layer.in_features, layer.local_out)
+            per_layer[layer.name] = build_stack(self.slots, layer.name, layer.local_in, layer.local_out)
         return per_layer[layer.name]
 
 
@@ -66,7 +66,24 @@ class LoRALinear(HotModule):
         self.bias_foldable = False  # the base's bias is added inside base_layer's forward
 
     def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        y = self.base_layer(x, deterministic)
+        base = self.base_layer
+        if base.parallel != "row" or not self.batch.groups:
+            # one rank, or a column-parallel layer: this rank's output rows are whole, and its
+            # share of B (those rows) gives exactly their delta
+            y = base(x, deterministic)
+            self._add_deltas(x, y, deterministic)
+            return y
+        # Row-parallel under tensor parallelism: ``x`` is this rank's input columns and A holds the
+        # same columns, so ``(x_r A_r^T) B^T`` is this rank's share of the delta, as ``x_r W_r^T``
+        # is of the base output. Both are summed by the layer's one all-reduce: sum_r (x_r A_r^T)
+        # B^T = (x A^T) B^T, exactly the unsharded delta (up to the float order of the sum, as the
+        # base output), with no collective of its own. The bias is added once, after the sum.
+        y = base.format.apply(base, x, deterministic)
+        self._add_deltas(x, y, deterministic)
+        y = base.tp.all_reduce(y)
+        return y if base.bias is None else y + base.bias
+
+    def _add_deltas(self, x: torch.Tensor, y: torch.Tensor, deterministic: bool) -> None:
         batch = self.batch
         if batch.row_slot is not None and x.is_cuda:
             stack = batch.stack(self)
@@ -74,7 +91,7 @@ class LoRALinear(HotModule):
                 from llmkit.core.lora.triton_sgmv import add_lora
 
                 add_lora(y, x.to(stack.a.dtype), stack, batch.row_slot)  # one row's delta: its own only
-            return y
+            return
         for adapter, rows in self.batch.groups:
             ab = adapter.weights.get(self.name)
             if ab is None:
@@ -91,4 +108,3 @@ class LoRALinear(HotModule):
                 y.add_(delta)
             else:
                 y.index_add_(0, rows, delta)
-        return y

@@ -4,12 +4,21 @@ Building a :class:`LoRAManager` wraps each targetable projection of every decode
 :class:`LoRALinear` (only when LoRA serving is on: a server without it runs the plain layers).
 Requests hold their :class:`LoRAAdapter` object, so unloading a name stops new requests from
 using it while the ones already running finish with it.
+
+Under ``--tp-size N`` every rank has a manager over its shard of the model (each adapter split as
+its layers are, see :mod:`~llmkit.core.lora.adapter`). Rank 0's is the one the engine calls: a
+run-time load reads the adapter there, then on every other rank (the load travels on the step
+wire, :meth:`StepBroadcaster.send_lora_load`), and is served only when every rank read it. The
+other ranks know adapters by uid alone (the steps name each sequence's adapter by uid): they drop
+one when rank 0 says the last holder of it there is gone (an unloaded adapter whose requests ended).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
+import weakref
 from typing import Sequence
 
 import torch
@@ -20,15 +29,18 @@ from llmkit.core.lora.layer import LoRABatch, LoRALinear
 from llmkit.core.lora.options import target_set
 from llmkit.core.model.layers import FUSED_ON_CUDA
 from llmkit.core.model.linear import Linear
+from llmkit.core.model.parallel import SINGLE
 
 log = logging.getLogger("llmkit")
 
 
 class LoRAManager:
     def __init__(self, model: nn.Module, *, max_rank: int, max_per_batch: int, targets: Sequence[str] = ()) -> None:
-        if getattr(model, "tp", None) is not None and model.tp.size > 1:
-            raise ValueError("LoRA adapters under --tp-size > 1 are not supported yet")
         self.model = model
+        self.tp = getattr(model, "tp", None) or SINGLE
+        self.channel = None  # rank 0 of a TP group: the StepBroadcaster run-time loads travel on
+        self._held: dict[int, LoRAAdapter] = {}  # the other ranks: every adapter by uid, until freed
+        self._freed: collections.deque[int] = collections.deque()  # rank 0: uids nothing holds any more
         self.max_rank = max_rank
         self.max_per_batch = max_per_batch
         self.allowed = target_set(targets)
@@ -59,7 +71,7 @@ class LoRAManager:
         p = next(p for p in self.model.parameters() if p.is_floating_point())
         return p.dtype, p.device
 
-    def read(self, name: str, path: str) -> LoRAAdapter:
+    def read(self, name: str, path: str, uid: int | None = None) -> LoRAAdapter:
         """The adapter at ``path``, checked against the model (any thread: it registers nothing)."""
         if not name:
             raise ValueError("a LoRA adapter needs a name")
@@ -67,7 +79,7 @@ class LoRAManager:
         return build_adapter(
             name,
             path,
-            next(self._uids),
+            next(self._uids) if uid is None else uid,
             self.layers,
             max_rank=self.max_rank,
             allowed=self.allowed,
@@ -77,15 +89,75 @@ class LoRAManager:
 
     def add(self, adapter: LoRAAdapter) -> None:
         """Serve ``adapter`` under its name (engine thread)."""
+        if self.tp.rank > 0:  # rank 0 names adapters; here they are only looked up by uid
+            self._held[adapter.uid] = adapter
+            log.info("LoRA adapter '%s' (uid %d) loaded from %s", adapter.name, adapter.uid, adapter.path)
+            return
         if adapter.name in self.adapters:
             raise ValueError(f"a LoRA adapter named '{adapter.name}' is already loaded")
         self.adapters[adapter.name] = adapter
+        if self.tp.size > 1:  # the other ranks keep their share until nothing here holds it
+            weakref.finalize(adapter, self._freed.append, adapter.uid)
         log.info("LoRA adapter '%s' loaded from %s (rank %d)", adapter.name, adapter.path, adapter.rank)
 
     def load(self, name: str, path: str) -> LoRAAdapter:
+        """Read and serve the adapter at ``path`` as ``name``; on rank 0 of a tensor-parallel
+        engine (once it serves) on every rank, or on none with a ValueError."""
         adapter = self.read(name, path)
+        if self.channel is not None:
+            if name in self.adapters:
+                raise ValueError(f"a LoRA adapter named '{name}' is already loaded")
+            try:
+                self.channel.send_lora_load(name, path, adapter.uid)
+                failed = self._agree(True)
+            except Exception as exc:  # a collective failed: the group is broken
+                self.channel.fail(exc)
+                raise
+            if failed:
+                ranks = ", ".join(map(str, failed))
+                raise ValueError(
+                    f"LoRA adapter '{name}' at '{path}' could not be loaded on tensor-parallel rank {ranks} "
+                    "(its log says why); it is loaded on no rank"
+                )
         self.add(adapter)
         return adapter
+
+    def load_on_follower(self, name: str, path: str, uid: int) -> None:
+        """A rank other than 0: rank 0 read the adapter (as ``uid``); read this rank's share, and
+        keep it only if every rank could."""
+        try:
+            adapter = self.read(name, path, uid)
+        except Exception as exc:  # reported to rank 0 as this rank's failure (and logged here)
+            log.error("LoRA adapter '%s' at '%s' cannot be loaded on this rank: %s", name, path, exc)
+            adapter = None
+        if not self._agree(adapter is not None) and adapter is not None:
+            self.add(adapter)
+
+    def _agree(self, ok: bool) -> list[int]:
+        """Every rank says whether its read worked (a collective): the ranks where it failed."""
+        flags = torch.zeros(self.tp.size, dtype=torch.int64, device=self._param()[1])
+        flags[self.tp.rank] = 0 if ok else 1
+        self.tp.all_reduce(flags)
+        return [r for r, bad in enumerate(flags.tolist()) if bad]
+
+    def take_freed(self) -> list[int]:
+        """Rank 0: the uids of adapters nothing here holds any more (unloaded, their requests
+        ended), for the other ranks to drop; each is given once."""
+        out = []
+        while self._freed:
+            out.append(self._freed.popleft())
+        return out
+
+    def resolve(self, uids: Sequence[int]) -> list[LoRAAdapter | None]:
+        """A rank other than 0: a step's per-sequence adapter uids (0: the base) as adapters."""
+        return [self._held[u] if u else None for u in uids]
+
+    def release(self, uids: Sequence[int]) -> None:
+        """A rank other than 0: drop the adapters rank 0 freed."""
+        for u in uids:
+            adapter = self._held.pop(u, None)
+            if adapter is not None:
+                log.info("LoRA adapter '%s' (uid %d) dropped: unloaded, its requests ended", adapter.name, u)
 
     def unload(self, name: str) -> None:
         """Stop serving ``name`` (engine thread); requests already running keep their adapter."""

@@ -146,6 +146,7 @@ class Linear(HotModule):
         parts = list(parts or [(out_features, out_features)])
         if sum(p[0] for p in parts) != out_features:
             raise ValueError(f"parts {parts} do not add up to {out_features} output features")
+        self.part_rows = [rows for rows, _ in parts]  # each part's rows in the checkpoint (unsharded)
         # per part: (source row range, destination row offset)
         self._row_map: list[tuple[int, int, int]] = []
         dst = 0
@@ -239,6 +240,7 @@ class Linear(HotModule):
         return self.bias is not None and self.parallel != "row"
 
     def forward(self, x: torch.Tensor, deterministic: bool = False, add_bias: bool = True) -> torch.Tensor:
+        # (LoRALinear repeats these steps for a row-parallel layer: its delta joins before the all-reduce)
         y = self.format.apply(self, x, deterministic)
         if self.parallel == "row":
             y = self.tp.all_reduce(y)

@@ -21,7 +21,7 @@ import sys
 import torch
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.step_wire import receive_step
+from llmkit.core.engine.step_wire import LoRALoad, receive_step
 from llmkit.core.model.parallel import TPGroup
 
 log = logging.getLogger("llmkit")
@@ -100,9 +100,16 @@ def run_follower(config: EngineConfig, rank: int) -> int:
             step = receive_step(tp)
             if step is None:
                 break
+            if isinstance(step, LoRALoad):  # between steps: read it here too (or tell rank 0 why not)
+                runner.lora.load_on_follower(step.name, step.path, step.uid)
+                continue
             inp, writes = step
             for row, start, slots in writes:
                 req_pool.write(row, start, slots)
+            if inp.lora_freed:
+                runner.lora.release(inp.lora_freed)
+            if inp.loras:
+                inp.loras = runner.lora.resolve(inp.loras)
             runner.execute(inp)
     log.info("tensor-parallel rank %d stopped", rank)
     return 0
