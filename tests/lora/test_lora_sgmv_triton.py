@@ -45,6 +45,7 @@ class _Base(nn.Module):
         self.out = out
         self.in_features = self.local_in = in_features
         self.out_features = self.local_out = out.shape[1]
+        self.parallel = "replicated"  # one rank: LoRALinear adds the delta on the whole output
 
     def forward(self, x, deterministic=False):
         return self.out.clone()
