@@ -4,7 +4,8 @@ Unit: the sharding arithmetic and a rank's share of the weights (read as slices)
 output and logprobs of tiny random-weight Llama and Qwen3 models equal TP=1 (one request, a
 concurrent batch, a radix-cached prefix, a seeded sample); TP=2 x DP=2; TP=2 across two "nodes"
 (two process trees on loopback); a killed rank fails its clients and stops the server; a node
-killed while serving or idle is found by the other node within seconds.
+killed or silenced (SIGSTOP, as a power loss or a cut network) while serving or idle is found by
+the other node within a bound (heartbeats, timeouts).
 """
 
 from __future__ import annotations
@@ -376,6 +377,59 @@ def test_node1_killed_while_idle_stops_the_server(llama_dir, tmp_path):
         assert proc.returncode != 0
         assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
         assert time.monotonic() - killed < 15
+    finally:
+        _killpg(node1)
+        stop_server(proc)
+        _killpg(proc)
+
+
+@pytest.mark.slow
+def test_node1_exits_when_node0_goes_silent(llama_dir, tmp_path):
+    """Node 0 SIGSTOPped (a power loss or a cut network: no connection closes): node 1 hears no
+    step and no heartbeat for its bound (3 s here, by the env override) and exits non-zero."""
+    fast = {"LLMKIT_TP_HEARTBEAT_S": "0.5", "LLMKIT_TP_PEER_TIMEOUT_S": "3"}
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, fast, fast)
+    try:
+        asyncio.run(_complete_all(url, PROMPTS[:2]))
+        time.sleep(1.5)  # a few heartbeats go by: rank 1 stays up while node 0 is idle
+        assert node1.poll() is None
+        stopped = time.monotonic()
+        os.killpg(proc.pid, signal.SIGSTOP)
+        node1.wait(timeout=15)
+        out = (tmp_path / "node1.log").read_text()
+        assert node1.returncode != 0, out
+        assert "tensor-parallel rank 1 failed: TimeoutError: no step or heartbeat from tensor-parallel rank 0" in out
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
+        assert time.monotonic() - stopped < 15
+    finally:
+        _killpg(node1)
+        _killpg(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["idle", "serving"])
+def test_silent_node1_fails_every_client_and_stops_the_server(llama_dir, tmp_path, when):
+    """Node 1 SIGSTOPped: idle, node 0's heartbeat is not taken up within its bound; serving, a
+    step's collective times out (3 s bounds here, by the env overrides). Either way every client
+    gets an error naming node 1 and node 0's server exits non-zero."""
+    fast = {"LLMKIT_TP_HEARTBEAT_S": "0.5", "LLMKIT_TP_PEER_TIMEOUT_S": "3", "LLMKIT_TP_STEP_TIMEOUT_S": "3"}
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, fast, {})
+    try:
+        clients = None
+        if when == "serving":
+            clients = LongStreams(url, 4)
+            assert clients.started.wait(60)
+        stopped = time.monotonic()
+        os.killpg(node1.pid, signal.SIGSTOP)
+        if clients is not None:
+            clients.join_all(since=stopped, within=15)
+            for ev in clients.events:
+                data = [e for e in ev if e.startswith("data:") and e != "data: [DONE]"]
+                assert data and '"error"' in data[-1], ev[-3:]
+                assert "node 1 (tensor-parallel rank 1) died or is unreachable" in data[-1], data[-1]
+        proc.wait(timeout=max(1.0, 15 - (time.monotonic() - stopped)))
+        assert proc.returncode != 0
+        assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
     finally:
         _killpg(node1)
         stop_server(proc)
