@@ -168,6 +168,7 @@ class Engine:
                 self._drain(block=not self._has_work(inflight))
                 if self._has_work(inflight):
                     inflight = self.step(inflight)
+                self.runner.keep_alive()  # (a clock read, unless idle under tensor parallelism)
             except Exception as exc:  # a bug must not leave clients hanging forever
                 log.exception("engine step failed")
                 inflight = None

@@ -250,6 +250,16 @@ class ModelRunner:
         prompt_logits = {s.req.rid: (s.start, lg) for s, lg in zip(wants_prompt, prompt)}
         return StepOutput(logits, sample_segs, prompt_logits)
 
+    def keep_alive(self) -> None:
+        """Between steps, on tensor-parallel rank 0: a heartbeat to the other ranks when idle for a
+        while (see :mod:`llmkit.core.engine.step_wire`), so that a lost one is found while idle."""
+        if self.broadcaster is not None:
+            try:
+                self.broadcaster.keep_alive()
+            except Exception as exc:
+                self.broadcaster.fail(exc)
+                raise
+
     def close(self) -> None:
         """Release the other tensor-parallel ranks (they leave their step loop)."""
         if self.broadcaster is not None:

@@ -18,19 +18,37 @@ The slot writes are the scheduler's changes to the request-to-token table since 
 (new tokens, prefix-cache hits, reused rows), so every follower's table mirrors rank 0's without
 ever copying whole rows. It sits beside the model runner, which uses it; the process plumbing that
 starts the ranks (``procs/tp*.py``) sits above the engine builder.
+
+While idle, rank 0 sends a heartbeat (a header alone, ``OP_HEARTBEAT``) every few seconds, which
+the followers skip. A dead follower is then found within seconds even while idle (its closed
+connection fails the next heartbeat), and a silent peer, whose connection never closes (a power
+loss, a cut network), within ``PEER_TIMEOUT_S`` on both sides: rank 0's heartbeat is not taken up
+(a gloo send completes only once the receiver has posted its receive), and a follower that hears
+nothing that long gives up on rank 0.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from llmkit.core.model.parallel import TPGroup
 
-OP_STEP, OP_STOP, OP_LORA_LOAD = 1, 2, 3
+OP_STEP, OP_STOP, OP_LORA_LOAD, OP_HEARTBEAT = 1, 2, 3, 4
 _HEADER = 9
+# Idle seconds before rank 0 sends a heartbeat: a dead peer is found this soon while idle, for one
+# small broadcast per interval.
+HEARTBEAT_INTERVAL_S = float(os.environ.get("LLMKIT_TP_HEARTBEAT_S", 5))
+# How long a follower waits for a step or heartbeat, and rank 0 for its heartbeat to be taken up,
+# before calling the peer lost: 12 missed heartbeats, so that a stall of rank 0's host (swapping, a
+# long garbage collection) is not taken for a lost node. Steps never wait on it: a follower waits
+# for the next header only while rank 0 does its host work between two steps. (Env: tests.)
+PEER_TIMEOUT_S = float(os.environ.get("LLMKIT_TP_PEER_TIMEOUT_S", 60))
 
 
 @dataclass
@@ -40,6 +58,19 @@ class LoRALoad:
     name: str
     path: str
     uid: int
+
+
+def _wait(work, timeout_s: float | None, what: str) -> None:
+    """Wait for a collective started with ``async_op=True``, at most ``timeout_s`` seconds."""
+    if timeout_s is None:
+        work.wait()
+        return
+    try:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+    except RuntimeError:
+        if work.is_completed():  # it failed (a closed connection), not timed out
+            raise
+        raise TimeoutError(f"{what} within {timeout_s:g} s") from None
 
 
 @dataclass
@@ -75,6 +106,7 @@ class StepBroadcaster:
     def __init__(self, tp: TPGroup) -> None:
         self.tp = tp
         self.on_fatal = None  # called with the exception when a step fails: the group is broken
+        self.last_sent = 0.0  # (monotonic) the last header sent: the first idle moment sends a heartbeat
 
     def fail(self, exc: BaseException) -> None:
         """A step failed on rank 0: a peer is gone or out of step, so no later step can work."""
@@ -120,6 +152,23 @@ class StepBroadcaster:
         )
         dist.broadcast(header, 0, group=self.tp.group)
         dist.broadcast(payload, 0, group=self.tp.group)
+        self.last_sent = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Between steps: a heartbeat if nothing was sent for ``HEARTBEAT_INTERVAL_S``; raises when
+        a follower does not take it up within ``PEER_TIMEOUT_S`` (or its connection is closed)."""
+        if time.monotonic() - self.last_sent < HEARTBEAT_INTERVAL_S:
+            return
+        import torch.distributed as dist
+
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[0] = OP_HEARTBEAT
+        _wait(
+            dist.broadcast(header, 0, group=self.tp.group, async_op=True),
+            PEER_TIMEOUT_S,
+            "the idle heartbeat was not taken up",
+        )
+        self.last_sent = time.monotonic()
 
     def send_lora_load(self, name: str, path: str, uid: int) -> None:
         """Have every other rank read the LoRA adapter at ``path`` as ``uid`` (between steps)."""
@@ -131,6 +180,7 @@ class StepBroadcaster:
         header[0], header[1], header[6] = OP_LORA_LOAD, uid, payload.numel()
         dist.broadcast(header, 0, group=self.tp.group)
         dist.broadcast(payload, 0, group=self.tp.group)
+        self.last_sent = time.monotonic()
 
     def stop(self) -> None:
         import torch.distributed as dist
@@ -140,14 +190,21 @@ class StepBroadcaster:
         dist.broadcast(header, 0, group=self.tp.group)
 
 
-def receive_step(tp: TPGroup) -> tuple[StepInputs, list[tuple[int, int, torch.Tensor]]] | LoRALoad | None:
-    """A follower's side of the wire: the next step, a LoRA load, or None when rank 0 stops.
-    A step's ``loras`` are uids (the follower's LoRA manager resolves them)."""
+def receive_step(
+    tp: TPGroup, timeout_s: float | None = None
+) -> tuple[StepInputs, list[tuple[int, int, torch.Tensor]]] | LoRALoad | None:
+    """A follower's side of the wire: the next step, a LoRA load, or None when rank 0 stops. A
+    step's ``loras`` are uids (the follower's LoRA manager resolves them). Heartbeats are skipped;
+    ``timeout_s``: raise TimeoutError when neither a step nor a heartbeat comes that long."""
     import torch.distributed as dist
 
     header = torch.empty(_HEADER, dtype=torch.int64)
-    dist.broadcast(header, 0, group=tp.group)
-    op, t, b, s, p, w, n, n_lora, n_freed = header.tolist()
+    while True:
+        work = dist.broadcast(header, 0, group=tp.group, async_op=True)
+        _wait(work, timeout_s, "no step or heartbeat from tensor-parallel rank 0")
+        op, t, b, s, p, w, n, n_lora, n_freed = header.tolist()
+        if op != OP_HEARTBEAT:
+            break
     if op == OP_STOP:
         return None
     payload = torch.empty(n, dtype=torch.int64)

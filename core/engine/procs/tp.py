@@ -21,14 +21,20 @@ import sys
 import torch
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.step_wire import LoRALoad, receive_step
+from llmkit.core.engine.step_wire import PEER_TIMEOUT_S, LoRALoad, receive_step
 from llmkit.core.model.parallel import TPGroup
 
 log = logging.getLogger("llmkit")
 
-# A follower waits for the next step for as long as the server is idle; a dead peer is noticed
-# through its closed connection (or, on one node, by rank 0 watching its followers), not a timeout.
+# The group's timeout while the ranks start: nodes may be started minutes apart, and one may load
+# its weights much slower than another (the ranks meet again after loading, to agree on the KV pool).
 _IDLE_TIMEOUT = datetime.timedelta(days=30)
+# Then, while serving, the longest any collective may wait for a peer (gloo's per-operation timeout),
+# so that rank 0 inside a step with a silent peer (a power loss, a cut network: no connection is
+# closed) fails within minutes, not days. Idle waits no longer need more (heartbeats: see
+# step_wire). Inside a step a rank waits for the others only as long as they lag it by, at most a
+# layer's compute; on CPU one layer of a long prefill can take tens of seconds, hence this margin.
+STEP_TIMEOUT_S = float(os.environ.get("LLMKIT_TP_STEP_TIMEOUT_S", 300))
 
 
 def free_port() -> int:
@@ -55,6 +61,13 @@ def init_tp(config: EngineConfig, rank: int) -> TPGroup:
         timeout=_IDLE_TIMEOUT,
     )
     return TPGroup(rank=rank, size=config.tp_size, group=dist.group.WORLD)
+
+
+def bound_collectives(tp: TPGroup) -> None:
+    """Once this rank is built: every later collective waits at most ``STEP_TIMEOUT_S``."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(datetime.timedelta(seconds=STEP_TIMEOUT_S), tp.group)
 
 
 def rank_device(config: EngineConfig, rank: int) -> str:
@@ -95,9 +108,13 @@ def run_follower(config: EngineConfig, rank: int) -> int:
     parts = build_engine_parts(config, tp=tp)
     log.info("tensor-parallel rank %d of %d ready (pid %d)", rank, tp.size, os.getpid())
     runner, req_pool = parts.runner, parts.runner.req_pool
+    timeout = None  # the first step may wait for rank 0 to finish its build; from then on, heartbeats
     with torch.inference_mode():
         while True:
-            step = receive_step(tp)
+            step = receive_step(tp, timeout)
+            if timeout is None:
+                bound_collectives(tp)
+                timeout = PEER_TIMEOUT_S
             if step is None:
                 break
             if isinstance(step, LoRALoad):  # between steps: read it here too (or tell rank 0 why not)

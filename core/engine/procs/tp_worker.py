@@ -2,7 +2,8 @@
 
 ``python -m llmkit.core.engine.procs.tp_worker CONFIG_JSON RANK``: joins the group and runs every step
 rank 0 broadcasts (see :mod:`llmkit.core.engine.procs.tp`). It exits when rank 0 says stop, when its
-parent is gone, or when a collective fails because a peer died.
+parent is gone, when a collective fails because a peer died, or when rank 0 goes silent (no step
+and no heartbeat for ``step_wire.PEER_TIMEOUT_S``: its node lost power or the network is cut).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def main(argv: list[str]) -> int:
     config = replace(config, device=rank_device(config, rank))
     try:
         return run_follower(config, rank)
-    except Exception as exc:  # a dead peer surfaces here as a failed collective
+    except Exception as exc:  # a dead peer surfaces here as a failed or timed-out collective
         log.error("tensor-parallel rank %d failed: %s", rank, brief_error(exc))
-        return 1
+        logging.shutdown()
+        os._exit(1)  # not sys.exit: the group's teardown would wait on a collective left pending
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@ def main(argv: list[str]) -> int:
         def build():
             parts = build_engine_parts(config, tp=tp)
             if followers is not None:
+                from llmkit.core.engine.procs.tp import bound_collectives
+
                 parts.runner.broadcaster.on_fatal = followers.step_failed
+                bound_collectives(tp)
             return parts
 
         # built on the engine thread, which runs it: one OpenMP team (see Engine.build_and_start)

@@ -3,7 +3,9 @@
 Unit: the sharding arithmetic and a rank's share of the weights (read as slices). Servers: greedy
 output and logprobs of tiny random-weight Llama and Qwen3 models equal TP=1 (one request, a
 concurrent batch, a radix-cached prefix, a seeded sample); TP=2 x DP=2; TP=2 across two "nodes"
-(two process trees on loopback); a killed rank fails its clients and stops the server.
+(two process trees on loopback); a killed rank fails its clients and stops the server; a node
+killed or silenced (SIGSTOP, as a power loss or a cut network) while serving or idle is found by
+the other node within a bound (heartbeats, timeouts).
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ def test_killed_rank_fails_its_clients_and_stops_the_server(llama_dir):
         stop_server(proc)
 
 
-def _start_node1(llama_dir: str, nodes: list[str], log_path: Path) -> subprocess.Popen:
+def _start_node1(llama_dir: str, nodes: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """Node 1 (``--node-rank 1``) as its own process group, its output in ``log_path``."""
     with open(log_path, "w") as log:
         return subprocess.Popen(
@@ -276,16 +278,19 @@ def _start_node1(llama_dir: str, nodes: list[str], log_path: Path) -> subprocess
             + COMMON,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
             start_new_session=True,
         )
 
 
 def _killpg(proc: subprocess.Popen) -> None:
-    """SIGKILL a process group (the process and everything it started); fine if it is gone."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL a process group (the process and everything it started, stopped or not); fine if
+    it is gone."""
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -344,3 +349,88 @@ def test_node1_exits_on_its_own_when_node0_dies(llama_dir, tmp_path):
         _killpg(node1)
         if proc is not None:
             _killpg(proc)
+
+
+def _two_nodes(llama_dir: str, tmp_path: Path, env0: dict, env1: dict):
+    """Node 1 (its process group) and node 0's server (``start_server``'s), both up."""
+    addr = f"127.0.0.1:{free_port()}"
+    nodes = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
+    node1 = _start_node1(llama_dir, nodes, tmp_path / "node1.log", env1)
+    try:
+        proc, url = start_server(["--model-path", llama_dir, *nodes, "--node-rank", "0", *COMMON], env=env0)
+    except BaseException:
+        _killpg(node1)
+        raise
+    return node1, proc, url
+
+
+@pytest.mark.slow
+def test_node1_killed_while_idle_stops_the_server(llama_dir, tmp_path):
+    """Node 1 SIGKILLed while node 0 serves nothing: node 0's next heartbeat (every 5 s) fails, and
+    its server exits non-zero naming node 1, without any request."""
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, {}, {})
+    try:
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        killed = time.monotonic()
+        os.killpg(node1.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
+        assert proc.returncode != 0
+        assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
+        assert time.monotonic() - killed < 15
+    finally:
+        _killpg(node1)
+        stop_server(proc)
+        _killpg(proc)
+
+
+@pytest.mark.slow
+def test_node1_exits_when_node0_goes_silent(llama_dir, tmp_path):
+    """Node 0 SIGSTOPped (a power loss or a cut network: no connection closes): node 1 hears no
+    step and no heartbeat for its bound (3 s here, by the env override) and exits non-zero."""
+    fast = {"LLMKIT_TP_HEARTBEAT_S": "0.5", "LLMKIT_TP_PEER_TIMEOUT_S": "3"}
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, fast, fast)
+    try:
+        asyncio.run(_complete_all(url, PROMPTS[:2]))
+        time.sleep(1.5)  # a few heartbeats go by: rank 1 stays up while node 0 is idle
+        assert node1.poll() is None
+        stopped = time.monotonic()
+        os.killpg(proc.pid, signal.SIGSTOP)
+        node1.wait(timeout=15)
+        out = (tmp_path / "node1.log").read_text()
+        assert node1.returncode != 0, out
+        assert "tensor-parallel rank 1 failed: TimeoutError: no step or heartbeat from tensor-parallel rank 0" in out
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
+        assert time.monotonic() - stopped < 15
+    finally:
+        _killpg(node1)
+        _killpg(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["idle", "serving"])
+def test_silent_node1_fails_every_client_and_stops_the_server(llama_dir, tmp_path, when):
+    """Node 1 SIGSTOPped: idle, node 0's heartbeat is not taken up within its bound; serving, a
+    step's collective times out (3 s bounds here, by the env overrides). Either way every client
+    gets an error naming node 1 and node 0's server exits non-zero."""
+    fast = {"LLMKIT_TP_HEARTBEAT_S": "0.5", "LLMKIT_TP_PEER_TIMEOUT_S": "3", "LLMKIT_TP_STEP_TIMEOUT_S": "3"}
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, fast, {})
+    try:
+        clients = None
+        if when == "serving":
+            clients = LongStreams(url, 4)
+            assert clients.started.wait(60)
+        stopped = time.monotonic()
+        os.killpg(node1.pid, signal.SIGSTOP)
+        if clients is not None:
+            clients.join_all(since=stopped, within=15)
+            for ev in clients.events:
+                data = [e for e in ev if e.startswith("data:") and e != "data: [DONE]"]
+                assert data and '"error"' in data[-1], ev[-3:]
+                assert "node 1 (tensor-parallel rank 1) died or is unreachable" in data[-1], data[-1]
+        proc.wait(timeout=max(1.0, 15 - (time.monotonic() - stopped)))
+        assert proc.returncode != 0
+        assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
+    finally:
+        _killpg(node1)
+        stop_server(proc)
+        _killpg(proc)
