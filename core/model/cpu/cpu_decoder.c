@@ -68,20 +68,35 @@ typedef struct {
     const CLoRAGroup *groups;
 } CLoRA;
 
-static void lora_row(const CLoRALin *l, const float *x, int64_t k, float *y, int64_t n_out) {
-    float t[l->r_total];
-    memset(t, 0, sizeof(float) * (size_t)l->r_total);
-    for (int64_t i = 0; i < k; i++) {
-        const float xi = x[i], *a = l->at + i * l->r_total;
-        for (int64_t j = 0; j < l->r_total; j++)
-            t[j] += xi * a[j];
+enum { LORA_ROWS = 8 }; /* rows whose deltas share one pass over A and B */
+
+/* One group's rows [r0, r0 + nb) of one layer, A and B read once for the block. One thread: at
+ * these sizes (a rank-16 adapter of a 135M model: ~5 M multiply-adds a row and step) waking the
+ * OpenMP team for each layer cost more than it saved (measured with bench_lora.py). */
+static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, int64_t n_out, const int64_t *rows,
+                       int64_t r0, int64_t nb) {
+    const int64_t rt = l->r_total;
+    float t[LORA_ROWS * rt];
+    memset(t, 0, sizeof(float) * (size_t)(nb * rt));
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float *a = l->at + kk * rt;
+        for (int64_t i = 0; i < nb; i++) {
+            const float xv = x[(rows ? rows[r0 + i] : r0 + i) * k + kk];
+            float *ti = t + i * rt;
+            for (int64_t j = 0; j < rt; j++)
+                ti[j] += xv * a[j];
+        }
     }
     for (int64_t p = 0; p < l->nparts; p++) {
-        float *yp = y + l->dst[p];
+        const int64_t len = l->len[p], dst = l->dst[p];
         for (int64_t j = p * l->rank; j < (p + 1) * l->rank; j++) {
-            const float tj = t[j], *b = l->bt + j * n_out + l->dst[p];
-            for (int64_t c = 0; c < l->len[p]; c++)
-                yp[c] += tj * b[c];
+            const float *b = l->bt + j * n_out + dst;
+            for (int64_t i = 0; i < nb; i++) {
+                const float tj = t[i * rt + j];
+                float *yi = y + (rows ? rows[r0 + i] : r0 + i) * n_out + dst;
+                for (int64_t c = 0; c < len; c++)
+                    yi[c] += tj * b[c];
+            }
         }
     }
 }
@@ -94,10 +109,9 @@ static void lora_add(const CLoRA *lora, int64_t blk, int lin, const float *x, in
         const CLoRALin *l = grp->lins + blk * 4 + lin;
         if (!l->at)
             continue;
-#pragma omp parallel for if (grp->nrows > 1)
-        for (int64_t i = 0; i < grp->nrows; i++) {
-            const int64_t m = grp->rows ? grp->rows[i] : i;
-            lora_row(l, x + m * k, k, y + m * n_out, n_out);
+        for (int64_t r0 = 0; r0 < grp->nrows; r0 += LORA_ROWS) {
+            const int64_t nb = grp->nrows - r0 < LORA_ROWS ? grp->nrows - r0 : LORA_ROWS;
+            lora_block(l, x, k, y, n_out, grp->rows, r0, nb);
         }
     }
 }
