@@ -11,6 +11,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 from llmkit.core.model.loader.source import EMBEDDED_NAME
 
@@ -91,3 +92,18 @@ def kill_server(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(30)
+
+
+@contextmanager
+def tp2_and_tp1(args: list[str]):
+    """``(TP=2 url, TP=1 url, TP=2 process)``: two servers of ``args``, one with ``--tp-size 2``,
+    stopped on exit (the comparisons TP=2 equals TP=1)."""
+    tp2, url2 = start_server([*args, "--tp-size", "2"])
+    try:
+        tp1, url1 = start_server(args)
+        try:
+            yield url2, url1, tp2
+        finally:
+            stop_server(tp1)
+    finally:
+        stop_server(tp2)

@@ -25,7 +25,7 @@ from llmkit.core.model.parallel import TPGroup
 from llmkit.core.plugins import registry
 
 from lora_utils import save_adapter, save_tiny_llama
-from server_utils import server_log, start_server, stop_server
+from server_utils import server_log, tp2_and_tp1
 
 COMMON = ["--device", "cpu", "--batch-storage", "none", "--enable-deterministic-inference", "--num-threads", "1"]
 PROMPTS = [[(7 * i + j) % 500 + 3 for j in range(4 + i % 9)] for i in range(8)]
@@ -140,15 +140,8 @@ def pair(models):
     """(TP=2 server, TP=1 server), both serving adapters a and b from the start."""
     args = ["--model-path", str(models / "base"), *COMMON, "--max-lora-rank", "8"]
     args += ["--lora-paths", f"a={models / 'a'}", f"b={models / 'b'}"]
-    tp2, url2 = start_server([*args, "--tp-size", "2"])
-    try:
-        tp1, url1 = start_server(args)
-        try:
-            yield url2, url1, tp2
-        finally:
-            stop_server(tp1)
-    finally:
-        stop_server(tp2)
+    with tp2_and_tp1(args) as servers:
+        yield servers
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ from llmkit.core.plugins import registry
 
 from fault_utils import LongStreams
 from model_utils import copy_embedded_tokenizer, save_tiny_model
-from server_utils import free_port, server_log, start_server, stop_server
+from server_utils import free_port, server_log, start_server, stop_server, tp2_and_tp1
 
 COMMON = ["--batch-storage", "none", "--enable-deterministic-inference", "--num-threads", "1"]
 PROMPTS = [[(7 * i + j) % 500 + 3 for j in range(4 + i % 9)] for i in range(12)]
@@ -158,15 +158,8 @@ def _assert_same(mine, theirs, tol=1e-4):
 def pair(request, llama_dir, qwen3_dir):
     """(TP=2 server, TP=1 server) on the same tiny model."""
     path = llama_dir if request.param == "llama" else qwen3_dir
-    tp2, url2 = start_server(["--model-path", path, "--tp-size", "2", *COMMON])
-    try:
-        tp1, url1 = start_server(["--model-path", path, *COMMON])
-        try:
-            yield url2, url1, tp2
-        finally:
-            stop_server(tp1)
-    finally:
-        stop_server(tp2)
+    with tp2_and_tp1(["--model-path", path, *COMMON]) as servers:
+        yield servers
 
 
 @pytest.mark.slow
