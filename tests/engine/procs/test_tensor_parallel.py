@@ -208,20 +208,10 @@ def test_tp2_times_dp2_matches_tp1(llama_dir):
 
 
 @pytest.mark.slow
-def test_tp2_across_two_nodes_on_loopback(llama_dir):
+def test_tp2_across_two_nodes_on_loopback(llama_dir, tmp_path):
     """Node 1 is its own process tree (``llmkit serve --node-rank 1``) that only runs rank 1."""
-    addr = f"127.0.0.1:{free_port()}"
-    nodes = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
-    node1 = subprocess.Popen(
-        [sys.executable, "-m", "llmkit.cli.main", "serve", "--model-path", llama_dir, *nodes, "--node-rank", "1"]
-        + COMMON,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, {}, {})
     try:
-        proc, url = start_server(["--model-path", llama_dir, *nodes, "--node-rank", "0", *COMMON])
         try:
             info = httpx.get(url + "/get_server_info", timeout=30).json()
             assert [r["rank"] for r in info["tp_ranks"]] == [0]  # rank 1 lives on the other node
@@ -229,12 +219,12 @@ def test_tp2_across_two_nodes_on_loopback(llama_dir):
         finally:
             stop_server(proc)
         # rank 0 told rank 1 to stop: node 1 exits cleanly on its own
-        out, _ = node1.communicate(timeout=30)
+        node1.wait(timeout=30)
+        out = (tmp_path / "node1.log").read_text()
         assert node1.returncode == 0, out
         assert "node 1 of 2: tensor-parallel ranks 1-1" in out
     finally:
-        if node1.poll() is None:
-            os.killpg(node1.pid, signal.SIGKILL)
+        _killpg(node1)
     tp1, url1 = start_server(["--model-path", llama_dir, *COMMON])
     try:
         _assert_same(mine, asyncio.run(_complete_all(url1, PROMPTS[:6])))
@@ -290,60 +280,6 @@ def _killpg(proc: subprocess.Popen) -> None:
         pass
 
 
-@pytest.mark.slow
-def test_dead_node_fails_every_client_and_stops_the_server(llama_dir, tmp_path):
-    """Node 1 SIGKILLed (its whole process group) under open streams: every stream ends with an
-    error naming the lost rank within seconds, and node 0's server exits non-zero saying why."""
-    addr = f"127.0.0.1:{free_port()}"
-    nodes = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
-    node1 = _start_node1(llama_dir, nodes, tmp_path / "node1.log")
-    proc = None
-    try:
-        proc, url = start_server(["--model-path", llama_dir, *nodes, "--node-rank", "0", *COMMON])
-        clients = LongStreams(url, 4)
-        assert clients.started.wait(60)
-        killed = time.monotonic()
-        os.killpg(node1.pid, signal.SIGKILL)
-        clients.join_all(since=killed, within=15)
-        for ev in clients.events:  # each stream's last event is an OpenAI-shaped error
-            data = [e for e in ev if e.startswith("data:") and e != "data: [DONE]"]
-            assert data and '"error"' in data[-1] and '"message"' in data[-1], ev[-3:]
-            assert "node 1 (tensor-parallel rank 1) died" in data[-1], data[-1]
-        proc.wait(timeout=max(1.0, 15 - (time.monotonic() - killed)))
-        assert proc.returncode != 0
-        assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
-    finally:
-        _killpg(node1)
-        if proc is not None:
-            stop_server(proc)
-            _killpg(proc)
-
-
-@pytest.mark.slow
-def test_node1_exits_on_its_own_when_node0_dies(llama_dir, tmp_path):
-    """Node 0 SIGKILLed (server, engine and rank 0): node 1 notices its lost peer and exits
-    promptly, saying so, rather than wait for a step that never comes."""
-    addr = f"127.0.0.1:{free_port()}"
-    nodes = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
-    node1 = _start_node1(llama_dir, nodes, tmp_path / "node1.log")
-    proc = None
-    try:
-        proc, url = start_server(["--model-path", llama_dir, *nodes, "--node-rank", "0", *COMMON])
-        asyncio.run(_complete_all(url, PROMPTS[:2]))  # the group works; rank 1 now waits for a step
-        killed = time.monotonic()
-        os.killpg(proc.pid, signal.SIGKILL)
-        node1.wait(timeout=15)
-        out = (tmp_path / "node1.log").read_text()
-        assert node1.returncode != 0, out
-        assert "tensor-parallel rank 1 failed: RuntimeError" in out, out
-        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
-        assert time.monotonic() - killed < 15
-    finally:
-        _killpg(node1)
-        if proc is not None:
-            _killpg(proc)
-
-
 def _two_nodes(llama_dir: str, tmp_path: Path, env0: dict, env1: dict):
     """Node 1 (its process group) and node 0's server (``start_server``'s), both up."""
     addr = f"127.0.0.1:{free_port()}"
@@ -355,6 +291,55 @@ def _two_nodes(llama_dir: str, tmp_path: Path, env0: dict, env1: dict):
         _killpg(node1)
         raise
     return node1, proc, url
+
+
+def _assert_streams_end_with(clients: LongStreams, text: str) -> None:
+    """Each stream's last event is an OpenAI-shaped error containing ``text``."""
+    for ev in clients.events:
+        data = [e for e in ev if e.startswith("data:") and e != "data: [DONE]"]
+        assert data and '"error"' in data[-1] and '"message"' in data[-1], ev[-3:]
+        assert text in data[-1], data[-1]
+
+
+@pytest.mark.slow
+def test_dead_node_fails_every_client_and_stops_the_server(llama_dir, tmp_path):
+    """Node 1 SIGKILLed (its whole process group) under open streams: every stream ends with an
+    error naming the lost rank within seconds, and node 0's server exits non-zero saying why."""
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, {}, {})
+    try:
+        clients = LongStreams(url, 4)
+        assert clients.started.wait(60)
+        killed = time.monotonic()
+        os.killpg(node1.pid, signal.SIGKILL)
+        clients.join_all(since=killed, within=15)
+        _assert_streams_end_with(clients, "node 1 (tensor-parallel rank 1) died")
+        proc.wait(timeout=max(1.0, 15 - (time.monotonic() - killed)))
+        assert proc.returncode != 0
+        assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
+    finally:
+        _killpg(node1)
+        stop_server(proc)
+        _killpg(proc)
+
+
+@pytest.mark.slow
+def test_node1_exits_on_its_own_when_node0_dies(llama_dir, tmp_path):
+    """Node 0 SIGKILLed (server, engine and rank 0): node 1 notices its lost peer and exits
+    promptly, saying so, rather than wait for a step that never comes."""
+    node1, proc, url = _two_nodes(llama_dir, tmp_path, {}, {})
+    try:
+        asyncio.run(_complete_all(url, PROMPTS[:2]))  # the group works; rank 1 now waits for a step
+        killed = time.monotonic()
+        os.killpg(proc.pid, signal.SIGKILL)
+        node1.wait(timeout=15)
+        out = (tmp_path / "node1.log").read_text()
+        assert node1.returncode != 0, out
+        assert "tensor-parallel rank 1 failed: RuntimeError" in out, out
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
+        assert time.monotonic() - killed < 15
+    finally:
+        _killpg(node1)
+        _killpg(proc)
 
 
 @pytest.mark.slow
@@ -416,10 +401,7 @@ def test_silent_node1_fails_every_client_and_stops_the_server(llama_dir, tmp_pat
         os.killpg(node1.pid, signal.SIGSTOP)
         if clients is not None:
             clients.join_all(since=stopped, within=15)
-            for ev in clients.events:
-                data = [e for e in ev if e.startswith("data:") and e != "data: [DONE]"]
-                assert data and '"error"' in data[-1], ev[-3:]
-                assert "node 1 (tensor-parallel rank 1) died or is unreachable" in data[-1], data[-1]
+            _assert_streams_end_with(clients, "node 1 (tensor-parallel rank 1) died or is unreachable")
         proc.wait(timeout=max(1.0, 15 - (time.monotonic() - stopped)))
         assert proc.returncode != 0
         assert "node 1 (tensor-parallel rank 1) died or is unreachable" in server_log(proc, 20000)
