@@ -40,8 +40,7 @@ class StorageResolver(LoRAResolver):
                 with open(dest / file, "wb") as f:
                     for chunk in chunks:
                         f.write(chunk)
-            except NotFoundError:
-                (dest / file).unlink(missing_ok=True)
+            except NotFoundError:  # (raised before the file is opened)
                 if file == FILES[0]:  # no adapter by that name
                     shutil.rmtree(dest, ignore_errors=True)
                     return None

@@ -183,7 +183,8 @@ class StackedLM(CausalLM):
         if plan is not None and plan.usable(x):
             # adapter rows run in the stack too, unless an adapter's weights cannot go there
             lora = None if ctx.lora is None else NativeLoRA.build(ctx.lora, x.shape[0], plan.n)
-            attend = None if ctx.lora is not None and lora is None else ctx.attn.native_attend(rope, ctx.metadata)
+            in_stack = ctx.lora is None or lora is not None
+            attend = ctx.attn.native_attend(rope, ctx.metadata) if in_stack else None
             if attend is not None:
                 x, residual = plan.run(x, attend, lora)
                 x, _ = self.norm(x, residual)
