@@ -9,6 +9,7 @@
  * The kernels come in as function pointers from their own libraries (cpu_quant_gemm.c,
  * cpu_norm.c, cpu_pointwise.c) and the attention from the backend's native_attend callback
  * (core/model/attention.py), so this file builds against none of them. */
+#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -48,13 +49,20 @@ typedef struct {
 
 /* LoRA deltas (core/lora/layer.py's math, cpu_lora.py builds these): per adapter group of rows,
  * t = x A^T, then y += t B^T, where a fused layer's part p expands only its own rank columns into
- * its own output rows [dst, dst + len). A and B come transposed (at [k, r_total], bt [r_total,
- * n_out], B scaled), so both loops are row updates the compiler vectorizes, and each row's delta
- * is summed in one fixed order whatever its batch. */
+ * its own output rows [dst, dst + len).
+ *
+ * A and B come as half-precision copies in blocks of 8 lanes (F16C widens them): at [rb][k][8]
+ * holds A^T's rank columns 8 at a time (rb = r_total / 8 rounded up, zero-padded), and part p's
+ * B^T (scaled) sits at bt + boff[p] as [len / 8 rounded up][rank][8]. Why: at one row a step is
+ * bound by reading A and B (a rank-16 adapter of the 135M model is 19.6 MB in float32, 9.8 MB
+ * here), and in blocks each 8-lane load feeds every row of the pass from registers. Each row's
+ * sums run in one fixed order (see dot8) whatever its batch and the thread count, so a row's
+ * output does not depend on the rows beside it. */
+
 typedef struct {
-    const float *at, *bt; /* at NULL: the adapter leaves this layer alone */
+    const uint16_t *at, *bt; /* at NULL: the adapter leaves this layer alone */
     int64_t r_total, rank, nparts;
-    int64_t dst[3], len[3];
+    int64_t dst[3], len[3], boff[3];
 } CLoRALin;
 
 typedef struct {
@@ -68,42 +76,100 @@ typedef struct {
     const CLoRAGroup *groups;
 } CLoRA;
 
-enum { LORA_ROWS = 8 }; /* rows whose deltas share one pass over A and B */
+/* rows per pass over A and B (a third row's accumulators would not fit in the 16 registers), the
+ * widest padded t (cpu_lora.py's MAX_RT: three parts of rank 256), accumulators per row */
+enum { LORA_ROWS = 2, LORA_MAX_RT = 3 * 256 + 8, LORA_ACC = 4 };
 
-/* One group's rows [r0, r0 + nb) of one layer, A and B read once for the block. One thread: at
- * these sizes (a rank-16 adapter of a 135M model: ~5 M multiply-adds a row and step) waking the
- * OpenMP team for each layer cost more than it saved (measured with bench_lora.py). */
-static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, int64_t n_out, const int64_t *rows,
-                       int64_t r0, int64_t nb) {
-    const int64_t rt = l->r_total;
-    float t[LORA_ROWS * rt];
-    memset(t, 0, sizeof(float) * (size_t)(nb * rt));
-    for (int64_t kk = 0; kk < k; kk++) {
-        const float *a = l->at + kk * rt;
-        for (int64_t i = 0; i < nb; i++) {
-            const float xv = x[(rows ? rows[r0 + i] : r0 + i) * k + kk];
-            float *ti = t + i * rt;
-            for (int64_t j = 0; j < rt; j++)
-                ti[j] += xv * a[j];
-        }
+static inline __m256 half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* sum_{q < n} s[i][q] * w[q][0..8) for each of the nb rows, into d[i]: w is n vectors of 8 halves,
+ * s[i] the row's n scalars. Four accumulators take q in turn (one FMA chain would bound a single
+ * row by its latency), summed in a fixed order at the end. Inlined with nb a constant (DOT8), so
+ * the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void dot8(const uint16_t *w, int64_t n, const float *const *s, int64_t nb,
+                                                       __m256 *d) {
+    __m256 acc[LORA_ROWS][LORA_ACC];
+    for (int64_t i = 0; i < LORA_ROWS; i++)
+        for (int u = 0; u < LORA_ACC; u++)
+            acc[i][u] = _mm256_setzero_ps();
+    int64_t q = 0;
+    for (; q + LORA_ACC <= n; q += LORA_ACC) {
+        __m256 wv[LORA_ACC];
+        for (int u = 0; u < LORA_ACC; u++)
+            wv[u] = half8(w + (q + u) * 8);
+        for (int64_t i = 0; i < nb; i++)
+            for (int u = 0; u < LORA_ACC; u++)
+                acc[i][u] = _mm256_fmadd_ps(_mm256_set1_ps(s[i][q + u]), wv[u], acc[i][u]);
     }
-    for (int64_t p = 0; p < l->nparts; p++) {
-        const int64_t len = l->len[p], dst = l->dst[p];
-        for (int64_t j = p * l->rank; j < (p + 1) * l->rank; j++) {
-            const float *b = l->bt + j * n_out + dst;
+    for (int u = 0; q < n; q++, u++) {
+        const __m256 wv = half8(w + q * 8);
+        for (int64_t i = 0; i < nb; i++)
+            acc[i][u] = _mm256_fmadd_ps(_mm256_set1_ps(s[i][q]), wv, acc[i][u]);
+    }
+    for (int64_t i = 0; i < nb; i++)
+        d[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3]));
+}
+
+#define DOT8(w, n, s, nb, d) ((nb) == 1 ? dot8(w, n, s, 1, d) : dot8(w, n, s, 2, d))
+
+/* One group's rows [r0, r0 + nb) (nb <= LORA_ROWS) of one layer, called by every thread of
+ * lora_add's team: the shrink's rank blocks and the expand's output blocks are shared out between
+ * them (the second core adds memory bandwidth, which is what a step at one row is short of). t is
+ * the team's shared [LORA_ROWS][LORA_MAX_RT]. */
+static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, int64_t n_out, const int64_t *rows,
+                       int64_t r0, int64_t nb, float (*t)[LORA_MAX_RT], int last) {
+    const int64_t rb = (l->r_total + 7) / 8;
+    const float *xr[LORA_ROWS] = {0}, *tr[LORA_ROWS] = {0};
+    float *yr[LORA_ROWS] = {0};
+    __m256 d[LORA_ROWS];
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t row = rows ? rows[r0 + i] : r0 + i;
+        xr[i] = x + row * k;
+        yr[i] = y + row * n_out;
+    }
+#pragma omp for schedule(static)
+    for (int64_t jb = 0; jb < rb; jb++) { /* shrink: t[i][8 jb ..] = x_i A^T */
+        DOT8(l->at + jb * k * 8, k, xr, nb, d);
+        for (int64_t i = 0; i < nb; i++)
+            _mm256_storeu_ps(t[i] + jb * 8, d[i]);
+    } /* (the loop's barrier: all of t is written before any expand reads it) */
+    for (int64_t p = 0; p < l->nparts; p++) { /* expand: y_i[dst ..] += t_i[p rank ..] B_p^T */
+        const int64_t rank = l->rank, len = l->len[p];
+        for (int64_t i = 0; i < nb; i++)
+            tr[i] = t[i] + p * rank;
+#pragma omp for schedule(static) nowait
+        for (int64_t cb = 0; cb < len; cb += 8) {
+            DOT8(l->bt + l->boff[p] + cb * rank, rank, tr, nb, d);
+            const int64_t c0 = l->dst[p] + cb, w = len - cb < 8 ? len - cb : 8;
             for (int64_t i = 0; i < nb; i++) {
-                const float tj = t[i * rt + j];
-                float *yi = y + (rows ? rows[r0 + i] : r0 + i) * n_out + dst;
-                for (int64_t c = 0; c < len; c++)
-                    yi[c] += tj * b[c];
+                if (w == 8) {
+                    _mm256_storeu_ps(yr[i] + c0, _mm256_add_ps(_mm256_loadu_ps(yr[i] + c0), d[i]));
+                } else {
+                    float tail[8];
+                    _mm256_storeu_ps(tail, d[i]);
+                    for (int64_t c = 0; c < w; c++)
+                        yr[i][c0 + c] += tail[c];
+                }
             }
         }
     }
+    if (!last) {
+#pragma omp barrier /* t is read to the end before the next rows' shrink overwrites it */
+    } /* (the last rows: the region's own end waits) */
 }
 
 /* Linear `lin` (0 qkv, 1 o, 2 gate_up, 3 down) of block `blk`: each group's rows get their delta;
- * rows of no group (base rows) are left as the base layer wrote them. */
+ * rows of no group (base rows) are left as the base layer wrote them. One OpenMP region for all
+ * of the layer's groups and rows. */
 static void lora_add(const CLoRA *lora, int64_t blk, int lin, const float *x, int64_t k, float *y, int64_t n_out) {
+    int64_t last_g = -1; /* the last group with rows this layer adapts; none: nothing to do */
+    for (int64_t g = 0; g < lora->ngroups; g++)
+        if (lora->groups[g].lins[blk * 4 + lin].at && lora->groups[g].nrows > 0)
+            last_g = g;
+    if (last_g < 0)
+        return;
+    float t[LORA_ROWS][LORA_MAX_RT];
+#pragma omp parallel
     for (int64_t g = 0; g < lora->ngroups; g++) {
         const CLoRAGroup *grp = lora->groups + g;
         const CLoRALin *l = grp->lins + blk * 4 + lin;
@@ -111,7 +177,7 @@ static void lora_add(const CLoRA *lora, int64_t blk, int lin, const float *x, in
             continue;
         for (int64_t r0 = 0; r0 < grp->nrows; r0 += LORA_ROWS) {
             const int64_t nb = grp->nrows - r0 < LORA_ROWS ? grp->nrows - r0 : LORA_ROWS;
-            lora_block(l, x, k, y, n_out, grp->rows, r0, nb);
+            lora_block(l, x, k, y, n_out, grp->rows, r0, nb, t, g == last_g && r0 + nb == grp->nrows);
         }
     }
 }

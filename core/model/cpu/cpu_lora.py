@@ -2,9 +2,12 @@
 
 Through the Python layers an adapter costs a handful of small torch ops per projection and row
 group (~200 projections a step on the embedded model), which outweighs the deltas' arithmetic; in
-the C stack a row's delta is two vectorized loops. The stack reads A and B transposed (both loops
-then update contiguous rows), so each adapter keeps a float32 copy of its weights in that layout,
-built the first time the stack runs it.
+the C stack a row's delta is two vectorized loops. The stack reads half-precision copies of A and B
+in blocks of 8 lanes (the layout ``cpu_decoder.c`` describes): at one row a step is bound by
+reading them, and half the bytes is most of the adapter's cost gone. The stack runs only over
+int8/int4 base weights, whose quantization error is far above fp16's rounding of A and B. Each
+adapter keeps this copy beside its float32 weights (which the Python layers use), built the first
+time the stack runs it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 # the stack's four linear layers of a block, in cpu_decoder.c's order
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 MAX_PARTS = 3  # Q, K and V of a fused QKV layer
+MAX_RT = 3 * 256 + 8  # cpu_decoder.c's LORA_MAX_RT: wider adapters run in the Python layers
 
 
 class CLoRALin(ctypes.Structure):
@@ -26,6 +30,7 @@ class CLoRALin(ctypes.Structure):
         + [
             ("dst", _I64 * MAX_PARTS),
             ("len", _I64 * MAX_PARTS),
+            ("boff", _I64 * MAX_PARTS),
         ]
     )
 
@@ -38,9 +43,30 @@ class CLoRA(ctypes.Structure):
     _fields_ = [("ngroups", _I64), ("groups", _PTR)]
 
 
+def _lanes(m: torch.Tensor) -> torch.Tensor:
+    """``m [rows, cols]`` as half precision ``[ceil(rows / 8)][cols][8]`` (rows zero-padded)."""
+    pad = -m.shape[0] % 8
+    if pad:
+        m = torch.cat([m, m.new_zeros(pad, m.shape[1])])
+    return m.reshape(-1, 8, m.shape[1]).transpose(1, 2).contiguous().half()
+
+
+def _half_lin(a: torch.Tensor, b: torch.Tensor, rank: int, parts: list) -> tuple[CLoRALin, list]:
+    """One layer's ``CLoRALin`` over half-precision blocked copies of ``A [r_total, k]`` and
+    ``B [n_out, r_total]`` (each part's B only: its rows, its rank columns)."""
+    at = _lanes(a)
+    blocks = [_lanes(b[d : d + n, p * rank : (p + 1) * rank]).flatten() for p, (d, n) in enumerate(parts)]
+    offsets = [0]
+    for blk in blocks[:-1]:
+        offsets.append(offsets[-1] + blk.numel())
+    bt = torch.cat(blocks)
+    fields = [(_I64 * MAX_PARTS)(*v) for v in ([d for d, _ in parts], [n for _, n in parts], offsets)]
+    return CLoRALin(at.data_ptr(), bt.data_ptr(), a.shape[0], rank, len(parts), *fields), [at, bt]
+
+
 def _adapter_lins(adapter, nblocks: int):
     """The adapter's ``CLoRALin [nblocks * 4]`` (cached on it), or None where its weights cannot go
-    (not float32 on the CPU, or a layer outside the stack's four)."""
+    (not float32 on the CPU, too wide, or a layer outside the stack's four)."""
     cached = adapter.native
     if cached is not None:
         return cached[1] if cached[0] == nblocks else None
@@ -49,14 +75,17 @@ def _adapter_lins(adapter, nblocks: int):
     for name, (a, b) in adapter.weights.items():
         slot = names.get(name)
         parts = adapter.parts.get(name, [])
-        if slot is None or a.dtype != torch.float32 or a.device.type != "cpu" or not 0 < len(parts) <= MAX_PARTS:
+        if (
+            slot is None
+            or a.dtype != torch.float32
+            or a.device.type != "cpu"
+            or not 0 < len(parts) <= MAX_PARTS
+            or a.shape[0] + 7 > MAX_RT
+        ):
             adapter.native = (nblocks, None)
             return None
-        at, bt = a.t().contiguous(), b.t().contiguous()
-        keep += [at, bt]
-        dst = (_I64 * MAX_PARTS)(*(d for d, _ in parts))
-        rows = (_I64 * MAX_PARTS)(*(n for _, n in parts))
-        lins[slot] = CLoRALin(at.data_ptr(), bt.data_ptr(), a.shape[0], adapter.rank, len(parts), dst, rows)
+        lins[slot], held = _half_lin(a, b, adapter.rank, parts)
+        keep += held
     adapter.native = (nblocks, lins, keep)
     return lins
 
