@@ -99,11 +99,12 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     plan = resolve_plan(config, leader)
     tokenizer = AutoTokenizer.from_pretrained(str(plan.model_dir))
     model = load_model(plan, config, tp)
+    lora = build_lora(config, model)  # (its CUDA slots come out of the memory the KV pool is sized from)
     kv = size_kv(plan, config, model, tp)
     explicit_running = config.max_running_requests
     config = dataclasses.replace(config, max_running_requests=kv.running)  # the scheduler's limit
     scheduler, runner = build_runner(plan, config, model, kv, tp, leader)
-    runner.lora = build_lora(config, model)
+    runner.lora = lora
     if runner.lora is not None:  # from here on, rank 0's run-time loads reach every rank
         runner.lora.channel = runner.broadcaster
     if getattr(model, "multimodal", False):  # images: encoded on this side, kept by content hash

@@ -7,16 +7,17 @@ of SGMV). Rows of no adapter pay nothing, and a batch with no adapter rows only 
 
 On CUDA (Triton installed, ``LLMKIT_DISABLE_FUSED_KERNELS`` not 1) the whole batch's deltas of a
 layer are two launches instead (:mod:`llmkit.core.lora.triton_sgmv`): the manager gives each row
-its adapter's slot once per forward, and each layer stacks its weights once per set of adapters.
+its adapter's slot once per forward, and each layer keeps its adapters' weights in a fixed set of
+slots (:mod:`llmkit.core.lora.slot_pool`), written when an adapter takes one.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from llmkit.core.lora.slot_pool import SlotPool
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.linear import Linear, in_tiles
 
@@ -27,29 +28,17 @@ class LoRABatch:
     forward (empty: no adapter rows, the layers add nothing). ``rows`` None: every row."""
 
     groups: list[tuple[object, torch.Tensor | None]] = field(default_factory=list)
-    # CUDA kernels only (else None / empty): each row's slot in ``slots`` (int32, -1: no adapter)
+    # CUDA kernels only (else None / empty): each row's slot in ``pool`` (int32, -1: no adapter)
+    # and the forward's slots (by slot: the adapter there, None for a slot this forward leaves)
     row_slot: torch.Tensor | None = None
     slots: tuple = ()
-    # per set of adapters (their uids in slot order), each layer's stacked weights (or None: the
-    # set does not adapt it); the last few sets are kept, as a batch's set changes seldom
-    stacks: OrderedDict = field(default_factory=OrderedDict)
-    max_sets: int = 2
+    pool: SlotPool | None = None
 
     def stack(self, layer: "LoRALinear"):
-        """``layer``'s :class:`~llmkit.core.lora.triton_sgmv.Stack` for the current slots."""
-        key = tuple(a.uid for a in self.slots)
-        per_layer = self.stacks.get(key)
-        if per_layer is None:
-            per_layer = self.stacks[key] = {}
-            while len(self.stacks) > self.max_sets:
-                self.stacks.popitem(last=False)
-        else:
-            self.stacks.move_to_end(key)
-        if layer.name not in per_layer:
-            from llmkit.core.lora.triton_sgmv import build_stack
-
-            per_layer[layer.name] = build_stack(self.slots, layer.name, layer.local_in, layer.local_out)
-        return per_layer[layer.name]
+        """``layer``'s slots (:class:`~llmkit.core.lora.slot_pool.Stack`), or None where no
+        adapter of this forward adapts it."""
+        used = [s for s, ad in enumerate(self.slots) if ad is not None]
+        return self.pool.stack(layer.name, layer.local_in, layer.local_out, used)
 
 
 class LoRALinear(HotModule):

@@ -27,6 +27,7 @@ from torch import nn
 from llmkit.core.lora.adapter import FUSED_PARTS, LoRAAdapter, build_adapter
 from llmkit.core.lora.layer import LoRABatch, LoRALinear
 from llmkit.core.lora.options import target_set
+from llmkit.core.lora.slot_pool import SlotPool
 from llmkit.core.model.layers import FUSED_ON_CUDA
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.parallel import SINGLE
@@ -49,6 +50,13 @@ class LoRAManager:
         self._uids = itertools.count(1)  # 0: the base model's prefix-cache space
         self.layers: dict[str, Linear] = {}
         self._install()
+        dtype, device = self._param()
+        if FUSED_ON_CUDA and device.type == "cuda":  # every layer's slots now, before the KV pool is sized
+            self.batch.pool = SlotPool(max_per_batch, max_rank)
+            size = self.batch.pool.allocate_layers(self.layers, dtype, device)
+            log.info(
+                "LoRA slots: %d per layer up to rank %d, %.2f GiB on %s", max_per_batch, max_rank, size / 2**30, device
+            )
 
     def _install(self) -> None:
         wanted = {FUSED_PARTS[m][0] for m in self.allowed}
@@ -195,19 +203,20 @@ class LoRAManager:
         return True
 
     def _slot_rows(self, per_segment: Sequence[LoRAAdapter | None], q_lens: Sequence[int], device) -> None:
-        """The Triton kernels' inputs: each row's slot (one host-to-device copy per forward) and
-        the adapters in slot order (first appearance)."""
-        slot_of: dict[int, int] = {}
-        slots: list[LoRAAdapter] = []
+        """The Triton kernels' inputs: each row's slot in the pool (one host-to-device copy per
+        forward) and the forward's adapters by slot."""
+        if self.batch.pool is None:
+            self.batch.pool = SlotPool(self.max_per_batch, self.max_rank)
+        distinct = list({a.uid: a for a in per_segment if a is not None}.values())
+        slot_of = self.batch.pool.place(distinct)
+        slots: list = [None] * self.batch.pool.num_slots
         per_row: list[int] = []
         for adapter, n in zip(per_segment, q_lens):
             if adapter is None:
                 per_row += [-1] * n
                 continue
-            s = slot_of.get(adapter.uid)
-            if s is None:
-                s = slot_of[adapter.uid] = len(slots)
-                slots.append(adapter)
+            s = slot_of[adapter.uid]
+            slots[s] = adapter
             per_row += [s] * n
         self.batch.slots = tuple(slots)
         self.batch.row_slot = torch.tensor(per_row, dtype=torch.int32, device=device)

@@ -1,11 +1,12 @@
 """LoRA deltas on CUDA in two Triton launches per projection for the whole batch (BGMV style).
 
 Every row of a forward carries its adapter's slot (``row_slot [T]`` int32, ``-1``: no adapter),
-built once per forward by :meth:`LoRAManager.activate`. Per layer, the adapters of the forward are
-stacked once per set of adapters (:func:`build_stack`, cached on the :class:`LoRABatch`):
+built once per forward by :meth:`LoRAManager.activate`. Per layer, the adapters sit in a fixed set
+of slots (:class:`~llmkit.core.lora.slot_pool.SlotPool`), each written once when its adapter
+takes it:
 
 - ``a [slots, R, in]``: each adapter's stacked A (``[blocks * r, in]``, one rank block per part of
-  a fused layer it adapts), zero-padded to the largest ``blocks * r`` of the set;
+  a fused layer it adapts), zero-padded to the slots' ``R`` (the layer's blocks x the largest rank);
 - ``b [slots, out, r_max]``: each output row's *own* rank block of the block-diagonal B only
   (``b[s, n, j] = B[n, block(n) * r + j]``), so the expand reads ``out * r`` weights, not
   ``out * blocks * r``; ``lo / hi [slots, 3]`` give each rank block's output rows.
@@ -26,13 +27,11 @@ CPU interpreter): ``@triton.jit`` decides between the compiled and the interpret
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-MAX_BLOCKS = 3  # rank blocks of one fused layer at most (q, k, v)
+from llmkit.core.lora.slot_pool import MAX_BLOCKS, Stack
 
 
 @triton.jit
@@ -132,47 +131,6 @@ def _blocks() -> tuple[int, int, int, int]:
     if is_interpreted():  # tiny blocks: several rank tiles, K steps and output tiles on test shapes
         return 8, 16, 16, 8
     return 16, 128, 128, 16
-
-
-@dataclass
-class Stack:
-    """One layer's weights of a set of adapters, one slot each (see the module docstring)."""
-
-    a: torch.Tensor  # [slots, R, in]
-    b: torch.Tensor  # [slots, out, r_max]
-    r_total: torch.Tensor  # [slots] int32
-    rank: torch.Tensor  # [slots] int32
-    lo: torch.Tensor  # [slots, MAX_BLOCKS] int32
-    hi: torch.Tensor  # [slots, MAX_BLOCKS] int32
-
-
-def build_stack(adapters, name: str, in_features: int, out_features: int) -> Stack | None:
-    """Layer ``name``'s weights of ``adapters`` (slot ``i``: ``adapters[i]``), or None where none of
-    them adapts the layer. Plain torch (on the weights' device): runs once per set of adapters."""
-    adapted = [(s, ad) for s, ad in enumerate(adapters) if name in ad.weights]
-    if not adapted:
-        return None
-    a0 = adapted[0][1].weights[name][0]
-    dtype, device = a0.dtype, a0.device
-    n = len(adapters)
-    r_pad = max(ad.weights[name][0].shape[0] for _, ad in adapted)
-    r_max = max(ad.rank for _, ad in adapted)
-    a = torch.zeros(n, r_pad, in_features, dtype=dtype, device=device)
-    b = torch.zeros(n, out_features, r_max, dtype=dtype, device=device)
-    meta = torch.zeros(n, 2 + 2 * MAX_BLOCKS, dtype=torch.int32)  # r_total, rank, lo..., hi...
-    for s, ad in adapted:
-        wa, wb = ad.weights[name]
-        parts, r = ad.parts[name], ad.rank
-        if len(parts) > MAX_BLOCKS or wa.shape[0] != len(parts) * r:
-            raise ValueError(f"LoRA adapter '{ad.name}': {name} has {len(parts)} rank blocks of {r}")
-        a[s, : wa.shape[0]] = wa
-        meta[s, 0], meta[s, 1] = wa.shape[0], r
-        for i, (dst, rows) in enumerate(parts):
-            b[s, dst : dst + rows, :r] = wb[dst : dst + rows, i * r : (i + 1) * r]
-            meta[s, 2 + i], meta[s, 2 + MAX_BLOCKS + i] = dst, dst + rows
-    meta = meta.to(device)
-    lo, hi = meta[:, 2 : 2 + MAX_BLOCKS].contiguous(), meta[:, 2 + MAX_BLOCKS :].contiguous()
-    return Stack(a, b, meta[:, 0].contiguous(), meta[:, 1].contiguous(), lo, hi)
 
 
 def shrink(x: torch.Tensor, stack: Stack, row_slot: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from torch import nn
 from llmkit.core.lora.adapter import LoRAAdapter
 from llmkit.core.lora.layer import LoRABatch, LoRALinear
 from llmkit.core.lora.manager import LoRAManager
+from llmkit.core.lora.slot_pool import SlotPool
 
 from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
 
@@ -80,7 +81,7 @@ def check_case(case: str, layer: str, dtype: torch.dtype, device: str) -> None:
     x = torch.randn(rows, IN, generator=g).to(device, dtype)
     y0 = torch.randn(rows, out, generator=g).to(device, dtype)
     mgr = object.__new__(LoRAManager)  # only activate's state: no model to wrap
-    mgr.batch = LoRABatch()
+    mgr.batch, mgr.max_per_batch, mgr.max_rank = LoRABatch(), 4, 64
     lin = LoRALinear(_Base(y0, IN), layer, mgr.batch)
     assert mgr.activate(per_segment, q_lens, torch.device(device))
     row_slot = mgr.batch.row_slot
@@ -132,42 +133,81 @@ def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]
     assert interpreter_results[run] == "ok", interpreter_results[run]
 
 
-def test_stack_keeps_each_output_rows_own_rank_block():
-    """build_stack (plain torch): B keeps only each output row's own rank block, and the slot
-    metadata says where each block's rows are; a layer no adapter of the set adapts has none."""
-    pytest.importorskip("triton")
-    from llmkit.core.lora.triton_sgmv import build_stack
-
+def test_slot_keeps_each_output_rows_own_rank_block():
+    """A layer's slots (plain torch): B keeps only each output row's own rank block, and the slot
+    metadata says where each block's rows are; a layer no adapter of the forward adapts has none."""
     g = torch.Generator().manual_seed(1)
     r4 = _adapter("r4_all", 1, "qkv", torch.float32, "cpu", g)
     r1 = _adapter("r1_qv", 2, "qkv", torch.float32, "cpu", g)
-    st = build_stack((r1, r4), "qkv", IN, 80)
-    assert st.a.shape == (2, 12, IN) and st.b.shape == (2, 80, 4)
-    assert st.r_total.tolist() == [2, 12] and st.rank.tolist() == [1, 4]
-    assert st.lo.tolist() == [[0, 64, 0], [0, 48, 64]] and st.hi.tolist() == [[48, 80, 0], [48, 64, 80]]
+    pool = SlotPool(num_slots=3, max_rank=4)
+    assert pool.place([r1, r4]) == {2: 0, 1: 1}
+    st = pool.stack("qkv", IN, 80, [0, 1])
+    assert st.a.shape == (3, 12, IN) and st.b.shape == (3, 80, 4)  # (3 blocks x rank 4 for an unknown layer)
+    assert st.r_total.tolist() == [2, 12, 0] and st.rank.tolist() == [1, 4, 0]
+    assert st.lo.tolist() == [[0, 64, 0], [0, 48, 64], [0, 0, 0]]
+    assert st.hi.tolist() == [[48, 80, 0], [48, 64, 80], [0, 0, 0]]
     a1, b1 = r1.weights["qkv"]
     assert torch.equal(st.a[0, :2], a1) and not st.a[0, 2:].any()
     assert torch.equal(st.b[0, :48, 0], b1[:48, 0]) and torch.equal(st.b[0, 64:, 0], b1[64:, 1])
     assert not st.b[0, 48:64].any() and not st.b[0, :, 1:].any()
     assert torch.equal(st.b[1, 48:64], r4.weights["qkv"][1][48:64, 4:8])
     r1_o = _adapter("r1_qv", 3, "o", torch.float32, "cpu", g)
-    assert build_stack((r1_o,), "o", IN, IN) is None
+    assert pool.stack("o", IN, IN, [pool.place([r1_o])[3]]) is None
 
 
-def test_stacks_are_cached_per_set_of_adapters():
-    pytest.importorskip("triton")
+def test_slots_stay_put_and_the_least_recently_used_is_evicted():
+    """An adapter keeps its slot across forwards (nothing is copied again, the tensors never move:
+    what a captured CUDA graph needs); a new one takes an empty slot, then the least recently used
+    one no adapter of its forward holds, whose weights are overwritten; an unloaded adapter's slot
+    does not keep it alive."""
+    import gc
+
     g = torch.Generator().manual_seed(2)
-    ads = [_adapter(n, i + 1, "qkv", torch.float32, "cpu", g) for i, n in enumerate(ADAPTERS)]
-    batch = LoRABatch()
-    lin = LoRALinear(_Base(torch.zeros(1, 80), IN), "qkv", batch)
-    batch.slots = (ads[0], ads[1])
-    first = batch.stack(lin)
-    assert batch.stack(lin) is first
-    batch.slots = (ads[1], ads[0])  # another slot order: another stack
-    assert batch.stack(lin) is not first
-    batch.slots = (ads[2],)
-    batch.stack(lin)
-    assert len(batch.stacks) == batch.max_sets  # the oldest set was dropped
+    a, b, c = (_adapter(n, i + 1, "qkv", torch.float32, "cpu", g) for i, n in enumerate(ADAPTERS))
+    pool = SlotPool(num_slots=2, max_rank=64)
+    assert pool.place([a]) == {1: 0}
+    st = pool.stack("qkv", IN, 80, [0])
+    ptrs = (st.a.data_ptr(), st.b.data_ptr(), st.rank.data_ptr())
+    assert pool.place([b, a]) == {2: 1, 1: 0}
+    assert pool.stack("qkv", IN, 80, [0, 1]) is st
+    assert pool.place([c]) == {3: 0}  # slot 0 (a) was used as long ago as slot 1 (b): lowest first
+    pool.place([b])
+    assert pool.place([c, a]) == {3: 0, 1: 1}  # b, least recently used and not wanted, gives way
+    assert pool.stack("qkv", IN, 80, [0, 1]) is st
+    assert (st.a.data_ptr(), st.b.data_ptr(), st.rank.data_ptr()) == ptrs
+    assert st.rank.tolist() == [64, 4]  # c then a
+    assert torch.equal(st.a[1, :12], a.weights["qkv"][0]) and not st.a[1, 12:].any()
+    del c
+    gc.collect()
+    assert pool.owner(0) is None  # the pool holds no adapter alive (unloading frees its uid)
+    assert pool.place([b]) == {2: 0}  # the dead adapter's slot is empty: taken first
+    with pytest.raises(ValueError, match="2 slots"):
+        pool.place([a, b, _adapter("r64_k", 9, "qkv", torch.float32, "cpu", g)])
+
+
+def test_slots_of_a_model_are_sized_by_its_layers(tmp_path):
+    """What the manager allocates on CUDA at start (here on the CPU): each adapted layer's slots,
+    A sized for its rank blocks (QKV 3, gate-up 2, the others 1) at the largest rank; an adapter
+    placed later is written into those very tensors."""
+    from lora_utils import save_adapter
+    from model_utils import load_ours, save_tiny_model
+
+    save_tiny_model("llama", tmp_path / "base")
+    save_adapter(tmp_path / "base", tmp_path / "ad", seed=1, r=4)
+    model = load_ours(tmp_path / "base")
+    mgr = LoRAManager(model, max_rank=8, max_per_batch=2)
+    pool = SlotPool(2, 8)
+    size = pool.allocate_layers(mgr.layers, torch.float32, torch.device("cpu"))
+    r_pad = {name.split(".")[-1]: st.a.shape[1] for name, st in pool.stacks.items()}
+    assert r_pad == {"qkv_proj": 24, "o_proj": 8, "gate_up_proj": 16, "down_proj": 8}
+    assert size == sum(4 * (st.a.numel() + st.b.numel()) for st in pool.stacks.values())
+    name = "layers.1.mlp.gate_up_proj"
+    before = pool.stacks[name].a.data_ptr()
+    adapter = mgr.load("ad", str(tmp_path / "ad"))
+    slot = pool.place([adapter])[adapter.uid]
+    st = pool.stack(name, 0, 0, [slot])
+    assert st.a.data_ptr() == before and st.rank[slot] == 4
+    assert torch.equal(st.a[slot, :8], adapter.weights[name][0])
 
 
 COMPILE_RUNS = ["bfloat16:90", "float16:80", "bfloat16:80"]
