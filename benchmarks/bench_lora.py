@@ -13,6 +13,12 @@ adapters loaded at start (``--lora-paths``). Each round measures, on each server
 
 The median of the rounds is reported, with the ratio LoRA / base (issue 30's targets: ≥ 0.75x
 concurrent, ≥ 0.85x single).
+
+Single-stream rates on the 2-core machine drift by a quarter between rounds minutes apart, which
+swamps the adapter's cost in the server-against-server ratio. So the LoRA server is then also
+measured against itself (``--pairs``, 0 to skip): single requests alternating between the base
+model (no adapter rows: the forward runs as without LoRA) and an adapter, back to back, each
+pair's ratio taken while the machine is in one state; the median of the pairs is reported.
 """
 
 from __future__ import annotations
@@ -106,6 +112,7 @@ def main() -> None:
     p.add_argument("--concurrent", type=int, default=16)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--pairs", type=int, default=8, help="alternating base/adapter single streams on one server")
     args = p.parse_args()
 
     from server_utils import start_server, stop_server
@@ -135,6 +142,25 @@ def main() -> None:
                      ("single", "single stream, one adapter")):  # fmt: skip
         base, lora = med["base"][m], med["lora"][m]
         print(f"| {label} | {base:.1f} | {lora:.1f} | {lora / base:.2f}x |")
+    if args.pairs:
+        flags, models = setups["lora"]
+        proc, url = start_server(flags)
+        try:
+            asyncio.run(_rate(url, models[:1], 4))  # warm-up
+            pairs = [
+                (
+                    asyncio.run(_rate(url, setups["base"][1], args.tokens)),
+                    asyncio.run(_rate(url, models[:1], args.tokens)),
+                )
+                for _ in range(args.pairs)
+            ]
+        finally:
+            stop_server(proc)
+        ratio = statistics.median(lo / b for b, lo in pairs)
+        rates = ", ".join(f"{lo / b:.2f}" for b, lo in pairs)
+        base, lora = (statistics.median(x) for x in zip(*pairs))
+        print(f"\nsingle stream on the LoRA server, base model and adapter alternating, {args.pairs} pairs:")
+        print(f"base {base:.1f} tok/s, adapter {lora:.1f} tok/s, median ratio {ratio:.2f}x ({rates})")
 
 
 if __name__ == "__main__":
