@@ -168,7 +168,10 @@ class GatewayRegistration:
         """Log whether the gateway's own check of this worker passed (a wrong advertised URL shows here)."""
         waited = 0.0
         while waited < CONFIRM_S and not self._stop.is_set() and not self.draining():
-            if any(w.get("is_healthy") for w in self._listed()):
+            listed = self._listed(answering_only=True)
+            if listed is None:  # the gateway went away: the recheck registers again once it is back
+                return
+            if any(w.get("is_healthy") for w in listed):
                 log.info("gateway: %s routes to this worker", self.gateway)
                 return
             self._stop.wait(1.0)
