@@ -80,7 +80,8 @@ def test_mixed_adapter_batch_in_the_stack_equals_the_python_layers(tmp_path, mon
 
 
 def test_weights_the_stack_cannot_take_keep_the_python_layers(tmp_path):
-    """A bf16 adapter (a bf16 model's) has no C copy: that forward runs the Python layers."""
+    """A bf16 adapter (a bf16 model's), or one past half precision's range, has no C copy: that
+    forward runs the Python layers."""
     from llmkit.core.model.cpu.cpu_lora import NativeLoRA
 
     save_tiny_model("llama", tmp_path / "base")
@@ -90,6 +91,10 @@ def test_weights_the_stack_cannot_take_keep_the_python_layers(tmp_path):
     adapter = lora.load("ad", str(tmp_path / "ad"))
     lora.activate([adapter], [3], torch.device("cpu"))
     assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is not None
+    float32 = adapter.weights
     adapter.native = None
-    adapter.weights = {k: (a.bfloat16(), b.bfloat16()) for k, (a, b) in adapter.weights.items()}
+    adapter.weights = {k: (a.bfloat16(), b.bfloat16()) for k, (a, b) in float32.items()}
+    assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is None
+    adapter.native = None  # float32, but past half precision's range (the stack's copies are fp16)
+    adapter.weights = {k: (a, b * 1e6) for k, (a, b) in float32.items()}
     assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is None

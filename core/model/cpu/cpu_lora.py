@@ -21,6 +21,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 MAX_PARTS = 3  # Q, K and V of a fused QKV layer
 MAX_RT = 3 * 256 + 8  # cpu_decoder.c's LORA_MAX_RT: wider adapters run in the Python layers
+HALF_MAX = 65504.0  # the largest half-precision value: an adapter beyond it keeps the Python layers
 
 
 class CLoRALin(ctypes.Structure):
@@ -66,7 +67,8 @@ def _half_lin(a: torch.Tensor, b: torch.Tensor, rank: int, parts: list) -> tuple
 
 def _adapter_lins(adapter, nblocks: int):
     """The adapter's ``CLoRALin [nblocks * 4]`` (cached on it), or None where its weights cannot go
-    (not float32 on the CPU, too wide, or a layer outside the stack's four)."""
+    (not float32 on the CPU, too wide, beyond half precision's range, or a layer outside the
+    stack's four)."""
     cached = adapter.native
     if cached is not None:
         return cached[1] if cached[0] == nblocks else None
@@ -81,6 +83,7 @@ def _adapter_lins(adapter, nblocks: int):
             or a.device.type != "cpu"
             or not 0 < len(parts) <= MAX_PARTS
             or a.shape[0] + 7 > MAX_RT
+            or max(a.abs().max().item(), b.abs().max().item()) > HALF_MAX
         ):
             adapter.native = (nblocks, None)
             return None
