@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -28,8 +28,9 @@ class Segment:
     start: int  # first token position computed in this step
     length: int  # tokens computed, the draft's included
     # Speculative decoding: draft tokens after the sequence's last one, verified by this step (each
-    # of the 1 + len(draft) rows is sampled, the first rejected draft token ending the run).
-    draft: list[int] = field(default_factory=list)
+    # of the 1 + len(draft) rows is sampled, the first rejected draft token ending the run). Never
+    # mutated: the default is one shared empty tuple, not a new list per segment per step.
+    draft: list[int] | tuple[()] = ()
 
     @property
     def samples(self) -> bool:
@@ -181,16 +182,19 @@ class Scheduler:
         needs: list[int] = []
         total = 0
         RUNNING = Status.RUNNING
+        # Per request, what seq_len and _pages_needed compute, inline: this loop runs for every
+        # running request every step.
         for req in order:
             if req.status is not RUNNING or (urgent is not None and req.priority > urgent):
                 continue
             computed = req.num_computed
-            remaining = req.seq_len + req.inflight - computed
+            remaining = len(req.prompt_ids) + len(req.output_ids) + req.inflight - computed
             if remaining != 1:
                 if remaining <= 0:
                     continue  # (as the general loop: nothing to compute)
                 return None
-            need = self._pages_needed(req, computed + 1)
+            short = computed + 1 - req.prefix_len - len(req.own_pages) * page
+            need = -(-short // page) if short > 0 else 0
             picked.append(req)
             needs.append(need)
             total += need
