@@ -148,7 +148,20 @@ class IncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> StopMatch | None:
         """Append a token; return a match if a stop string now appears in the text."""
-        new = self._next_byte_level(token_id) if self._bytes is not None else self._next_decoded(token_id)
+        table = self._bytes
+        if table is None:
+            new = self._next_decoded(token_id)
+        else:
+            # The common token, inline: whole characters of its own, nothing held before it.
+            b = table.get(token_id)
+            if b and not (self._buf or self._pending or self._drop):
+                new, n = _utf8_decode(b, "replace", False)
+                if n < len(b) or new[-1] == "\ufffd":
+                    self._buf = b[n:]
+                    self._pending = new
+                    return None
+            else:
+                new = self._next_byte_level(token_id)
         if not new:
             return None
         if not (self.stop or self.stop_regex):

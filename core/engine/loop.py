@@ -424,19 +424,18 @@ class Engine:
         out.append(tok)
         if lp is not None:
             req.output_logprobs.append(lp)
-        if req.grammar_active:
-            req.grammar.accept_token(tok)
+        grammar = req.grammar if req.reasoning_end is None else None  # (req.grammar_active, inline)
+        if grammar is not None:
+            grammar.accept_token(tok)
         n_out = len(out)
-        if tok in p.stop_token_ids and n_out >= p.min_new_tokens:
-            self.output.finish(stream, "stop", tok)
-        elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_new_tokens:
+        if (tok in p.stop_token_ids or (tok in req.eos_token_ids and not p.ignore_eos)) and n_out >= p.min_new_tokens:
             self.output.finish(stream, "stop", tok)
         elif (
             self.overlap
             and req.reasoning_end is None
             and n_out < p.max_new_tokens
-            and req.seq_len < self.max_context
-            and not (req.grammar_active and req.grammar.is_terminated())
+            and len(req.prompt_ids) + n_out < self.max_context
+            and not (grammar is not None and grammar.is_terminated())
         ):
             self.output.defer(stream, tok)  # nothing but the text can end it now: look next step
         else:

@@ -77,9 +77,9 @@ class OutputProcessor:
         hit = detok.add_token(tok)
         if hit is not None and n_out >= p.min_new_tokens:
             return self.finish(stream, "stop", hit.text)
-        if n_out >= p.max_new_tokens or req.seq_len >= self.max_context:
+        if n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_context:
             return self.finish(stream, "length")
-        if req.grammar_active and req.grammar.is_terminated():
+        if req.grammar is not None and reasoning_end is None and req.grammar.is_terminated():
             return self.finish(stream, "stop")
         if reasoning_end is not None and reasoning_end.is_reasoning_end(detok.text[before:]):
             req.reasoning_end = None  # reasoning ended: constrain the answer from here on
