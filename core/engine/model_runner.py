@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from llmkit.core.engine.scheduler import ScheduledBatch
@@ -108,7 +109,8 @@ class ModelRunner:
             start = s.start
             prompt, out = req.prompt_ids, req.output_ids
             n_prompt = len(prompt)
-            if req.inflight and prev is not None and id(req) in prev:  # its token is in flight
+            inflight = req.inflight
+            if inflight and prev is not None and id(req) in prev:  # its token is in flight
                 from_prev.append((i, prev[id(req)]))
                 ids.append(0)
             else:
@@ -116,7 +118,7 @@ class ModelRunner:
             pos.append(start)
             rows.append(req.req_pool_idx)
             decoding.append(1 if start >= n_prompt else 0)
-            if s.samples:
+            if start + 1 == n_prompt + len(out) + inflight:  # (s.samples, inline)
                 sample_rows.append(i)
             if req.return_prompt_logprobs and not req.first_prefill_done:
                 prompt_ranges.append((i, i + 1))
@@ -133,11 +135,15 @@ class ModelRunner:
         pinned memory: a copy from pageable memory makes the host wait for the stream (so for the
         step in flight: nothing left to overlap), ~85-430 us of CPU each, ~11 of them a step before.
         PyTorch's caching host allocator keeps a pinned block until its copy has run."""
-        flat = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in parts]
+        # Lists through numpy: torch.as_tensor of a list of 256 ints costs ~19 us, numpy ~6.
+        arrs = [
+            p.to(torch.int64).reshape(-1).numpy() if isinstance(p, torch.Tensor) else np.array(p, dtype=np.int64)
+            for p in parts
+        ]
         if self.device.type != "cuda":
-            return [f.to(self.device) for f in flat]
-        dev = torch.cat(flat).pin_memory().to(self.device, non_blocking=True)
-        return list(dev.split([f.numel() for f in flat]))
+            return [torch.from_numpy(a).to(self.device) for a in arrs]
+        dev = torch.from_numpy(np.concatenate(arrs)).pin_memory().to(self.device, non_blocking=True)
+        return list(dev.split([a.size for a in arrs]))
 
     def build_metadata(
         self, inp: StepInputs, picks: torch.Tensor | None = None
