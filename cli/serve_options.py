@@ -314,8 +314,8 @@ SERVE_OPTIONS = (
         None,
         to="engine",
         help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
-        "STANDALONE (a draft model), or a plugin's name; the output is unchanged, only faster where "
-        "the draft is right.",
+        "STANDALONE (a draft model), EAGLE3 (an EAGLE-3 draft head), or a plugin's name; the output is "
+        "unchanged, only faster where the draft is right.",
     ),
     ServeOption(
         ("--speculative-num-draft-tokens",),
@@ -329,7 +329,8 @@ SERVE_OPTIONS = (
         Optional[str],
         None,
         to="engine",
-        help="STANDALONE: the draft model (a smaller model with the same tokenizer), run on the target's device.",
+        help="STANDALONE: the draft model (a smaller model with the same tokenizer); EAGLE3: the EAGLE-3 "
+        "head's directory. Run on the target's device.",
     ),
     ServeOption(
         ("--speculative-ngram-min-match-window-size",),

@@ -198,6 +198,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
                 "device": str(plan.device),
                 "dtype": plan.dtype,
                 "target_vocab_size": int(plan.hf_config["vocab_size"]),
+                "target_model": model,
             },
         )
     # the optional arguments only where a model needs them (backends without the features never get them)
@@ -214,6 +215,10 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         **extra,
     )
     runner = ModelRunner(model, attn, pool, req_pool, plan.device, config.enable_deterministic_inference)
+    proposer = scheduler.speculator.proposer if scheduler.speculator is not None else None
+    layers = getattr(proposer, "feature_layers", None)
+    if layers:  # a draft head that reads the target's hidden states (EAGLE-3)
+        runner.features = (tuple(layers), proposer.observe)
     if tp is not None and tp.size > 1 and leader:
         from llmkit.core.engine.step_wire import StepBroadcaster
 

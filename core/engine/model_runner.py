@@ -14,6 +14,7 @@ from llmkit.core.engine.step_wire import StepBroadcaster, StepInputs
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.speculative.features import FeatureCapture
 
 
 @dataclass
@@ -43,6 +44,10 @@ class ModelRunner:
         self.broadcaster: StepBroadcaster | None = None  # rank 0 of a tensor-parallel group
         self.lora = None  # a LoRAManager, when adapters are served
         self.encoder = None  # an EncoderCache, when the model takes images
+        # (layers, observe): a speculative proposer reads the target's hidden states at those
+        # layers' inputs (EAGLE-3); observe(req, start, rows) gets each segment's after a forward
+        self.features: tuple[tuple[int, ...], object] | None = None
+        self._captured: torch.Tensor | None = None
 
     def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
@@ -208,16 +213,19 @@ class ModelRunner:
         if inp.images or inp.rope is not None:  # image rows, or M-RoPE positions to rotate by
             mm = self.encoder.forward_inputs(inp.images, inp.rope, len(inp.ids), self.device)
         lora = bool(inp.loras) and self.lora.activate(inp.loras, inp.q_lens, self.device)
-        if not lora and mm is None and self.graphs is not None and self.graphs.can_run(md):
+        capture = FeatureCapture(self.features[0]) if self.features is not None else None
+        if not lora and mm is None and capture is None and self.graphs is not None and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
             try:
-                ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm)
+                ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm, capture)
                 hidden = self.model(input_ids, positions, ctx)
             finally:
                 if lora:
                     self.lora.deactivate()
+            if capture is not None:
+                self._captured = capture.features()
         prompt = [self.model.compute_logits(hidden[a:b], self.deterministic) for a, b in inp.prompt_ranges]
         if inp.sample_rows:
             rows = hidden if sample_idx is None else hidden.index_select(0, sample_idx)
@@ -248,6 +256,8 @@ class ModelRunner:
                 self.broadcaster.fail(exc)
                 raise
         segs = batch.segments
+        if self._captured is not None:
+            self._hand_features(segs)
         if batch.decode_only and len(inp.sample_rows) == len(segs):  # (one row a segment)
             sample_segs = list(segs)
         else:
@@ -255,6 +265,16 @@ class ModelRunner:
         wants_prompt = [s for s in segs if s.req.needs_prompt_logits] if inp.prompt_ranges else []
         prompt_logits = {s.req.rid: (s.start, lg) for s, lg in zip(wants_prompt, prompt)}
         return StepOutput(logits, sample_segs, prompt_logits)
+
+    def _hand_features(self, segs) -> None:
+        """Each segment's rows of the captured hidden states to the proposer (rows in segment order,
+        ``length`` a segment, its draft's included)."""
+        feats, self._captured = self._captured, None
+        observe = self.features[1]
+        row = 0
+        for s in segs:
+            observe(s.req, s.start, feats[row : row + s.length])
+            row += s.length
 
     def keep_alive(self) -> None:
         """Between steps, on tensor-parallel rank 0: a heartbeat to the other ranks when idle for a

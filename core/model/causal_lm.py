@@ -24,6 +24,9 @@ class ForwardContext:
     lora: object | None = None
     # Set when some rows are image tokens or rotate by M-RoPE (``llmkit.core.multimodal.forward``).
     mm: object | None = None
+    # Set when a speculative proposer reads the target's hidden states (EAGLE-3): a
+    # :class:`~llmkit.core.speculative.features.FeatureCapture` the layers' inputs are copied to.
+    capture: object | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -45,6 +48,8 @@ class CausalLM(nn.Module, ABC):
     #: whether a decode step may be captured in a CUDA graph (False: a step reads data-dependent
     #: sizes back to the host, as the torch MoE path's per-expert grouping does)
     supports_cuda_graph: bool = True
+    #: whether its forward fills ``ctx.capture`` (the hidden states EAGLE-3's draft head reads)
+    supports_feature_capture: bool = False
     #: attention features (``llmkit.core.model.attention.ATTENTION_FEATURES``) the layers pass to
     #: the backend; a backend without one of them is refused at start-up
     attention_features: frozenset[str] = frozenset()

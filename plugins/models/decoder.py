@@ -174,9 +174,20 @@ class StackedLM(CausalLM):
         (M-RoPE models build it from ``ctx.mm``'s three position axes)."""
         return self.rotary.table(positions, dtype)
 
+    #: hidden states can be captured at layer inputs (``ctx.capture``, EAGLE-3's features)
+    supports_feature_capture = True
+
     def forward(self, input_ids, positions, ctx):
         x, residual = self.embed(input_ids, ctx), None
         rope = self.rope_table(positions, ctx, x.dtype)
+        capture = ctx.capture
+        if capture is not None:  # the Python layers: the C stack keeps its states to itself
+            for i, layer in enumerate(self.layers):
+                capture.take(i, x, residual)
+                x, residual = layer(x, residual, rope, ctx)
+            capture.take(len(self.layers), x, residual)
+            x, _ = self.norm(x, residual)
+            return x
         plan = self._native_plan
         if plan is False:
             plan = self._native_plan = self._native_blocks()

@@ -1,5 +1,6 @@
-"""Speculative algorithms: ``NGRAM`` (prompt and continuation lookup, no weights) and
-``STANDALONE`` (a smaller draft model with the same tokenizer)."""
+"""Speculative algorithms: ``NGRAM`` (prompt and continuation lookup, no weights),
+``STANDALONE`` (a smaller draft model with the same tokenizer), ``EAGLE3`` (EAGLE-3's draft head
+over the target's hidden states)."""
 
 from __future__ import annotations
 
@@ -10,3 +11,4 @@ from llmkit.core.hookspecs import hookimpl
 def llmkit_register_speculative_algorithms(register):
     register("NGRAM", "llmkit.plugins.speculative.ngram:NgramProposer")
     register("STANDALONE", "llmkit.plugins.speculative.standalone:StandaloneProposer")
+    register("EAGLE3", "llmkit.plugins.speculative.eagle3:Eagle3Proposer")

@@ -1,0 +1,260 @@
+"""``--speculative-algorithm EAGLE3``: EAGLE-3's draft head (``--speculative-draft-model-path``, the
+directory its repository ships: ``config.json`` with ``LlamaForCausalLMEagle3``, and the weights).
+
+The head is one Llama decoder layer whose attention reads ``[norm(embed(token)), norm(hidden)]``
+(twice the hidden width). Its first input is ``fc`` of the target's hidden states at three layer
+inputs, concatenated (the target's low, middle and high features; ``eagle_aux_hidden_state_layer_ids``
+in the config's ``eagle_config`` names the layers, as SGLang reads it); each later draft step feeds
+the head's own output back. It predicts over a smaller vocabulary (``draft_vocab_size``) mapped to
+the target's by ``d2t`` (target id = draft id + d2t[draft id]). The embedding is the target's unless
+the checkpoint carries its own.
+
+Position ``i`` of the head's K/V cache holds (the target's features at ``i``, the token at
+``i + 1``): the features of position ``i`` predicted token ``i + 1``, and with it the head predicts
+token ``i + 2``. Rows built from draft tokens are cut off before the next proposal; rows built from
+the target's own features and tokens are final, so each step feeds only the positions the target
+computed since (the draft tokens it accepted included).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
+from llmkit.core.speculative.contract import Proposer
+from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
+
+log = logging.getLogger("llmkit")
+
+
+def aux_layers(head_config: dict, num_target_layers: int) -> tuple[int, ...]:
+    """The target layers whose inputs are the head's features: the configured layer outputs
+    (``eagle_aux_hidden_state_layer_ids``; the output of layer ``i`` is the input of ``i + 1``), or
+    SGLang's and vLLM's default, the inputs of layers 2, L/2 and L-3."""
+    ids = (head_config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids:
+        return tuple(int(i) + 1 for i in ids)
+    n = num_target_layers
+    return (2, n // 2, n - 3)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: dict, num_features: int, embed: nn.Module) -> None:
+        super().__init__()
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        inter = int(config["intermediate_size"])
+        eps = float(config.get("rms_norm_eps", 1e-6))
+        bias = bool(config.get("attention_bias", False))
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.draft_vocab = int(config.get("draft_vocab_size") or config["vocab_size"])
+        # the target's embedding is shared, not a submodule (moving the head must not move it)
+        self._embed = (embed,)
+        self.fc = nn.Linear(num_features * int(config.get("target_hidden_size") or hidden), hidden, bias=False)
+        self.q_proj = nn.Linear(2 * hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.norm = RMSNorm(hidden, eps)
+        self.lm_head = nn.Linear(hidden, self.draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long), persistent=False)
+        self.rotary = RotaryEmbedding(head_dim, int(config.get("max_position_embeddings", 4096)), config)
+        self.attention = DraftAttention(head_dim**-0.5)
+
+    def forward(self, hidden, tokens, positions, kv: DraftKV) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of the draft layer over ``tokens`` at ``positions`` (their rows appended to
+        ``kv``); ``hidden``: the target's features (fc applies) or the head's own last output.
+        Returns the output hidden states (the next step's input) and the target token ids the
+        head predicts for each row."""
+        if hidden.shape[-1] != self.fc.out_features:
+            hidden = self.fc(hidden)
+        t = tokens.shape[0]
+        residual = hidden
+        x = torch.cat((self.input_layernorm(self._embed[0](tokens)), self.hidden_norm(hidden)), dim=-1)
+        table = self.rotary.table(positions, x.dtype)
+        q = RotaryEmbedding.rotate(self.q_proj(x).view(t, self.heads, self.head_dim), table)
+        k = RotaryEmbedding.rotate(self.k_proj(x).view(t, self.kv_heads, self.head_dim), table)
+        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
+        attn = self.o_proj(self.attention.forward(q, k, v, 0, kv).reshape(t, -1))
+        h, residual = self.post_attention_layernorm(attn, residual)
+        out = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)) + residual
+        best = self.lm_head(self.norm(out)).argmax(dim=-1)
+        return out, best + self.d2t[best]
+
+
+@dataclass
+class _HeadState:
+    """One request's draft state: the head's K/V (row ``j`` is position ``first + j``), how many of
+    its rows came from the target's own features (final), and the target's features not fed yet."""
+
+    kv: DraftKV = field(default_factory=DraftKV)
+    first: int | None = None  # the first position with features (a prefix-cache hit has none before)
+    exact: int = 0
+    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> feature row
+
+
+class Eagle3Proposer(Proposer):
+    def __init__(
+        self,
+        draft_model_path: str | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        target_vocab_size: int | None = None,
+        target_model=None,
+        **options,
+    ) -> None:
+        super().__init__(**options)
+        if not draft_model_path:
+            raise ValueError("EAGLE3 speculation needs --speculative-draft-model-path (the EAGLE-3 head's directory)")
+        path = Path(draft_model_path).expanduser()
+        if not (path / "config.json").exists():
+            raise ValueError(f"--speculative-draft-model-path {draft_model_path}: no config.json there")
+        if target_model is None or not getattr(target_model, "supports_feature_capture", False):
+            raise ValueError("EAGLE3 needs a target model whose hidden states can be captured (Llama-style models)")
+        config = json.loads((path / "config.json").read_text())
+        self.feature_layers = aux_layers(config, target_model.num_layers)
+        if len(set(self.feature_layers)) != len(self.feature_layers) or not all(
+            0 <= i <= target_model.num_layers for i in self.feature_layers
+        ):
+            raise ValueError(f"EAGLE3: feature layers {self.feature_layers} do not fit the target's layers")
+        self.device = torch.device(device)
+        tensors = _load_tensors(path)
+        embed = target_model.embed_tokens
+        if "embed_tokens.weight" not in tensors and target_model.tp.size > 1:
+            raise ValueError(
+                "EAGLE3 under --tp-size > 1 needs a head with its own embed_tokens.weight: the target's "
+                "embedding is split over the ranks, and only rank 0 drafts"
+            )
+        if "embed_tokens.weight" in tensors:  # a head with its own embedding
+            weight = tensors.pop("embed_tokens.weight").to(device=self.device, dtype=dtype)
+            embed = nn.Embedding.from_pretrained(weight, freeze=True)
+        self.head = Eagle3Head(config, len(self.feature_layers), embed)
+        _load_head(self.head, tensors, target_vocab_size)
+        self.head.to(device=self.device, dtype=dtype).eval()
+        self.max_position = int(config.get("max_position_embeddings", 1 << 30))
+        log.info("EAGLE3 draft head: %s, features of target layers %s", path, self.feature_layers)
+
+    def observe(self, req, start: int, rows: torch.Tensor) -> None:
+        """The target computed positions ``[start, start + len(rows))`` of ``req`` with these
+        features (rows past the accepted tokens are overwritten when recomputed)."""
+        state = req.spec_state if isinstance(req.spec_state, _HeadState) else None
+        if state is None:
+            state = req.spec_state = _HeadState(first=start)
+        elif state.first is None:
+            state.first = start
+        lo = state.first + state.exact  # rows before this are in the head's K/V for good
+        for j in range(rows.shape[0]):
+            if start + j >= lo:
+                state.pending[start + j] = rows[j]
+
+    @torch.inference_mode()
+    def propose(self, req, max_tokens: int) -> list[int]:
+        state = req.spec_state
+        if not isinstance(state, _HeadState) or state.first is None or req.mm is not None:
+            return []  # (an image's pseudo-ids have no embedding row)
+        ids = req.all_ids
+        n = req.num_computed  # features are final for positions [0, n); token n is the last one
+        if n + max_tokens > self.max_position or n >= len(ids):
+            return []
+        kv = state.kv
+        kv.cut(state.exact)  # the last proposal's draft rows
+        lo = state.first + state.exact
+        positions = list(range(lo, n))
+        if not positions or any(p not in state.pending for p in positions):
+            return []  # (features missing: a chunk not seen; no draft this step)
+        feats = torch.stack([state.pending.pop(p) for p in positions])
+        for p in [p for p in state.pending if p < n]:
+            del state.pending[p]
+        tokens = ids[lo + 1 : n + 1]
+        hidden, best = self.head(feats, self._ids(tokens), self._ids(positions), kv)
+        kv.length += len(positions)
+        kv.ids.extend(tokens)
+        state.exact = kv.length
+        draft = [int(best[-1])]
+        hidden = hidden[-1:]
+        # Each later draft token from the head's own output: the row that predicted draft token
+        # ``step`` stands in for the target's features at position n + step - 1.
+        for step in range(1, max_tokens):
+            hidden, best = self.head(hidden, self._ids(draft[-1:]), self._ids([n + step - 1]), kv)
+            kv.length += 1
+            kv.ids.append(draft[-1])
+            draft.append(int(best[-1]))
+        return draft
+
+    def _ids(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The head's tensors from safetensors or ``pytorch_model.bin``, a ``model.`` prefix dropped."""
+    out: dict[str, torch.Tensor] = {}
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        for f in files:
+            out.update(load_file(str(f)))
+    elif (path / "pytorch_model.bin").exists():
+        out.update(torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True))
+    else:
+        raise ValueError(f"EAGLE3 head {path}: no *.safetensors or pytorch_model.bin")
+    return {k.removeprefix("model."): v for k, v in out.items()}
+
+
+# checkpoint name -> the head's parameter (the published EAGLE-3 layout: one "midlayer")
+_NAMES = {
+    "fc.weight": "fc.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "midlayer.input_layernorm.weight": "input_layernorm.weight",
+    "midlayer.hidden_norm.weight": "hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    **{f"midlayer.self_attn.{p}.{w}": f"{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")},
+    "midlayer.self_attn.o_proj.weight": "o_proj.weight",
+    **{f"midlayer.mlp.{p}.weight": f"{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")},
+}
+
+
+def _load_head(head: Eagle3Head, tensors: dict[str, torch.Tensor], target_vocab: int | None) -> None:
+    params = dict(head.named_parameters())
+    missing = {v for v in _NAMES.values() if v in params}
+    for name, tensor in tensors.items():
+        if name in ("d2t", "t2d"):
+            continue
+        ours = _NAMES.get(name)
+        if ours is None or ours not in params:
+            raise ValueError(f"EAGLE3 head: unexpected tensor {name!r} (is this an EAGLE-3 checkpoint?)")
+        if params[ours].shape != tensor.shape:
+            raise ValueError(
+                f"EAGLE3 head: {name} is {tuple(tensor.shape)}, the config says {tuple(params[ours].shape)}"
+            )
+        with torch.no_grad():
+            params[ours].copy_(tensor)
+        missing.discard(ours)
+    if missing:
+        raise ValueError(f"EAGLE3 head: missing {', '.join(sorted(missing))}")
+    if "d2t" in tensors:
+        d2t = tensors["d2t"].to(torch.long)
+        if d2t.shape != (head.draft_vocab,):
+            raise ValueError(f"EAGLE3 head: d2t has {tuple(d2t.shape)}, the draft vocabulary is {head.draft_vocab}")
+        head.d2t = d2t
+    elif target_vocab is not None and head.draft_vocab != target_vocab:
+        raise ValueError("EAGLE3 head: a draft vocabulary smaller than the target's needs its d2t mapping")
+    top = int((torch.arange(head.draft_vocab) + head.d2t).max())
+    if target_vocab is not None and top >= target_vocab:
+        raise ValueError(f"EAGLE3 head: d2t maps to token {top}, past the target's vocabulary ({target_vocab})")
