@@ -314,7 +314,8 @@ SERVE_OPTIONS = (
         None,
         to="engine",
         help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
-        "STANDALONE (a draft model), EAGLE3 (an EAGLE-3 draft head), or a plugin's name; the output is "
+        "STANDALONE (a draft model), EAGLE3 (an EAGLE-3 draft head), MTP (DeepSeek-V3's own MTP layer), "
+        "or a plugin's name; the output is "
         "unchanged, only faster where the draft is right.",
     ),
     ServeOption(

@@ -199,6 +199,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
                 "dtype": plan.dtype,
                 "target_vocab_size": int(plan.hf_config["vocab_size"]),
                 "target_model": model,
+                "target_model_path": str(plan.model_dir),
             },
         )
     # the optional arguments only where a model needs them (backends without the features never get them)

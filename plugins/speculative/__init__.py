@@ -1,6 +1,6 @@
 """Speculative algorithms: ``NGRAM`` (prompt and continuation lookup, no weights),
 ``STANDALONE`` (a smaller draft model with the same tokenizer), ``EAGLE3`` (EAGLE-3's draft head
-over the target's hidden states)."""
+over the target's hidden states), ``MTP`` (DeepSeek-V3's multi-token-prediction layer)."""
 
 from __future__ import annotations
 
@@ -12,3 +12,4 @@ def llmkit_register_speculative_algorithms(register):
     register("NGRAM", "llmkit.plugins.speculative.ngram:NgramProposer")
     register("STANDALONE", "llmkit.plugins.speculative.standalone:StandaloneProposer")
     register("EAGLE3", "llmkit.plugins.speculative.eagle3:Eagle3Proposer")
+    register("MTP", "llmkit.plugins.speculative.mtp:MTPProposer")

@@ -9,18 +9,14 @@ the head's own output back. It predicts over a smaller vocabulary (``draft_vocab
 the target's by ``d2t`` (target id = draft id + d2t[draft id]). The embedding is the target's unless
 the checkpoint carries its own.
 
-Position ``i`` of the head's K/V cache holds (the target's features at ``i``, the token at
-``i + 1``): the features of position ``i`` predicted token ``i + 1``, and with it the head predicts
-token ``i + 2``. Rows built from draft tokens are cut off before the next proposal; rows built from
-the target's own features and tokens are final, so each step feeds only the positions the target
-computed since (the draft tokens it accepted included).
+The bookkeeping (the features kept per request, the head's K/V cut back to the target's tokens)
+is :class:`~llmkit.plugins.speculative.hidden_draft.HiddenStateProposer`'s.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
-from llmkit.core.speculative.contract import Proposer
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
+from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
 
 log = logging.getLogger("llmkit")
 
@@ -97,18 +93,7 @@ class Eagle3Head(nn.Module):
         return out, best + self.d2t[best]
 
 
-@dataclass
-class _HeadState:
-    """One request's draft state: the head's K/V (row ``j`` is position ``first + j``), how many of
-    its rows came from the target's own features (final), and the target's features not fed yet."""
-
-    kv: DraftKV = field(default_factory=DraftKV)
-    first: int | None = None  # the first position with features (a prefix-cache hit has none before)
-    exact: int = 0
-    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> feature row
-
-
-class Eagle3Proposer(Proposer):
+class Eagle3Proposer(HiddenStateProposer):
     def __init__(
         self,
         draft_model_path: str | None = None,
@@ -149,55 +134,8 @@ class Eagle3Proposer(Proposer):
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
         log.info("EAGLE3 draft head: %s, features of target layers %s", path, self.feature_layers)
 
-    def observe(self, req, start: int, rows: torch.Tensor) -> None:
-        """The target computed positions ``[start, start + len(rows))`` of ``req`` with these
-        features (rows past the accepted tokens are overwritten when recomputed)."""
-        state = req.spec_state if isinstance(req.spec_state, _HeadState) else None
-        if state is None:
-            state = req.spec_state = _HeadState(first=start)
-        elif state.first is None:
-            state.first = start
-        lo = state.first + state.exact  # rows before this are in the head's K/V for good
-        for j in range(rows.shape[0]):
-            if start + j >= lo:
-                state.pending[start + j] = rows[j]
-
-    @torch.inference_mode()
-    def propose(self, req, max_tokens: int) -> list[int]:
-        state = req.spec_state
-        if not isinstance(state, _HeadState) or state.first is None or req.mm is not None:
-            return []  # (an image's pseudo-ids have no embedding row)
-        ids = req.all_ids
-        n = req.num_computed  # features are final for positions [0, n); token n is the last one
-        if n + max_tokens > self.max_position or n >= len(ids):
-            return []
-        kv = state.kv
-        kv.cut(state.exact)  # the last proposal's draft rows
-        lo = state.first + state.exact
-        positions = list(range(lo, n))
-        if not positions or any(p not in state.pending for p in positions):
-            return []  # (features missing: a chunk not seen; no draft this step)
-        feats = torch.stack([state.pending.pop(p) for p in positions])
-        for p in [p for p in state.pending if p < n]:
-            del state.pending[p]
-        tokens = ids[lo + 1 : n + 1]
-        hidden, best = self.head(feats, self._ids(tokens), self._ids(positions), kv)
-        kv.length += len(positions)
-        kv.ids.extend(tokens)
-        state.exact = kv.length
-        draft = [int(best[-1])]
-        hidden = hidden[-1:]
-        # Each later draft token from the head's own output: the row that predicted draft token
-        # ``step`` stands in for the target's features at position n + step - 1.
-        for step in range(1, max_tokens):
-            hidden, best = self.head(hidden, self._ids(draft[-1:]), self._ids([n + step - 1]), kv)
-            kv.length += 1
-            kv.ids.append(draft[-1])
-            draft.append(int(best[-1]))
-        return draft
-
-    def _ids(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def draft_layer(self, hidden, tokens, positions, kv, from_target: bool):
+        return self.head(hidden, tokens, positions, kv)
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,162 @@
+"""``--speculative-algorithm MTP``: DeepSeek-V3/R1's own multi-token-prediction layer drafts.
+
+DeepSeek-V3 ships ``num_nextn_predict_layers`` (1) extra decoder layer after its last one
+(``model.layers.{L}.*``, which the target's loader skips). It reads ``[enorm(embed(token)),
+hnorm(hidden)]`` through ``eh_proj`` into a full decoder block (MLA attention and the MoE) and
+predicts with ``shared_head`` (a norm and an LM head): ``hidden`` is the target's output state (after
+its final norm) at the position before the token, then the layer's own output for each further
+draft token, as SGLang and vLLM run it. The weights are read from the target's checkpoint, or from
+``--speculative-draft-model-path`` where they were split out; the embedding is the target's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.layers import RMSNorm
+from llmkit.core.model.linear import Linear
+from llmkit.core.model.loader.source import iter_safetensors, load_config, materialize
+from llmkit.core.model.moe import FusedExperts
+from llmkit.plugins.models.decoder import place_tensor
+from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
+from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
+
+log = logging.getLogger("llmkit")
+
+
+class LatentDraftAttention(DraftAttention):
+    """MLA over the draft's own cache: the cached key is the latent (plus its rotary part) and the
+    value is the latent alone, as the target's latent K/V pool keeps them."""
+
+    def __init__(self, scale: float, v_dim: int) -> None:
+        super().__init__(scale)
+        self.v_dim = v_dim
+
+    def forward(self, q, k, v, layer_id, metadata: DraftKV, *, sliding_window=None, sinks=None):
+        return super().forward(q, k, k[..., : self.v_dim], layer_id, metadata)
+
+
+class MTPLayer(nn.Module):
+    def __init__(self, target, config: dict) -> None:
+        super().__init__()
+        from llmkit.plugins.models.deepseek_v3 import DecoderLayer
+
+        hidden, eps = int(config["hidden_size"]), float(config.get("rms_norm_eps", 1e-6))
+        self.block = DecoderLayer(config, target.num_layers, target.tp, target.version)
+        self.enorm = RMSNorm(hidden, eps)
+        self.hnorm = RMSNorm(hidden, eps)
+        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.head_norm = RMSNorm(hidden, eps)
+        self.head = nn.Linear(hidden, int(config["vocab_size"]), bias=False)
+        self.attention = LatentDraftAttention(target.attention_scale, int(config["kv_lora_rank"]))
+        self._target = (target,)  # shared, not a submodule
+
+    def forward(self, hidden, tokens, positions, kv: DraftKV, from_target: bool):
+        target = self._target[0]
+        if from_target:  # the captured state is the last layer's output before the final norm
+            hidden = target.norm(hidden)
+        emb = target.embed_tokens(tokens).masked_fill((positions == 0)[:, None], 0)  # (as vLLM: none at 0)
+        x = self.eh_proj(torch.cat((self.enorm(emb), self.hnorm(hidden)), dim=-1))
+        h, residual = self.block(x, None, target.rotary.table(positions, x.dtype), ForwardContext(self.attention, kv))
+        out = h + residual
+        return out, self.head(self.head_norm(out)).argmax(dim=-1)
+
+
+# the MTP layer's own tensors (after ``model.layers.{L}.``) -> this module's
+_OWN = {
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "shared_head.norm.weight": "head_norm.weight",
+    "shared_head.head.weight": "head.weight",
+}
+
+
+class MTPProposer(HiddenStateProposer):
+    def __init__(
+        self,
+        draft_model_path: str | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        target_model=None,
+        target_model_path: str | None = None,
+        **options,
+    ) -> None:
+        super().__init__(**options)
+        target = target_model
+        if target is None or not hasattr(target, "version") or not getattr(target, "supports_feature_capture", False):
+            raise ValueError("MTP speculation needs a DeepSeek-V3/R1-style target (its multi-token-prediction layer)")
+        if target.tp.size > 1:
+            raise ValueError("MTP under --tp-size > 1 is not supported yet (only rank 0 drafts)")
+        path = Path(draft_model_path or target_model_path or "").expanduser()
+        if not (path / "config.json").exists():
+            raise ValueError(
+                f"MTP: no config.json in {path} (--speculative-draft-model-path or the target's directory)"
+            )
+        config = {**load_config(path), **{k: v for k, v in target.config.items() if k == "rope_interleave"}}
+        if not int(config.get("num_nextn_predict_layers") or 0):
+            raise ValueError(f"MTP: {path} has no multi-token-prediction layer (num_nextn_predict_layers is 0)")
+        self.feature_layers = (target.num_layers,)
+        self.device = torch.device(device)
+        self.max_position = int(config.get("max_position_embeddings", 1 << 30))
+        self.layer = MTPLayer(target, config)
+        _load(self.layer, path, target.num_layers, config)
+        self.layer.to(device=self.device, dtype=dtype).eval()
+        log.info("MTP draft layer: layer %d of %s", target.num_layers, path)
+
+    def draft_layer(self, hidden, tokens, positions, kv, from_target: bool):
+        return self.layer(hidden, tokens, positions, kv, from_target)
+
+
+def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
+    """Layer ``index``'s tensors from the checkpoint at ``path`` into ``layer`` (lazily read: a
+    671B checkpoint's other tensors are never loaded)."""
+    from llmkit.plugins.models.deepseek_v3 import _PROJ
+
+    prefix = f"model.layers.{index}."
+    modules, params = dict(layer.named_modules()), dict(layer.named_parameters())
+    fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    quant = config.get("quantization_config") or {}
+    seen: set[str] = set()
+    for name, tensor in iter_safetensors(path, lazy=True):
+        if not name.startswith(prefix):
+            continue
+        name = name[len(prefix) :]
+        if name == "embed_tokens.weight":
+            continue  # a copy of the target's
+        tensor = materialize(tensor)
+        if name.endswith("_scale_inv") or quant.get("quant_method") == "fp8":
+            raise ValueError("MTP: an FP8 checkpoint's MTP layer is not supported yet; dequantize it first")
+        if name in _OWN:
+            with torch.no_grad():
+                params[_OWN[name]].copy_(tensor)
+            seen.add(_OWN[name])
+            continue
+        name = "block." + name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")
+        parts = name.split(".")
+        if "experts" in parts and "shared_experts" not in parts:
+            i = parts.index("experts")
+            experts = modules.get(".".join(parts[: i + 1]))
+            if not isinstance(experts, FusedExperts) or len(parts) != i + 4 or parts[i + 2] not in _PROJ:
+                raise ValueError(f"MTP: unexpected tensor {prefix}{name[6:]}")
+            experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
+            continue
+        try:
+            owner, leaf, _ = place_tensor(layer, modules, params, name, tensor, fused)
+        except KeyError:
+            raise ValueError(f"MTP: unexpected tensor {prefix}{name[6:]}") from None
+        seen.add(f"{owner}.{leaf}")
+    missing = sorted(n for n in _OWN.values() if n not in seen)
+    if not any(n.startswith("block.") for n in seen):
+        missing.append(f"{prefix}* (the decoder block)")
+    if missing:
+        raise ValueError(f"MTP: the checkpoint at {path} is missing {', '.join(missing[:5])}")
+    for module in layer.modules():
+        if isinstance(module, Linear):
+            module.finalize()
+    layer.block.self_attn.absorb()
