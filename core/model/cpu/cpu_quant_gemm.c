@@ -218,14 +218,34 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *qx, cons
                 const int32_t *xr = (const int32_t *)(qx + (m0 + r) * K + b * QK + o * 8);
                 const __m256i xl = _mm256_set1_epi32(xr[0]), xh = _mm256_set1_epi32(xr[1]);
                 for (int c = 0; c < NT; c++) {
+#ifdef __AVX512VNNI__
                     lo[r][c] = dot_add(lo[r][c], wl[c], xl);
                     if (SPLIT)
                         hi[r][c] = dot_add(hi[r][c], wh[c], xh);
                     else
                         lo[r][c] = dot_add(lo[r][c], wh[c], xh);
+#else
+                    /* int16 sums across the block, widened once below: a nibble pair times int8s
+                     * sums to at most 2 * 15 * 127 = 3810, so a block's 8 of them (4 octets, 2
+                     * halves) stay under 2^15 and the integers are the same as widening each
+                     * (a third fewer instructions in the loop that bounds a few-row step) */
+                    lo[r][c] = _mm256_add_epi16(lo[r][c], _mm256_maddubs_epi16(wl[c], xl));
+                    if (SPLIT)
+                        hi[r][c] = _mm256_add_epi16(hi[r][c], _mm256_maddubs_epi16(wh[c], xh));
+                    else
+                        lo[r][c] = _mm256_add_epi16(lo[r][c], _mm256_maddubs_epi16(wh[c], xh));
+#endif
                 }
             }
         }
+#ifndef __AVX512VNNI__
+        for (int r = 0; r < MT; r++)
+            for (int c = 0; c < NT; c++) {
+                lo[r][c] = _mm256_madd_epi16(lo[r][c], _mm256_set1_epi16(1));
+                if (SPLIT)
+                    hi[r][c] = _mm256_madd_epi16(hi[r][c], _mm256_set1_epi16(1));
+            }
+#endif
         for (int r = 0; r < MT; r++) {
             const int64_t row = (m0 + r) * nb + b;
             const __m256 d = _mm256_broadcast_ss(xd + row), ds = _mm256_broadcast_ss(xs + row);
