@@ -46,3 +46,17 @@ def test_drafts_stay_within_max_tokens_and_back_off_after_misses():
     assert spec.draft(r)
     spec.record(r, 2, 2)
     assert spec.stats.verify_steps == 3 and spec.stats.accepted_tokens == 2
+
+
+def test_the_draft_length_follows_the_requests_acceptance():
+    spec = Speculator("NGRAM", NgramProposer(min_match=1, max_match=2), num_draft_tokens=6, max_context=1000)
+    r = _req([1, 2, 3, 4, 5, 6, 7, 8, 9] * 3 + [1, 2])  # "1 2" continues with 3 4 5 6 7 8 ...
+    assert spec.draft(r) == [3, 4, 5, 6, 7, 8]  # the most at first
+    spec.record(r, 6, 1)  # one kept: next time one more than that
+    assert spec.draft(r) == [3, 4]
+    spec.record(r, 2, 2)  # all kept: twice as long
+    assert spec.draft(r) == [3, 4, 5, 6]
+    spec.record(r, 4, 4)
+    assert len(spec.draft(r)) == 6  # (up to --speculative-num-draft-tokens)
+    spec.release(r)
+    assert len(spec.draft(r)) == 6
