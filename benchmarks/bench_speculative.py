@@ -3,9 +3,11 @@
     python benchmarks/bench_speculative.py [--algorithm NGRAM] [--draft-tokens 4] [--max-tokens 128]
         [--rounds 2] [--model-path PATH] [--json FILE]
 
-Two in-process engines on the same model, one with ``--speculative-algorithm`` and one without,
-take the prompts of ``benchmarks/data/speculative_prompts.json`` one at a time, alternating
-(plain, speculative) per prompt so that drift on a shared machine hits both alike. Decode tok/s is
+One in-process engine with ``--speculative-algorithm``, built and run on its own thread as the
+server runs it, takes the prompts of ``benchmarks/data/speculative_prompts.json`` one at a time,
+twice each: with its speculator switched off, then on, so that drift on a shared machine hits both
+alike. (One engine, not two: each engine thread gets its own OpenMP team, and with two teams in a
+process libgomp stops spinning between parallel regions, which slowed every step 2-3x.) Decode tok/s is
 tokens after the first over the time from the first token to the last (prefill excluded), summed
 over a set: ``copy_heavy`` (edit code, quote and fix a paragraph, fill a JSON from a document)
 and ``plain_chat``. Greedy output must be identical; the script counts the prompts where it is not.
@@ -28,9 +30,22 @@ def _engine(model_path, **spec):
     from llmkit.core.engine.loop import Engine
 
     cfg = EngineConfig(model_path=model_path, grammar_backend="none", **spec)
-    engine = Engine(cfg, build_engine_parts(cfg))
-    engine.start()
+    engine, _ = Engine.build_and_start(cfg, lambda: build_engine_parts(cfg))
     return engine
+
+
+def _speculation(engine, on: bool, saved: dict) -> None:
+    """Switch the engine's speculator (and the hidden states a draft head reads) off or back on,
+    on the engine thread, between requests."""
+
+    def switch():
+        if not on:
+            saved.setdefault("spec", engine.scheduler.speculator)
+            saved.setdefault("features", engine.runner.features)
+        engine.scheduler.speculator = saved["spec"] if on else None
+        engine.runner.features = saved["features"] if on else None
+
+    engine.call(switch).result(timeout=60)
 
 
 def _generate(engine, rid: str, ids: list[int], max_tokens: int) -> tuple[list[int], float]:
@@ -57,16 +72,23 @@ def main() -> None:
     ap.add_argument("--draft-tokens", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ngram-min-match", type=int, default=None, help="--speculative-ngram-min-match-window-size")
+    ap.add_argument("--ngram-max-match", type=int, default=None, help="--speculative-ngram-max-match-window-size")
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     prompts = json.loads(DATA.read_text())
-    plain = _engine(args.model_path)
+    window = {}
+    if args.ngram_min_match is not None:
+        window["speculative_ngram_min_match_window_size"] = args.ngram_min_match
+    if args.ngram_max_match is not None:
+        window["speculative_ngram_max_match_window_size"] = args.ngram_max_match
     spec = _engine(
-        args.model_path, speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.draft_tokens
+        args.model_path, speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.draft_tokens, **window
     )
-    tok = plain.tokenizer
+    saved: dict = {}
+    tok = spec.tokenizer
     results = {}
     try:
         for name, items in prompts.items():
@@ -79,8 +101,9 @@ def main() -> None:
                     )
                     ids = tok(text, add_special_tokens=False)["input_ids"]
                     outs = {}
-                    for label, engine in (("plain", plain), ("spec", spec)):
-                        tokens, seconds = _generate(engine, f"{name}-{r}-{i}-{label}", ids, args.max_tokens)
+                    for label in ("plain", "spec"):
+                        _speculation(spec, label == "spec", saved)
+                        tokens, seconds = _generate(spec, f"{name}-{r}-{i}-{label}", ids, args.max_tokens)
                         totals[label][0] += len(tokens) - 1
                         totals[label][1] += seconds
                         outs[label] = tokens
@@ -89,7 +112,6 @@ def main() -> None:
             results[name] = {"plain_tok_s": rate["plain"], "spec_tok_s": rate["spec"], "differ": differ}
         stats = spec.speculator.stats
     finally:
-        plain.shutdown()
         spec.shutdown()
 
     print(
