@@ -314,7 +314,8 @@ SERVE_OPTIONS = (
         None,
         to="engine",
         help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
-        "STANDALONE (a draft model), EAGLE3 (an EAGLE-3 draft head), MTP (DeepSeek-V3's own MTP layer), "
+        "STANDALONE (a draft model), EAGLE / EAGLE3 (EAGLE-1/2, EAGLE-3 draft heads), MTP (DeepSeek-V3's "
+        "own MTP layer), "
         "or a plugin's name; the output is "
         "unchanged, only faster where the draft is right.",
     ),
@@ -330,8 +331,8 @@ SERVE_OPTIONS = (
         Optional[str],
         None,
         to="engine",
-        help="STANDALONE: the draft model (a smaller model with the same tokenizer); EAGLE3: the EAGLE-3 "
-        "head's directory. Run on the target's device.",
+        help="STANDALONE: the draft model (a smaller model with the same tokenizer); EAGLE, EAGLE3: the "
+        "head's directory; MTP: where the MTP layer is, if not in the target's. Run on the target's device.",
     ),
     ServeOption(
         ("--speculative-ngram-min-match-window-size",),

@@ -118,7 +118,7 @@ class Eagle3Proposer(HiddenStateProposer):
         ):
             raise ValueError(f"EAGLE3: feature layers {self.feature_layers} do not fit the target's layers")
         self.device = torch.device(device)
-        tensors = _load_tensors(path)
+        tensors = load_tensors(path, "EAGLE3")
         embed = target_model.embed_tokens
         if "embed_tokens.weight" not in tensors and target_model.tp.size > 1:
             raise ValueError(
@@ -138,7 +138,7 @@ class Eagle3Proposer(HiddenStateProposer):
         return self.head(hidden, tokens, positions, kv)
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
     """The head's tensors from safetensors or ``pytorch_model.bin``, a ``model.`` prefix dropped."""
     out: dict[str, torch.Tensor] = {}
     files = sorted(path.glob("*.safetensors"))
@@ -150,7 +150,7 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     elif (path / "pytorch_model.bin").exists():
         out.update(torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True))
     else:
-        raise ValueError(f"EAGLE3 head {path}: no *.safetensors or pytorch_model.bin")
+        raise ValueError(f"{what} head {path}: no *.safetensors or pytorch_model.bin")
     return {k.removeprefix("model."): v for k, v in out.items()}
 
 

@@ -1,0 +1,219 @@
+"""``--speculative-algorithm EAGLE``: an EAGLE-1/2 draft head (fc over [embedding, feature], one
+Llama layer without its input norm, the target's LM head).
+
+- The head's drafts equal a from-scratch computation written out here, across proposals whose
+  drafts were partly rejected.
+- Served, a random head leaves the output unchanged (greedy and seeded); a head whose output always
+  names token 0, over a target that always says 0, keeps every greedy draft.
+- A head that does not fit is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+
+from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, THETA, EPS = 64, 4, 2, 16, 128, 512, 10000.0, 1e-6
+PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
+SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
+
+
+def head_tensors(seed: int = 0, bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """A random head; with ``bias``, one whose output is ``bias`` whatever its input (fc, o_proj
+    and down_proj zero)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape):
+        return torch.zeros(*shape) if bias is not None else torch.randn(*shape, generator=g) * 0.2
+
+    return {
+        "fc.weight": w(HIDDEN, 2 * HIDDEN),
+        "fc.bias": bias if bias is not None else torch.randn(HIDDEN, generator=g) * 0.2,
+        "layers.0.self_attn.q_proj.weight": torch.randn(HEADS * HEAD_DIM, HIDDEN, generator=g) * 0.2,
+        "layers.0.self_attn.k_proj.weight": torch.randn(KV_HEADS * HEAD_DIM, HIDDEN, generator=g) * 0.2,
+        "layers.0.self_attn.v_proj.weight": torch.randn(KV_HEADS * HEAD_DIM, HIDDEN, generator=g) * 0.2,
+        "layers.0.self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
+        "layers.0.mlp.gate_proj.weight": torch.randn(INTER, HIDDEN, generator=g) * 0.2,
+        "layers.0.mlp.up_proj.weight": torch.randn(INTER, HIDDEN, generator=g) * 0.2,
+        "layers.0.mlp.down_proj.weight": w(HIDDEN, INTER),
+        "layers.0.post_attention_layernorm.weight": 1 + torch.randn(HIDDEN, generator=g) * 0.1,
+        "layers.0.input_layernorm.weight": torch.ones(HIDDEN),  # shipped, unused by EAGLE's first layer
+    }
+
+
+def save_head(path, tensors, **overrides) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    config = dict(
+        architectures=["LlamaForCausalLM"], hidden_size=HIDDEN, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, intermediate_size=INTER, num_hidden_layers=1, rms_norm_eps=EPS,
+        rope_theta=THETA, max_position_embeddings=256, vocab_size=VOCAB,
+    )  # fmt: skip
+    config.update(overrides)
+    (path / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    import transformers
+
+    target = tmp_path_factory.mktemp("target")
+    save_tiny_model("llama", target, num_hidden_layers=3)
+    copy_embedded_tokenizer(target)
+    head = tmp_path_factory.mktemp("head")
+    save_head(head, head_tensors())
+    constant = tmp_path_factory.mktemp("constant-target")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # every logit 0: it always says token 0
+    model.save_pretrained(constant)
+    copy_embedded_tokenizer(constant)
+    # a head whose output is a multiple of the LM head's row 0: its logits pick token 0
+    row0 = model.lm_head.weight[0].detach()
+    assert int((model.lm_head.weight @ (row0 * 10)).argmax()) == 0
+    agreeing = tmp_path_factory.mktemp("agreeing-head")
+    save_head(agreeing, head_tensors(bias=row0 * 10))
+    return SimpleNamespace(target=target, head=head, constant=constant, agreeing=agreeing)
+
+
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def _rope(x, positions):
+    inv = 1.0 / THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
+    ang = positions[:, None].double() * inv[None, :]
+    cos, sin = ang.cos().float()[:, None, :], ang.sin().float()[:, None, :]
+    x1, x2 = x[..., : HEAD_DIM // 2], x[..., HEAD_DIM // 2 :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def reference_drafts(t, target, feats, ids, first, n, k) -> list[int]:
+    """The k drafts after ``ids``, every row recomputed with full causal attention."""
+    embed = target.model.embed_tokens.weight.detach()  # (transformers' model: the weights as saved)
+    lm_head = target.lm_head.weight.detach()
+    norm_w = target.model.norm.weight.detach()
+    hidden = [_rms(feats[p], norm_w) for p in range(first, n)]  # the target's output states
+    tokens, positions, drafts = list(ids[first + 1 : n + 1]), list(range(first, n)), []
+    for step in range(k):
+        m = len(tokens)
+        x = torch.cat((embed[torch.tensor(tokens)], torch.stack(hidden)), -1) @ t["fc.weight"].T + t["fc.bias"]
+        pos = torch.tensor(positions)
+        q = _rope((x @ t["layers.0.self_attn.q_proj.weight"].T).view(m, HEADS, HEAD_DIM), pos)
+        kk = _rope((x @ t["layers.0.self_attn.k_proj.weight"].T).view(m, KV_HEADS, HEAD_DIM), pos)
+        v = (x @ t["layers.0.self_attn.v_proj.weight"].T).view(m, KV_HEADS, HEAD_DIM)
+        kk, v = kk.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, kk) / HEAD_DIM**0.5
+        scores = scores.masked_fill(torch.ones(m, m, dtype=torch.bool).triu(1), float("-inf"))
+        mid = (
+            torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(m, -1) @ t["layers.0.self_attn.o_proj.weight"].T
+        )
+        mid = mid + x
+        h = _rms(mid, t["layers.0.post_attention_layernorm.weight"])
+        gate, up = h @ t["layers.0.mlp.gate_proj.weight"].T, h @ t["layers.0.mlp.up_proj.weight"].T
+        out = (torch.nn.functional.silu(gate) * up) @ t["layers.0.mlp.down_proj.weight"].T + mid
+        drafts.append(int((out[-1] @ lm_head.T).argmax()))
+        hidden.append(out[-1])
+        tokens.append(drafts[-1])
+        positions.append(n + step)
+    return drafts
+
+
+def test_the_heads_drafts_equal_a_from_scratch_computation(models):
+    import transformers
+
+    from llmkit.plugins.speculative.eagle import EagleProposer
+
+    target = load_ours(models.target)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(models.target), dtype=torch.float32)
+    proposer = EagleProposer(draft_model_path=str(models.head), target_model=target)
+    assert proposer.feature_layers == (3,)
+    t = head_tensors()
+    g = torch.Generator().manual_seed(7)
+    feats: dict[int, torch.Tensor] = {}
+
+    def computed(req, start, count):
+        rows = torch.randn(count, HIDDEN, generator=g)
+        for j in range(count):
+            feats[start + j] = rows[j]
+        proposer.observe(req, start, rows)
+
+    ids = [int(i) for i in torch.randint(0, VOCAB, (7,), generator=g)]
+    req = SimpleNamespace(all_ids=ids, num_computed=2, spec_state=None, mm=None)
+    computed(req, 2, 5)
+    ids.append(11)
+    req.num_computed = 7
+    for round_, keep in enumerate([1, 0, 3, 2]):
+        drafts = proposer.propose(req, 3)
+        assert drafts == reference_drafts(t, hf, feats, ids, 2, req.num_computed, 3), round_
+        n = req.num_computed
+        computed(req, n, 4)
+        ids.extend(drafts[:keep])
+        ids.append((drafts[keep] + 1) % VOCAB if keep < 3 else 42)
+        req.num_computed = n + keep + 1
+
+
+def _run(model_path, **spec) -> tuple[dict, object]:
+    engine = start_engine(model_path=str(model_path), **spec)
+    done, outs, finished = threading.Event(), {}, set()
+    total = len(PROMPTS) * len(SAMPLING)
+
+    def sink_for(key):
+        def sink(o):
+            outs.setdefault(key, []).extend(o.token_ids)
+            if o.finished:
+                finished.add(key)
+                if len(finished) == total:
+                    done.set()
+
+        return sink
+
+    try:
+        for i, ids in enumerate(PROMPTS):
+            for j, kw in enumerate(SAMPLING):
+                params = SamplingParams(max_new_tokens=20, ignore_eos=True, **kw)
+                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
+        assert done.wait(300)
+        return outs, engine.speculator.stats if engine.speculator else None
+    finally:
+        engine.shutdown()
+
+
+def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(models):
+    reference, _ = _run(models.target)
+    got, stats = _run(
+        models.target, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.head),
+        speculative_num_draft_tokens=3,
+    )  # fmt: skip
+    assert got == reference and stats.verify_steps > 0
+    reference, _ = _run(models.constant)
+    got, stats = _run(
+        models.constant, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
+        speculative_num_draft_tokens=4,
+    )  # fmt: skip
+    assert got == reference and reference[(0, 0)] == [0] * 20
+    assert stats.accepted_tokens >= 3 * 12 and stats.accept_length > 1.5
+
+
+def test_a_head_that_does_not_fit_is_refused(models, tmp_path):
+    target = str(models.target)
+    cases = {
+        "missing": ({k: v for k, v in head_tensors().items() if k != "fc.bias"}, {}, "missing fc.bias"),
+        "foreign": ({**head_tensors(), "midlayer.fc.weight": torch.zeros(2)}, {}, "unexpected tensor"),
+        "width": (head_tensors(), {"hidden_size": 32}, "hidden size differs"),
+    }
+    for name, (tensors, config, message) in cases.items():
+        save_head(tmp_path / name, tensors, **config)
+        with pytest.raises(ValueError, match=message):
+            start_engine(
+                model_path=target, speculative_algorithm="EAGLE", speculative_draft_model_path=str(tmp_path / name)
+            )
