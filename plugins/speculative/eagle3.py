@@ -15,16 +15,15 @@ is :class:`~llmkit.plugins.speculative.hidden_draft.HiddenStateProposer`'s.
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
-from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
+from llmkit.core.model.layers import RMSNorm
+from llmkit.plugins.speculative.draft_cache import DraftKV
+from llmkit.plugins.speculative.head_files import head_config, load_tensors, place, shared_embedding
+from llmkit.plugins.speculative.head_layer import HeadLayer, layer_names
 from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
 
 log = logging.getLogger("llmkit")
@@ -45,32 +44,17 @@ class Eagle3Head(nn.Module):
     def __init__(self, config: dict, num_features: int, embed: nn.Module) -> None:
         super().__init__()
         hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        inter = int(config["intermediate_size"])
         eps = float(config.get("rms_norm_eps", 1e-6))
-        bias = bool(config.get("attention_bias", False))
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.draft_vocab = int(config.get("draft_vocab_size") or config["vocab_size"])
         # the target's embedding is shared, not a submodule (moving the head must not move it)
         self._embed = (embed,)
         self.fc = nn.Linear(num_features * int(config.get("target_hidden_size") or hidden), hidden, bias=False)
-        self.q_proj = nn.Linear(2 * hidden, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.hidden_norm = RMSNorm(hidden, eps)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.layer = HeadLayer(config, 2 * hidden)
         self.norm = RMSNorm(hidden, eps)
         self.lm_head = nn.Linear(hidden, self.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long), persistent=False)
-        self.rotary = RotaryEmbedding(head_dim, int(config.get("max_position_embeddings", 4096)), config)
-        self.attention = DraftAttention(head_dim**-0.5)
 
     def forward(self, hidden, tokens, positions, kv: DraftKV) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of the draft layer over ``tokens`` at ``positions`` (their rows appended to
@@ -79,16 +63,8 @@ class Eagle3Head(nn.Module):
         head predicts for each row."""
         if hidden.shape[-1] != self.fc.out_features:
             hidden = self.fc(hidden)
-        t = tokens.shape[0]
-        residual = hidden
         x = torch.cat((self.input_layernorm(self._embed[0](tokens)), self.hidden_norm(hidden)), dim=-1)
-        table = self.rotary.table(positions, x.dtype)
-        q = RotaryEmbedding.rotate(self.q_proj(x).view(t, self.heads, self.head_dim), table)
-        k = RotaryEmbedding.rotate(self.k_proj(x).view(t, self.kv_heads, self.head_dim), table)
-        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
-        attn = self.o_proj(self.attention.forward(q, k, v, 0, kv).reshape(t, -1))
-        h, residual = self.post_attention_layernorm(attn, residual)
-        out = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)) + residual
+        out = self.layer(x, hidden, positions, kv)
         best = self.lm_head(self.norm(out)).argmax(dim=-1)
         return out, best + self.d2t[best]
 
@@ -104,14 +80,7 @@ class Eagle3Proposer(HiddenStateProposer):
         **options,
     ) -> None:
         super().__init__(**options)
-        if not draft_model_path:
-            raise ValueError("EAGLE3 speculation needs --speculative-draft-model-path (the EAGLE-3 head's directory)")
-        path = Path(draft_model_path).expanduser()
-        if not (path / "config.json").exists():
-            raise ValueError(f"--speculative-draft-model-path {draft_model_path}: no config.json there")
-        if target_model is None or not getattr(target_model, "supports_feature_capture", False):
-            raise ValueError("EAGLE3 needs a target model whose hidden states can be captured (Llama-style models)")
-        config = json.loads((path / "config.json").read_text())
+        path, config = head_config(draft_model_path, "EAGLE3", "the EAGLE-3 head's directory", target_model)
         self.feature_layers = aux_layers(config, target_model.num_layers)
         if len(set(self.feature_layers)) != len(self.feature_layers) or not all(
             0 <= i <= target_model.num_layers for i in self.feature_layers
@@ -119,15 +88,7 @@ class Eagle3Proposer(HiddenStateProposer):
             raise ValueError(f"EAGLE3: feature layers {self.feature_layers} do not fit the target's layers")
         self.device = torch.device(device)
         tensors = load_tensors(path, "EAGLE3")
-        embed = target_model.embed_tokens
-        if "embed_tokens.weight" not in tensors and target_model.tp.size > 1:
-            raise ValueError(
-                "EAGLE3 under --tp-size > 1 needs a head with its own embed_tokens.weight: the target's "
-                "embedding is split over the ranks, and only rank 0 drafts"
-            )
-        if "embed_tokens.weight" in tensors:  # a head with its own embedding
-            weight = tensors.pop("embed_tokens.weight").to(device=self.device, dtype=dtype)
-            embed = nn.Embedding.from_pretrained(weight, freeze=True)
+        embed = shared_embedding(target_model, tensors, self.device, dtype, "EAGLE3")
         self.head = Eagle3Head(config, len(self.feature_layers), embed)
         _load_head(self.head, tensors, target_vocab_size)
         self.head.to(device=self.device, dtype=dtype).eval()
@@ -138,22 +99,6 @@ class Eagle3Proposer(HiddenStateProposer):
         return self.head(hidden, tokens, positions, kv)
 
 
-def load_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
-    """The head's tensors from safetensors or ``pytorch_model.bin``, a ``model.`` prefix dropped."""
-    out: dict[str, torch.Tensor] = {}
-    files = sorted(path.glob("*.safetensors"))
-    if files:
-        from safetensors.torch import load_file
-
-        for f in files:
-            out.update(load_file(str(f)))
-    elif (path / "pytorch_model.bin").exists():
-        out.update(torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True))
-    else:
-        raise ValueError(f"{what} head {path}: no *.safetensors or pytorch_model.bin")
-    return {k.removeprefix("model."): v for k, v in out.items()}
-
-
 # checkpoint name -> the head's parameter (the published EAGLE-3 layout: one "midlayer")
 _NAMES = {
     "fc.weight": "fc.weight",
@@ -161,31 +106,12 @@ _NAMES = {
     "lm_head.weight": "lm_head.weight",
     "midlayer.input_layernorm.weight": "input_layernorm.weight",
     "midlayer.hidden_norm.weight": "hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
-    **{f"midlayer.self_attn.{p}.{w}": f"{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")},
-    "midlayer.self_attn.o_proj.weight": "o_proj.weight",
-    **{f"midlayer.mlp.{p}.weight": f"{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")},
+    **layer_names("midlayer.", "layer."),
 }
 
 
 def _load_head(head: Eagle3Head, tensors: dict[str, torch.Tensor], target_vocab: int | None) -> None:
-    params = dict(head.named_parameters())
-    missing = {v for v in _NAMES.values() if v in params}
-    for name, tensor in tensors.items():
-        if name in ("d2t", "t2d"):
-            continue
-        ours = _NAMES.get(name)
-        if ours is None or ours not in params:
-            raise ValueError(f"EAGLE3 head: unexpected tensor {name!r} (is this an EAGLE-3 checkpoint?)")
-        if params[ours].shape != tensor.shape:
-            raise ValueError(
-                f"EAGLE3 head: {name} is {tuple(tensor.shape)}, the config says {tuple(params[ours].shape)}"
-            )
-        with torch.no_grad():
-            params[ours].copy_(tensor)
-        missing.discard(ours)
-    if missing:
-        raise ValueError(f"EAGLE3 head: missing {', '.join(sorted(missing))}")
+    place(head, tensors, _NAMES, {"d2t", "t2d"}, "EAGLE3", "an EAGLE-3")
     if "d2t" in tensors:
         d2t = tensors["d2t"].to(torch.long)
         if d2t.shape != (head.draft_vocab,):

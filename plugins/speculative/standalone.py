@@ -11,13 +11,13 @@ decodes ``max_tokens`` greedy tokens one forward at a time.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
 from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.speculative.contract import Proposer
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
+from llmkit.plugins.speculative.head_files import head_dir
 
 log = logging.getLogger("llmkit")
 
@@ -32,14 +32,10 @@ class StandaloneProposer(Proposer):
         **options,
     ) -> None:
         super().__init__(**options)
-        if not draft_model_path:
-            raise ValueError("STANDALONE speculation needs --speculative-draft-model-path (a smaller model)")
         from llmkit.core.embedding.decoder import load_causal_lm
         from llmkit.core.model.loader.source import load_config
 
-        path = Path(draft_model_path).expanduser()
-        if not (path / "config.json").exists():
-            raise ValueError(f"--speculative-draft-model-path {draft_model_path}: no config.json there")
+        path = head_dir(draft_model_path, "STANDALONE", "a smaller model")
         config = load_config(path)
         vocab = int(config["vocab_size"])
         if target_vocab_size is not None and vocab < target_vocab_size:

@@ -11,20 +11,16 @@ Llama layer without its input norm, the target's LM head).
 from __future__ import annotations
 
 import json
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
-
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from spec_utils import serve_prompts, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, THETA, EPS = 64, 4, 2, 16, 128, 512, 10000.0, 1e-6
-PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
-SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
 
 
 def head_tensors(seed: int = 0, bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -138,66 +134,25 @@ def test_the_heads_drafts_equal_a_from_scratch_computation(models):
     proposer = EagleProposer(draft_model_path=str(models.head), target_model=target)
     assert proposer.feature_layers == (3,)
     t = head_tensors()
-    g = torch.Generator().manual_seed(7)
-    feats: dict[int, torch.Tensor] = {}
-
-    def computed(req, start, count):
-        rows = torch.randn(count, HIDDEN, generator=g)
-        for j in range(count):
-            feats[start + j] = rows[j]
-        proposer.observe(req, start, rows)
-
-    ids = [int(i) for i in torch.randint(0, VOCAB, (7,), generator=g)]
-    req = SimpleNamespace(all_ids=ids, num_computed=2, spec_state=None, mm=None)
-    computed(req, 2, 5)
-    ids.append(11)
-    req.num_computed = 7
-    for round_, keep in enumerate([1, 0, 3, 2]):
-        drafts = proposer.propose(req, 3)
-        assert drafts == reference_drafts(t, hf, feats, ids, 2, req.num_computed, 3), round_
-        n = req.num_computed
-        computed(req, n, 4)
-        ids.extend(drafts[:keep])
-        ids.append((drafts[keep] + 1) % VOCAB if keep < 3 else 42)
-        req.num_computed = n + keep + 1
-
-
-def _run(model_path, **spec) -> tuple[dict, object]:
-    engine = start_engine(model_path=str(model_path), **spec)
-    done, outs, finished = threading.Event(), {}, set()
-    total = len(PROMPTS) * len(SAMPLING)
-
-    def sink_for(key):
-        def sink(o):
-            outs.setdefault(key, []).extend(o.token_ids)
-            if o.finished:
-                finished.add(key)
-                if len(finished) == total:
-                    done.set()
-
-        return sink
-
-    try:
-        for i, ids in enumerate(PROMPTS):
-            for j, kw in enumerate(SAMPLING):
-                params = SamplingParams(max_new_tokens=20, ignore_eos=True, **kw)
-                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
-        assert done.wait(300)
-        return outs, engine.speculator.stats if engine.speculator else None
-    finally:
-        engine.shutdown()
+    walk_proposals(
+        proposer,
+        lambda states, ids, first, n, k: reference_drafts(t, hf, states, ids, first, n, k),
+        HIDDEN,
+        VOCAB,
+        first=2,
+    )
 
 
 def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(models):
-    reference, _ = _run(models.target)
-    got, stats = _run(
-        models.target, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.head),
+    reference, _ = serve_prompts(models.target, 20)
+    got, stats = serve_prompts(
+        models.target, 20, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.head),
         speculative_num_draft_tokens=3,
     )  # fmt: skip
     assert got == reference and stats.verify_steps > 0
-    reference, _ = _run(models.constant)
-    got, stats = _run(
-        models.constant, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
+    reference, _ = serve_prompts(models.constant, 20)
+    got, stats = serve_prompts(
+        models.constant, 20, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
         speculative_num_draft_tokens=4,
     )  # fmt: skip
     assert got == reference and reference[(0, 0)] == [0] * 20

@@ -11,22 +11,18 @@
 from __future__ import annotations
 
 import json
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
-
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from spec_utils import PROMPTS, serve_prompts, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, save_tiny_model, start_engine
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 128
 TARGET_VOCAB, DRAFT_VOCAB, THETA, EPS = 512, 256, 10000.0, 1e-6
 AUX = [0, 1, 3]  # layer outputs: the inputs of layers 1 and 2, and the last layer's output (4 layers)
-PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
-SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
 
 
 def head_tensors(seed: int = 0, zero_lm_head: bool = False) -> dict[str, torch.Tensor]:
@@ -170,65 +166,20 @@ def test_the_heads_drafts_equal_a_from_scratch_computation(models):
     assert proposer.feature_layers == (1, 2, 4)
     t = head_tensors()
     embed = target.embed_tokens.weight.detach()
-    g = torch.Generator().manual_seed(5)
-    feats: dict[int, torch.Tensor] = {}
-
-    def computed(req, start, count):  # the target computed these positions: their features
-        rows = torch.randn(count, 3 * HIDDEN, generator=g)
-        for j in range(count):
-            feats[start + j] = rows[j]
-        proposer.observe(req, start, rows)
-
-    # a prompt of 7 tokens whose first 3 came from the prefix cache (no features before position 3)
-    ids = [int(i) for i in torch.randint(0, TARGET_VOCAB, (7,), generator=g)]
-    req = SimpleNamespace(all_ids=ids, num_computed=3, spec_state=None, mm=None)
-    computed(req, 3, 4)  # prefill of positions 3..6; the target samples token 7
-    ids.append(11)
-    req.num_computed = 7
-    for round_, keep in enumerate([1, 0, 3, 2]):
-        drafts = proposer.propose(req, 3)
-        assert drafts == reference_drafts(t, embed, feats, ids, 3, req.num_computed, 3), round_
-        # the target verifies the last token and the 3 drafts: positions n..n+3 computed, ``keep``
-        # drafts accepted, then its own token (not the next draft) appended
-        n = req.num_computed
-        computed(req, n, 4)
-        ids.extend(drafts[:keep])
-        ids.append((drafts[keep] + 1) % TARGET_VOCAB if keep < 3 else 42)
-        req.num_computed = n + keep + 1
+    # a prompt of 7 tokens whose first 3 came from the prefix cache (no states before position 3)
+    walk_proposals(
+        proposer,
+        lambda states, ids, first, n, k: reference_drafts(t, embed, states, ids, first, n, k),
+        3 * HIDDEN, TARGET_VOCAB, first=3,
+    )  # fmt: skip
 
 
 # -- served --------------------------------------------------------------------------------------
 
 
-def _run(model_path, **spec) -> tuple[dict, object]:
-    engine = start_engine(model_path=str(model_path), **spec)
-    done, outs, finished = threading.Event(), {}, set()
-    total = len(PROMPTS) * len(SAMPLING)
-
-    def sink_for(key):
-        def sink(o):
-            outs.setdefault(key, []).extend(o.token_ids)
-            if o.finished:
-                finished.add(key)
-                if len(finished) == total:
-                    done.set()
-
-        return sink
-
-    try:
-        for i, ids in enumerate(PROMPTS):
-            for j, kw in enumerate(SAMPLING):
-                params = SamplingParams(max_new_tokens=24, ignore_eos=True, **kw)
-                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
-        assert done.wait(300)
-        return outs, engine.speculator.stats if engine.speculator else None
-    finally:
-        engine.shutdown()
-
-
 def test_a_random_head_leaves_the_output_unchanged(models):
-    reference, _ = _run(models.target)
-    got, stats = _run(
+    reference, _ = serve_prompts(models.target)
+    got, stats = serve_prompts(
         models.target,
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=str(models.head),
@@ -239,8 +190,8 @@ def test_a_random_head_leaves_the_output_unchanged(models):
 
 
 def test_a_head_that_agrees_with_the_target_keeps_every_draft(models):
-    reference, _ = _run(models.constant)
-    got, stats = _run(
+    reference, _ = serve_prompts(models.constant)
+    got, stats = serve_prompts(
         models.constant,
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=str(models.agreeing),

@@ -13,20 +13,15 @@ shared_head):
 from __future__ import annotations
 
 import json
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from spec_utils import serve_prompts, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
-
-PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
-SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
 
 
 def add_mtp_layer(path, seed: int = 0, zero_head: bool = False) -> None:
@@ -88,69 +83,26 @@ def test_cached_drafts_equal_a_fresh_layers(models):
     config = json.loads((models.target / "config.json").read_text())
     cached = MTPProposer(target_model=target, target_model_path=str(models.target))
     assert cached.feature_layers == (2,)
-    g = torch.Generator().manual_seed(5)
-    feats: dict[int, torch.Tensor] = {}
 
-    def computed(req, start, count):
-        rows = torch.randn(count, config["hidden_size"], generator=g)
-        for j in range(count):
-            feats[start + j] = rows[j]
-        cached.observe(req, start, rows)
+    def fresh(states, ids, first, n, k):  # a new layer fed the whole history at once
+        other = MTPProposer(target_model=target, target_model_path=str(models.target))
+        whole = SimpleNamespace(all_ids=list(ids), num_computed=n, spec_state=None, mm=None)
+        other.observe(whole, first, torch.stack([states[p] for p in range(first, n)]))
+        return other.propose(whole, k)
 
-    ids = [int(i) for i in torch.randint(0, config["vocab_size"], (6,), generator=g)]
-    req = SimpleNamespace(all_ids=ids, num_computed=0, spec_state=None, mm=None)
-    computed(req, 0, 6)
-    ids.append(17)
-    req.num_computed = 6
-    for round_, keep in enumerate([1, 0, 3, 2]):
-        drafts = cached.propose(req, 3)
-        fresh = MTPProposer(target_model=target, target_model_path=str(models.target))
-        whole = SimpleNamespace(all_ids=list(ids), num_computed=req.num_computed, spec_state=None, mm=None)
-        fresh.observe(whole, 0, torch.stack([feats[p] for p in range(req.num_computed)]))
-        assert drafts == fresh.propose(whole, 3), round_
-        n = req.num_computed
-        computed(req, n, 4)
-        ids.extend(drafts[:keep])
-        ids.append((drafts[keep] + 1) % config["vocab_size"] if keep < 3 else 42)
-        req.num_computed = n + keep + 1
-
-
-def _run(model_path, **spec) -> tuple[dict, object]:
-    engine = start_engine(model_path=str(model_path), **spec)
-    done, outs, finished = threading.Event(), {}, set()
-    total = len(PROMPTS) * len(SAMPLING)
-
-    def sink_for(key):
-        def sink(o):
-            outs.setdefault(key, []).extend(o.token_ids)
-            if o.finished:
-                finished.add(key)
-                if len(finished) == total:
-                    done.set()
-
-        return sink
-
-    try:
-        for i, ids in enumerate(PROMPTS):
-            for j, kw in enumerate(SAMPLING):
-                params = SamplingParams(max_new_tokens=20, ignore_eos=True, **kw)
-                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
-        assert done.wait(300)
-        return outs, engine.speculator.stats if engine.speculator else None
-    finally:
-        engine.shutdown()
+    walk_proposals(cached, fresh, config["hidden_size"], config["vocab_size"], prompt_len=6)
 
 
 def test_a_random_mtp_layer_leaves_the_output_unchanged(models):
-    reference, _ = _run(models.target)
-    got, stats = _run(models.target, speculative_algorithm="MTP", speculative_num_draft_tokens=3)
+    reference, _ = serve_prompts(models.target, 20)
+    got, stats = serve_prompts(models.target, 20, speculative_algorithm="MTP", speculative_num_draft_tokens=3)
     assert got == reference
     assert stats.verify_steps > 0
 
 
 def test_an_mtp_layer_that_agrees_with_its_target_keeps_every_draft(models):
-    reference, _ = _run(models.constant)
-    got, stats = _run(models.constant, speculative_algorithm="MTP", speculative_num_draft_tokens=4)
+    reference, _ = serve_prompts(models.constant, 20)
+    got, stats = serve_prompts(models.constant, 20, speculative_algorithm="MTP", speculative_num_draft_tokens=4)
     assert got == reference
     assert reference[(0, 0)] == [0] * 20
     assert stats.accepted_tokens >= 3 * 12 and stats.accept_length > 1.5

@@ -7,17 +7,11 @@ only holds if the draft's own K/V cache is right), and the target with noise add
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
-
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from spec_utils import serve_prompts
 
 from model_utils import copy_embedded_tokenizer, save_tiny_model, start_engine
-
-PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
-SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
 
 
 @pytest.fixture(scope="module")
@@ -38,40 +32,14 @@ def models(tmp_path_factory):
     return target, noisy
 
 
-def _run(model_path, **spec) -> tuple[dict, object]:
-    engine = start_engine(model_path=str(model_path), **spec)
-    done, outs, finished = threading.Event(), {}, set()
-    total = len(PROMPTS) * len(SAMPLING)
-
-    def sink_for(key):
-        def sink(o):
-            outs.setdefault(key, []).extend(o.token_ids)
-            if o.finished:
-                finished.add(key)
-                if len(finished) == total:
-                    done.set()
-
-        return sink
-
-    try:
-        for i, ids in enumerate(PROMPTS):
-            for j, kw in enumerate(SAMPLING):
-                params = SamplingParams(max_new_tokens=24, ignore_eos=True, **kw)
-                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
-        assert done.wait(300)
-        return outs, engine.speculator.stats if engine.speculator else None
-    finally:
-        engine.shutdown()
-
-
 @pytest.fixture(scope="module")
 def reference(models):
-    return _run(models[0])[0]
+    return serve_prompts(models[0])[0]
 
 
 def test_the_target_as_its_own_draft_keeps_every_draft_token(models, reference):
     target, _ = models
-    got, stats = _run(
+    got, stats = serve_prompts(
         target,
         speculative_algorithm="STANDALONE",
         speculative_draft_model_path=str(target),
@@ -83,7 +51,7 @@ def test_the_target_as_its_own_draft_keeps_every_draft_token(models, reference):
 
 def test_a_noisy_draft_leaves_the_output_unchanged(models, reference):
     target, noisy = models
-    got, stats = _run(
+    got, stats = serve_prompts(
         target,
         speculative_algorithm="STANDALONE",
         speculative_draft_model_path=str(noisy),

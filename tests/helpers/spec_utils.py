@@ -1,0 +1,76 @@
+"""Shared by the speculative decoding tests: serving a set of prompts on an in-process engine, and
+walking a draft-head proposer through proposals whose drafts the target partly rejects."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import torch
+
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+
+from model_utils import start_engine
+
+PROMPTS = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [100, 200, 300, 400, 100, 200, 300]]
+SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}]
+
+
+def serve_prompts(model_path, max_new_tokens: int = 24, **spec) -> tuple[dict, object]:
+    """Every prompt under every sampling setting at once on an engine (``spec``: its speculative
+    options): the tokens per ``(prompt, setting)``, and the speculator's stats (None: none)."""
+    engine = start_engine(model_path=str(model_path), **spec)
+    done, outs, finished = threading.Event(), {}, set()
+    total = len(PROMPTS) * len(SAMPLING)
+
+    def sink_for(key):
+        def sink(o):
+            outs.setdefault(key, []).extend(o.token_ids)
+            if o.finished:
+                finished.add(key)
+                if len(finished) == total:
+                    done.set()
+
+        return sink
+
+    try:
+        for i, ids in enumerate(PROMPTS):
+            for j, kw in enumerate(SAMPLING):
+                params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, **kw)
+                engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
+        assert done.wait(300)
+        return outs, engine.speculator.stats if engine.speculator else None
+    finally:
+        engine.shutdown()
+
+
+def walk_proposals(proposer, expected, width: int, vocab: int, prompt_len: int = 7, first: int = 0) -> None:
+    """A request of ``prompt_len`` random tokens whose positions from ``first`` on the target
+    computed (a prefix-cache hit has no states before), then four proposals of 3 drafts, the target
+    keeping 1, 0, 3 and 2 of them: each proposal must equal ``expected(states, ids, first, n, 3)``,
+    ``states`` the target's hidden state rows (``width`` wide) by position, ``n`` the tokens
+    computed."""
+    g = torch.Generator().manual_seed(5)
+    states: dict[int, torch.Tensor] = {}
+
+    def computed(req, start, count):  # the target computed these positions: their states
+        rows = torch.randn(count, width, generator=g)
+        for j in range(count):
+            states[start + j] = rows[j]
+        proposer.observe(req, start, rows)
+
+    ids = [int(i) for i in torch.randint(0, vocab, (prompt_len,), generator=g)]
+    req = SimpleNamespace(all_ids=ids, num_computed=first, spec_state=None, mm=None)
+    computed(req, first, prompt_len - first)  # the prefill; the target samples the next token
+    ids.append(11)
+    req.num_computed = prompt_len
+    for round_, keep in enumerate([1, 0, 3, 2]):
+        drafts = proposer.propose(req, 3)
+        assert drafts == expected(states, ids, first, req.num_computed, 3), round_
+        # the target verifies the last token and the 3 drafts (positions n..n+3 computed), keeps
+        # ``keep`` drafts, then appends its own token (not the next draft)
+        n = req.num_computed
+        computed(req, n, 4)
+        ids.extend(drafts[:keep])
+        ids.append((drafts[keep] + 1) % vocab if keep < 3 else 42)
+        req.num_computed = n + keep + 1
