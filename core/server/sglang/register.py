@@ -166,11 +166,16 @@ class GatewayRegistration:
 
     def _confirm(self) -> None:
         """Log whether the gateway's own check of this worker passed (a wrong advertised URL shows here)."""
-        waited = 0.0
+        waited, seen = 0.0, False
         while waited < CONFIRM_S and not self._stop.is_set() and not self.draining():
             listed = self._listed(answering_only=True)
             if listed is None:  # the gateway went away: the recheck registers again once it is back
                 return
+            # Not listed after it was, or still not after a recheck's time (a gateway adds a worker
+            # within a second): it restarted, and the recheck registers again.
+            if not listed and (seen or waited >= RECHECK_S):
+                return
+            seen = seen or bool(listed)
             if any(w.get("is_healthy") for w in listed):
                 log.info("gateway: %s routes to this worker", self.gateway)
                 return
