@@ -30,13 +30,31 @@ from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.quant.fp8 import dequantize_fp8_blocks
-from llmkit.plugins.models.decoder import MLP, PreNormBlock, StackedLM
+from llmkit.plugins.models.decoder import MLP, PreNormBlock, StackedLM, place_tensor
 from llmkit.plugins.models.mla import MLAttention
 
 log = logging.getLogger("llmkit")
 
 REQUIRED = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
+_FUSED = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def place_decoder_tensor(owner: nn.Module, modules: dict, params: dict, name: str, tensor) -> str | None:
+    """One tensor of DeepSeek decoder layers (``name`` relative to ``owner``) into its place: a
+    routed expert's into its :class:`FusedExperts`, anything else as :func:`place_tensor` places it
+    (the router's correction bias is a buffer, named without ``.gate``). Returns the placed
+    ``module.leaf.part`` for the missing-weights check (None: an expert's). KeyError: no place."""
+    name = name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")
+    parts = name.split(".")
+    if "experts" in parts and "shared_experts" not in parts:
+        i = parts.index("experts")
+        experts = modules.get(".".join(parts[: i + 1]))
+        if not isinstance(experts, FusedExperts) or len(parts) != i + 4 or parts[i + 2] not in _PROJ:
+            raise KeyError(f"unexpected weight '{name}' for {type(owner).__name__}")
+        experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
+        return None
+    return ".".join(map(str, place_tensor(owner, modules, params, name, tensor, _FUSED)))
 
 
 # per version: the routing methods and the scoring it runs (the first method is the default)
@@ -188,7 +206,6 @@ class DeepseekV3ForCausalLM(StackedLM):
             )
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
-        fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
         loaded: set[str] = set()
         skipped = 0
         for name, tensor in weights:
@@ -199,16 +216,9 @@ class DeepseekV3ForCausalLM(StackedLM):
                 continue
             if self.tie and name == "lm_head.weight":
                 continue
-            name = name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")  # a router buffer
-            parts = name.split(".")
-            if "experts" in parts and "shared_experts" not in parts:
-                i = parts.index("experts")
-                experts = modules.get(".".join(parts[: i + 1]))
-                if not isinstance(experts, FusedExperts) or len(parts) != i + 4 or parts[i + 2] not in _PROJ:
-                    raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
-                experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
-                continue
-            loaded.add(".".join(map(str, self.load_tensor(modules, params, name, tensor, fused))))
+            key = place_decoder_tensor(self, modules, params, name, tensor)
+            if key is not None:
+                loaded.add(key)
         if skipped:
             log.info("DeepSeek-V3: skipped %d tensors of layers past num_hidden_layers (MTP)", skipped)
         missing = []

@@ -21,8 +21,6 @@ from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, materialize
-from llmkit.core.model.moe import FusedExperts
-from llmkit.plugins.models.decoder import place_tensor
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
 
@@ -98,7 +96,9 @@ class MTPProposer(HiddenStateProposer):
             raise ValueError(
                 f"MTP: no config.json in {path} (--speculative-draft-model-path or the target's directory)"
             )
-        config = {**load_config(path), **{k: v for k, v in target.config.items() if k == "rope_interleave"}}
+        config = load_config(path)
+        if "rope_interleave" in target.config:  # (set by the target's class for V2: rotate as it does)
+            config["rope_interleave"] = target.config["rope_interleave"]
         if not int(config.get("num_nextn_predict_layers") or 0):
             raise ValueError(f"MTP: {path} has no multi-token-prediction layer (num_nextn_predict_layers is 0)")
         self.feature_layers = (target.num_layers,)
@@ -116,12 +116,12 @@ class MTPProposer(HiddenStateProposer):
 def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
     """Layer ``index``'s tensors from the checkpoint at ``path`` into ``layer`` (lazily read: a
     671B checkpoint's other tensors are never loaded)."""
-    from llmkit.plugins.models.deepseek_v3 import _PROJ
+    from llmkit.plugins.models.deepseek_v3 import place_decoder_tensor
 
+    if (config.get("quantization_config") or {}).get("quant_method") == "fp8":
+        raise ValueError("MTP: an FP8 checkpoint's MTP layer is not supported yet; dequantize it first")
     prefix = f"model.layers.{index}."
     modules, params = dict(layer.named_modules()), dict(layer.named_parameters())
-    fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-    quant = config.get("quantization_config") or {}
     seen: set[str] = set()
     for name, tensor in iter_safetensors(path, lazy=True):
         if not name.startswith(prefix):
@@ -129,28 +129,20 @@ def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
         name = name[len(prefix) :]
         if name == "embed_tokens.weight":
             continue  # a copy of the target's
-        tensor = materialize(tensor)
-        if name.endswith("_scale_inv") or quant.get("quant_method") == "fp8":
+        if name.endswith("_scale_inv"):
             raise ValueError("MTP: an FP8 checkpoint's MTP layer is not supported yet; dequantize it first")
+        tensor = materialize(tensor)
         if name in _OWN:
             with torch.no_grad():
                 params[_OWN[name]].copy_(tensor)
             seen.add(_OWN[name])
             continue
-        name = "block." + name.replace(".gate.e_score_correction_bias", ".e_score_correction_bias")
-        parts = name.split(".")
-        if "experts" in parts and "shared_experts" not in parts:
-            i = parts.index("experts")
-            experts = modules.get(".".join(parts[: i + 1]))
-            if not isinstance(experts, FusedExperts) or len(parts) != i + 4 or parts[i + 2] not in _PROJ:
-                raise ValueError(f"MTP: unexpected tensor {prefix}{name[6:]}")
-            experts.load(tensor, int(parts[i + 1]), _PROJ[parts[i + 2]])
-            continue
         try:
-            owner, leaf, _ = place_tensor(layer, modules, params, name, tensor, fused)
+            key = place_decoder_tensor(layer, modules, params, "block." + name, tensor)
         except KeyError:
-            raise ValueError(f"MTP: unexpected tensor {prefix}{name[6:]}") from None
-        seen.add(f"{owner}.{leaf}")
+            raise ValueError(f"MTP: unexpected tensor {prefix}{name}") from None
+        if key is not None:
+            seen.add(key)
     missing = sorted(n for n in _OWN.values() if n not in seen)
     if not any(n.startswith("block.") for n in seen):
         missing.append(f"{prefix}* (the decoder block)")
