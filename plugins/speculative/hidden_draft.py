@@ -1,5 +1,5 @@
-"""Draft layers over the target's hidden states (EAGLE-3's head, DeepSeek's MTP layer): what they
-share. The runner hands each forward's captured states to :meth:`HiddenStateProposer.observe`; a
+"""Draft layers over the target's hidden states (EAGLE's and EAGLE-3's heads, DeepSeek's MTP
+layer): what they share. The runner hands each forward's captured states to :meth:`HiddenStateProposer.observe`; a
 proposal feeds the draft layer the positions the target computed since the last one, then its own
 output for each further draft token.
 
@@ -74,9 +74,7 @@ class HiddenStateProposer(Proposer):
         positions = list(range(lo, n))
         if not positions or any(p not in state.pending for p in positions):
             return []  # (features missing: a chunk not seen; no draft this step)
-        feats = torch.stack([state.pending.pop(p) for p in positions])
-        for p in [p for p in state.pending if p < n]:
-            del state.pending[p]
+        feats = torch.stack([state.pending.pop(p) for p in positions])  # (observe keeps none below lo)
         tokens = ids[lo + 1 : n + 1]
         hidden, best = self.draft_layer(feats, self._ids(tokens), self._ids(positions), kv, True)
         kv.length += len(positions)
