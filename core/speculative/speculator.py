@@ -6,9 +6,10 @@ Adaptive, per request:
   ``MAX_BACKOFF`` steps, reset by an accepted draft), so text the proposer cannot predict (plain
   chat for a lookup proposer) decodes as it would without speculation;
 - its draft length follows its acceptance: after a partly rejected draft, one more than the tokens
-  kept; after a wholly kept one, twice as long, up to ``--speculative-num-draft-tokens``. A verify
-  row costs a step about a fifth of a decode row on the CPU, so rows a draft is unlikely to keep
-  are not scored.
+  kept; after a wholly kept one, twice as long, up to ``--speculative-num-draft-tokens``. Every
+  verify row costs the step some compute (on the CPU a 5-row step takes ~1.3x a one-row step; on a
+  loaded GPU batch, rows compete with other requests), so rows a draft is unlikely to keep are not
+  scored.
 """
 
 from __future__ import annotations
