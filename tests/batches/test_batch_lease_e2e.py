@@ -104,7 +104,9 @@ def test_replicas_racing_for_a_batch_run_it_once(replicas, store, model):
 
 def test_cancel_through_b_reaches_the_run_on_a(replicas, model):
     a, b = replicas
-    _, batch = submit(a.client, requests_jsonl(40, model, max_tokens=16))
+    # Long answers: the whole batch takes tens of seconds, the cancel reaches A within about 2 s.
+    # (Short ones let a fast engine finish all 40 before A's next lease round sees the cancel.)
+    _, batch = submit(a.client, requests_jsonl(40, model, max_tokens=256, long=True))
     deadline = time.time() + 300
     while (seen := b.client.batches.retrieve(batch.id)).request_counts.completed < 1:
         assert seen.status in ("validating", "in_progress") and time.time() < deadline, seen
