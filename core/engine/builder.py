@@ -186,6 +186,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     req_pool = ReqToTokenPool(config.max_running_requests + 1, kv.max_context + page, plan.device)
     cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
     scheduler = Scheduler(config, pool, req_pool, cache, kv.max_context)
+    target_vocab = _gather_target_vocab(config, model, tp, leader, plan.dtype)
     if leader:  # rank 0 schedules: only it drafts
         scheduler.speculator = build_speculator(
             config.speculative_algorithm,
@@ -200,6 +201,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
                 "target_vocab_size": int(plan.hf_config["vocab_size"]),
                 "target_model": model,
                 "target_model_path": str(plan.model_dir),
+                "target_vocab": target_vocab,
             },
         )
     # the optional arguments only where a model needs them (backends without the features never get them)
@@ -226,6 +228,20 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         runner.broadcaster = StepBroadcaster(tp)
         req_pool.write_log = []
     return scheduler, runner
+
+
+def _gather_target_vocab(config: EngineConfig, model, tp, leader: bool, dtype):
+    """Under tensor parallelism, for a draft head that reads the target's embedding or LM head:
+    whole copies for rank 0, which drafts alone (every rank takes part; None elsewhere)."""
+    if tp is None or tp.size == 1 or not config.speculative_algorithm:
+        return None
+    from llmkit.core.plugins import registry
+
+    if not getattr(registry().speculative_algorithm(config.speculative_algorithm), "reads_target_vocab", False):
+        return None
+    from llmkit.core.speculative.target_vocab import gather_target_vocab
+
+    return gather_target_vocab(model, leader, dtype)
 
 
 def capture_graphs(plan: Plan, config: EngineConfig, model, runner: ModelRunner, kv: KVSize, tp) -> None:

@@ -15,6 +15,11 @@ from typing import Any
 class Proposer(ABC):
     """One speculative algorithm (``--speculative-algorithm NAME``), built once per engine."""
 
+    # True: it reads the target's embedding or LM head (a draft head). Under tensor parallelism
+    # every rank then gathers them for rank 0 at start, and the proposer gets them as its
+    # ``target_vocab`` option (a ``core.speculative.target_vocab.TargetVocab``; None with one rank).
+    reads_target_vocab = False
+
     def __init__(self, **options: Any) -> None:
         self.options = options
 

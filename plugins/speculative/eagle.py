@@ -26,18 +26,21 @@ log = logging.getLogger("llmkit")
 
 
 class EagleHead(nn.Module):
-    def __init__(self, config: dict, target, embed: nn.Module) -> None:
+    def __init__(self, config: dict, target, embed: nn.Module, target_vocab=None) -> None:
         super().__init__()
         hidden = int(config["hidden_size"])
-        self._shared = (target, embed)  # the target's LM head (and embedding): not submodules
+        # the target's LM head (rank 0's gathered copy under tensor parallelism) and embedding:
+        # shared, not submodules
+        logits = target_vocab.logits if target_vocab is not None else target.compute_logits
+        self._shared = (logits, embed)
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = HeadLayer(config, hidden)
 
     def forward(self, hidden, tokens, positions, kv: DraftKV) -> tuple[torch.Tensor, torch.Tensor]:
-        target, embed = self._shared
+        logits, embed = self._shared
         x = self.fc(torch.cat((embed(tokens), hidden), dim=-1))
         out = self.layer(x, x, positions, kv)  # (no input norm: x is the attention's input as it is)
-        return out, target.compute_logits(out).argmax(dim=-1)
+        return out, logits(out).argmax(dim=-1)
 
 
 _NAMES = {"fc.weight": "fc.weight", "fc.bias": "fc.bias", **layer_names("layers.0.", "layer.")}
@@ -46,12 +49,15 @@ _IGNORED = {"layers.0.input_layernorm.weight", "norm.weight", "lm_head.weight"}
 
 
 class EagleProposer(HiddenStateProposer):
+    reads_target_vocab = True
+
     def __init__(
         self,
         draft_model_path: str | None = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         target_model=None,
+        target_vocab=None,
         **options,
     ) -> None:
         super().__init__(**options)
@@ -60,9 +66,9 @@ class EagleProposer(HiddenStateProposer):
             raise ValueError("EAGLE head: its hidden size differs from the target's")
         tensors = load_tensors(path, "EAGLE")
         self.device = torch.device(device)
-        embed = shared_embedding(target_model, tensors, self.device, dtype, "EAGLE")
+        embed = shared_embedding(target_model, tensors, self.device, dtype, "EAGLE", target_vocab)
         self.target = target_model
-        self.head = EagleHead(config, target_model, embed)
+        self.head = EagleHead(config, target_model, embed, target_vocab)
         place(self.head, tensors, _NAMES, _IGNORED, "EAGLE", "an EAGLE-1/2")
         self.head.to(device=self.device, dtype=dtype).eval()
         self.feature_layers = (target_model.num_layers,)  # the last layer's output, normed below

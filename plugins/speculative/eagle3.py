@@ -70,6 +70,8 @@ class Eagle3Head(nn.Module):
 
 
 class Eagle3Proposer(HiddenStateProposer):
+    reads_target_vocab = True  # (its embedding, where the head ships none)
+
     def __init__(
         self,
         draft_model_path: str | None = None,
@@ -77,6 +79,7 @@ class Eagle3Proposer(HiddenStateProposer):
         dtype: torch.dtype = torch.float32,
         target_vocab_size: int | None = None,
         target_model=None,
+        target_vocab=None,
         **options,
     ) -> None:
         super().__init__(**options)
@@ -88,7 +91,7 @@ class Eagle3Proposer(HiddenStateProposer):
             raise ValueError(f"EAGLE3: feature layers {self.feature_layers} do not fit the target's layers")
         self.device = torch.device(device)
         tensors = load_tensors(path, "EAGLE3")
-        embed = shared_embedding(target_model, tensors, self.device, dtype, "EAGLE3")
+        embed = shared_embedding(target_model, tensors, self.device, dtype, "EAGLE3", target_vocab)
         self.head = Eagle3Head(config, len(self.feature_layers), embed)
         _load_head(self.head, tensors, target_vocab_size)
         self.head.to(device=self.device, dtype=dtype).eval()

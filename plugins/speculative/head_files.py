@@ -66,15 +66,22 @@ def place(head: nn.Module, tensors: dict, names: dict[str, str], skip: set[str],
         raise ValueError(f"{what} head: missing {', '.join(sorted(missing))}")
 
 
-def shared_embedding(target_model, tensors: dict, device: torch.device, dtype: torch.dtype, what: str) -> nn.Module:
-    """The head's own embedding where its checkpoint carries one, else the target's (one rank only:
-    under tensor parallelism the target's is split over the ranks, and only rank 0 drafts)."""
+def shared_embedding(
+    target_model, tensors: dict, device: torch.device, dtype: torch.dtype, what: str, target_vocab=None
+) -> nn.Module:
+    """The head's own embedding where its checkpoint carries one, else the target's: under tensor
+    parallelism the copy gathered for rank 0 (``target_vocab``), since the target's own is split
+    over the ranks and only rank 0 drafts."""
     if "embed_tokens.weight" in tensors:
         weight = tensors.pop("embed_tokens.weight").to(device=device, dtype=dtype)
         return nn.Embedding.from_pretrained(weight, freeze=True)
-    if target_model.tp.size > 1:
-        raise ValueError(
-            f"{what} under --tp-size > 1 needs a head with its own embed_tokens.weight: the target's "
-            "embedding is split over the ranks, and only rank 0 drafts"
-        )
+    return target_embedding(target_model, target_vocab, what)
+
+
+def target_embedding(target_model, target_vocab, what: str) -> nn.Module:
+    """The target's token embedding as rank 0 may call it alone."""
+    if target_vocab is not None:
+        return target_vocab.embed
+    if target_model.tp.size > 1:  # (the builder gathers it for a proposer that reads_target_vocab)
+        raise ValueError(f"{what} under --tp-size > 1: the target's embedding was not gathered for rank 0")
     return target_model.embed_tokens

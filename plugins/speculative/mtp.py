@@ -6,7 +6,8 @@ hnorm(hidden)]`` through ``eh_proj`` into a full decoder block (MLA attention an
 predicts with ``shared_head`` (a norm and an LM head): ``hidden`` is the target's output state (after
 its final norm) at the position before the token, then the layer's own output for each further
 draft token, as SGLang and vLLM run it. The weights are read from the target's checkpoint, or from
-``--speculative-draft-model-path`` where they were split out; the embedding is the target's.
+``--speculative-draft-model-path`` where they were split out; the embedding is the target's (under
+``--tp-size N``, the copy gathered for rank 0, which drafts alone; the layer is whole there).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, materialize
+from llmkit.core.model.parallel import SINGLE
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
+from llmkit.plugins.speculative.head_files import target_embedding
 from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
 
 log = logging.getLogger("llmkit")
@@ -40,25 +43,27 @@ class LatentDraftAttention(DraftAttention):
 
 
 class MTPLayer(nn.Module):
-    def __init__(self, target, config: dict) -> None:
+    def __init__(self, target, config: dict, target_vocab=None) -> None:
         super().__init__()
         from llmkit.plugins.models.deepseek_v3 import DecoderLayer
 
         hidden, eps = int(config["hidden_size"]), float(config.get("rms_norm_eps", 1e-6))
-        self.block = DecoderLayer(config, target.num_layers, target.tp, target.version)
+        # Whole on rank 0 (only it drafts): under tensor parallelism a block split like the
+        # target's would wait in its all-reduces for ranks that never run it.
+        self.block = DecoderLayer(config, target.num_layers, SINGLE, target.version)
         self.enorm = RMSNorm(hidden, eps)
         self.hnorm = RMSNorm(hidden, eps)
         self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
         self.head_norm = RMSNorm(hidden, eps)
         self.head = nn.Linear(hidden, int(config["vocab_size"]), bias=False)
         self.attention = LatentDraftAttention(target.attention_scale, int(config["kv_lora_rank"]))
-        self._target = (target,)  # shared, not a submodule
+        self._target = (target, target_embedding(target, target_vocab, "MTP"))  # shared, not submodules
 
     def forward(self, hidden, tokens, positions, kv: DraftKV, from_target: bool):
-        target = self._target[0]
+        target, embed = self._target
         if from_target:  # the captured state is the last layer's output before the final norm
             hidden = target.norm(hidden)
-        emb = target.embed_tokens(tokens).masked_fill((positions == 0)[:, None], 0)  # (as vLLM: none at 0)
+        emb = embed(tokens).masked_fill((positions == 0)[:, None], 0)  # (as vLLM: none at 0)
         x = self.eh_proj(torch.cat((self.enorm(emb), self.hnorm(hidden)), dim=-1))
         h, residual = self.block(x, None, target.rotary.table(positions, x.dtype), ForwardContext(self.attention, kv))
         out = h + residual
@@ -76,6 +81,8 @@ _OWN = {
 
 
 class MTPProposer(HiddenStateProposer):
+    reads_target_vocab = True
+
     def __init__(
         self,
         draft_model_path: str | None = None,
@@ -83,14 +90,13 @@ class MTPProposer(HiddenStateProposer):
         dtype: torch.dtype = torch.float32,
         target_model=None,
         target_model_path: str | None = None,
+        target_vocab=None,
         **options,
     ) -> None:
         super().__init__(**options)
         target = target_model
         if target is None or not hasattr(target, "version") or not getattr(target, "supports_feature_capture", False):
             raise ValueError("MTP speculation needs a DeepSeek-V3/R1-style target (its multi-token-prediction layer)")
-        if target.tp.size > 1:
-            raise ValueError("MTP under --tp-size > 1 is not supported yet (only rank 0 drafts)")
         path = Path(draft_model_path or target_model_path or "").expanduser()
         if not (path / "config.json").exists():
             raise ValueError(
@@ -104,7 +110,7 @@ class MTPProposer(HiddenStateProposer):
         self.feature_layers = (target.num_layers,)
         self.device = torch.device(device)
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
-        self.layer = MTPLayer(target, config)
+        self.layer = MTPLayer(target, config, target_vocab)
         _load(self.layer, path, target.num_layers, config)
         self.layer.to(device=self.device, dtype=dtype).eval()
         log.info("MTP draft layer: layer %d of %s", target.num_layers, path)

@@ -4,6 +4,7 @@ walking a draft-head proposer through proposals whose drafts the target partly r
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import torch
@@ -74,3 +75,33 @@ def walk_proposals(proposer, expected, width: int, vocab: int, prompt_len: int =
         ids.extend(drafts[:keep])
         ids.append((drafts[keep] + 1) % vocab if keep < 3 else 42)
         req.num_computed = n + keep + 1
+
+
+def serve_prompts_over_http(url: str, max_new_tokens: int = 24) -> tuple[dict, float]:
+    """What :func:`serve_prompts` asks, asked of a running server through SGLang's ``/generate``
+    (token ids in and out, one request at a time): the tokens per ``(prompt, setting)``, and the
+    draft tokens the server has accepted so far (its ``/metrics``)."""
+    import httpx
+
+    outs = {}
+    for i, ids in enumerate(PROMPTS):
+        for j, kw in enumerate(SAMPLING):
+            sampling = {"max_new_tokens": max_new_tokens, "ignore_eos": True, **kw}
+            sampling["sampling_seed"] = sampling.pop("seed", None)
+            body = {"input_ids": ids, "sampling_params": {k: v for k, v in sampling.items() if v is not None}}
+            r = httpx.post(url + "/generate", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            outs[(i, j)] = r.json()["output_ids"]
+    time.sleep(1.1)  # an engine out of the server's process publishes its counters twice a second
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    accepted = [line for line in metrics.splitlines() if line.startswith("llmkit:spec_decode_num_accepted_tokens")]
+    return outs, float(accepted[0].split()[-1]) if accepted else 0.0
+
+
+# a --tp-size 2 server whose output a deterministic one-rank engine's equals
+TP2_ARGS = ["--batch-storage", "none", "--enable-deterministic-inference", "--num-threads", "1", "--tp-size", "2"]
+
+
+def spec_args(spec: dict) -> list[str]:
+    """``EngineConfig`` keyword options as ``llmkit serve`` flags."""
+    return [a for k, v in spec.items() for a in ("--" + k.replace("_", "-"), str(v))]

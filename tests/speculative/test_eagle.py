@@ -16,9 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import save_file
-from spec_utils import serve_prompts, walk_proposals
+from spec_utils import TP2_ARGS, serve_prompts, serve_prompts_over_http, spec_args, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
+from server_utils import start_server, stop_server
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, THETA, EPS = 64, 4, 2, 16, 128, 512, 10000.0, 1e-6
 
@@ -157,6 +158,25 @@ def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(model
     )  # fmt: skip
     assert got == reference and reference[(0, 0)] == [0] * 20
     assert stats.accepted_tokens >= 3 * 12 and stats.accept_length > 1.5
+
+
+@pytest.mark.slow  # a server of two rank processes
+def test_under_tp2_rank_0_drafts_through_the_gathered_lm_head(models):
+    """``--tp-size 2``: the target's LM head is split over the ranks and only rank 0 drafts, on its
+    gathered copy. The agreeing head's drafts (its output on the LM head's row 0) are all kept as on
+    one rank, and the output is one rank's."""
+    spec = dict(
+        speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
+        speculative_num_draft_tokens=4,
+    )  # fmt: skip
+    reference, stats = serve_prompts(models.constant, 20, enable_deterministic_inference=True, **spec)
+    proc, url = start_server(["--model-path", str(models.constant), *TP2_ARGS, *spec_args(spec)])
+    try:
+        got, accepted = serve_prompts_over_http(url, 20)
+    finally:
+        stop_server(proc)
+    assert got == reference and reference[(0, 0)] == [0] * 20
+    assert accepted == stats.accepted_tokens >= 3 * 12
 
 
 def test_a_head_that_does_not_fit_is_refused(models, tmp_path):

@@ -16,9 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import save_file
-from spec_utils import PROMPTS, serve_prompts, walk_proposals
+from spec_utils import PROMPTS, TP2_ARGS, serve_prompts, serve_prompts_over_http, spec_args, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, save_tiny_model, start_engine
+from server_utils import start_server, stop_server
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 128
 TARGET_VOCAB, DRAFT_VOCAB, THETA, EPS = 512, 256, 10000.0, 1e-6
@@ -202,6 +203,25 @@ def test_a_head_that_agrees_with_the_target_keeps_every_draft(models):
     # the greedy rows keep every draft; the seeded rows sample from the target's flat
     # distribution and keep almost none
     assert stats.accepted_tokens >= 3 * 16 and stats.accept_length > 1.5
+
+
+@pytest.mark.slow  # a server of two rank processes
+def test_under_tp2_rank_0_drafts_through_the_gathered_embedding(models):
+    """``--tp-size 2``: the head ships no embedding, the target's is split over the ranks, and only
+    rank 0 drafts, on its gathered copy (the copy itself: test_target_vocab.py). The agreeing
+    head's drafts are kept as on one rank, and the output is one rank's, greedy and seeded."""
+    spec = dict(
+        speculative_algorithm="EAGLE3", speculative_draft_model_path=str(models.agreeing),
+        speculative_num_draft_tokens=4,
+    )  # fmt: skip
+    reference, stats = serve_prompts(models.constant, enable_deterministic_inference=True, **spec)
+    proc, url = start_server(["--model-path", str(models.constant), *TP2_ARGS, *spec_args(spec)])
+    try:
+        got, accepted = serve_prompts_over_http(url)
+    finally:
+        stop_server(proc)
+    assert got == reference and reference[(0, 0)] == [0] * 24
+    assert accepted == stats.accepted_tokens >= 3 * 16
 
 
 def test_a_head_that_does_not_fit_is_refused(models, tmp_path):

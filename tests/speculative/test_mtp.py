@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from spec_utils import serve_prompts, walk_proposals
+from spec_utils import TP2_ARGS, serve_prompts, serve_prompts_over_http, spec_args, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
+from server_utils import start_server, stop_server
 
 
 def add_mtp_layer(path, seed: int = 0, zero_head: bool = False) -> None:
@@ -106,6 +107,23 @@ def test_an_mtp_layer_that_agrees_with_its_target_keeps_every_draft(models):
     assert got == reference
     assert reference[(0, 0)] == [0] * 20
     assert stats.accepted_tokens >= 3 * 12 and stats.accept_length > 1.5
+
+
+@pytest.mark.slow  # a server of two rank processes
+def test_under_tp2_rank_0_drafts_with_the_whole_layer(models):
+    """``--tp-size 2``: the target's layers and embedding are split over the ranks; rank 0 holds
+    the MTP layer whole and a gathered copy of the embedding (test_target_vocab.py checks the
+    copy), and drafts alone. The agreeing layer's drafts are kept as on one rank, and the output
+    is one rank's, greedy and seeded."""
+    spec = dict(speculative_algorithm="MTP", speculative_num_draft_tokens=4)
+    reference, stats = serve_prompts(models.constant, 20, enable_deterministic_inference=True, **spec)
+    proc, url = start_server(["--model-path", str(models.constant), *TP2_ARGS, *spec_args(spec)])
+    try:
+        got, accepted = serve_prompts_over_http(url, 20)
+    finally:
+        stop_server(proc)
+    assert got == reference and reference[(0, 0)] == [0] * 20
+    assert accepted == stats.accepted_tokens >= 3 * 12
 
 
 def test_targets_without_an_mtp_layer_are_refused(models, tiny_llama):
