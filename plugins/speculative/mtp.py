@@ -23,6 +23,7 @@ from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, materialize
 from llmkit.core.model.parallel import SINGLE
+from llmkit.core.model.quant.fp8 import dequantize_fp8_blocks
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.head_files import target_embedding
 from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
@@ -121,23 +122,24 @@ class MTPProposer(HiddenStateProposer):
 
 def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
     """Layer ``index``'s tensors from the checkpoint at ``path`` into ``layer`` (lazily read: a
-    671B checkpoint's other tensors are never loaded)."""
+    671B checkpoint's other tensors are never loaded). Block-scaled FP8 weights (DeepSeek's own
+    checkpoints) are dequantized at load, as the target's are."""
     from llmkit.plugins.models.deepseek_v3 import place_decoder_tensor
 
-    if (config.get("quantization_config") or {}).get("quant_method") == "fp8":
-        raise ValueError("MTP: an FP8 checkpoint's MTP layer is not supported yet; dequantize it first")
     prefix = f"model.layers.{index}."
     modules, params = dict(layer.named_modules()), dict(layer.named_parameters())
     seen: set[str] = set()
-    for name, tensor in iter_safetensors(path, lazy=True):
-        if not name.startswith(prefix):
-            continue
-        name = name[len(prefix) :]
-        if name == "embed_tokens.weight":
-            continue  # a copy of the target's
-        if name.endswith("_scale_inv"):
-            raise ValueError("MTP: an FP8 checkpoint's MTP layer is not supported yet; dequantize it first")
-        tensor = materialize(tensor)
+    tensors = (
+        (n[len(prefix) :], materialize(t))
+        for n, t in iter_safetensors(path, lazy=True)
+        if n.startswith(prefix) and n != prefix + "embed_tokens.weight"  # (a copy of the target's: never read)
+    )
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") == "fp8":
+        if len(quant.get("weight_block_size") or ()) != 2:
+            raise ValueError("MTP: an FP8 checkpoint needs quantization_config.weight_block_size")
+        tensors = dequantize_fp8_blocks(tensors, tuple(quant["weight_block_size"]))
+    for name, tensor in tensors:
         if name in _OWN:
             with torch.no_grad():
                 params[_OWN[name]].copy_(tensor)

@@ -5,6 +5,8 @@ layer as DeepSeek ships it (``model.layers.2.*``: enorm, hnorm, eh_proj, an MLA 
 shared_head):
 - the layer's drafts with its K/V cache, across partly rejected proposals, equal those of a fresh
   layer fed the whole history at once;
+- an FP8 checkpoint's MTP layer (block-scaled, as DeepSeek ships it) loads as its dequantized
+  values;
 - served, a random MTP layer leaves the output unchanged (greedy and seeded), and one that agrees
   with its target keeps every greedy draft;
 - a target without an MTP layer, or of another family, is refused.
@@ -92,6 +94,57 @@ def test_cached_drafts_equal_a_fresh_layers(models):
         return other.propose(whole, k)
 
     walk_proposals(cached, fresh, config["hidden_size"], config["vocab_size"], prompt_len=6)
+
+
+def test_an_fp8_mtp_layer_loads_as_its_dequantized_values(models, tmp_path):
+    """DeepSeek's own checkpoints ship the MTP layer's projections (and experts) in float8_e4m3fn
+    with a scale per block: loaded, its parameters equal those of the same layer saved with the
+    dequantized values, and it drafts the same."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from llmkit.plugins.speculative.mtp import MTPProposer
+
+    block = 8
+    fp8_dir, plain_dir = tmp_path / "fp8", tmp_path / "dequantized"
+    shutil.copytree(models.target, fp8_dir)
+    shutil.copytree(models.target, plain_dir)
+    tensors = load_file(str(models.target / "model-mtp.safetensors"))
+    quantized, dequantized = dict(tensors), dict(tensors)
+    for name, w in tensors.items():
+        if w.dim() != 2 or not name.endswith("proj.weight"):
+            continue
+        rows, cols = w.shape
+        pad = torch.zeros(-(-rows // block) * block, -(-cols // block) * block)
+        pad[:rows, :cols] = w.abs()
+        scale = pad.view(-(-rows // block), block, -1, block).amax(dim=(1, 3)).clamp(min=1e-8) / 448
+        full = scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+        fp8 = (w / full).to(torch.float8_e4m3fn)
+        quantized[name], quantized[name + "_scale_inv"] = fp8, scale
+        dequantized[name] = fp8.float() * full
+    assert sum(t.dtype == torch.float8_e4m3fn for t in quantized.values()) > 10
+    save_file(quantized, str(fp8_dir / "model-mtp.safetensors"))
+    save_file(dequantized, str(plain_dir / "model-mtp.safetensors"))
+    config = json.loads((fp8_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [block, block]}
+    (fp8_dir / "config.json").write_text(json.dumps(config))
+
+    target = load_ours(models.target)
+    got = MTPProposer(target_model=target, target_model_path=str(fp8_dir))
+    want = MTPProposer(target_model=target, target_model_path=str(plain_dir))
+    got_state, want_state = got.layer.state_dict(), want.layer.state_dict()
+    assert got_state.keys() == want_state.keys()
+    for name, value in want_state.items():
+        assert torch.equal(got_state[name], value), name
+
+    def same(states, ids, first, n, k):  # the dequantized layer fed the same history
+        fresh = MTPProposer(target_model=target, target_model_path=str(plain_dir))
+        whole = SimpleNamespace(all_ids=list(ids), num_computed=n, spec_state=None, mm=None)
+        fresh.observe(whole, first, torch.stack([states[p] for p in range(first, n)]))
+        return fresh.propose(whole, k)
+
+    walk_proposals(got, same, config["hidden_size"], config["vocab_size"], prompt_len=6)
 
 
 def test_a_random_mtp_layer_leaves_the_output_unchanged(models):
