@@ -327,6 +327,21 @@ SERVE_OPTIONS = (
         help="Most draft tokens a request verifies per step (each step emits up to this + 1 tokens).",
     ),
     ServeOption(
+        ("--speculative-num-steps",),
+        Optional[int],
+        None,
+        to="engine",
+        help="SGLang's draft depth: given, the most draft tokens a step (in place of "
+        "--speculative-num-draft-tokens, as SGLang uses num_steps + 1 verified tokens at top-k 1).",
+    ),
+    ServeOption(
+        ("--speculative-eagle-topk",),
+        Optional[int],
+        None,
+        to="engine",
+        help="SGLang's candidates per draft step: 1 (one chain) only; tree drafts are not supported yet.",
+    ),
+    ServeOption(
         ("--speculative-draft-model-path",),
         Optional[str],
         None,

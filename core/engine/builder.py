@@ -190,7 +190,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     if leader:  # rank 0 schedules: only it drafts
         scheduler.speculator = build_speculator(
             config.speculative_algorithm,
-            config.speculative_num_draft_tokens,
+            config.speculative_num_steps or config.speculative_num_draft_tokens,
             kv.max_context,
             {
                 "min_match": config.speculative_ngram_min_match_window_size,

@@ -42,6 +42,10 @@ class EngineConfig:
     # looked up earlier in it, the longest first). Turns the overlap schedule off.
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4
+    # SGLang's EAGLE flags: the chain's length (given: it decides the draft length, as SGLang
+    # sets num_draft_tokens = num_steps + 1 at top-k 1) and the candidates a step (1: a chain)
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
     speculative_draft_model_path: str | None = None  # STANDALONE's draft model
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 4

@@ -49,6 +49,22 @@ def test_the_target_as_its_own_draft_keeps_every_draft_token(models, reference):
     assert stats.accept_length > 2.0  # of 4 at most: greedy rows keep every draft, seeded ones may not
 
 
+def test_sglangs_eagle_flags_set_the_chain(models, reference):
+    """``--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3``, as
+    SGLang takes them: two draft tokens a step (the draft agrees, so every verify step has both);
+    a top-k above 1 (tree drafts) is refused with the reason."""
+    target, _ = models
+    spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=str(target))
+    got, stats = serve_prompts(
+        target, speculative_num_steps=2, speculative_eagle_topk=1, speculative_num_draft_tokens=3, **spec
+    )
+    assert got == reference
+    assert stats.verify_steps > 0 and stats.draft_tokens <= 2 * stats.verify_steps
+    assert stats.draft_tokens > 1.5 * stats.verify_steps  # mostly two: not one, not three
+    with pytest.raises(ValueError, match="tree drafts"):
+        start_engine(model_path=str(target), speculative_eagle_topk=4, speculative_num_steps=3, **spec)
+
+
 def test_a_noisy_draft_leaves_the_output_unchanged(models, reference):
     target, noisy = models
     got, stats = serve_prompts(

@@ -151,6 +151,13 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
         registry().entry("speculative_algorithm", config.speculative_algorithm)
         if config.speculative_num_draft_tokens < 1:
             raise ValueError("--speculative-num-draft-tokens must be at least 1")
+        if config.speculative_num_steps is not None and config.speculative_num_steps < 1:
+            raise ValueError("--speculative-num-steps must be at least 1")
+        if config.speculative_eagle_topk not in (None, 1):
+            raise ValueError(
+                f"--speculative-eagle-topk {config.speculative_eagle_topk}: tree drafts (several candidates a "
+                "step) are not supported yet; every algorithm drafts one chain (--speculative-eagle-topk 1)"
+            )
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None
