@@ -36,7 +36,9 @@ def test_kill9_mid_stream_ends_the_client():
 
 
 def test_kill9_mid_batch_resumes_each_line_once(tmp_path):
-    args = ["--batch-storage", "local", "--file-storage-path", str(tmp_path / "store")]
+    # The restarted server is a new lease holder: it resumes the batch once the killed server's
+    # lease expires (a short one here; the default 30 s would idle most of the test).
+    args = ["--batch-storage", "local", "--file-storage-path", str(tmp_path / "store"), "--batch-lease-ttl", "3"]
     proc, url = start_server(args)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
