@@ -20,7 +20,8 @@ from torch import nn
 
 log = logging.getLogger("llmkit")
 
-_ROWS = 4096  # ids (and identity rows) read out per collective: bounds the transient buffers
+_ROWS = 4096  # ids read out per collective (4096 x hidden floats at a time)
+_HEAD_BYTES = 256 << 20  # the identity rows' logits per collective: rows x vocab fp32
 
 
 class TargetVocab(nn.Module):
@@ -50,9 +51,9 @@ def gather_target_vocab(model, leader: bool, dtype: torch.dtype) -> TargetVocab 
             embed.append(rows.to(dtype))
     head = None
     if model.lm_head.tied is None:  # identity rows through the head: its all-gathered logits are W^T
-        cols = []
-        for lo in range(0, hidden, _ROWS):
-            n = min(hidden, lo + _ROWS) - lo
+        cols, step = [], max(1, _HEAD_BYTES // (4 * vocab))
+        for lo in range(0, hidden, step):
+            n = min(hidden, lo + step) - lo
             eye = torch.zeros(n, hidden, device=device)
             eye[torch.arange(n), torch.arange(lo, lo + n)] = 1.0
             part = model.lm_head(eye, True)

@@ -1,7 +1,7 @@
 """The target's embedding and LM head gathered for rank 0 under ``--tp-size 2`` (what a draft head
 reads there): two real rank processes on gloo, each holding half of a tiny Llama's vocabulary rows
-(509 of them: the last rank's share is padded). Rank 0's copies equal the checkpoint's tables, for
-a separate LM head and a tied one; rank 1 gets none."""
+(509 of them: the last rank's share is padded), read out in several pieces. Rank 0's copies equal
+the checkpoint's tables, for a separate LM head and a tied one; rank 1 gets none."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from llmkit.core.model import quantize
 from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.plugins import registry
+from llmkit.core.speculative import target_vocab
 from llmkit.core.speculative.target_vocab import gather_target_vocab
 
 rank, port, path, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
@@ -36,6 +37,7 @@ cfg = load_config(path)
 model = build_model(registry().model(cfg["architectures"][0]), cfg, torch.device("cpu"), torch.float32, tp)
 model.load_weights(iter_safetensors(path))
 quantize.finalize_weights(model)
+target_vocab._ROWS, target_vocab._HEAD_BYTES = 100, 4 * 509 * 5  # several reads of each table
 tables = gather_target_vocab(model, rank == 0, torch.float32)
 if rank == 0:
     torch.save({"embed": tables.embed.weight, "head": tables.head}, out)
