@@ -63,6 +63,9 @@ def test_sglangs_eagle_flags_set_the_chain(models, reference):
     assert stats.draft_tokens > 1.5 * stats.verify_steps  # mostly two: not one, not three
     with pytest.raises(ValueError, match="tree drafts"):
         start_engine(model_path=str(target), speculative_eagle_topk=4, speculative_num_steps=3, **spec)
+    for bad in (dict(speculative_eagle_topk=0), dict(speculative_num_steps=0)):
+        with pytest.raises(ValueError, match="must be at least 1"):
+            start_engine(model_path=str(target), **bad, **spec)
 
 
 def test_a_noisy_draft_leaves_the_output_unchanged(models, reference):

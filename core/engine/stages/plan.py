@@ -151,8 +151,9 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
         registry().entry("speculative_algorithm", config.speculative_algorithm)
         if config.speculative_num_draft_tokens < 1:
             raise ValueError("--speculative-num-draft-tokens must be at least 1")
-        if config.speculative_num_steps is not None and config.speculative_num_steps < 1:
-            raise ValueError("--speculative-num-steps must be at least 1")
+        for flag, value in (("num-steps", config.speculative_num_steps), ("eagle-topk", config.speculative_eagle_topk)):
+            if value is not None and value < 1:
+                raise ValueError(f"--speculative-{flag} must be at least 1")
         if config.speculative_eagle_topk not in (None, 1):
             raise ValueError(
                 f"--speculative-eagle-topk {config.speculative_eagle_topk}: tree drafts (several candidates a "
