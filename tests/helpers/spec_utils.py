@@ -102,6 +102,15 @@ def serve_prompts_over_http(url: str, max_new_tokens: int = 24) -> tuple[dict, f
 TP2_ARGS = ["--batch-storage", "none", "--enable-deterministic-inference", "--num-threads", "1", "--tp-size", "2"]
 
 
-def spec_args(spec: dict) -> list[str]:
-    """``EngineConfig`` keyword options as ``llmkit serve`` flags."""
-    return [a for k, v in spec.items() for a in ("--" + k.replace("_", "-"), str(v))]
+def tp2_and_one_rank(model_path, max_new_tokens: int = 24, **spec) -> tuple[tuple[dict, float], tuple[dict, object]]:
+    """The prompts on a ``--tp-size 2`` server with ``spec`` (its tokens and accepted drafts, see
+    :func:`serve_prompts_over_http`) and on a deterministic one-rank engine (:func:`serve_prompts`)."""
+    from server_utils import start_server, stop_server
+
+    one_rank = serve_prompts(model_path, max_new_tokens, enable_deterministic_inference=True, **spec)
+    flags = [a for k, v in spec.items() for a in ("--" + k.replace("_", "-"), str(v))]
+    proc, url = start_server(["--model-path", str(model_path), *TP2_ARGS, *flags])
+    try:
+        return serve_prompts_over_http(url, max_new_tokens), one_rank
+    finally:
+        stop_server(proc)

@@ -16,10 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import save_file
-from spec_utils import TP2_ARGS, serve_prompts, serve_prompts_over_http, spec_args, walk_proposals
+from spec_utils import serve_prompts, tp2_and_one_rank, walk_proposals
 
 from model_utils import copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
-from server_utils import start_server, stop_server
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, THETA, EPS = 64, 4, 2, 16, 128, 512, 10000.0, 1e-6
 
@@ -169,12 +168,7 @@ def test_under_tp2_rank_0_drafts_through_the_gathered_lm_head(models):
         speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
         speculative_num_draft_tokens=4,
     )  # fmt: skip
-    reference, stats = serve_prompts(models.constant, 20, enable_deterministic_inference=True, **spec)
-    proc, url = start_server(["--model-path", str(models.constant), *TP2_ARGS, *spec_args(spec)])
-    try:
-        got, accepted = serve_prompts_over_http(url, 20)
-    finally:
-        stop_server(proc)
+    (got, accepted), (reference, stats) = tp2_and_one_rank(models.constant, 20, **spec)
     assert got == reference and reference[(0, 0)] == [0] * 20
     assert accepted == stats.accepted_tokens >= 3 * 12
 
