@@ -65,9 +65,9 @@ def serve(**params):
     )
     # True already: the socket is bound.
     logging.getLogger("llmkit").info("Serving on http://%s:%d", server_config.host, server_config.port)
-    from llmkit.core.engine.startup_gc import freeze_startup_objects
+    from llmkit.core.engine.stages.startup_gc import freeze_after_startup
 
-    freeze_startup_objects()
+    freeze_after_startup()
     server.run(sockets=[sock])
     if app.state.llmkit.client.dead:  # the engine died (its rank and cause are in the log)
         raise typer.Exit(1)

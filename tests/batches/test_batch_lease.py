@@ -160,7 +160,9 @@ def test_the_holder_stops_once_its_lease_is_taken(stores):
     runs: collections.Counter = collections.Counter()
 
     async def main():
-        a = BatchRunner(sa, counting(runs, "a", delay=0.05), lease_ttl=TTL, max_in_flight=1)
+        # a's lines are slow enough (4 s in all) that it is still running the batch when b takes it
+        # over, however slow the storage is on a loaded machine
+        a = BatchRunner(sa, counting(runs, "a", delay=0.2), lease_ttl=TTL, max_in_flight=1)
         b = BatchRunner(sb, counting(runs, "b"), lease_ttl=TTL)
         rec = await a.create(upload(sa, jsonl(20)), "/v1/chat/completions", "24h")
         while (await a.get(rec.id)).request_counts["completed"] < 2:

@@ -21,7 +21,7 @@ import sys
 import torch
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.startup_gc import freeze_startup_objects
+from llmkit.core.engine.stages.startup_gc import freeze_after_startup
 from llmkit.core.engine.step_wire import PEER_TIMEOUT_S, LoRALoad, receive_step
 from llmkit.core.model.parallel import TPGroup
 
@@ -107,7 +107,7 @@ def run_follower(config: EngineConfig, rank: int) -> int:
 
     tp = init_tp(config, rank)
     parts = build_engine_parts(config, tp=tp)
-    freeze_startup_objects()
+    freeze_after_startup()
     log.info("tensor-parallel rank %d of %d ready (pid %d)", rank, tp.size, os.getpid())
     runner, req_pool = parts.runner, parts.runner.req_pool
     timeout = None  # the first step may wait for rank 0 to finish its build; from then on, heartbeats

@@ -20,7 +20,7 @@ import zmq
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, from_wire, to_wire
 from llmkit.core.engine.procs import ipc
-from llmkit.core.engine.startup_gc import freeze_startup_objects
+from llmkit.core.engine.stages.startup_gc import freeze_after_startup
 from llmkit.core.grammar.contract import GrammarError, GrammarSpec
 
 log = logging.getLogger("llmkit")
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
 
         # built on the engine thread, which runs it: one OpenMP team (see Engine.build_and_start)
         engine, parts = Engine.build_and_start(config, build)
-        freeze_startup_objects()
+        freeze_after_startup()
     except Exception as exc:  # the server prints it as its own start-up error
         ctl.send(ipc.pack("failed", {"error": f"{type(exc).__name__}: {exc}"}))
         ctl.close(linger=2000)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 
 
-def freeze_startup_objects() -> None:
+def freeze_after_startup() -> None:
     """Call once start-up is done, before serving."""
     gc.collect()  # (garbage first: frozen objects are never freed)
     gc.freeze()
