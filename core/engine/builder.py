@@ -64,7 +64,7 @@ def _eos_ids(model_dir: Path, hf_config: dict, tokenizer) -> frozenset[int]:
     gen = model_dir / "generation_config.json"
     if gen.exists():
         add(json.loads(gen.read_text()).get("eos_token_id"))
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         add(tokenizer.eos_token_id)
     return frozenset(ids)
 
@@ -92,12 +92,14 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     backend and runner, capture CUDA graphs, then the grammar backend. ``tp``: this rank's
     tensor-parallel group (every rank calls this in the same order: the pool size is agreed on
     with a collective)."""
-    from transformers import AutoTokenizer
-
     t0 = time.monotonic()
     leader = tp is None or tp.rank == 0
     plan = resolve_plan(config, leader)
-    tokenizer = AutoTokenizer.from_pretrained(str(plan.model_dir))
+    tokenizer = None  # only rank 0 sees text: a follower never imports the tokenizer stack (~1.5 s)
+    if leader:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(plan.model_dir))
     model = load_model(plan, config, tp)
     lora = build_lora(config, model)  # (its CUDA slots come out of the memory the KV pool is sized from)
     kv = size_kv(plan, config, model, tp)
