@@ -7,6 +7,7 @@ a typical schema). Matching and bitmask application run in the engine process.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import Any, Sequence
@@ -95,19 +96,35 @@ class XGrammarBackend(GrammarBackend):
     ):
         super().__init__(**options)
         self.vocab_size = int(vocab_size)
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=self.vocab_size, stop_token_ids=stop_token_ids
-        )
         self.matcher_time_budget_s = matcher_time_budget_s
-        self.pool = CompileWorkerPool(
-            {
-                "tokenizer_info": self.tokenizer_info.serialize_json(),
-                "max_threads": compile_threads,
-                "max_grammar_bytes": max_grammar_bytes,
-            },
-            size=compile_workers,
-        )
-        self._finalizer = weakref.finalize(self, self.pool.close)
+        # xgrammar's view of the vocabulary and the compile workers are built with the first
+        # constrained request (reading the vocabulary took ~0.5 s of every server's start)
+        self._tokenizer, self._stop_token_ids = tokenizer, stop_token_ids
+        self._pool_init = {"max_threads": compile_threads, "max_grammar_bytes": max_grammar_bytes}
+        self._pool_size = compile_workers
+        self._lazy = threading.Lock()
+        self._tokenizer_info: xgr.TokenizerInfo | None = None
+        self._pool: CompileWorkerPool | None = None
+        self._finalizer = None
+
+    @property
+    def tokenizer_info(self) -> xgr.TokenizerInfo:
+        with self._lazy:
+            if self._tokenizer_info is None:
+                self._tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids
+                )
+            return self._tokenizer_info
+
+    @property
+    def pool(self) -> CompileWorkerPool:
+        info = self.tokenizer_info
+        with self._lazy:
+            if self._pool is None:
+                init = {"tokenizer_info": info.serialize_json(), **self._pool_init}
+                self._pool = CompileWorkerPool(init, size=self._pool_size)
+                self._finalizer = weakref.finalize(self, self._pool.close)
+            return self._pool
 
     def build(self, kind: str, source: str, param: str, timeout: float) -> XGrammarCompiled:
         what = _WHAT[kind]
@@ -138,4 +155,6 @@ class XGrammarBackend(GrammarBackend):
         self.pool.wait_ready(timeout)
 
     def close(self) -> None:
-        self._finalizer()
+        with self._lazy:
+            if self._finalizer is not None:
+                self._finalizer()
