@@ -37,6 +37,36 @@ log = logging.getLogger("llmkit")
 _TOKENIZER_LOCK = threading.Lock()
 
 
+class _EarlyTokenizer:
+    """The server's tokenizer, loaded on a thread while the engine process starts."""
+
+    def __init__(self, model_path: str | None) -> None:
+        path = Path(model_path).expanduser() if model_path else None
+        self.dir = path if path is not None and (path / "config.json").exists() else None
+        self.tokenizer, self.error = None, None
+        self.thread = threading.Thread(target=self._load, name="llmkit-tokenizer", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        try:
+            self.tokenizer = _load_tokenizer(self.dir) if self.dir is not None else None
+        except Exception as exc:  # (the engine's own start-up says what is wrong with the model)
+            self.error = exc
+
+    def result(self, model_dir: Path):
+        self.thread.join()
+        if self.tokenizer is not None and self.dir == Path(model_dir):
+            return self.tokenizer
+        return _load_tokenizer(model_dir)
+
+
+def _load_tokenizer(model_dir: Path | None):
+    with _TOKENIZER_LOCK:  # transformers' lazy imports are not thread-safe (--dp-size starts replicas at once)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(model_dir)) if model_dir is not None else None
+
+
 def stop_server_soon() -> None:
     """Give the errors a moment to reach their clients, then stop the server (it exits non-zero)."""
     log.error("shutting the server down")
@@ -83,6 +113,10 @@ class ProcessEngineClient(QueueSlots):
             str(rank),
         ]
         self.proc = subprocess.Popen(cmd)
+        # The tokenizer (~1.5 s, most of it transformers' imports) loads on this process's core
+        # while the engine process starts on the other, not after it: where the model directory
+        # is known before the engine resolves it (a directory, not a GGUF), the tokenizer itself.
+        early = _EarlyTokenizer(config.model_path)
         try:
             ready = self._wait_ready(startup_timeout)
         except BaseException:
@@ -93,10 +127,7 @@ class ProcessEngineClient(QueueSlots):
         self.max_context = int(ready["max_context"])
         self.vocab_size = int(ready["vocab_size"])
         self.engine_pid = int(ready["pid"])
-        with _TOKENIZER_LOCK:  # transformers' lazy imports are not thread-safe (--dp-size starts replicas at once)
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.tokenizer = early.result(self.model_dir)
         self._reader = threading.Thread(target=self._read, name="llmkit-engine-reader", daemon=True)
         self._reader.start()
         log.info("Engine process started (pid %d, rank %d)", self.engine_pid, rank)
