@@ -57,6 +57,16 @@ def place_decoder_tensor(owner: nn.Module, modules: dict, params: dict, name: st
     return ".".join(map(str, place_tensor(owner, modules, params, name, tensor, _FUSED)))
 
 
+def fp8_dequantized(weights: Iterable[tuple[str, torch.Tensor]], config: dict) -> Iterable[tuple[str, torch.Tensor]]:
+    """``weights`` with DeepSeek's block-scaled FP8 ones dequantized where ``config`` says the
+    checkpoint is FP8 (:func:`check_config` has checked its block size). Read whole: FP8 weights
+    are dequantized before a tensor-parallel rank slices them."""
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") != "fp8":
+        return weights
+    return dequantize_fp8_blocks(((n, materialize(t)) for n, t in weights), tuple(quant["weight_block_size"]))
+
+
 # per version: the routing methods and the scoring it runs (the first method is the default)
 VARIANTS = {"v3": (("noaux_tc",), "sigmoid"), "v2": (("greedy", "group_limited_greedy"), "softmax")}
 
@@ -199,11 +209,7 @@ class DeepseekV3ForCausalLM(StackedLM):
             layer.self_attn.absorb()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        quant = self.config.get("quantization_config") or {}
-        if quant.get("quant_method") == "fp8":  # read whole: FP8 weights are dequantized before slicing
-            weights = dequantize_fp8_blocks(
-                ((n, materialize(t)) for n, t in weights), tuple(quant["weight_block_size"])
-            )
+        weights = fp8_dequantized(weights, self.config)
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         loaded: set[str] = set()

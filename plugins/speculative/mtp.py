@@ -23,7 +23,6 @@ from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, materialize
 from llmkit.core.model.parallel import SINGLE
-from llmkit.core.model.quant.fp8 import dequantize_fp8_blocks
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.head_files import target_embedding
 from llmkit.plugins.speculative.hidden_draft import HiddenStateProposer
@@ -108,6 +107,9 @@ class MTPProposer(HiddenStateProposer):
             config["rope_interleave"] = target.config["rope_interleave"]
         if not int(config.get("num_nextn_predict_layers") or 0):
             raise ValueError(f"MTP: {path} has no multi-token-prediction layer (num_nextn_predict_layers is 0)")
+        from llmkit.plugins.models.deepseek_v3 import check_config
+
+        check_config(config, target.version, "MTP")  # (the layer's checkpoint may be split out of the target's)
         self.feature_layers = (target.num_layers,)
         self.device = torch.device(device)
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
@@ -124,7 +126,7 @@ def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
     """Layer ``index``'s tensors from the checkpoint at ``path`` into ``layer`` (lazily read: a
     671B checkpoint's other tensors are never loaded). Block-scaled FP8 weights (DeepSeek's own
     checkpoints) are dequantized at load, as the target's are."""
-    from llmkit.plugins.models.deepseek_v3 import place_decoder_tensor
+    from llmkit.plugins.models.deepseek_v3 import fp8_dequantized, place_decoder_tensor
 
     prefix = f"model.layers.{index}."
     modules, params = dict(layer.named_modules()), dict(layer.named_parameters())
@@ -134,12 +136,7 @@ def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
         for n, t in iter_safetensors(path, lazy=True)
         if n.startswith(prefix) and n != prefix + "embed_tokens.weight"  # (a copy of the target's: never read)
     )
-    quant = config.get("quantization_config") or {}
-    if quant.get("quant_method") == "fp8":
-        if len(quant.get("weight_block_size") or ()) != 2:
-            raise ValueError("MTP: an FP8 checkpoint needs quantization_config.weight_block_size")
-        tensors = dequantize_fp8_blocks(tensors, tuple(quant["weight_block_size"]))
-    for name, tensor in tensors:
+    for name, tensor in fp8_dequantized(tensors, config):
         if name in _OWN:
             with torch.no_grad():
                 params[_OWN[name]].copy_(tensor)
