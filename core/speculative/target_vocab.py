@@ -25,13 +25,13 @@ _HEAD_BYTES = 256 << 20  # the identity rows' logits per collective: rows x voca
 
 
 class TargetVocab(nn.Module):
-    """Dense copies of the target's embedding ``[vocab, hidden]`` and LM head weight."""
+    """Dense copies of the target's embedding ``[vocab, hidden]`` and LM head weight (None: tied,
+    the embedding's)."""
 
-    def __init__(self, embed: torch.Tensor, head: torch.Tensor) -> None:
+    def __init__(self, embed: torch.Tensor, head: torch.Tensor | None) -> None:
         super().__init__()
         self.embed = nn.Embedding.from_pretrained(embed, freeze=True)
-        tied = head.data_ptr() == embed.data_ptr()
-        self.head = self.embed.weight if tied else nn.Parameter(head, requires_grad=False)
+        self.head = self.embed.weight if head is None else nn.Parameter(head, requires_grad=False)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits over the target's vocabulary, as the target's ``compute_logits`` (without a
@@ -69,4 +69,4 @@ def gather_target_vocab(model, leader: bool, dtype: torch.dtype) -> TargetVocab 
         "" if head is None else " and LM head",
         (table.numel() + (0 if head is None else head.numel())) * table.element_size() / 1e6,
     )
-    return TargetVocab(table, table if head is None else head)
+    return TargetVocab(table, head)

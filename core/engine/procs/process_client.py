@@ -43,15 +43,15 @@ class _EarlyTokenizer:
     def __init__(self, model_path: str | None) -> None:
         path = Path(model_path).expanduser() if model_path else None
         self.dir = path if path is not None and (path / "config.json").exists() else None
-        self.tokenizer, self.error = None, None
+        self.tokenizer = None
         self.thread = threading.Thread(target=self._load, name="llmkit-tokenizer", daemon=True)
         self.thread.start()
 
     def _load(self) -> None:
-        try:
-            self.tokenizer = _load_tokenizer(self.dir) if self.dir is not None else None
-        except Exception as exc:  # (the engine's own start-up says what is wrong with the model)
-            self.error = exc
+        try:  # (None: only transformers imported)
+            self.tokenizer = _load_tokenizer(self.dir)
+        except Exception:  # loaded again after the engine is up, which says what is wrong with the model
+            pass
 
     def result(self, model_dir: Path):
         self.thread.join()
