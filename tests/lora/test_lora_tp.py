@@ -188,6 +188,7 @@ def test_tp2_run_time_load_and_unload(pair, models, tmp_path):
 
 
 _RANK_SCRIPT = """
+import os
 import sys
 from pathlib import Path
 
@@ -230,7 +231,10 @@ else:
     print("HELD", sorted(m._held))
     m.load_on_follower("y", good, 2)
     print("HELD", sorted(m._held))
+dist.barrier()  # leave together (see tests/speculative/test_target_vocab.py)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
 """
 
 

@@ -17,6 +17,7 @@ from server_utils import free_port
 pytestmark = pytest.mark.slow  # two rank processes per case
 
 _RANK_SCRIPT = """
+import os
 import sys
 from pathlib import Path
 
@@ -43,7 +44,12 @@ if rank == 0:
     torch.save({"embed": tables.embed.weight, "head": tables.head}, out)
 else:
     assert tables is None
+# Both ranks leave together, and skip the interpreter's teardown: a gloo rank torn down while its
+# peer still talks (or its threads met at finalisation) can abort with "terminate called".
+dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
 """
 
 
