@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from llmkit.cli.option_table import ServeOption
+from llmkit.cli.option_table import ServeOption, panel
 
-MEDIA_OPTIONS = (
+MEDIA_OPTIONS = panel(
+    "Images",
     ServeOption(
         ("--allowed-media-domains",),
         Optional[list[str]],

@@ -1,0 +1,66 @@
+"""``llmkit serve``'s options for draft tokens verified by the target model (SGLang's flags)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from llmkit.cli.option_table import ServeOption, panel
+
+SPECULATIVE_OPTIONS = panel(
+    "Speculative decoding",
+    ServeOption(
+        ("--speculative-algorithm",),
+        Optional[str],
+        None,
+        to="engine",
+        help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
+        "STANDALONE (a draft model), EAGLE / EAGLE3 (EAGLE-1/2, EAGLE-3 draft heads), MTP (DeepSeek-V3's "
+        "own MTP layer), "
+        "or a plugin's name; the output is "
+        "unchanged, only faster where the draft is right.",
+    ),
+    ServeOption(
+        ("--speculative-num-draft-tokens",),
+        int,
+        4,
+        to="engine",
+        help="Most draft tokens a request verifies per step (each step emits up to this + 1 tokens).",
+    ),
+    ServeOption(
+        ("--speculative-num-steps",),
+        Optional[int],
+        None,
+        to="engine",
+        help="SGLang's draft depth: given, the most draft tokens a step (in place of "
+        "--speculative-num-draft-tokens, as SGLang uses num_steps + 1 verified tokens at top-k 1).",
+    ),
+    ServeOption(
+        ("--speculative-eagle-topk",),
+        Optional[int],
+        None,
+        to="engine",
+        help="SGLang's candidates per draft step: 1 (one chain) only; tree drafts are not supported yet.",
+    ),
+    ServeOption(
+        ("--speculative-draft-model-path",),
+        Optional[str],
+        None,
+        to="engine",
+        help="STANDALONE: the draft model (a smaller model with the same tokenizer); EAGLE, EAGLE3: the "
+        "head's directory; MTP: where the MTP layer is, if not in the target's. Run on the target's device.",
+    ),
+    ServeOption(
+        ("--speculative-ngram-min-match-window-size",),
+        int,
+        2,
+        to="engine",
+        help="NGRAM: the fewest trailing tokens that must match an earlier place to draft from it.",
+    ),
+    ServeOption(
+        ("--speculative-ngram-max-match-window-size",),
+        int,
+        4,
+        to="engine",
+        help="NGRAM: the most trailing tokens matched (the longest match wins).",
+    ),
+)
