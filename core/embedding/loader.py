@@ -68,10 +68,19 @@ def start_embedding_engine(
     )
     # fp32 on CPU, where bf16 math is slow; bf16 on CUDA, as the generation engine's default
     dt = {"auto": torch.float32 if dev.type == "cpu" else torch.bfloat16}.get(dtype) or getattr(torch, dtype)
+    if arch is not None and instruction:
+        raise ValueError(f"--rerank-instruction: {arch} reads pairs without a prompt to put it in")
+
+    def build():  # on the engine's worker thread (see EmbeddingEngine.build_and_start)
+        return _load(model_dir, config, arch, dev, dt, reranker, pooler_config, instruction)
+
+    return EmbeddingEngine.build_and_start(build)
+
+
+def _load(model_dir: Path, config: dict, arch, dev, dt, reranker: bool, pooler_config, instruction):
+    """The model, its pooling and the engine's other arguments."""
     template = None
     if arch is not None:
-        if instruction:
-            raise ValueError(f"--rerank-instruction: {arch} reads pairs without a prompt to put it in")
         model = registry().model(arch).from_pretrained(model_dir, config, dev, dt)
     elif reranker:
         arch = causal_architecture(config) + " (yes/no reranker)"
@@ -98,11 +107,10 @@ def start_embedding_engine(
         f"{pooling.mode} pooling{', normalised' if pooling.normalize else ''}" if pooling else "pairs scored",
         limit,
     )
-    return EmbeddingEngine(
-        model,
-        pooling,
+    kwargs = dict(
         device=dev.type,
         max_input_tokens=limit,
         dimensions=matryoshka_dimensions(config) if pooling else None,
         pair_template=template,
     )
+    return model, pooling, kwargs
