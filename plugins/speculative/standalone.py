@@ -6,6 +6,10 @@ dtype with a K/V cache of its own per request: contiguous buffers, grown by doub
 (a draft keeps a few thousand tokens per request at most). Each step re-syncs that cache to the
 request's tokens (drafts the target rejected are cut off), feeds what it has not seen, then
 decodes ``max_tokens`` greedy tokens one forward at a time.
+
+A request with images (a vision-language target) drafts too: the draft model reads each image's
+tokens as the target's image placeholder token (the prompt as the chat template wrote it), so it
+cannot see the picture, but the text around it, and answers that repeat it, still draft.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import torch
 
 from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.multimodal.items import PSEUDO_BASE
 from llmkit.core.speculative.contract import Proposer
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.head_files import head_dir
@@ -29,6 +34,7 @@ class StandaloneProposer(Proposer):
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         target_vocab_size: int | None = None,
+        target_model=None,
         **options,
     ) -> None:
         super().__init__(**options)
@@ -48,11 +54,17 @@ class StandaloneProposer(Proposer):
         self.attention = DraftAttention(self.model.attention_scale)
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
         self.device = torch.device(device)
+        target = getattr(target_model, "config", None) or {}
+        # what an image's pseudo-ids (no row in the draft's embedding) read as (Qwen-VL's and Gemma
+        # 3's / LLaVA's names for the image token)
+        self.image_token = int(target.get("image_token_id", target.get("image_token_index", 0)) or 0)
         log.info("STANDALONE draft model: %s (%s)", path, config.get("architectures", ["?"])[0])
 
     @torch.inference_mode()
     def propose(self, req, max_tokens: int) -> list[int]:
         ids = req.all_ids
+        if req.mm is not None:
+            ids = [self.image_token if t >= PSEUDO_BASE else t for t in ids]
         if len(ids) + max_tokens > self.max_position:
             return []
         kv = req.spec_state if isinstance(req.spec_state, DraftKV) else DraftKV()

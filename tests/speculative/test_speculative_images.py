@@ -1,0 +1,105 @@
+"""Speculative decoding on requests with images: a vision-language target's answers under
+``STANDALONE`` equal its answers without speculation, and the draft model drafts for them.
+
+The draft model is the tiny Qwen2.5-VL's own language model saved as a plain Qwen2 (so its drafts
+are often right, and both kept and rejected drafts occur); it reads each image's tokens as the
+image placeholder token, since the pictures' pseudo-ids have no row in its embedding (before, an
+image request under STANDALONE failed with a 500)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from PIL import Image
+
+from server_utils import start_server, stop_server
+from vl_utils import save_tiny_qwen2_5_vl
+
+pytestmark = pytest.mark.slow  # two servers of a tiny vision-language model
+
+
+def _save_text_model_as_qwen2(hf, path) -> None:
+    import transformers
+
+    t = hf.config.text_config
+    config = transformers.Qwen2Config(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=t.rms_norm_eps,
+        tie_word_embeddings=False,
+    )
+    draft = transformers.Qwen2ForCausalLM(config)
+    missing, unexpected = draft.model.load_state_dict(hf.model.language_model.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(hf.lm_head.weight)
+    draft.save_pretrained(str(path), safe_serialization=True)
+
+
+def _data_url(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 255, (56, 84, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vl-spec")
+    hf = save_tiny_qwen2_5_vl(root / "vl")
+    _save_text_model_as_qwen2(hf, root / "draft")
+    return root
+
+
+def _answers(url: str) -> list[str]:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    out = []
+    for seed in (1, 2):
+        content = [
+            {"type": "text", "text": "Say what is in the picture:"},
+            {"type": "image_url", "image_url": {"url": _data_url(seed)}},
+            {"type": "text", "text": "and repeat this: abc abc abc"},
+        ]
+        r = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=24,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        out.append(r.choices[0].message.content)
+    return out
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    (line,) = [ln for ln in text.splitlines() if ln.split("{")[0].split(" ")[0] in (name, name + "_total")]
+    return float(line.split()[-1])
+
+
+def test_image_requests_draft_and_answer_as_without_speculation(dirs):
+    proc, url = start_server(["--model-path", str(dirs / "vl"), "--batch-storage", "none"])
+    try:
+        plain = _answers(url)
+    finally:
+        stop_server(proc)
+    args = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(dirs / "draft")]
+    proc, url = start_server(["--model-path", str(dirs / "vl"), "--batch-storage", "none", *args])
+    try:
+        assert _answers(url) == plain
+        drafted = _metric(url, "llmkit:spec_decode_num_draft_tokens")
+        accepted = _metric(url, "llmkit:spec_decode_num_accepted_tokens")
+        assert drafted > 0 and 0 < accepted < drafted, (drafted, accepted)
+    finally:
+        stop_server(proc)
