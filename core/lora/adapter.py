@@ -96,6 +96,10 @@ def check_config(cfg: dict, where: str, max_rank: int) -> tuple[int, float]:
     return rank, scale
 
 
+# where vision-language checkpoints keep their image encoder and projector
+_VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.")
+
+
 def _module_of(key: str) -> tuple[str, str, str]:
     """``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` ->
     ``("layers.0.self_attn", "q_proj", "lora_A")``."""
@@ -103,6 +107,11 @@ def _module_of(key: str) -> tuple[str, str, str]:
     if len(parts) < 4 or parts[-1] != "weight":
         raise ValueError(f"unexpected tensor '{key}'")
     owner = ".".join(parts[:-3]).removeprefix("base_model.model.").removeprefix("model.")
+    # a vision-language model's decoder: model.language_model.layers (transformers 5) or
+    # language_model.model.layers (4.x, LLaVA and Gemma 3 checkpoints)
+    for prefix in ("language_model.model.", "language_model."):
+        if owner.startswith(prefix):
+            return owner.removeprefix(prefix), parts[-3], parts[-2]
     return owner, parts[-3], parts[-2]
 
 
@@ -134,6 +143,11 @@ def build_adapter(
             owner, module, kind = _module_of(key)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
+        if owner.startswith(_VISION_PREFIXES):
+            raise ValueError(
+                f"{where}: it adapts the vision encoder ('{owner}.{module}'); only the language model's "
+                "projections take adapters"
+            )
         if kind in ("lora_embedding_A", "lora_embedding_B") or module in _REFUSED_TARGETS:
             raise ValueError(f"{where}: embedding and LM-head adapters ('{key}') are not supported")
         if kind not in ("lora_A", "lora_B"):

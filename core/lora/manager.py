@@ -60,7 +60,10 @@ class LoRAManager:
 
     def _install(self) -> None:
         wanted = {FUSED_PARTS[m][0] for m in self.allowed}
-        for i, layer in enumerate(getattr(self.model, "layers", [])):
+        # the decoder's layers: the model's own, or a vision-language model's language model's
+        # (Gemma 3); adapters of the vision encoder are refused when read (adapter.py)
+        decoder = self.model if hasattr(self.model, "layers") else getattr(self.model, "language_model", self.model)
+        for i, layer in enumerate(getattr(decoder, "layers", [])):
             for path in sorted(wanted):
                 owner_name, attr = path.split(".")
                 owner = getattr(layer, owner_name, None)
@@ -71,8 +74,9 @@ class LoRAManager:
                     setattr(owner, attr, LoRALinear(base, name, self.batch))
         if not self.layers:
             raise ValueError(f"{type(self.model).__name__} has no projections LoRA adapters can target")
-        if hasattr(self.model, "weights_changed"):
-            self.model.weights_changed()  # a fused C plan must be built again from the wrapped layers
+        for owner in {id(self.model): self.model, id(decoder): decoder}.values():
+            if hasattr(owner, "weights_changed"):
+                owner.weights_changed()  # a fused C plan must be built again from the wrapped layers
 
     def _param(self) -> tuple[torch.dtype, torch.device]:
         # the compute dtype and device (a norm's weight: a quantized linear's weight is not it)
