@@ -49,6 +49,8 @@ class HiddenStateProposer(Proposer):
     def observe(self, req, start: int, rows: torch.Tensor) -> None:
         """The target computed positions ``[start, start + len(rows))`` of ``req`` with these
         features (rows past the accepted tokens are overwritten when recomputed)."""
+        if req.mm is not None:  # never drafted for (see propose): keep nothing for it
+            return
         state = req.spec_state if isinstance(req.spec_state, _DraftState) else None
         if state is None:
             state = req.spec_state = _DraftState(first=start)

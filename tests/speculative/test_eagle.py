@@ -141,6 +141,10 @@ def test_the_heads_drafts_equal_a_from_scratch_computation(models):
         VOCAB,
         first=2,
     )
+    # a request with images is never drafted for: none of its states are kept either
+    req = SimpleNamespace(all_ids=[1, 2, 3], num_computed=3, spec_state=None, mm=object())
+    proposer.observe(req, 0, torch.randn(3, HIDDEN))
+    assert req.spec_state is None and proposer.propose(req, 3) == []
 
 
 def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(models):
