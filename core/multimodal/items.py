@@ -25,6 +25,18 @@ def is_pseudo(token_id: int) -> bool:
     return token_id >= PSEUDO_BASE
 
 
+def image_token_of(config: dict) -> int:
+    """The image placeholder token a vision-language model's config names (Qwen-VL's
+    ``image_token_id``, Gemma 3's and LLaVA's ``image_token_index``; 0 for a text model): what a
+    draft model or head reads in place of an image's pseudo-ids, which have no embedding row."""
+    return int(config.get("image_token_id", config.get("image_token_index", 0)) or 0)
+
+
+def as_placeholders(ids: list[int], placeholder: int) -> list[int]:
+    """``ids`` with each pseudo-id replaced by ``placeholder``."""
+    return [placeholder if t >= PSEUDO_BASE else t for t in ids]
+
+
 @dataclass
 class ImageItem:
     """One image, preprocessed for its model (by the model's processor, off the event loop)."""

@@ -17,6 +17,7 @@ import logging
 import torch
 from torch import nn
 
+from llmkit.core.multimodal.items import image_token_of
 from llmkit.plugins.speculative.draft_cache import DraftKV
 from llmkit.plugins.speculative.head_files import head_config, load_tensors, place, shared_embedding
 from llmkit.plugins.speculative.head_layer import HeadLayer, layer_names
@@ -73,6 +74,7 @@ class EagleProposer(HiddenStateProposer):
         self.head.to(device=self.device, dtype=dtype).eval()
         self.feature_layers = (target_model.num_layers,)  # the last layer's output, normed below
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
+        self.image_token = image_token_of(target_model.config)
         log.info("EAGLE draft head: %s", path)
 
     def draft_layer(self, hidden, tokens, positions, kv, from_target: bool):

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from llmkit.core.model.layers import RMSNorm
+from llmkit.core.multimodal.items import image_token_of
 from llmkit.plugins.speculative.draft_cache import DraftKV
 from llmkit.plugins.speculative.head_files import head_config, load_tensors, place, shared_embedding
 from llmkit.plugins.speculative.head_layer import HeadLayer, layer_names
@@ -96,6 +97,7 @@ class Eagle3Proposer(HiddenStateProposer):
         _load_head(self.head, tensors, target_vocab_size)
         self.head.to(device=self.device, dtype=dtype).eval()
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
+        self.image_token = image_token_of(target_model.config)
         log.info("EAGLE3 draft head: %s, features of target layers %s", path, self.feature_layers)
 
     def draft_layer(self, hidden, tokens, positions, kv, from_target: bool):

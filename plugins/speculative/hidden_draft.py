@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmkit.core.multimodal.items import as_placeholders
 from llmkit.core.speculative.contract import Proposer
 from llmkit.plugins.speculative.draft_cache import DraftKV
 
@@ -39,6 +40,7 @@ class HiddenStateProposer(Proposer):
     feature_layers: tuple[int, ...] = ()
     device: torch.device = torch.device("cpu")
     max_position: int = 1 << 30
+    image_token: int = 0  # a vision-language target's image placeholder (``image_token_of``)
 
     @abstractmethod
     def draft_layer(self, hidden, tokens, positions, kv: DraftKV, from_target: bool):
@@ -49,8 +51,6 @@ class HiddenStateProposer(Proposer):
     def observe(self, req, start: int, rows: torch.Tensor) -> None:
         """The target computed positions ``[start, start + len(rows))`` of ``req`` with these
         features (rows past the accepted tokens are overwritten when recomputed)."""
-        if req.mm is not None:  # never drafted for (see propose): keep nothing for it
-            return
         state = req.spec_state if isinstance(req.spec_state, _DraftState) else None
         if state is None:
             state = req.spec_state = _DraftState(first=start)
@@ -64,9 +64,11 @@ class HiddenStateProposer(Proposer):
     @torch.inference_mode()
     def propose(self, req, max_tokens: int) -> list[int]:
         state = req.spec_state
-        if not isinstance(state, _DraftState) or state.first is None or req.mm is not None:
-            return []  # (an image's pseudo-ids have no embedding row)
+        if not isinstance(state, _DraftState) or state.first is None:
+            return []
         ids = req.all_ids
+        if req.mm is not None:  # the head reads an image's tokens as its placeholder (see the class)
+            ids = as_placeholders(ids, self.image_token)
         n = req.num_computed  # features are final for positions [0, n); token n is the last one
         if n + max_tokens > self.max_position or n >= len(ids):
             return []

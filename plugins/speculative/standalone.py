@@ -19,7 +19,7 @@ import logging
 import torch
 
 from llmkit.core.model.causal_lm import ForwardContext
-from llmkit.core.multimodal.items import PSEUDO_BASE
+from llmkit.core.multimodal.items import as_placeholders, image_token_of
 from llmkit.core.speculative.contract import Proposer
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.head_files import head_dir
@@ -54,17 +54,14 @@ class StandaloneProposer(Proposer):
         self.attention = DraftAttention(self.model.attention_scale)
         self.max_position = int(config.get("max_position_embeddings", 1 << 30))
         self.device = torch.device(device)
-        target = getattr(target_model, "config", None) or {}
-        # what an image's pseudo-ids (no row in the draft's embedding) read as (Qwen-VL's and Gemma
-        # 3's / LLaVA's names for the image token)
-        self.image_token = int(target.get("image_token_id", target.get("image_token_index", 0)) or 0)
+        self.image_token = image_token_of(getattr(target_model, "config", None) or {})
         log.info("STANDALONE draft model: %s (%s)", path, config.get("architectures", ["?"])[0])
 
     @torch.inference_mode()
     def propose(self, req, max_tokens: int) -> list[int]:
         ids = req.all_ids
-        if req.mm is not None:
-            ids = [self.image_token if t >= PSEUDO_BASE else t for t in ids]
+        if req.mm is not None:  # an image's pseudo-ids have no row in the draft's embedding
+            ids = as_placeholders(ids, self.image_token)
         if len(ids) + max_tokens > self.max_position:
             return []
         kv = req.spec_state if isinstance(req.spec_state, DraftKV) else DraftKV()
