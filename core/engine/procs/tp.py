@@ -8,6 +8,7 @@ This module joins the group, places and starts the follower ranks, and runs a fo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -17,6 +18,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -92,6 +94,30 @@ def spawn_followers(config: EngineConfig, ranks) -> dict[int, subprocess.Popen]:
 
 def describe_exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _exit_note(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"llmkit-tp-rank-{pid}.error")
+
+
+def leave_exit_note(error: str) -> None:
+    """A failing follower's last word: why it failed, for the rank that started it to report
+    (the follower's own log line goes to the server's log, not to the client)."""
+    with contextlib.suppress(OSError):
+        with open(_exit_note(os.getpid()), "w") as f:
+            f.write(error)
+
+
+def follower_ended(proc: subprocess.Popen, code: int) -> str:
+    """How a follower ended: ``failed: <its error>`` when it left a note, else ``died: <exit>``."""
+    note = _exit_note(proc.pid)
+    try:
+        with open(note) as f:
+            error = f.read().strip()
+        os.unlink(note)
+    except OSError:
+        error = ""
+    return f"failed: {error}" if error else f"died: {describe_exit(code)}"
 
 
 def brief_error(exc: BaseException) -> str:

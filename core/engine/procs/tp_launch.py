@@ -20,7 +20,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.procs import ipc
 from llmkit.core.engine.procs.tp import (
     brief_error,
-    describe_exit,
+    follower_ended,
     free_port,
     init_tp,
     rank_device,
@@ -45,6 +45,7 @@ class Followers:
     @classmethod
     def start(cls, config: EngineConfig, server_address: str) -> tuple[EngineConfig, "Followers"]:
         """Pick the rendezvous (on one node: a free loopback port), start this node's followers."""
+        _check_model_shards(config)
         if config.device == "auto":
             import torch
 
@@ -77,7 +78,7 @@ class Followers:
         for rank, proc in self.procs.items():
             code = proc.poll()
             if code is not None:
-                return f"tensor-parallel rank {rank} (pid {proc.pid}) died: {describe_exit(code)}"
+                return f"tensor-parallel rank {rank} (pid {proc.pid}) {follower_ended(proc, code)}"
         return None
 
     def step_failed(self, exc: BaseException) -> None:
@@ -126,3 +127,15 @@ class Followers:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
+
+
+def _check_model_shards(config: EngineConfig) -> None:
+    """Refuse a model without tensor parallelism here, from its config alone, before any rank
+    starts: otherwise each rank refuses it while building, and the first to die is reported."""
+    from llmkit.core.engine.stages.plan import architecture_of
+    from llmkit.core.model.loader.source import load_config, resolve_model_dir
+    from llmkit.core.plugins import registry
+
+    arch = architecture_of(load_config(resolve_model_dir(config.model_path, weights=False)))
+    if not registry().model(arch).supports_tp:
+        raise ValueError(f"{arch} does not support tensor parallelism (--tp-size {config.tp_size})")

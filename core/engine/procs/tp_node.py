@@ -12,7 +12,7 @@ import signal
 import time
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.procs.tp import describe_exit, ranks_of_node, spawn_followers
+from llmkit.core.engine.procs.tp import follower_ended, ranks_of_node, spawn_followers
 
 log = logging.getLogger("llmkit")
 
@@ -45,10 +45,10 @@ def serve_ranks(config: EngineConfig) -> int:
             del procs[rank]
             if rc != 0:
                 log.error(
-                    "tensor-parallel rank %d (pid %d) ended: %s; node %d stops",
+                    "tensor-parallel rank %d (pid %d) %s; node %d stops",
                     rank,
                     proc.pid,
-                    describe_exit(rc),
+                    follower_ended(proc, rc),
                     config.node_rank,
                 )
                 code = 1

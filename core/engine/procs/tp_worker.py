@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.procs.tp import brief_error, rank_device, run_follower
+from llmkit.core.engine.procs.tp import brief_error, leave_exit_note, rank_device, run_follower
 
 log = logging.getLogger("llmkit")
 
@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
         return run_follower(config, rank)
     except Exception as exc:  # a dead peer surfaces here as a failed or timed-out collective
         log.error("tensor-parallel rank %d failed: %s", rank, brief_error(exc))
+        leave_exit_note(brief_error(exc))
         logging.shutdown()
         os._exit(1)  # not sys.exit: the group's teardown would wait on a collective left pending
 

@@ -335,7 +335,7 @@ def test_node1_exits_on_its_own_when_node0_dies(llama_dir, tmp_path):
         out = (tmp_path / "node1.log").read_text()
         assert node1.returncode != 0, out
         assert "tensor-parallel rank 1 failed: RuntimeError" in out, out
-        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) failed: RuntimeError: .*; node 1 stops", out), out
         assert time.monotonic() - killed < 15
     finally:
         _killpg(node1)
@@ -377,7 +377,7 @@ def test_node1_exits_when_node0_goes_silent(llama_dir, tmp_path):
         out = (tmp_path / "node1.log").read_text()
         assert node1.returncode != 0, out
         assert "tensor-parallel rank 1 failed: TimeoutError: no step or heartbeat from tensor-parallel rank 0" in out
-        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) ended: exit code 1; node 1 stops", out), out
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) failed: TimeoutError: no step .*; node 1 stops", out), out
         assert time.monotonic() - stopped < 15
     finally:
         _killpg(node1)
@@ -409,3 +409,27 @@ def test_silent_node1_fails_every_client_and_stops_the_server(llama_dir, tmp_pat
         _killpg(node1)
         stop_server(proc)
         _killpg(proc)
+
+
+def test_a_model_without_tensor_parallelism_is_refused_before_any_rank_starts(tmp_path):
+    """One line naming the architecture, not the first follower's death ("rank 1 died: exit code 1")."""
+    from vl_utils import save_tiny_qwen2_5_vl
+
+    save_tiny_qwen2_5_vl(tmp_path / "vl")
+    with pytest.raises(RuntimeError) as err:
+        start_server(["--model-path", str(tmp_path / "vl"), "--tp-size", "2"])
+    log = str(err.value)
+    assert "Qwen2_5_VLForConditionalGeneration does not support tensor parallelism (--tp-size 2)" in log, log
+    assert "died" not in log and "tensor parallel: 2 ranks" not in log, log
+
+
+def test_a_follower_that_cannot_build_is_reported_with_its_error(tmp_path):
+    """9 attention heads cannot split over 2 ranks: the server's error is the follower's own
+    reason, not "rank 1 died: exit code 1"."""
+    save_tiny_model(
+        "llama", tmp_path / "odd", hidden_size=144, num_attention_heads=9, num_key_value_heads=3, head_dim=16
+    )
+    with pytest.raises(RuntimeError) as err:
+        start_server(["--model-path", str(tmp_path / "odd"), "--tp-size", "2"])
+    last = str(err.value).strip().splitlines()[-1]
+    assert re.fullmatch(r"error: tensor-parallel rank 1 \(pid \d+\) failed: ValueError: .*not divisible.*", last), last
