@@ -57,6 +57,8 @@ def build_server(engine_config: EngineConfig, config: ServerConfig):
 
     check_server_config(config)
     embedding_dir = _embedding_model_dir(engine_config.model_path, config.is_embedding, config.is_reranker)
+    if embedding_dir is not None:
+        _refuse_generation_options(engine_config, config)
     storage = _open_storage(config) if config.enable_batches else None
     if embedding_dir is not None:
         return _build_embedding_server(engine_config, config, embedding_dir, storage)
@@ -177,6 +179,37 @@ def _embedding_model_dir(model_path: str | None, forced: bool, reranker: bool = 
         arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
         raise ValueError(f"{flag}: '{arch}' is neither an encoder nor a causal LM llmkit knows")
     return None
+
+
+# Options of the generation engine, which an embedding or reranking model would silently ignore:
+# (config, field, its default, the flag)
+_GENERATION_ONLY = (
+    ("engine", "tp_size", 1, "--tp-size"),
+    ("engine", "dp_size", 1, "--dp-size"),
+    ("engine", "nnodes", 1, "--nnodes"),
+    ("engine", "speculative_algorithm", None, "--speculative-algorithm"),
+    ("engine", "lora_paths", (), "--lora-paths"),
+    ("engine", "enable_lora", False, "--enable-lora"),
+    ("engine", "quantization", None, "--quantization"),
+    ("server", "reasoning_parser", None, "--reasoning-parser"),
+    ("server", "tool_call_parser", None, "--tool-call-parser"),
+    ("server", "lora_dir", None, "--lora-dir"),
+)
+
+
+def _refuse_generation_options(engine_config: EngineConfig, config: ServerConfig) -> None:
+    """An embedding or reranking model runs in one thread of the server, whole, with no decoding:
+    a flag for generation is refused rather than ignored (it would not do what was asked)."""
+    configs = {"engine": engine_config, "server": config}
+    given = [flag for which, field, default, flag in _GENERATION_ONLY if getattr(configs[which], field) != default]
+    if engine_config.quantization == "none":  # asks for nothing
+        given.remove("--quantization")
+    if given:
+        raise ValueError(
+            f"{engine_config.model_path}: an embedding or reranking model runs in the server's own process "
+            f"and does not decode; {', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
+            "generation models only"
+        )
 
 
 def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path, storage):

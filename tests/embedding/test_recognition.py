@@ -39,3 +39,26 @@ def test_a_causal_lm_embeds_or_reranks_only_when_asked(tiny_llama, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
     with pytest.raises(ValueError, match="neither an encoder nor a causal LM"):
         _embedding_model_dir(str(tmp_path), forced=False, reranker=True)
+
+
+def test_generation_flags_on_an_embedding_model_are_refused():
+    """``--tp-size``, ``--lora-paths``, ``--speculative-algorithm`` ... would be ignored by an
+    embedding model (one thread, no decoding): ``llmkit serve`` refuses them, naming each, before
+    it loads anything."""
+    import subprocess
+    import sys
+
+    from server_utils import free_port
+
+    port = str(free_port())
+    cmd = [sys.executable, "-m", "llmkit.cli.main", "serve", "--model-path", "all-MiniLM-L6-v2", "--port", port]
+    flags = ["--tp-size", "2", "--lora-paths", "a=/nowhere", "--reasoning-parser", "qwen3"]
+    proc = subprocess.run([*cmd, *flags], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        "error: all-MiniLM-L6-v2: an embedding or reranking model runs in the server's own process and "
+        "does not decode; --tp-size, --lora-paths, --reasoning-parser apply to generation models only"
+    ), proc.stderr
+    proc = subprocess.run([*cmd, "--quantization", "int8"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "; --quantization applies to generation models only" in proc.stderr
