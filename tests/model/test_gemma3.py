@@ -422,6 +422,7 @@ def _tp_rank(rank: int, size: int, init: str, model_dir: str, out: str, ids: lis
         (prefill,) = runner.step([(s, ids[:-2])])
         decode = [runner.step([(s, [t])])[0] for t in ids[-2:]]
         torch.save({"logits": torch.cat([prefill, *decode]), "heads": model.local_heads}, out)
+        dist.barrier()  # leave together: a rank torn down while its peer still talks can abort
     finally:
         dist.destroy_process_group()
 

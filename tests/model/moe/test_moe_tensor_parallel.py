@@ -46,6 +46,7 @@ def _rank(rank: int, size: int, init: str, model_dir: str, out: str) -> None:
         (prefill,) = runner.step([(s, IDS[:36])])
         decode = [runner.step([(s, [t])])[0] for t in IDS[36:]]
         torch.save({"logits": torch.cat([prefill, *decode]), "heads": model.local_heads}, out)
+        dist.barrier()  # leave together: a rank torn down while its peer still talks can abort
     finally:
         dist.destroy_process_group()
 
