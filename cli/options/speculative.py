@@ -47,7 +47,15 @@ SPECULATIVE_OPTIONS = panel(
         None,
         to="engine",
         help="STANDALONE: the draft model (a smaller model with the same tokenizer); EAGLE, EAGLE3: the "
-        "head's directory; MTP: where the MTP layer is, if not in the target's. Run on the target's device.",
+        "head's directory; MTP: where the MTP layer is, if not in the target's.",
+    ),
+    ServeOption(
+        ("--speculative-draft-device",),
+        Optional[str],
+        None,
+        to="engine",
+        help="STANDALONE: the device the draft model runs on (cpu, cuda, cuda:N) when not the target's, e.g. "
+        "cpu to leave the GPU's memory to the target. The heads (EAGLE, EAGLE3, MTP) run on the target's.",
     ),
     ServeOption(
         ("--speculative-ngram-min-match-window-size",),

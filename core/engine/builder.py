@@ -20,6 +20,7 @@ from llmkit.core.engine.stages.plan import (  # noqa: F401 (names other modules 
     NATIVE_GGUF_TYPES,
     Plan,
     architecture_of,
+    draft_device,
     native_gguf,
     resolve_device,
     resolve_dtype,
@@ -190,6 +191,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     scheduler = Scheduler(config, pool, req_pool, cache, kv.max_context)
     target_vocab = _gather_target_vocab(config, model, tp, leader, plan.dtype)
     if leader:  # rank 0 schedules: only it drafts
+        draft = draft_device(config, plan.device)
         scheduler.speculator = build_speculator(
             config.speculative_algorithm,
             config.speculative_num_steps or config.speculative_num_draft_tokens,
@@ -198,8 +200,9 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
                 "min_match": config.speculative_ngram_min_match_window_size,
                 "max_match": config.speculative_ngram_max_match_window_size,
                 "draft_model_path": config.speculative_draft_model_path,
-                "device": str(plan.device),
-                "dtype": plan.dtype,
+                "device": str(draft),
+                # a draft model moved to the CPU computes in fp32 (bf16 math is slow there)
+                "dtype": plan.dtype if draft.type == plan.device.type else torch.float32,
                 "target_vocab_size": int(plan.hf_config["vocab_size"]),
                 "target_model": model,
                 "target_model_path": str(plan.model_dir),

@@ -47,6 +47,9 @@ class EngineConfig:
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_draft_model_path: str | None = None  # STANDALONE's draft model
+    # where a draft model runs when not on the target's device (None: the target's), e.g. "cpu" to
+    # keep a GPU's memory for the target
+    speculative_draft_device: str | None = None
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 4
     # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.

@@ -19,6 +19,9 @@ class Proposer(ABC):
     # every rank then gathers them for rank 0 at start, and the proposer gets them as its
     # ``target_vocab`` option (a ``core.speculative.target_vocab.TargetVocab``; None with one rank).
     reads_target_vocab = False
+    # True: it may run on another device than the target's (``--speculative-draft-device``): it
+    # reads token ids only, never the target's tensors
+    runs_on_any_device = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options

@@ -28,6 +28,8 @@ log = logging.getLogger("llmkit")
 
 
 class StandaloneProposer(Proposer):
+    runs_on_any_device = True  # (its own weights and K/V; token ids in and out)
+
     def __init__(
         self,
         draft_model_path: str | None = None,

@@ -94,3 +94,20 @@ def test_a_draft_model_that_cannot_serve_is_refused(models, tmp_path):
         start_engine(
             model_path=str(target), speculative_algorithm="STANDALONE", speculative_draft_model_path=str(small)
         )
+
+
+def test_the_draft_model_runs_where_it_is_told(models, reference):
+    """``--speculative-draft-device cpu`` (a draft model beside a GPU target, leaving the GPU's
+    memory to the target): the same output; a device that cannot be, or an algorithm that reads the
+    target's tensors, is refused at start."""
+    target, _ = models
+    spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=str(target))
+    got, stats = serve_prompts(target, speculative_draft_device="cpu", speculative_num_draft_tokens=3, **spec)
+    assert got == reference and stats.accept_length > 2.0
+    with pytest.raises(ValueError, match="use cpu, cuda or cuda:N"):
+        start_engine(model_path=str(target), speculative_draft_device="tpu:0", **spec)
+    with pytest.raises(ValueError, match="NGRAM has none of its own"):
+        start_engine(model_path=str(target), speculative_algorithm="NGRAM", speculative_draft_device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            start_engine(model_path=str(target), speculative_draft_device="cuda", **spec)

@@ -136,6 +136,31 @@ class Plan:
     loader: str  # the row of loader.loaders.LOADERS that fills the model
 
 
+def draft_device(config: EngineConfig, target: torch.device) -> torch.device:
+    """Where the speculative proposer runs: ``--speculative-draft-device``, else the target's device."""
+    return torch.device(config.speculative_draft_device) if config.speculative_draft_device else target
+
+
+def _check_draft_device(config: EngineConfig) -> None:
+    name = config.speculative_draft_device
+    if not name:
+        return
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--speculative-draft-device {name}: use cpu, cuda or cuda:N")
+    algorithm = config.speculative_algorithm
+    if not getattr(registry().speculative_algorithm(algorithm), "runs_on_any_device", False):
+        raise ValueError(
+            f"--speculative-draft-device places a draft model (STANDALONE); {algorithm} has none of its own "
+            "to place (it drafts from the text or from the target's tensors, on the target's device)"
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--speculative-draft-device {name}: CUDA is not available")
+
+
 def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     """Stage 1: device, dtypes, attention backend, grammar, model source and class; every choice
     that can be refused is refused here, before the (slow) model construction."""
@@ -154,6 +179,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
         for flag, value in (("num-steps", config.speculative_num_steps), ("eagle-topk", config.speculative_eagle_topk)):
             if value is not None and value < 1:
                 raise ValueError(f"--speculative-{flag} must be at least 1")
+        _check_draft_device(config)
         if config.speculative_eagle_topk not in (None, 1):
             raise ValueError(
                 f"--speculative-eagle-topk {config.speculative_eagle_topk}: tree drafts (several candidates a "
