@@ -2,7 +2,8 @@
 (``--speculative-draft-model-path``), SGLang's and vLLM's draft-model speculation.
 
 The draft model is one of the project's own causal-LM plugins, run on the target's device and
-dtype with a K/V cache of its own per request: contiguous buffers, grown by doubling, no pages
+dtype (or on ``--speculative-draft-device``, in fp32 on a CPU) with a K/V cache of its own per
+request: contiguous buffers, grown by doubling, no pages
 (a draft keeps a few thousand tokens per request at most). Each step re-syncs that cache to the
 request's tokens (drafts the target rejected are cut off), feeds what it has not seen, then
 decodes ``max_tokens`` greedy tokens one forward at a time.
