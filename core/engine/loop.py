@@ -39,6 +39,7 @@ from llmkit.core.engine.scheduler import ScheduledBatch
 from llmkit.core.engine.stats import EngineStats, engine_counters
 from llmkit.core.engine.warmup import warm_up
 from llmkit.core.grammar.contract import GrammarError
+from llmkit.core.own_thread import build_and_run
 from llmkit.core.parsing.reasoning import ReasoningEndScanner
 from llmkit.core.speculative.verify import verify_drafted
 
@@ -118,35 +119,20 @@ class Engine:
 
     @classmethod
     def build_and_start(cls, config: EngineConfig, build: Callable[[], Any]) -> tuple[Engine, Any]:
-        """``build()`` the parts (an ``EngineParts``) and run the engine, both on the engine thread;
-        returns ``(engine, parts)`` once built, or re-raises what the build raised.
+        """``build()`` the parts (an ``EngineParts``) and run the engine, both on the engine thread
+        (see :mod:`llmkit.core.own_thread`); returns ``(engine, parts)`` once built, or re-raises
+        what the build raised."""
 
-        One thread does all of the model's torch work because each thread that enters a parallel
-        region gets its own OpenMP team: a model loaded on the main thread and run on the engine
-        thread leaves two teams, libgomp then counts more threads than cores and stops spinning
-        between regions, and every region pays a futex wake-up. Measured: single-stream decode
-        steps 1.4-2x slower (12-14 -> 19-26 ms on the embedded model at 2 threads)."""
-        box: queue.SimpleQueue = queue.SimpleQueue()
-
-        def main() -> None:
-            try:
-                if config.num_threads:
-                    torch.set_num_threads(config.num_threads)
-                parts = build()
-                engine = cls(config, parts)
-                engine._warm_up_if_configured()  # before the server reports ready
-            except BaseException as exc:  # noqa: BLE001 (handed to the caller, which re-raises it)
-                box.put(exc)
-                return
+        def built() -> tuple[Engine, Any]:
+            if config.num_threads:
+                torch.set_num_threads(config.num_threads)
+            parts = build()
+            engine = cls(config, parts)
+            engine._warm_up_if_configured()  # before the server reports ready
             engine._thread = threading.current_thread()
-            box.put((engine, parts))
-            engine._run()
+            return engine, parts
 
-        threading.Thread(target=main, name="llmkit-engine", daemon=True).start()
-        got = box.get()
-        if isinstance(got, BaseException):
-            raise got
-        return got
+        return build_and_run("llmkit-engine", built, lambda got: got[0]._run())
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -30,17 +30,9 @@ def _save_text_model_as_qwen2(hf, path) -> None:
     import transformers
 
     t = hf.config.text_config
-    config = transformers.Qwen2Config(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_hidden_layers=t.num_hidden_layers,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        max_position_embeddings=t.max_position_embeddings,
-        rms_norm_eps=t.rms_norm_eps,
-        tie_word_embeddings=False,
-    )
+    shape = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    shape += ("num_key_value_heads", "max_position_embeddings", "rms_norm_eps")
+    config = transformers.Qwen2Config(**{k: getattr(t, k) for k in shape}, tie_word_embeddings=False)
     draft = transformers.Qwen2ForCausalLM(config)
     missing, unexpected = draft.model.load_state_dict(hf.model.language_model.state_dict(), strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
