@@ -58,6 +58,9 @@ class _Active:
     persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_persist: float = 0.0
     last_log: float = 0.0
+    # results being stored: a cancelled line's store runs on (shielded), and must land before the
+    # batch is finalized and its results deleted, or it would be left behind in the storage
+    stores: set[asyncio.Task] = field(default_factory=set)
 
 
 class BatchRunner(LeaseKeeping):
@@ -86,6 +89,7 @@ class BatchRunner(LeaseKeeping):
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight = 0  # lines handed to the executor and not yet done (for /metrics)
         self._active: dict[str, _Active] = {}
+        self._ending: set[asyncio.Task] = set()  # batches taking their final status (see _finalize)
         self.leases = BatchLeases(storage, lease_ttl, holder)
         self._maintainer: asyncio.Task | None = None
 
@@ -109,6 +113,7 @@ class BatchRunner(LeaseKeeping):
                 a.task.cancel()
         tasks = [a.task for a in self._active.values() if a.task]
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._ending, return_exceptions=True)
         self._active.clear()
 
     def line_counts(self) -> dict:
@@ -315,6 +320,7 @@ class BatchRunner(LeaseKeeping):
             if not a.exec_task.done():
                 a.exec_task.cancel()
             await asyncio.gather(a.exec_task, return_exceptions=True)
+            await asyncio.gather(*a.stores, return_exceptions=True)
         if a.record.status == "cancelling":
             return "cancelled"
         if not done:
@@ -363,10 +369,17 @@ class BatchRunner(LeaseKeeping):
         except Exception as exc:  # one bad line must not sink the batch
             log.warning("batch %s: line %d raised %s", rec.id, index, type(exc).__name__)
             result = error_line(rec.id, index, custom_id, "server_error", "The request failed inside the server.")
+        key = "completed" if result.kind == "output" else "failed"
+
+        def landed(task: asyncio.Task) -> None:  # counted once stored, even for a line cancelled meanwhile
+            a.stores.discard(task)
+            if not task.cancelled() and task.exception() is None and task.result():
+                rec.request_counts[key] += 1
+
         stored = asyncio.create_task(asyncio.to_thread(self.storage.put_result, rec.id, result))
-        if await asyncio.shield(stored):
-            key = "completed" if result.kind == "output" else "failed"
-            rec.request_counts[key] += 1
+        a.stores.add(stored)
+        stored.add_done_callback(landed)
+        await asyncio.shield(stored)  # (a storage error fails the line: the batch fails, as before)
         await self._persist(a)
         self._log_progress(a)
         if self.on_progress:
@@ -389,9 +402,18 @@ class BatchRunner(LeaseKeeping):
         await asyncio.to_thread(write_output_files, self.storage, rec)
         if not self.leases.holds(rec.id):
             return  # taken over meanwhile: the new holder finalizes, from results kept for it
+        # The final status, then the results and pinned input deleted: as one step that a stop (the
+        # server shutting down) waits for. Past the final status nothing resumes the batch, so a
+        # stop in between would leave its results in the storage for good.
+        end = asyncio.create_task(self._end(a, final))
+        self._ending.add(end)
+        end.add_done_callback(self._ending.discard)
+        await asyncio.shield(end)
+
+    async def _end(self, a: _Active, final: str) -> None:
         await self._transition(a, final)
-        await asyncio.to_thread(self._cleanup, rec)
-        rec.pinned_input_id = None
+        await asyncio.to_thread(self._cleanup, a.record)
+        a.record.pinned_input_id = None
         await self._persist(a, force=True)
 
     def _cleanup(self, rec: BatchRecord) -> None:

@@ -55,11 +55,11 @@ def counting(runs: collections.Counter, name: str, delay: float = 0.02):
     return execute
 
 
-async def finished(runner: BatchRunner, batch_id: str, timeout: float = 20.0) -> BatchRecord:
+async def finished(runner: BatchRunner, batch_id: str, timeout: float = 20.0, poll: float = 0.05) -> BatchRecord:
     deadline = time.monotonic() + timeout
     while (rec := await runner.get(batch_id)).status not in ("completed", "failed", "cancelled", "expired"):
         assert time.monotonic() < deadline, rec
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(poll)
     return rec
 
 
@@ -184,3 +184,36 @@ def test_the_holder_stops_once_its_lease_is_taken(stores):
     done = asyncio.run(asyncio.wait_for(main(), 60))
     assert done.status == "completed" and done.request_counts == {"total": 20, "completed": 20, "failed": 0}
     assert [o["custom_id"] for o in read_file(sa, done.output_file_id)] == [f"r-{i}" for i in range(20)]
+
+
+def test_a_cancelled_batch_leaves_nothing_behind_when_stopped_at_once(stores):
+    """A line's result still being stored when the batch is cancelled (the store outlives the
+    line's cancellation) lands before the batch ends: it is in the output file and counted. And a
+    runner stopped as soon as the batch reads "cancelled" (the server shutting down) still deletes
+    its results: CI once found a cancelled batch's line 0 left in the storage."""
+    sa, _ = stores
+    put_result, storing, loops = sa.put_result, asyncio.Event(), []
+
+    def slow_put_result(batch_id, result):
+        loops[0].call_soon_threadsafe(storing.set)
+        time.sleep(0.5)
+        return put_result(batch_id, result)
+
+    sa.put_result = slow_put_result
+
+    async def main():
+        loops.append(asyncio.get_running_loop())
+        a = BatchRunner(sa, counting(collections.Counter(), "a"), lease_ttl=TTL, max_in_flight=1)
+        await a.start()
+        rec = await a.create(upload(sa, jsonl(5)), "/v1/chat/completions", "24h")
+        await storing.wait()  # line 0's result is being written
+        await a.cancel(rec.id)
+        done = await finished(a, rec.id, poll=0.001)
+        await a.stop()
+        return done
+
+    done = asyncio.run(asyncio.wait_for(main(), 60))
+    assert done.status == "cancelled"
+    assert sa.result_indices(done.id) == {}
+    out = read_file(sa, done.output_file_id)
+    assert [o["custom_id"] for o in out] == ["r-0"] and done.request_counts["completed"] == 1
