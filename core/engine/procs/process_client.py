@@ -127,6 +127,7 @@ class ProcessEngineClient(QueueSlots):
         self.max_context = int(ready["max_context"])
         self.vocab_size = int(ready["vocab_size"])
         self.engine_pid = int(ready["pid"])
+        self._stats, self._stats_at = ready.get("stats", {}), time.monotonic()
         self.tokenizer = early.result(self.model_dir)
         self._reader = threading.Thread(target=self._read, name="llmkit-engine-reader", daemon=True)
         self._reader.start()

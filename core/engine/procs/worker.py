@@ -77,18 +77,6 @@ def main(argv: list[str]) -> int:
         if followers is not None:
             followers.kill()
         return 2
-    ctl.send(
-        ipc.pack(
-            "ready",
-            {
-                "max_context": parts.max_context,
-                "vocab_size": parts.vocab_size,
-                "model_dir": str(parts.model_dir),
-                "pid": os.getpid(),
-            },
-        )
-    )
-    stop = threading.Event()
     tp_info = {}
     if followers is not None:  # the ranks of this node (others report on their own node)
         tp_info = {
@@ -97,9 +85,26 @@ def main(argv: list[str]) -> int:
             + [{"rank": r, "pid": p.pid} for r, p in sorted(followers.procs.items())],
         }
 
+    def snapshot() -> dict:
+        return {**engine.stats(), "engine_pid": os.getpid(), **tp_info}
+
+    ctl.send(
+        ipc.pack(
+            "ready",
+            {
+                "max_context": parts.max_context,
+                "vocab_size": parts.vocab_size,
+                "model_dir": str(parts.model_dir),
+                "pid": os.getpid(),
+                "stats": snapshot(),  # the first stats: /get_server_info has them from the start
+            },
+        )
+    )
+    stop = threading.Event()
+
     def publish_stats() -> None:
         while not stop.wait(ipc.STATS_INTERVAL_S):
-            stats_sock.send(ipc.pack("stats", {**engine.stats(), "engine_pid": os.getpid(), **tp_info}))
+            stats_sock.send(ipc.pack("stats", snapshot()))
 
     threading.Thread(target=publish_stats, name="llmkit-engine-stats", daemon=True).start()
     ctl_lock = threading.Lock()
