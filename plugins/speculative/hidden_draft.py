@@ -67,8 +67,6 @@ class HiddenStateProposer(Proposer):
         if not isinstance(state, _DraftState) or state.first is None:
             return []
         ids = req.all_ids
-        if req.mm is not None:  # the head reads an image's tokens as its placeholder (see the class)
-            ids = as_placeholders(ids, self.image_token)
         n = req.num_computed  # features are final for positions [0, n); token n is the last one
         if n + max_tokens > self.max_position or n >= len(ids):
             return []
@@ -80,6 +78,8 @@ class HiddenStateProposer(Proposer):
             return []  # (features missing: a chunk not seen; no draft this step)
         feats = torch.stack([state.pending.pop(p) for p in positions])  # (observe keeps none below lo)
         tokens = ids[lo + 1 : n + 1]
+        if req.mm is not None:  # the head reads an image's tokens as its placeholder (see the module)
+            tokens = as_placeholders(tokens, self.image_token)
         hidden, best = self.draft_layer(feats, self._ids(tokens), self._ids(positions), kv, True)
         kv.length += len(positions)
         kv.ids.extend(tokens)
