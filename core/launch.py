@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from llmkit.core.engine.config import EngineConfig
@@ -182,18 +182,18 @@ def _embedding_model_dir(model_path: str | None, forced: bool, reranker: bool = 
 
 
 # Options of the generation engine, which an embedding or reranking model would silently ignore:
-# (config, field, its default, the flag)
+# (config, field, the flag); a field away from its dataclass default was given
 _GENERATION_ONLY = (
-    ("engine", "tp_size", 1, "--tp-size"),
-    ("engine", "dp_size", 1, "--dp-size"),
-    ("engine", "nnodes", 1, "--nnodes"),
-    ("engine", "speculative_algorithm", None, "--speculative-algorithm"),
-    ("engine", "lora_paths", (), "--lora-paths"),
-    ("engine", "enable_lora", False, "--enable-lora"),
-    ("engine", "quantization", None, "--quantization"),
-    ("server", "reasoning_parser", None, "--reasoning-parser"),
-    ("server", "tool_call_parser", None, "--tool-call-parser"),
-    ("server", "lora_dir", None, "--lora-dir"),
+    ("engine", "tp_size", "--tp-size"),
+    ("engine", "dp_size", "--dp-size"),
+    ("engine", "nnodes", "--nnodes"),
+    ("engine", "speculative_algorithm", "--speculative-algorithm"),
+    ("engine", "lora_paths", "--lora-paths"),
+    ("engine", "enable_lora", "--enable-lora"),
+    ("engine", "quantization", "--quantization"),
+    ("server", "reasoning_parser", "--reasoning-parser"),
+    ("server", "tool_call_parser", "--tool-call-parser"),
+    ("server", "lora_dir", "--lora-dir"),
 )
 
 
@@ -201,7 +201,8 @@ def _refuse_generation_options(engine_config: EngineConfig, config: ServerConfig
     """An embedding or reranking model runs in one thread of the server, whole, with no decoding:
     a flag for generation is refused rather than ignored (it would not do what was asked)."""
     configs = {"engine": engine_config, "server": config}
-    given = [flag for which, field, default, flag in _GENERATION_ONLY if getattr(configs[which], field) != default]
+    defaults = {which: {f.name: f.default for f in fields(c)} for which, c in configs.items()}
+    given = [flag for which, name, flag in _GENERATION_ONLY if getattr(configs[which], name) != defaults[which][name]]
     if engine_config.quantization == "none":  # asks for nothing
         given.remove("--quantization")
     if given:
