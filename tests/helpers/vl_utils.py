@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from pathlib import Path
 
@@ -43,6 +45,18 @@ CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def png_b64(im) -> str:
+    """A ``PIL.Image`` as base64 PNG bytes (Anthropic's bare base64 sources)."""
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def data_url(im) -> str:
+    """A ``PIL.Image`` as a PNG ``data:`` URL (an OpenAI ``image_url``)."""
+    return "data:image/png;base64," + png_b64(im)
 
 
 def tiny_qwen2_5_vl_config():

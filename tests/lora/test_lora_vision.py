@@ -5,8 +5,6 @@ model's without it. An adapter of the vision encoder is refused, naming it."""
 
 from __future__ import annotations
 
-import io
-
 import httpx
 import openai
 import pytest
@@ -15,7 +13,7 @@ from PIL import Image
 
 from gemma3_utils import save_tiny_gemma3
 from server_utils import start_server, stop_server
-from vl_utils import IMAGE_TOKEN_ID, save_tiny_qwen2_5_vl
+from vl_utils import IMAGE_TOKEN_ID, data_url, save_tiny_qwen2_5_vl
 
 pytestmark = pytest.mark.slow  # a server of a tiny vision-language model
 
@@ -64,8 +62,6 @@ BUILDERS = {"qwen2_5_vl": save_tiny_qwen2_5_vl, "gemma3": save_tiny_gemma3}
 
 @pytest.mark.parametrize("family", BUILDERS)
 def test_a_language_model_adapter_serves_image_requests(tmp_path, family):
-    import base64
-
     from transformers import AutoTokenizer
 
     build = BUILDERS[family]
@@ -82,12 +78,7 @@ def test_a_language_model_adapter_serves_image_requests(tmp_path, family):
     proc, url = start_server(["--model-path", str(tmp_path / "vl"), "--lora-paths", f"text={tmp_path / 'text'}"])
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
-        buf = io.BytesIO()
-        PICTURE.save(buf, "PNG")
-        image = {
-            "type": "image_url",
-            "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()},
-        }
+        image = {"type": "image_url", "image_url": {"url": data_url(PICTURE)}}
         messages = [{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}]
         extra = {"ignore_eos": True, "skip_special_tokens": False}
         for model, tokens in (("text", want), ("m", base)):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import http.server
-import io
 import json
 import threading
 import time
@@ -18,6 +17,7 @@ import pytest
 from PIL import Image
 
 from server_utils import start_server, stop_server
+from vl_utils import data_url, png_b64
 
 FAMILIES = []
 try:
@@ -38,16 +38,6 @@ except ImportError:  # pragma: no cover
 def image(w: int, h: int, seed: int) -> Image.Image:
     data = bytes((i * (31 + seed) + seed * 97) % 251 for i in range(w * h * 3))
     return Image.frombytes("RGB", (w, h), data)
-
-
-def png_b64(im: Image.Image) -> str:
-    buf = io.BytesIO()
-    im.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def data_url(im: Image.Image) -> str:
-    return "data:image/png;base64," + png_b64(im)
 
 
 RED, BLUE, WIDE = image(56, 56, 1), image(56, 56, 2), image(112, 56, 3)

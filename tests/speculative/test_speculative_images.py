@@ -9,9 +9,6 @@ pseudo-ids have no row in an embedding (before, an image request under STANDALON
 
 from __future__ import annotations
 
-import base64
-import io
-
 import httpx
 import numpy as np
 import openai
@@ -21,7 +18,7 @@ from eagle_heads import head_tensors, save_head
 from PIL import Image
 
 from server_utils import start_server, stop_server
-from vl_utils import save_tiny_qwen2_5_vl
+from vl_utils import data_url, save_tiny_qwen2_5_vl
 
 pytestmark = pytest.mark.slow  # two servers of a tiny vision-language model
 
@@ -41,11 +38,8 @@ def _save_text_model_as_qwen2(hf, path) -> None:
     draft.save_pretrained(str(path), safe_serialization=True)
 
 
-def _data_url(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 255, (56, 84, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+def _picture(seed: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (56, 84, 3), dtype=np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +57,7 @@ def _answers(url: str) -> list[str]:
     for seed in (1, 2):
         content = [
             {"type": "text", "text": "Say what is in the picture:"},
-            {"type": "image_url", "image_url": {"url": _data_url(seed)}},
+            {"type": "image_url", "image_url": {"url": data_url(_picture(seed))}},
             {"type": "text", "text": "and repeat this: abc abc abc"},
         ]
         r = client.chat.completions.create(
