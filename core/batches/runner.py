@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
-import json
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable
 
 from llmkit.core.batches.leases import BatchLeases, LeaseKeeping
-from llmkit.core.batches.lines import error_line, output_line, write_output_files
+from llmkit.core.batches.line_execution import LineExecution
+from llmkit.core.batches.lines import write_output_files
 from llmkit.core.batches.storage import (
     TERMINAL_STATUSES,
     BatchRecord,
@@ -35,7 +34,7 @@ from llmkit.core.batches.storage import (
     new_batch_id,
     new_file_id,
 )
-from llmkit.core.batches.validation import BatchValidator, BodyValidator, iter_lines
+from llmkit.core.batches.validation import BatchValidator, BodyValidator
 
 Executor = Callable[[str, dict], Awaitable[tuple[int, dict]]]
 """``await execute(endpoint, body) -> (status_code, json_body)``, the same body the HTTP endpoint
@@ -63,7 +62,7 @@ class _Active:
     stores: set[asyncio.Task] = field(default_factory=set)
 
 
-class BatchRunner(LeaseKeeping):
+class BatchRunner(LeaseKeeping, LineExecution):
     """Owns every running batch. Create one per app; ``await start()`` on startup, ``stop()`` on
     shutdown. ``max_in_flight`` bounds the lines of all batches handed to the engine at once."""
 
@@ -310,90 +309,6 @@ class BatchRunner(LeaseKeeping):
         await self._transition(a, "in_progress", model=validator.model)
         return True
 
-    async def _execute_until_done(self, a: _Active) -> str:
-        """Run the lines until all are done, the batch is cancelled, or its window passes."""
-        a.exec_task = asyncio.create_task(self._execute(a))
-        try:
-            remaining = max(0.0, a.record.expires_at - time.time())
-            done, _ = await asyncio.wait({a.exec_task}, timeout=remaining)
-        finally:
-            if not a.exec_task.done():
-                a.exec_task.cancel()
-            await asyncio.gather(a.exec_task, return_exceptions=True)
-            await asyncio.gather(*a.stores, return_exceptions=True)
-        if a.record.status == "cancelling":
-            return "cancelled"
-        if not done:
-            log.info("batch %s: completion window passed", a.record.id)
-            return "expired"
-        a.exec_task.result()  # re-raise an internal error
-        return "completed"
-
-    async def _execute(self, a: _Active) -> None:
-        rec = a.record
-        finished = await asyncio.to_thread(self.storage.result_indices, rec.id)
-        kinds = list(finished.values())
-        rec.request_counts.update(completed=kinds.count("output"), failed=kinds.count("error"))
-        in_flight: set[asyncio.Task] = set()
-        try:
-            async for index, raw in _aiter(iter_lines(self.storage.read_blob(rec.pinned_input_id))):
-                if rec.status != "in_progress":
-                    break  # cancelled before this task could be
-                if index in finished:
-                    continue
-                await self._slots.acquire()
-                task = asyncio.create_task(self._run_line(a, index, raw))
-                in_flight.add(task)
-                self._in_flight += 1
-                task.add_done_callback(in_flight.discard)
-                task.add_done_callback(lambda _t: self._slots.release())
-                task.add_done_callback(self._line_done)
-            await asyncio.gather(*in_flight)
-        finally:
-            for task in in_flight:
-                task.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
-
-    def _line_done(self, _task) -> None:
-        self._in_flight -= 1
-
-    async def _run_line(self, a: _Active, index: int, raw: bytes) -> None:
-        rec = a.record
-        obj = json.loads(raw)
-        custom_id = obj["custom_id"]
-        try:
-            status, body = await self.execute(rec.endpoint, obj["body"])
-            result = output_line(rec.id, index, custom_id, status, body)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # one bad line must not sink the batch
-            log.warning("batch %s: line %d raised %s", rec.id, index, type(exc).__name__)
-            result = error_line(rec.id, index, custom_id, "server_error", "The request failed inside the server.")
-        key = "completed" if result.kind == "output" else "failed"
-
-        def landed(task: asyncio.Task) -> None:  # counted once stored, even for a line cancelled meanwhile
-            a.stores.discard(task)
-            if not task.cancelled() and task.exception() is None and task.result():
-                rec.request_counts[key] += 1
-
-        stored = asyncio.create_task(asyncio.to_thread(self.storage.put_result, rec.id, result))
-        a.stores.add(stored)
-        stored.add_done_callback(landed)
-        await asyncio.shield(stored)  # (a storage error fails the line: the batch fails, as before)
-        await self._persist(a)
-        self._log_progress(a)
-        if self.on_progress:
-            self.on_progress(copy.deepcopy(rec))
-
-    def _log_progress(self, a: _Active) -> None:
-        now = time.monotonic()
-        if now - a.last_log >= self.log_interval:
-            a.last_log = now
-            c = a.record.request_counts
-            log.info(
-                "batch %s: %d/%d done (%d failed)", a.record.id, c["completed"] + c["failed"], c["total"], c["failed"]
-            )
-
     async def _finalize(self, a: _Active, final: str) -> None:
         rec = a.record
         if rec.pending_output_file_id is None:
@@ -421,11 +336,3 @@ class BatchRunner(LeaseKeeping):
         if rec.pinned_input_id:
             self.storage.delete_blob(rec.pinned_input_id)
         self.leases.forget_cancel(rec.id)
-
-
-async def _aiter(items: Iterable, batch: int = 256):
-    """Iterate a blocking iterator from worker threads, ``batch`` items per hop."""
-    it = iter(items)
-    while chunk := await asyncio.to_thread(lambda: list(itertools.islice(it, batch))):
-        for item in chunk:
-            yield item
