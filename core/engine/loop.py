@@ -30,17 +30,16 @@ from typing import Any, Callable
 
 import torch
 
+from llmkit.core.engine.admission import admit
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.messages import GenerateRequest, RequestOutput
 from llmkit.core.engine.output import OutputProcessor, Sink, step_failure
 from llmkit.core.engine.request import Request, Status, TokenLogprob
-from llmkit.core.engine.sampler import PendingSample, Sampler, make_generator
+from llmkit.core.engine.sampler import PendingSample, Sampler
 from llmkit.core.engine.scheduler import ScheduledBatch
+from llmkit.core.engine.stages.warmup import warm_up
 from llmkit.core.engine.stats import EngineStats, engine_counters
-from llmkit.core.engine.warmup import warm_up
-from llmkit.core.grammar.contract import GrammarError
 from llmkit.core.own_thread import build_and_run
-from llmkit.core.parsing.reasoning import ReasoningEndScanner
 from llmkit.core.speculative.verify import verify_drafted
 
 log = logging.getLogger("llmkit")
@@ -195,49 +194,8 @@ class Engine:
                 self.scheduler.abort(a)
                 self.output.emit(stream, final=True)
 
-    def _refusal(self, msg: GenerateRequest) -> str | None:
-        """Why ``msg`` cannot join a batch, checked before it does: a request the forward cannot
-        take would otherwise fail the whole step, and every request batched with it."""
-        ids = msg.prompt_ids
-        if len(ids) == 0:
-            return "the prompt has no tokens"
-        if msg.lora is not None and (self.runner.lora is None or self.runner.lora.get(msg.lora) is None):
-            return f"the LoRA adapter '{msg.lora}' is not loaded"
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            return f"prompt token ids must be in [0, {self.vocab_size})"
-        if msg.mm is not None:
-            if self.runner.encoder is None:
-                return "this model does not take images"
-            if msg.return_prompt_logprobs:  # an image's tokens have no logprob to report
-                return "prompt logprobs are not served for prompts with images"
-            if any(off < 0 or off + n > len(ids) for off, n in msg.mm.spans):
-                return "an image's tokens lie outside the prompt"
-        return None
-
     def _add(self, msg: GenerateRequest, sink: Sink) -> None:
-        req = Request.from_message(msg, self.eos_token_ids)
-        refusal = self._refusal(msg)
-        if refusal is None and msg.lora is not None:
-            req.lora = self.runner.lora.get(msg.lora)
-        if refusal is not None:  # the server checks this first; this is a backstop for any client
-            self.output.open(req, sink)
-            req.status, req.finish_reason = Status.FINISHED, "abort"
-            return self.output.fail(req.rid, refusal)
-        if not req.params.greedy:
-            req.generator = make_generator(req.params.seed, self.runner.device)
-        self.output.open(req, sink)
-        if msg.grammar is not None:
-            try:
-                req.grammar = self._compile(msg.grammar).new_matcher()
-            except GrammarError as exc:  # the server checks constraints first; this is a backstop
-                req.status, req.finish_reason = Status.FINISHED, "abort"
-                return self.output.fail(req.rid, f"{exc.param}: {exc.message}")
-            if msg.grammar_after:
-                req.reasoning_end = ReasoningEndScanner(msg.grammar_after)
-        self.scheduler.add(req)
-
-    def _compile(self, spec):
-        return self.grammar.compile(spec)  # a cache hit: the client compiled it before submitting
+        admit(self, msg, sink)
 
     def _release(self, req: Request, reason: str, matched) -> None:
         """The output processor ended ``req``: give its KV pages back."""

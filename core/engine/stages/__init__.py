@@ -1,2 +1,3 @@
 """The stages of building an engine that :mod:`llmkit.core.engine.builder` runs in order, and the
-one every process runs once it is built (:mod:`.startup_gc`)."""
+ones that follow once it is built: every process's :mod:`.startup_gc`, and the engine's
+:mod:`.warmup` through its captured paths before it serves."""
