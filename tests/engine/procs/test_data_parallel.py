@@ -145,10 +145,14 @@ def test_killed_replica_fails_its_clients_and_is_restarted(model_dir):
     args = ["--model-path", model_dir, "--dp-size", "2", "--max-running-requests", "1"]
     proc, url = start_server([*args, *COMMON])
     try:
-        clients = LongStreams(url, 8)  # one running per replica and a queue behind it: both busy
+        clients = LongStreams(url, 12)  # one running per replica and a queue behind it: both busy
         assert clients.started.wait(60)
-        busy = max(_replicas(url), key=lambda r: r["outstanding"])
-        assert busy["outstanding"] > 0
+        # The streams connect one by one (threads) and each lasts under a second: one read of the
+        # counts could fall between two of a replica's streams (it saw 0 once), so read again
+        deadline = time.monotonic() + 10
+        while (busy := max(_replicas(url), key=lambda r: r["outstanding"]))["outstanding"] < 1:
+            assert time.monotonic() < deadline, "no replica had a request outstanding"
+            time.sleep(0.02)
         rank, pid = busy["rank"], busy["pid"]
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
