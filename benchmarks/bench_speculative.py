@@ -1,7 +1,7 @@
 """Speculative decoding against plain decoding, single stream, greedy, measured in one run.
 
     python benchmarks/bench_speculative.py [--algorithm NGRAM] [--draft-tokens 4] [--max-tokens 128]
-        [--rounds 2] [--model-path PATH] [--json FILE]
+        [--rounds 2] [--topk K] [--model-path PATH] [--json FILE]
 
 One in-process engine with ``--speculative-algorithm``, built and run on its own thread as the
 server runs it, takes the prompts of ``benchmarks/data/speculative_prompts.json`` one at a time,
@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ngram-min-match", type=int, default=None, help="--speculative-ngram-min-match-window-size")
     ap.add_argument("--ngram-max-match", type=int, default=None, help="--speculative-ngram-max-match-window-size")
+    ap.add_argument("--topk", type=int, default=None, help="--speculative-eagle-topk (above 1: tree drafts)")
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -84,6 +85,8 @@ def main() -> None:
         window["speculative_ngram_min_match_window_size"] = args.ngram_min_match
     if args.ngram_max_match is not None:
         window["speculative_ngram_max_match_window_size"] = args.ngram_max_match
+    if args.topk is not None:
+        window["speculative_eagle_topk"] = args.topk
     spec = _engine(
         args.model_path, speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.draft_tokens, **window
     )

@@ -39,7 +39,8 @@ SPECULATIVE_OPTIONS = panel(
         Optional[int],
         None,
         to="engine",
-        help="SGLang's candidates per draft step: 1 (one chain) only; tree drafts are not supported yet.",
+        help="SGLang's candidates per draft step: 1 (one chain), or more for a tree of candidates verified "
+        "in one forward (NGRAM; at most --speculative-num-draft-tokens nodes, --speculative-num-steps deep).",
     ),
     ServeOption(
         ("--speculative-draft-model-path",),

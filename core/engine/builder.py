@@ -199,6 +199,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
             {
                 "min_match": config.speculative_ngram_min_match_window_size,
                 "max_match": config.speculative_ngram_max_match_window_size,
+                "topk": config.speculative_eagle_topk,
                 "draft_model_path": config.speculative_draft_model_path,
                 "device": str(draft),
                 # a draft model moved to the CPU computes in fp32 (bf16 math is slow there)
@@ -208,6 +209,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
                 "target_model_path": str(plan.model_dir),
                 "target_vocab": target_vocab,
             },
+            max_nodes=config.speculative_num_draft_tokens,  # (a tree's; its depth as a chain's length)
         )
     # the optional arguments only where a model needs them (backends without the features never get them)
     extra = {"scale": model.attention_scale} if getattr(model, "attention_scale", None) else {}

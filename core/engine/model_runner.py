@@ -15,6 +15,7 @@ from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.speculative.features import FeatureCapture
+from llmkit.core.speculative.tree import DraftTree
 
 
 @dataclass
@@ -60,7 +61,7 @@ class ModelRunner:
             if inp is not None:
                 return inp
         ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding = [], [], [], [], [], [], [], []
-        seg_rows, has_mm = [], False
+        seg_rows, has_mm, loras, tree_keys = [], False, [], []
         prev = {id(r): i for i, r in enumerate(chained)} if chained else {}
         from_prev: list[tuple[int, int]] = []
         for s in batch.segments:
@@ -73,20 +74,24 @@ class ModelRunner:
             else:
                 ids.extend(s.req.token_slice(s.start, s.start + s.length - len(s.draft)))
             ids.extend(s.draft)
-            pos.extend(range(s.start, s.start + s.length))
-            q_lens.append(s.length)
-            kv_lens.append(s.start + s.length)
-            rows.append(s.req.req_pool_idx)
-            decoding.append(int(s.length == 1 and s.start >= len(s.req.prompt_ids)))
+            if s.tree is not None:  # the root and every node a one-row sequence (see core/speculative/tree.py)
+                _tree_rows(s, len(q_lens), pos, q_lens, kv_lens, rows, decoding, tree_keys)
+                loras.extend([s.req.lora] * (1 + len(s.draft)))
+            else:
+                pos.extend(range(s.start, s.start + s.length))
+                q_lens.append(s.length)
+                kv_lens.append(s.start + s.length)
+                rows.append(s.req.req_pool_idx)
+                decoding.append(int(s.length == 1 and s.start >= len(s.req.prompt_ids)))
+                loras.append(s.req.lora)
             if s.samples:  # a draft's rows too: each scores the token after it
                 sample_rows.extend(range(len(ids) - 1 - len(s.draft), len(ids)))
             if s.req.needs_prompt_logits:
                 prompt_ranges.append((start, len(ids)))
         inp = StepInputs(ids, pos, q_lens, kv_lens, rows, sample_rows, prompt_ranges, decoding, from_prev)
-        if self.lora is not None:
-            loras = [s.req.lora for s in batch.segments]
-            if any(a is not None for a in loras):
-                inp.loras = loras
+        inp.tree_keys = tree_keys
+        if self.lora is not None and any(a is not None for a in loras):
+            inp.loras = loras  # (per sequence)
         if has_mm:
             from llmkit.core.multimodal.step_rows import plan_images
 
@@ -178,6 +183,8 @@ class ModelRunner:
         sample_idx = up.pop() if sampled else None
         input_ids, positions, rows_t, kv_lens_t, q_start_t, q_lens_t = up
         table = self.req_pool.table
+        if inp.tree_keys:  # each node's own slot list: a table of the step's sequences
+            table, rows_t, rows = _tree_table(table, rows_t, inp)
         if decode:
             out_slots = table[rows_t, positions]
         else:
@@ -214,7 +221,8 @@ class ModelRunner:
             mm = self.encoder.forward_inputs(inp.images, inp.rope, len(inp.ids), self.device)
         lora = bool(inp.loras) and self.lora.activate(inp.loras, inp.q_lens, self.device)
         capture = FeatureCapture(self.features[0]) if self.features is not None else None
-        if not lora and mm is None and capture is None and self.graphs is not None and self.graphs.can_run(md):
+        graphed = not lora and mm is None and capture is None and not inp.tree_keys and self.graphs is not None
+        if graphed and self.graphs.can_run(md):
             hidden = self.graphs.replay(input_ids, positions, md)
         else:
             md = self.attn.prepare_metadata(md)
@@ -291,3 +299,40 @@ class ModelRunner:
         if self.broadcaster is not None:
             self.broadcaster.stop()
             self.broadcaster = None
+
+
+def _tree_rows(s, first_seq: int, pos, q_lens, kv_lens, rows, decoding, tree_keys) -> None:
+    """A tree segment's rows as one-row sequences: the root at its position ``p0``, node ``i`` at
+    ``p0 + depth(i)`` over its request's slots up to ``p0`` and its path's (node ``j``'s slot is at
+    the request's column ``p0 + 1 + j``)."""
+    tree = DraftTree(tuple(s.draft), s.tree)
+    p0, row = s.start, s.req.req_pool_idx
+    pos.append(p0)
+    q_lens.append(1)
+    kv_lens.append(p0 + 1)
+    rows.append(row)
+    decoding.append(1)
+    for i, depth in enumerate(tree.depths()):
+        pos.append(p0 + depth)
+        q_lens.append(1)
+        kv_lens.append(p0 + depth + 1)
+        rows.append(row)
+        decoding.append(1)
+        tree_keys.append((first_seq + 1 + i, p0 + 1, [p0 + 1 + j for j in tree.path(i)]))
+
+
+def _tree_table(table: torch.Tensor, rows_t: torch.Tensor, inp: StepInputs):
+    """A slot table with a row per sequence of the step (its request's row, the tree nodes' with
+    their paths' slots), the rows indexing it, and their host copy."""
+    width = max(inp.kv_lens)
+    local = table.index_select(0, rows_t)[:, :width].clone()
+    seq, col, src = [], [], []
+    for v, first, cols in inp.tree_keys:
+        seq.extend([v] * len(cols))
+        col.extend(range(first, first + len(cols)))
+        src.extend(cols)
+    dev = table.device
+    seq_t, src_t = torch.tensor(seq, device=dev), torch.tensor(src, device=dev)
+    local[seq_t, torch.tensor(col, device=dev)] = table[rows_t.index_select(0, seq_t), src_t]
+    n = len(inp.rows)
+    return local, torch.arange(n, device=dev), list(range(n))

@@ -20,6 +20,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.request import Request, Status
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import PrefixCache
+from llmkit.core.speculative.tree import DraftTree
 
 
 @dataclass(slots=True)
@@ -31,6 +32,9 @@ class Segment:
     # of the 1 + len(draft) rows is sampled, the first rejected draft token ending the run). Never
     # mutated: the default is one shared empty tuple, not a new list per segment per step.
     draft: list[int] | tuple[()] = ()
+    # A tree draft: each draft token's parent (-1: the sequence's last token; see
+    # core/speculative/tree.py); None: the draft is a chain
+    tree: tuple[int, ...] | None = None
 
     @property
     def samples(self) -> bool:
@@ -239,6 +243,9 @@ class Scheduler:
             if length <= 0:
                 continue
             draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
+            tree = None
+            if isinstance(draft, DraftTree):
+                draft, tree = list(draft.tokens), draft.parents
             length += len(draft)
             while not self._assign_slots(req, req.num_computed + length):
                 victim = self._pick_victim(exclude=req)
@@ -248,7 +255,7 @@ class Scheduler:
                 self.preempt(victim)
                 segments = [s for s in segments if s.req is not victim]
             if length:
-                segments.append(Segment(req, req.num_computed, length, draft))
+                segments.append(Segment(req, req.num_computed, length, draft, tree))
                 budget -= length
         return segments, budget
 

@@ -98,6 +98,10 @@ class StepInputs:
     images: list = field(default_factory=list)
     rope: list | None = None
     bidirectional: list = field(default_factory=list)
+    # Tree drafts (rank 0 alone: not served under tensor parallelism): each node is a sequence of
+    # its own whose slot list is its request's with columns ``first ..`` taken from the request's
+    # columns ``cols`` (its ancestors' and its own slots), as ``(sequence, first, cols)``
+    tree_keys: list = field(default_factory=list)
 
 
 class StepBroadcaster:

@@ -21,6 +21,8 @@ backend lacks, at start-up):
 - ``latent_kv``: ``v`` is None and the values are the first ``v_head_dim`` channels of the keys
   (the pool keeps no V buffers). MLA's absorbed form is MQA over one cached latent per token
   (``kv_lora_rank + qk_rope_head_dim`` channels), its values the ``kv_lora_rank`` ones.
+- ``token_slots``: every key is read through its own ``req_to_token`` entry, so a sequence's slots
+  need not fill its pages in order (tree drafts give each node its path's slots).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ SLIDING_WINDOW = "sliding_window"
 SINKS = "sinks"
 LATENT_KV = "latent_kv"
 BIDIRECTIONAL_SPANS = "bidirectional_spans"
-ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV, BIDIRECTIONAL_SPANS)
+TOKEN_SLOTS = "token_slots"
+ATTENTION_FEATURES = (SLIDING_WINDOW, SINKS, LATENT_KV, BIDIRECTIONAL_SPANS, TOKEN_SLOTS)
 
 if TYPE_CHECKING:
     from llmkit.core.kvcache.kv_pool import KVCachePool
@@ -160,7 +163,8 @@ class AttentionBackend(ABC):
         missing = sorted(set(needed) - set(cls.features))
         if missing:
             raise ValueError(
-                f"attention backend '{name}' does not implement {', '.join(missing)}, which this model needs; "
+                f"attention backend '{name}' does not implement {', '.join(missing)}, which this model (or "
+                "--speculative-eagle-topk above 1: token_slots) needs; "
                 "use --attention torch"
             )
 

@@ -22,6 +22,9 @@ class Proposer(ABC):
     # True: it may run on another device than the target's (``--speculative-draft-device``): it
     # reads token ids only, never the target's tensors
     runs_on_any_device = False
+    # True: under ``--speculative-eagle-topk K`` above 1 (its ``topk`` option) it may return a
+    # :class:`~llmkit.core.speculative.tree.DraftTree` of up to K candidates instead of a chain
+    drafts_trees = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -29,7 +32,8 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, req, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` token ids that may follow ``req.all_ids`` (fewer, or none, when
-        the proposer has no good guess: an empty draft decodes one token as usual)."""
+        the proposer has no good guess: an empty draft decodes one token as usual); a proposer
+        that :attr:`drafts_trees` may return a ``DraftTree`` at most ``max_tokens`` deep."""
 
     def release(self, req) -> None:
         """``req`` ended: drop what was kept for it (the default keeps it on the request)."""

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from llmkit.core.speculative.contract import Proposer
+from llmkit.core.speculative.tree import DraftTree
 
 log = logging.getLogger("llmkit")
 
@@ -46,18 +47,22 @@ class SpecStats:
 
 
 class Speculator:
-    def __init__(self, name: str, proposer: Proposer, num_draft_tokens: int, max_context: int) -> None:
+    def __init__(
+        self, name: str, proposer: Proposer, num_draft_tokens: int, max_context: int, max_nodes: int | None = None
+    ) -> None:
         self.name = name
         self.proposer = proposer
-        self.num_draft_tokens = num_draft_tokens
+        self.num_draft_tokens = num_draft_tokens  # a chain's most tokens, a tree's most depth
+        self.max_nodes = max_nodes or num_draft_tokens  # a tree's most nodes
         self.max_context = max_context
         self.stats = SpecStats()
         self._misses: dict[str, int] = {}  # rid -> drafts rejected in a row
         self._skip: dict[str, int] = {}  # rid -> steps left without drafts
         self._length: dict[str, int] = {}  # rid -> its draft length now (absent: the most)
 
-    def draft(self, req) -> list[int]:
-        """The draft tokens ``req`` decodes with this step (empty: a plain decode step)."""
+    def draft(self, req) -> list[int] | DraftTree:
+        """The draft tokens ``req`` decodes with this step (empty: a plain decode step), or a tree
+        of them (a proposer that drafts trees, never for a request with images)."""
         if req.needs_prompt_logits:  # its logits rows are the prompt's only
             return []
         skip = self._skip.get(req.rid, 0)
@@ -73,7 +78,15 @@ class Speculator:
         )
         if room <= 0:
             return []
-        draft = list(self.proposer.propose(req, room))[:room]
+        draft = self.proposer.propose(req, room)
+        if isinstance(draft, DraftTree):
+            # each node takes a slot after the sequence's end: all within the context
+            draft = draft.truncated(min(self.max_nodes, self.max_context - req.seq_len - 1), room)
+            if req.mm is not None or draft.is_chain():  # (images: chains only, see below)
+                draft = list(draft.tokens[: next((i for i, p in enumerate(draft.parents) if p != i - 1), len(draft))])
+            else:
+                return draft
+        draft = list(draft)[:room]
         if req.mm is not None:  # a copy of the prompt may reach an image's pseudo-ids: stop before
             from llmkit.core.multimodal.items import PSEUDO_BASE
 
@@ -106,7 +119,7 @@ class Speculator:
 
 
 def build_speculator(
-    algorithm: str | None, num_draft_tokens: int, max_context: int, options: dict
+    algorithm: str | None, num_draft_tokens: int, max_context: int, options: dict, max_nodes: int | None = None
 ) -> Speculator | None:
     """The speculator ``--speculative-algorithm`` names (None: speculation off)."""
     if not algorithm:
@@ -115,4 +128,4 @@ def build_speculator(
 
     proposer = registry().speculative_algorithm(algorithm)(**options)
     log.info("speculative decoding: %s, up to %d draft tokens a step", algorithm, num_draft_tokens)
-    return Speculator(algorithm, proposer, num_draft_tokens, max_context)
+    return Speculator(algorithm, proposer, num_draft_tokens, max_context, max_nodes)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
+from llmkit.core.speculative.tree import DraftTree
+
 
 def verify_drafted(engine, segs: list, logits) -> tuple[int, list, object]:
     """Verify the drafted ones among a step's sampling segments (each scored by 1 + K rows of
@@ -20,23 +24,45 @@ def verify_draft(engine, seg, logits) -> int:
     would (penalties, grammar and stop checks see the tokens kept so far), keeping draft tokens
     while they equal what was sampled: row j scores the token after draft token j, so sampling it
     is exact whatever the draft was, and a seeded request draws exactly as it would without one.
+    A tree's rows are walked from the root: the sampled token picks the child that carries it.
     ``engine`` is the :class:`~llmkit.core.engine.loop.Engine`. Returns the tokens emitted."""
     req, draft = seg.req, seg.draft
+    tree = None if seg.tree is None else DraftTree(tuple(draft), seg.tree)
     req.inflight = False
     base = seg.start + 1  # K/V are in the pool up to here; each kept draft token adds one
     emitted = accepted = 0
-    for j in range(len(draft) + 1):
+    node = -1  # the row sampled next: node + 1 (the root's row first)
+    while True:
         if engine.output.get(req.rid) is None:
-            break  # ended: a stop, max_tokens, an abort
-        req.num_computed = base + j  # so a request ending here caches exactly its valid K/V
-        tokens, lps = engine.sampler.sample(logits[j : j + 1], [req])
+            break  # ended: an abort
+        req.num_computed = base + accepted  # so a request ending here caches exactly its valid K/V
+        tokens, lps = engine.sampler.sample(logits[node + 1 : node + 2], [req])
         if 0 in engine.sampler.failed:
             engine._fail(req, engine.sampler.failed[0])
             break
         engine.output.guarded(req, engine._append_token, req, tokens[0], lps[0])
         emitted += 1
-        if j == len(draft) or tokens[0] != draft[j]:
+        if engine.output.get(req.rid) is None:
+            break  # that token ended it
+        if tree is None:
+            nxt = node + 1 if node + 1 < len(draft) and tokens[0] == draft[node + 1] else None
+        else:
+            nxt = tree.child(node, tokens[0])
+        if nxt is None:
             break
         accepted += 1
+        if nxt != accepted - 1:  # a tree node off the main chain: its K/V to the position it now holds
+            _move_kv(engine.runner, req.req_pool_idx, seg.start + 1 + nxt, seg.start + accepted)
+        node = nxt
     engine.speculator.record(req, len(draft), accepted)
     return emitted
+
+
+def _move_kv(runner, row: int, src: int, dst: int) -> None:
+    """Copy the K/V of the token at column ``src`` of slot-table row ``row`` to the slot of column
+    ``dst``, in every layer."""
+    slots = runner.req_pool.host[row, [src, dst]].to(runner.pool.k_buffers[0].device)  # (host: no device sync)
+    s, d = slots[0:1], slots[1:2]
+    for buf in runner.pool.k_buffers + runner.pool.v_buffers:
+        raw = buf.view(torch.uint8)  # (any pool dtype, fp8 included)
+        raw.index_copy_(0, d, raw.index_select(0, s))

@@ -45,6 +45,7 @@ from llmkit.core.model.attention import (
     LATENT_KV,
     SINKS,
     SLIDING_WINDOW,
+    TOKEN_SLOTS,
     AttentionBackend,
     AttentionMetadata,
 )
@@ -63,7 +64,7 @@ from llmkit.plugins.attention.torch_attention_ops import (
 
 
 class TorchAttentionBackend(AttentionBackend):
-    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV, BIDIRECTIONAL_SPANS})
+    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV, BIDIRECTIONAL_SPANS, TOKEN_SLOTS})
 
     @classmethod
     def kv_cache_dtype_support(cls, dtype: torch.dtype, device: torch.device) -> str | None:

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from llmkit.core.model.attention import LATENT_KV, SINKS, SLIDING_WINDOW, AttentionBackend, AttentionMetadata
+from llmkit.core.model.attention import (
+    LATENT_KV,
+    SINKS,
+    SLIDING_WINDOW,
+    TOKEN_SLOTS,
+    AttentionBackend,
+    AttentionMetadata,
+)
 from llmkit.core.model.layers import FUSED_ON_CUDA  # (imports no triton)
 
 INTERPRET_ENV = "LLMKIT_TRITON_INTERPRET"
@@ -49,7 +56,7 @@ class _Plan:
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels; CUDA graphs for decode on CUDA devices."""
 
-    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV})
+    features = frozenset({SLIDING_WINDOW, SINKS, LATENT_KV, TOKEN_SLOTS})
     #: upper bound on the split-K chunks per decode sequence
     max_kv_splits: int = 16
 

@@ -1,5 +1,5 @@
-"""Everything the API offers works the same under ``--speculative-algorithm NGRAM``: a server with
-speculation answers exactly what the default server answers (greedy and seeded), streamed or not,
+"""Everything the API offers works the same under ``--speculative-algorithm NGRAM``, chains and trees
+(``--speculative-eagle-topk 3``): a server with speculation answers exactly what the default server answers (greedy and seeded), streamed or not,
 with stop strings inside accepted runs, max_tokens, logprobs, n > 1, a regex constraint, the
 Responses and Anthropic routes; and it reports its acceptance in /metrics and the decode log."""
 
@@ -17,9 +17,14 @@ COPY = [{"role": "user", "content": f"Repeat this code exactly:\n{CODE}"}]
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
 
-@pytest.fixture(scope="module")
-def spec():
-    proc, url = start_server(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"])
+TREE = ["--speculative-eagle-topk", "3", "--speculative-ngram-min-match-window-size", "1"]
+
+
+@pytest.fixture(scope="module", params=[[], TREE], ids=["chain", "tree"])
+def spec(request):
+    proc, url = start_server(
+        ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5", *request.param]
+    )
     try:
         yield proc, url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
     finally:

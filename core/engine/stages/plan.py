@@ -13,6 +13,7 @@ import torch
 
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.kvcache.kv_pool import resolve_kv_cache_dtype
+from llmkit.core.model.attention import TOKEN_SLOTS
 from llmkit.core.model.loader.int4_checkpoints import quant_method
 from llmkit.core.model.loader.source import gguf_path_of, load_config, resolve_model_dir
 from llmkit.core.plugins import PluginError, registry
@@ -141,6 +142,21 @@ def draft_device(config: EngineConfig, target: torch.device) -> torch.device:
     return torch.device(config.speculative_draft_device) if config.speculative_draft_device else target
 
 
+def _check_tree_drafts(config: EngineConfig) -> None:
+    """``--speculative-eagle-topk`` above 1: a tree of candidates a step, from a proposer that drafts
+    trees, on one rank (the tree's rows are not on the tensor-parallel wire)."""
+    topk, algorithm = config.speculative_eagle_topk, config.speculative_algorithm
+    if topk in (None, 1):
+        return
+    if not getattr(registry().speculative_algorithm(algorithm), "drafts_trees", False):
+        raise ValueError(
+            f"--speculative-eagle-topk {topk}: {algorithm} drafts one chain; tree drafts (several "
+            "candidates a step) come from NGRAM so far (use --speculative-eagle-topk 1)"
+        )
+    if config.tp_size > 1 or config.nnodes > 1:
+        raise ValueError(f"--speculative-eagle-topk {topk}: tree drafts are not served under tensor parallelism yet")
+
+
 def _check_draft_device(config: EngineConfig) -> None:
     name = config.speculative_draft_device
     if not name:
@@ -180,11 +196,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
             if value is not None and value < 1:
                 raise ValueError(f"--speculative-{flag} must be at least 1")
         _check_draft_device(config)
-        if config.speculative_eagle_topk not in (None, 1):
-            raise ValueError(
-                f"--speculative-eagle-topk {config.speculative_eagle_topk}: tree drafts (several candidates a "
-                "step) are not supported yet; every algorithm drafts one chain (--speculative-eagle-topk 1)"
-            )
+        _check_tree_drafts(config)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None
@@ -207,6 +219,8 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     # others an unsupported one fails here, before the model is built.
     int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
     needed = frozenset(model_cls.attention_features)
+    if (config.speculative_eagle_topk or 1) > 1 and config.speculative_algorithm:
+        needed |= {TOKEN_SLOTS}  # tree drafts: each node reads its own path's slots
     if config.attention == "auto" and not needed <= attn_cls.features:
         log.info("attention: %s lacks %s, which %s needs; using torch", attn_name, sorted(needed), arch)
         attn_name, attn_cls = select_attention("torch", device)
