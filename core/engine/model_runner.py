@@ -281,7 +281,10 @@ class ModelRunner:
         observe = self.features[1]
         row = 0
         for s in segs:
-            observe(s.req, s.start, feats[row : row + s.length])
+            if s.tree is None:
+                observe(s.req, s.start, feats[row : row + s.length])
+            else:  # the root's row, then its nodes' (see HiddenStateProposer.observe)
+                observe(s.req, s.start, feats[row : row + s.length], DraftTree(tuple(s.draft), s.tree))
             row += s.length
 
     def keep_alive(self) -> None:

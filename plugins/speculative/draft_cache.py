@@ -22,6 +22,9 @@ class DraftKV:
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     length: int = 0
     deterministic: bool = False  # read by ForwardContext
+    # The next forward's rows see these keys (bool ``[rows, length + rows]``) instead of every key
+    # up to their own: a tree draft's rows see the target's rows and their own path only
+    mask: torch.Tensor | None = None
 
     def cut(self, n: int) -> None:
         self.length = min(self.length, n)
@@ -48,8 +51,12 @@ class DraftAttention(DenseCausalAttention):
     def forward(self, q, k, v, layer_id, metadata: DraftKV, *, sliding_window=None, sinks=None):
         keys, values = metadata.append(layer_id, k, v)
         n, total = q.shape[0], keys.shape[0]
-        # query i sits at position total - n + i and sees every key up to it
-        mask = torch.arange(total, device=q.device)[None, :] <= torch.arange(total - n, total, device=q.device)[:, None]
+        mask = metadata.mask
+        if mask is None:  # query i sits at position total - n + i and sees every key up to it
+            mask = (
+                torch.arange(total, device=q.device)[None, :]
+                <= torch.arange(total - n, total, device=q.device)[:, None]
+            )
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1),
             keys.transpose(0, 1),

@@ -37,11 +37,14 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = HeadLayer(config, hidden)
 
-    def forward(self, hidden, tokens, positions, kv: DraftKV) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, embed = self._shared
+    def forward(self, hidden, tokens, positions, kv: DraftKV) -> torch.Tensor:
+        embed = self._shared[1]
         x = self.fc(torch.cat((embed(tokens), hidden), dim=-1))
-        out = self.layer(x, x, positions, kv)  # (no input norm: x is the attention's input as it is)
-        return out, logits(out).argmax(dim=-1)
+        return self.layer(x, x, positions, kv)  # (no input norm: x is the attention's input as it is)
+
+    def scores(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary for output rows ``out``."""
+        return self._shared[0](out)
 
 
 _NAMES = {"fc.weight": "fc.weight", "fc.bias": "fc.bias", **layer_names("layers.0.", "layer.")}
@@ -81,3 +84,6 @@ class EagleProposer(HiddenStateProposer):
         if from_target:  # the captured state is the last layer's output before the final norm
             hidden = self.target.norm(hidden)
         return self.head(hidden, tokens, positions, kv)
+
+    def draft_scores(self, out):
+        return self.head.scores(out)

@@ -57,17 +57,18 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(hidden, self.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long), persistent=False)
 
-    def forward(self, hidden, tokens, positions, kv: DraftKV) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden, tokens, positions, kv: DraftKV) -> torch.Tensor:
         """One pass of the draft layer over ``tokens`` at ``positions`` (their rows appended to
         ``kv``); ``hidden``: the target's features (fc applies) or the head's own last output.
-        Returns the output hidden states (the next step's input) and the target token ids the
-        head predicts for each row."""
+        Returns the output hidden states (the next step's input)."""
         if hidden.shape[-1] != self.fc.out_features:
             hidden = self.fc(hidden)
         x = torch.cat((self.input_layernorm(self._embed[0](tokens)), self.hidden_norm(hidden)), dim=-1)
-        out = self.layer(x, hidden, positions, kv)
-        best = self.lm_head(self.norm(out)).argmax(dim=-1)
-        return out, best + self.d2t[best]
+        return self.layer(x, hidden, positions, kv)
+
+    def scores(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits over the head's own vocabulary (:meth:`to_target` maps its ids)."""
+        return self.lm_head(self.norm(out))
 
 
 class Eagle3Proposer(HiddenStateProposer):
@@ -102,6 +103,12 @@ class Eagle3Proposer(HiddenStateProposer):
 
     def draft_layer(self, hidden, tokens, positions, kv, from_target: bool):
         return self.head(hidden, tokens, positions, kv)
+
+    def draft_scores(self, out):
+        return self.head.scores(out)
+
+    def to_target(self, ids):
+        return ids + self.head.d2t[ids]
 
 
 # checkpoint name -> the head's parameter (the published EAGLE-3 layout: one "midlayer")

@@ -19,6 +19,7 @@ import torch
 
 from llmkit.core.multimodal.items import as_placeholders
 from llmkit.core.speculative.contract import Proposer
+from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.draft_cache import DraftKV
 
 
@@ -31,43 +32,83 @@ class _DraftState:
     first: int | None = None  # the first position with features (a prefix-cache hit has none before)
     exact: int = 0
     pending: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> feature row
+    # the last tree verified: (its root's position, the tree, its nodes' feature rows), resolved
+    # into ``pending`` once the tokens it kept are known
+    tree: tuple[int, DraftTree, torch.Tensor] | None = None
 
 
 class HiddenStateProposer(Proposer):
     """Sets ``feature_layers`` (the target layer inputs it reads), ``device`` and ``max_position``,
-    and implements :meth:`draft_layer`."""
+    and implements :meth:`draft_layer` and :meth:`draft_scores`.
 
+    Under ``--speculative-eagle-topk K`` (K > 1) it drafts a tree as EAGLE-2 and SGLang do: the
+    head's top K tokens at the first position, then at each further depth the K best paths so far
+    (by the sum of their tokens' log-probabilities) each get their top K children, and the tree is
+    the best ``max_tokens * K`` candidates by that score (a node with its parent). The head runs
+    the K paths of a depth as one batch, each row seeing the target's rows and its own path."""
+
+    drafts_trees = True
     feature_layers: tuple[int, ...] = ()
     device: torch.device = torch.device("cpu")
     max_position: int = 1 << 30
     image_token: int = 0  # a vision-language target's image placeholder (``image_token_of``)
 
-    @abstractmethod
-    def draft_layer(self, hidden, tokens, positions, kv: DraftKV, from_target: bool):
-        """One pass over ``tokens`` at ``positions`` (their rows appended to ``kv``): ``hidden`` is
-        the target's captured states (``from_target``) or the layer's own last output. Returns the
-        output states (the next pass's input) and the target token id predicted for each row."""
+    def __init__(self, topk: int | None = None, **options) -> None:
+        super().__init__(**options)
+        self.topk = max(1, topk or 1)
 
-    def observe(self, req, start: int, rows: torch.Tensor) -> None:
+    @abstractmethod
+    def draft_layer(self, hidden, tokens, positions, kv: DraftKV, from_target: bool) -> torch.Tensor:
+        """One pass over ``tokens`` at ``positions`` (their rows appended to ``kv``): ``hidden`` is
+        the target's captured states (``from_target``) or the layer's own outputs. Returns the
+        output states (the next pass's input)."""
+
+    @abstractmethod
+    def draft_scores(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits for output rows ``out``, over the head's vocabulary (see :meth:`to_target`)."""
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """The head's token ids as the target's (the same, unless the head has its own vocabulary)."""
+        return ids
+
+    def observe(self, req, start: int, rows: torch.Tensor, tree: DraftTree | None = None) -> None:
         """The target computed positions ``[start, start + len(rows))`` of ``req`` with these
-        features (rows past the accepted tokens are overwritten when recomputed)."""
+        features (rows past the accepted tokens are overwritten when recomputed); for a ``tree``
+        segment, the root at ``start`` and then its nodes' rows."""
         state = req.spec_state if isinstance(req.spec_state, _DraftState) else None
         if state is None:
             state = req.spec_state = _DraftState(first=start)
         elif state.first is None:
             state.first = start
         lo = state.first + state.exact  # rows before this are in the head's K/V for good
+        if tree is not None:
+            state.tree = (start, tree, rows[1:])
+            rows = rows[:1]
         for j in range(rows.shape[0]):
             if start + j >= lo:
                 state.pending[start + j] = rows[j]
 
+    def _resolve_tree(self, state: _DraftState, ids: list[int], n: int) -> None:
+        """The rows of the last tree's nodes that the target kept, at the positions they now hold."""
+        if state.tree is None:
+            return
+        root, tree, rows = state.tree
+        state.tree = None
+        node = -1
+        for pos in range(root + 1, n):
+            node = tree.child(node, ids[pos])
+            if node is None:
+                break
+            state.pending[pos] = rows[node]
+
     @torch.inference_mode()
-    def propose(self, req, max_tokens: int) -> list[int]:
+    def propose(self, req, max_tokens: int) -> list[int] | DraftTree:
         state = req.spec_state
         if not isinstance(state, _DraftState) or state.first is None:
             return []
         ids = req.all_ids
         n = req.num_computed  # features are final for positions [0, n); token n is the last one
+        self._resolve_tree(state, ids, n)
         if n + max_tokens > self.max_position or n >= len(ids):
             return []
         kv = state.kv
@@ -80,20 +121,110 @@ class HiddenStateProposer(Proposer):
         tokens = ids[lo + 1 : n + 1]
         if req.mm is not None:  # the head reads an image's tokens as its placeholder (see the module)
             tokens = as_placeholders(tokens, self.image_token)
-        hidden, best = self.draft_layer(feats, self._ids(tokens), self._ids(positions), kv, True)
+        hidden = self.draft_layer(feats, self._ids(tokens), self._ids(positions), kv, True)[-1:]
         kv.length += len(positions)
         kv.ids.extend(tokens)
         state.exact = kv.length
-        draft = [int(best[-1])]
-        hidden = hidden[-1:]
+        if self.topk > 1:
+            return self._tree(kv, hidden, n, max_tokens)
+        draft = [self._best(hidden)]
         # Each later draft token from the head's own output: the row that predicted draft token
         # ``step`` stands in for the target's features at position n + step - 1.
         for step in range(1, max_tokens):
-            hidden, best = self.draft_layer(hidden, self._ids(draft[-1:]), self._ids([n + step - 1]), kv, False)
+            hidden = self.draft_layer(hidden, self._ids(draft[-1:]), self._ids([n + step - 1]), kv, False)
             kv.length += 1
             kv.ids.append(draft[-1])
-            draft.append(int(best[-1]))
+            draft.append(self._best(hidden))
         return draft
+
+    def _best(self, out: torch.Tensor) -> int:
+        return int(self.to_target(self.draft_scores(out[-1:]).argmax(dim=-1))[0])
+
+    def _top(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top K target ids and their log-probabilities, ``[rows, K]`` each."""
+        top = torch.log_softmax(self.draft_scores(out).float(), dim=-1).topk(self.topk, dim=-1)
+        return self.to_target(top.indices), top.values
+
+    def _tree(self, kv: DraftKV, hidden: torch.Tensor, n: int, depth: int) -> DraftTree:
+        """The tree of the class docstring, ``depth`` deep; ``hidden``: the head's output at the
+        last target row (it predicts the first draft token)."""
+        k = self.topk
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        fed: dict[int, int] = {}  # node -> its row in the head's K/V
+        ids, logp = self._top(hidden)
+        frontier = []
+        for tok, sc in zip(ids[0].tolist(), logp[0].tolist()):
+            frontier.append(len(tokens))
+            tokens.append(tok)
+            parents.append(-1)
+            scores.append(sc)
+        inputs = hidden.expand(len(frontier), -1)
+        exact = kv.length
+        for d in range(1, depth):
+            rows, first = len(frontier), kv.length
+            mask = torch.zeros(rows, first + rows, dtype=torch.bool, device=self.device)
+            mask[:, :exact] = True
+            for r, node in enumerate(frontier):
+                mask[r, [fed[a] for a in _ancestors(parents, node)] + [first + r]] = True
+                fed[node] = first + r
+            kv.mask = mask
+            try:
+                out = self.draft_layer(
+                    inputs, self._ids([tokens[i] for i in frontier]), self._ids([n + d - 1] * rows), kv, False
+                )
+            finally:
+                kv.mask = None
+            kv.length += rows
+            kv.ids.extend(tokens[i] for i in frontier)
+            ids, logp = self._top(out)
+            total = torch.tensor([scores[i] for i in frontier], device=logp.device)[:, None] + logp
+            children = []
+            for r, node in enumerate(frontier):
+                for tok, sc in zip(ids[r].tolist(), total[r].tolist()):
+                    children.append((sc, len(tokens), r))
+                    tokens.append(tok)
+                    parents.append(node)
+                    scores.append(sc)
+            best = sorted(children, key=lambda c: -c[0])[:k]
+            frontier = [c[1] for c in best]
+            inputs = out[[c[2] for c in best]]
+        return _best_tree(tokens, parents, scores, depth * k)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _ancestors(parents: list[int], node: int) -> list[int]:
+    out = []
+    node = parents[node]
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out
+
+
+def _best_tree(tokens: list[int], parents: list[int], scores: list[float], max_nodes: int) -> DraftTree:
+    """The ``max_nodes`` best-scored candidates (each with its parent), its main chain the best
+    child of each node from the root."""
+    order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+    keep: set[int] = set()
+    for i in order:
+        if len(keep) >= max_nodes:
+            break
+        if parents[i] < 0 or parents[i] in keep:
+            keep.add(i)
+    paths, leaves = [], sorted((i for i in keep if not any(parents[j] == i for j in keep)), key=lambda i: -scores[i])
+    node, chain = -1, []
+    while True:  # the main chain: the best kept child at every level
+        kids = [i for i in keep if parents[i] == node]
+        if not kids:
+            break
+        node = max(kids, key=lambda i: scores[i])
+        chain.append(tokens[node])
+    paths.append(chain)
+    for leaf in leaves:
+        path = [leaf, *_ancestors(parents, leaf)][::-1]
+        paths.append([tokens[i] for i in path])
+    return DraftTree.from_paths(paths, max_nodes=len(keep), max_depth=max(len(p) for p in paths))

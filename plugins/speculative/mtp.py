@@ -66,8 +66,10 @@ class MTPLayer(nn.Module):
         emb = embed(tokens).masked_fill((positions == 0)[:, None], 0)  # (as vLLM: none at 0)
         x = self.eh_proj(torch.cat((self.enorm(emb), self.hnorm(hidden)), dim=-1))
         h, residual = self.block(x, None, target.rotary.table(positions, x.dtype), ForwardContext(self.attention, kv))
-        out = h + residual
-        return out, self.head(self.head_norm(out)).argmax(dim=-1)
+        return h + residual
+
+    def scores(self, out: torch.Tensor) -> torch.Tensor:
+        return self.head(self.head_norm(out))
 
 
 # the MTP layer's own tensors (after ``model.layers.{L}.``) -> this module's
@@ -120,6 +122,9 @@ class MTPProposer(HiddenStateProposer):
 
     def draft_layer(self, hidden, tokens, positions, kv, from_target: bool):
         return self.layer(hidden, tokens, positions, kv, from_target)
+
+    def draft_scores(self, out):
+        return self.layer.scores(out)
 
 
 def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:

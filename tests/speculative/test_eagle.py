@@ -55,8 +55,9 @@ def _rope(x, positions):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def reference_drafts(t, target, feats, ids, first, n, k) -> list[int]:
-    """The k drafts after ``ids``, every row recomputed with full causal attention."""
+def reference_drafts(t, target, feats, ids, first, n, k, forced=(), logits=None) -> list[int]:
+    """The k drafts after ``ids``, every row recomputed with full causal attention. ``forced``: the
+    first drafts are these tokens instead of the head's picks; ``logits`` (a list) gets each step's."""
     embed = target.model.embed_tokens.weight.detach()  # (transformers' model: the weights as saved)
     lm_head = target.lm_head.weight.detach()
     norm_w = target.model.norm.weight.detach()
@@ -79,7 +80,10 @@ def reference_drafts(t, target, feats, ids, first, n, k) -> list[int]:
         h = _rms(mid, t["layers.0.post_attention_layernorm.weight"])
         gate, up = h @ t["layers.0.mlp.gate_proj.weight"].T, h @ t["layers.0.mlp.up_proj.weight"].T
         out = (torch.nn.functional.silu(gate) * up) @ t["layers.0.mlp.down_proj.weight"].T + mid
-        drafts.append(int((out[-1] @ lm_head.T).argmax()))
+        row = out[-1] @ lm_head.T
+        if logits is not None:
+            logits.append(row)
+        drafts.append(forced[step] if step < len(forced) else int(row.argmax()))
         hidden.append(out[-1])
         tokens.append(drafts[-1])
         positions.append(n + step)
@@ -105,6 +109,57 @@ def test_the_heads_drafts_equal_a_from_scratch_computation(models):
     )
 
 
+def _children_follow_the_head(tree, t, hf, states, ids, first, n, k=3):
+    """Every node's children (the root's too) are among the head's top k after the node's path."""
+    for node in [-1, *range(len(tree))]:
+        kids = {tree.tokens[i] for i in range(len(tree)) if tree.parents[i] == node}
+        if not kids:
+            continue
+        path = [] if node < 0 else [tree.tokens[i] for i in tree.path(node)]
+        logits: list = []
+        reference_drafts(t, hf, states, ids, first, n, len(path) + 1, forced=path, logits=logits)
+        assert kids <= set(logits[-1].topk(k).indices.tolist()), (node, path)
+
+
+def test_a_tree_of_drafts_follows_the_heads_top_k_on_every_path(models):
+    """Top-k 3: the tree's every node has children the from-scratch head ranks among its top 3
+    after that node's path (the head ran the paths of a depth as one masked batch); then the
+    target keeps a path off the main chain, and the next tree reads the kept nodes' states."""
+    import transformers
+
+    from llmkit.core.speculative.tree import DraftTree
+    from llmkit.plugins.speculative.eagle import EagleProposer
+
+    target = load_ours(models.target)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(models.target), dtype=torch.float32)
+    proposer = EagleProposer(draft_model_path=str(models.head), target_model=target, topk=3)
+    t = head_tensors()
+    g = torch.Generator().manual_seed(9)
+    ids = [int(i) for i in torch.randint(0, VOCAB, (7,), generator=g)]
+    req = SimpleNamespace(all_ids=ids, num_computed=0, spec_state=None, mm=None)
+    rows = torch.randn(7, HIDDEN, generator=g)
+    states = {p: rows[p] for p in range(7)}
+    proposer.observe(req, 0, rows)
+    ids.append(11)
+    req.num_computed = 7
+    tree = proposer.propose(req, 3)
+    assert isinstance(tree, DraftTree) and len(tree) > 3 and not tree.is_chain()
+    _children_follow_the_head(tree, t, hf, states, ids, 0, 7)
+    # the target computes the root and every node, and keeps the deepest path off the main chain
+    rows = torch.randn(1 + len(tree), HIDDEN, generator=g)
+    proposer.observe(req, 7, rows, tree)
+    off = [i for i in range(len(tree)) if i not in tree.path(tree.parents.index(-1))]
+    kept = tree.path(max(off, key=lambda i: len(tree.path(i))))
+    states[7] = rows[0]
+    for depth, node in enumerate(kept, start=1):
+        states[7 + depth] = rows[1 + node]
+    ids.extend([tree.tokens[i] for i in kept] + [42])
+    req.num_computed = 7 + 1 + len(kept)
+    again = proposer.propose(req, 3)
+    assert isinstance(again, DraftTree) and len(again) > 3
+    _children_follow_the_head(again, t, hf, states, ids, 0, req.num_computed)
+
+
 def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(models):
     reference, _ = serve_prompts(models.target, 20)
     got, stats = serve_prompts(
@@ -112,13 +167,19 @@ def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(model
         speculative_num_draft_tokens=3,
     )  # fmt: skip
     assert got == reference and stats.verify_steps > 0
-    reference, _ = serve_prompts(models.constant, 20)
-    got, stats = serve_prompts(
-        models.constant, 20, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
-        speculative_num_draft_tokens=4,
+    tree, stats = serve_prompts(
+        models.target, 20, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.head),
+        speculative_num_draft_tokens=6, speculative_eagle_topk=3,
     )  # fmt: skip
-    assert got == reference and reference[(0, 0)] == [0] * 20
-    assert stats.accepted_tokens >= 3 * 12 and stats.accept_length > 1.5
+    assert tree == reference and stats.verify_steps > 0
+    reference, _ = serve_prompts(models.constant, 20)
+    for topk in (1, 3):
+        got, stats = serve_prompts(
+            models.constant, 20, speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
+            speculative_num_draft_tokens=4, speculative_eagle_topk=topk,
+        )  # fmt: skip
+        assert got == reference and reference[(0, 0)] == [0] * 20
+        assert stats.accepted_tokens >= 3 * 12 and stats.accept_length > 1.5, topk
 
 
 @pytest.mark.slow  # a server of two rank processes

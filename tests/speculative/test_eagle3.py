@@ -177,15 +177,17 @@ def test_the_heads_drafts_equal_a_from_scratch_computation(models):
 # -- served --------------------------------------------------------------------------------------
 
 
-def test_a_random_head_leaves_the_output_unchanged(models):
+@pytest.mark.parametrize("topk", [1, 3])
+def test_a_random_head_leaves_the_output_unchanged(models, topk):
     reference, _ = serve_prompts(models.target)
     got, stats = serve_prompts(
         models.target,
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=str(models.head),
-        speculative_num_draft_tokens=3,
+        speculative_num_draft_tokens=3 * topk,
+        speculative_eagle_topk=topk,
     )
-    assert got == reference  # greedy and seeded alike
+    assert got == reference  # greedy and seeded alike, a chain or a tree (its own vocabulary: d2t)
     assert stats.verify_steps > 0 and stats.draft_tokens > 0
 
 

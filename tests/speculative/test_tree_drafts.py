@@ -150,8 +150,10 @@ def test_tree_drafts_are_refused_where_not_drafted():
     from llmkit.core.engine.stages.plan import _check_tree_drafts
 
     _check_tree_drafts(EngineConfig(speculative_algorithm="NGRAM", speculative_eagle_topk=4))
-    with pytest.raises(ValueError, match="EAGLE drafts one chain"):
-        _check_tree_drafts(EngineConfig(speculative_algorithm="EAGLE", speculative_eagle_topk=2))
+    for algorithm in ("EAGLE", "EAGLE3", "MTP"):
+        _check_tree_drafts(EngineConfig(speculative_algorithm=algorithm, speculative_eagle_topk=2))
+    with pytest.raises(ValueError, match="STANDALONE drafts one chain"):
+        _check_tree_drafts(EngineConfig(speculative_algorithm="STANDALONE", speculative_eagle_topk=2))
     with pytest.raises(ValueError, match="tensor parallelism"):
         _check_tree_drafts(EngineConfig(speculative_algorithm="NGRAM", speculative_eagle_topk=2, tp_size=2))
     # FlashInfer reads a sequence's pages, not its slots one by one: a node's path does not fit them

@@ -151,7 +151,7 @@ def _check_tree_drafts(config: EngineConfig) -> None:
     if not getattr(registry().speculative_algorithm(algorithm), "drafts_trees", False):
         raise ValueError(
             f"--speculative-eagle-topk {topk}: {algorithm} drafts one chain; tree drafts (several "
-            "candidates a step) come from NGRAM so far (use --speculative-eagle-topk 1)"
+            "candidates a step) come from NGRAM, EAGLE, EAGLE3 and MTP (use --speculative-eagle-topk 1)"
         )
     if config.tp_size > 1 or config.nnodes > 1:
         raise ValueError(f"--speculative-eagle-topk {topk}: tree drafts are not served under tensor parallelism yet")
