@@ -49,6 +49,7 @@ class ModelRunner:
         # layers' inputs (EAGLE-3); observe(req, start, rows) gets each segment's after a forward
         self.features: tuple[tuple[int, ...], object] | None = None
         self._captured: torch.Tensor | None = None
+        self._moved: list[int] = []  # K/V moved since the last step, for the other ranks (flat pairs)
 
     def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
@@ -257,6 +258,7 @@ class ModelRunner:
         else:
             if self.lora is not None:  # adapters no request here holds: the other ranks drop them
                 inp.lora_freed = self.lora.take_freed()
+            inp.kv_moves, self._moved = self._moved, []
             try:
                 self.broadcaster.send(inp, self.req_pool.take_write_log())
                 logits, prompt = self.execute(inp)
@@ -286,6 +288,23 @@ class ModelRunner:
             else:  # the root's row, then its nodes' (see HiddenStateProposer.observe)
                 observe(s.req, s.start, feats[row : row + s.length], DraftTree(tuple(s.draft), s.tree))
             row += s.length
+
+    def move_kv_column(self, row: int, src: int, dst: int) -> None:
+        """The K/V of the token at column ``src`` of slot-table row ``row`` to the slot of column
+        ``dst``, in every layer (a tree's kept node, to the position it now holds); the other
+        tensor-parallel ranks do the same before the next forward."""
+        src_slot, dst_slot = (int(x) for x in self.req_pool.host[row, [src, dst]])  # (host: no device sync)
+        self.move_kv([src_slot, dst_slot])
+        if self.broadcaster is not None:
+            self._moved += [src_slot, dst_slot]
+
+    def move_kv(self, pairs: list[int]) -> None:
+        """Copy the K/V of each (source slot, destination slot) of the flat ``pairs``, in order."""
+        slots = torch.tensor(pairs, dtype=torch.int64).view(-1, 2).to(self.device)
+        for buf in self.pool.k_buffers + self.pool.v_buffers:
+            raw = buf.view(torch.uint8)  # (any pool dtype, fp8 included)
+            for src, dst in slots:
+                raw.index_copy_(0, dst.view(1), raw.index_select(0, src.view(1)))
 
     def keep_alive(self) -> None:
         """Between steps, on tensor-parallel rank 0: a heartbeat to the other ranks when idle for a

@@ -40,7 +40,7 @@ import torch
 from llmkit.core.model.parallel import TPGroup
 
 OP_STEP, OP_STOP, OP_LORA_LOAD, OP_HEARTBEAT = 1, 2, 3, 4
-_HEADER = 9
+_HEADER = 11
 # Idle seconds before rank 0 sends a heartbeat: a dead peer is found this soon while idle, for one
 # small broadcast per interval.
 HEARTBEAT_INTERVAL_S = float(os.environ.get("LLMKIT_TP_HEARTBEAT_S", 5))
@@ -102,6 +102,9 @@ class StepInputs:
     # its own whose slot list is its request's with columns ``first ..`` taken from the request's
     # columns ``cols`` (its ancestors' and its own slots), as ``(sequence, first, cols)``
     tree_keys: list = field(default_factory=list)
+    # K/V that rank 0 moved since the last step (a tree's kept nodes, see core/speculative/verify.py):
+    # flat (source slot, destination slot) pairs the other ranks move too before this forward
+    kv_moves: list[int] = field(default_factory=list)
 
 
 class StepBroadcaster:
@@ -122,6 +125,7 @@ class StepBroadcaster:
 
         slots = [w[2] for w in writes]
         uids = [0 if a is None else a.uid for a in inp.loras]
+        tree = [x for v, first, cols in inp.tree_keys for x in (v, first, len(cols), *cols)]
         flat = [
             torch.tensor(
                 inp.ids
@@ -137,6 +141,7 @@ class StepBroadcaster:
             torch.tensor(
                 [x for r in inp.prompt_ranges for x in r] + [x for w in writes for x in (w[0], w[1], len(w[2]))]
             ),
+            torch.tensor(tree + inp.kv_moves, dtype=torch.int64),
             *slots,
         ]
         payload = torch.cat([t.to(torch.int64) for t in flat])
@@ -151,6 +156,8 @@ class StepBroadcaster:
                 payload.numel(),
                 len(uids),
                 len(inp.lora_freed),
+                len(tree),
+                len(inp.kv_moves),
             ],
             dtype=torch.int64,
         )
@@ -206,7 +213,7 @@ def receive_step(
     while True:
         work = dist.broadcast(header, 0, group=tp.group, async_op=True)
         _wait(work, timeout_s, "no step or heartbeat from tensor-parallel rank 0")
-        op, t, b, s, p, w, n, n_lora, n_freed = header.tolist()
+        op, t, b, s, p, w, n, n_lora, n_freed, n_tree, n_moves = header.tolist()
         if op != OP_HEARTBEAT:
             break
     if op == OP_STOP:
@@ -216,9 +223,9 @@ def receive_step(
     if op == OP_LORA_LOAD:
         msg = json.loads(bytes(payload.tolist()).decode())
         return LoRALoad(msg["name"], msg["path"], t)
-    sizes = [t, t, b, b, b, b, s, n_lora, n_freed, 2 * p, 3 * w]
+    sizes = [t, t, b, b, b, b, s, n_lora, n_freed, 2 * p, 3 * w, n_tree, n_moves]
     parts = payload.split(sizes + [n - sum(sizes)])
-    ids, pos, q_lens, kv_lens, rows, decoding, sample, loras, freed, prompt, write_hdr, slots = parts
+    ids, pos, q_lens, kv_lens, rows, decoding, sample, loras, freed, prompt, write_hdr, tree, moves, slots = parts
     flat_prompt = prompt.tolist()
     inp = StepInputs(
         ids=ids.tolist(),
@@ -231,7 +238,13 @@ def receive_step(
         decoding=decoding.tolist(),
         loras=loras.tolist(),
         lora_freed=freed.tolist(),
+        kv_moves=moves.tolist(),
     )
+    flat, i = tree.tolist(), 0
+    while i < len(flat):  # (sequence, first column, count, columns...)
+        v, first, k = flat[i : i + 3]
+        inp.tree_keys.append((v, first, flat[i + 3 : i + 3 + k]))
+        i += 3 + k
     writes, off = [], 0
     hdr = write_hdr.tolist()
     for i in range(0, len(hdr), 3):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import torch
-
 from llmkit.core.speculative.tree import DraftTree
 
 
@@ -59,10 +57,5 @@ def verify_draft(engine, seg, logits) -> int:
 
 
 def _move_kv(runner, row: int, src: int, dst: int) -> None:
-    """Copy the K/V of the token at column ``src`` of slot-table row ``row`` to the slot of column
-    ``dst``, in every layer."""
-    slots = runner.req_pool.host[row, [src, dst]].to(runner.pool.k_buffers[0].device)  # (host: no device sync)
-    s, d = slots[0:1], slots[1:2]
-    for buf in runner.pool.k_buffers + runner.pool.v_buffers:
-        raw = buf.view(torch.uint8)  # (any pool dtype, fp8 included)
-        raw.index_copy_(0, d, raw.index_select(0, s))
+    """A kept tree node's K/V (column ``src`` of the request's row) to the position it holds (``dst``)."""
+    runner.move_kv_column(row, src, dst)

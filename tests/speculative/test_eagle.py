@@ -40,7 +40,23 @@ def models(tmp_path_factory):
     assert int((model.lm_head.weight @ (row0 * 10)).argmax()) == 0
     agreeing = tmp_path_factory.mktemp("agreeing-head")
     save_head(agreeing, head_tensors(bias=row0 * 10))
-    return SimpleNamespace(target=target, head=head, constant=constant, agreeing=agreeing)
+    # a head whose first choice is another token and whose second is 0: a tree's main chain is
+    # always wrong and the target keeps the branch of 0s beside it
+    second = tmp_path_factory.mktemp("second-choice-head")
+    save_head(second, head_tensors(bias=_second_choice_bias(model.lm_head.weight.detach())))
+    return SimpleNamespace(target=target, head=head, constant=constant, agreeing=agreeing, second=second)
+
+
+def _second_choice_bias(lm_head: torch.Tensor) -> torch.Tensor:
+    """An output whose logits rank some token first and token 0 second, with margins."""
+    for x in range(1, 64):
+        for c in torch.linspace(1, 20, 96).tolist():
+            bias = lm_head[0] * 10 + lm_head[x] * c
+            top = (lm_head @ bias).topk(3)
+            gaps = top.values[:-1] - top.values[1:]
+            if top.indices[:2].tolist() == [x, 0] and bool((gaps > 0.5).all()):
+                return bias
+    raise AssertionError("no such bias for this LM head")
 
 
 def _rms(x, w):
@@ -194,6 +210,22 @@ def test_under_tp2_rank_0_drafts_through_the_gathered_lm_head(models):
     (got, accepted), (reference, stats) = tp2_and_one_rank(models.constant, 20, **spec)
     assert got == reference and reference[(0, 0)] == [0] * 20
     assert accepted == stats.accepted_tokens >= 3 * 12
+
+
+@pytest.mark.slow  # a server of two rank processes
+def test_a_kept_branch_off_the_main_chain_under_tp2(models):
+    """Top-k 3 with a head whose first choice is never the target's: every kept node is off the
+    tree's main chain, so its K/V moves, on rank 0 at once and on rank 1 with the next step.
+    ``--tp-size 2`` answers what one rank answers, and keeps as many drafts. (The constant target
+    does not read its K/V: the moves' numbers are checked in-process, test_tree_drafts, and on
+    the wire, test_step_wire.)"""
+    spec = dict(
+        speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.second),
+        speculative_num_draft_tokens=9, speculative_num_steps=3, speculative_eagle_topk=3,
+    )  # fmt: skip
+    (got, accepted), (reference, stats) = tp2_and_one_rank(models.constant, 20, **spec)
+    assert got == reference and reference[(0, 0)] == [0] * 20
+    assert accepted == stats.accepted_tokens >= 2 * 6  # (greedy requests: two or three a step)
 
 
 def test_a_head_that_does_not_fit_is_refused(models, tmp_path):

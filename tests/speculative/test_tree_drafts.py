@@ -154,8 +154,6 @@ def test_tree_drafts_are_refused_where_not_drafted():
         _check_tree_drafts(EngineConfig(speculative_algorithm=algorithm, speculative_eagle_topk=2))
     with pytest.raises(ValueError, match="STANDALONE drafts one chain"):
         _check_tree_drafts(EngineConfig(speculative_algorithm="STANDALONE", speculative_eagle_topk=2))
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        _check_tree_drafts(EngineConfig(speculative_algorithm="NGRAM", speculative_eagle_topk=2, tp_size=2))
     # FlashInfer reads a sequence's pages, not its slots one by one: a node's path does not fit them
     from llmkit.core.model.attention import TOKEN_SLOTS
     from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend

@@ -151,6 +151,8 @@ def run_follower(config: EngineConfig, rank: int) -> int:
             inp, writes = step
             for row, start, slots in writes:
                 req_pool.write(row, start, slots)
+            if inp.kv_moves:  # a tree's kept nodes: moved on rank 0 when it verified them
+                runner.move_kv(inp.kv_moves)
             if inp.lora_freed:
                 runner.lora.release(inp.lora_freed)
             if inp.loras:

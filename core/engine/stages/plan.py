@@ -143,8 +143,7 @@ def draft_device(config: EngineConfig, target: torch.device) -> torch.device:
 
 
 def _check_tree_drafts(config: EngineConfig) -> None:
-    """``--speculative-eagle-topk`` above 1: a tree of candidates a step, from a proposer that drafts
-    trees, on one rank (the tree's rows are not on the tensor-parallel wire)."""
+    """``--speculative-eagle-topk`` above 1: a tree of candidates a step, from a proposer that drafts trees."""
     topk, algorithm = config.speculative_eagle_topk, config.speculative_algorithm
     if topk in (None, 1):
         return
@@ -153,8 +152,6 @@ def _check_tree_drafts(config: EngineConfig) -> None:
             f"--speculative-eagle-topk {topk}: {algorithm} drafts one chain; tree drafts (several "
             "candidates a step) come from NGRAM, EAGLE, EAGLE3 and MTP (use --speculative-eagle-topk 1)"
         )
-    if config.tp_size > 1 or config.nnodes > 1:
-        raise ValueError(f"--speculative-eagle-topk {topk}: tree drafts are not served under tensor parallelism yet")
 
 
 def _check_draft_device(config: EngineConfig) -> None:
