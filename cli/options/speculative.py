@@ -40,7 +40,7 @@ SPECULATIVE_OPTIONS = panel(
         None,
         to="engine",
         help="SGLang's candidates per draft step: 1 (one chain), or more for a tree of candidates verified "
-        "in one forward (NGRAM, EAGLE, EAGLE3, MTP; at most --speculative-num-draft-tokens nodes, "
+        "in one forward (at most --speculative-num-draft-tokens nodes, "
         "--speculative-num-steps deep).",
     ),
     ServeOption(

@@ -21,6 +21,7 @@ from llmkit.core.multimodal.items import as_placeholders
 from llmkit.core.speculative.contract import Proposer
 from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.draft_cache import DraftKV
+from llmkit.plugins.speculative.tree_search import search_tree
 
 
 @dataclass
@@ -41,11 +42,8 @@ class HiddenStateProposer(Proposer):
     """Sets ``feature_layers`` (the target layer inputs it reads), ``device`` and ``max_position``,
     and implements :meth:`draft_layer` and :meth:`draft_scores`.
 
-    Under ``--speculative-eagle-topk K`` (K > 1) it drafts a tree as EAGLE-2 and SGLang do: the
-    head's top K tokens at the first position, then at each further depth the K best paths so far
-    (by the sum of their tokens' log-probabilities) each get their top K children, and the tree is
-    the best ``max_tokens * K`` candidates by that score (a node with its parent). The head runs
-    the K paths of a depth as one batch, each row seeing the target's rows and its own path."""
+    Under ``--speculative-eagle-topk K`` (K > 1) it drafts a tree as EAGLE-2 and SGLang do (see
+    :mod:`~llmkit.plugins.speculative.tree_search`)."""
 
     drafts_trees = True
     feature_layers: tuple[int, ...] = ()
@@ -148,83 +146,11 @@ class HiddenStateProposer(Proposer):
     def _tree(self, kv: DraftKV, hidden: torch.Tensor, n: int, depth: int) -> DraftTree:
         """The tree of the class docstring, ``depth`` deep; ``hidden``: the head's output at the
         last target row (it predicts the first draft token)."""
-        k = self.topk
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        fed: dict[int, int] = {}  # node -> its row in the head's K/V
-        ids, logp = self._top(hidden)
-        frontier = []
-        for tok, sc in zip(ids[0].tolist(), logp[0].tolist()):
-            frontier.append(len(tokens))
-            tokens.append(tok)
-            parents.append(-1)
-            scores.append(sc)
-        inputs = hidden.expand(len(frontier), -1)
-        exact = kv.length
-        for d in range(1, depth):
-            rows, first = len(frontier), kv.length
-            mask = torch.zeros(rows, first + rows, dtype=torch.bool, device=self.device)
-            mask[:, :exact] = True
-            for r, node in enumerate(frontier):
-                mask[r, [fed[a] for a in _ancestors(parents, node)] + [first + r]] = True
-                fed[node] = first + r
-            kv.mask = mask
-            try:
-                out = self.draft_layer(
-                    inputs, self._ids([tokens[i] for i in frontier]), self._ids([n + d - 1] * rows), kv, False
-                )
-            finally:
-                kv.mask = None
-            kv.length += rows
-            kv.ids.extend(tokens[i] for i in frontier)
-            ids, logp = self._top(out)
-            total = torch.tensor([scores[i] for i in frontier], device=logp.device)[:, None] + logp
-            children = []
-            for r, node in enumerate(frontier):
-                for tok, sc in zip(ids[r].tolist(), total[r].tolist()):
-                    children.append((sc, len(tokens), r))
-                    tokens.append(tok)
-                    parents.append(node)
-                    scores.append(sc)
-            best = sorted(children, key=lambda c: -c[0])[:k]
-            frontier = [c[1] for c in best]
-            inputs = out[[c[2] for c in best]]
-        return _best_tree(tokens, parents, scores, depth * k)
+
+        def feed(inputs, tokens, positions):
+            return self.draft_layer(inputs, self._ids(tokens), self._ids(positions), kv, False)
+
+        return search_tree(kv, hidden, feed, self._top, depth, n)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
-
-
-def _ancestors(parents: list[int], node: int) -> list[int]:
-    out = []
-    node = parents[node]
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out
-
-
-def _best_tree(tokens: list[int], parents: list[int], scores: list[float], max_nodes: int) -> DraftTree:
-    """The ``max_nodes`` best-scored candidates (each with its parent), its main chain the best
-    child of each node from the root."""
-    order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
-    keep: set[int] = set()
-    for i in order:
-        if len(keep) >= max_nodes:
-            break
-        if parents[i] < 0 or parents[i] in keep:
-            keep.add(i)
-    paths, leaves = [], sorted((i for i in keep if not any(parents[j] == i for j in keep)), key=lambda i: -scores[i])
-    node, chain = -1, []
-    while True:  # the main chain: the best kept child at every level
-        kids = [i for i in keep if parents[i] == node]
-        if not kids:
-            break
-        node = max(kids, key=lambda i: scores[i])
-        chain.append(tokens[node])
-    paths.append(chain)
-    for leaf in leaves:
-        path = [leaf, *_ancestors(parents, leaf)][::-1]
-        paths.append([tokens[i] for i in path])
-    return DraftTree.from_paths(paths, max_nodes=len(keep), max_depth=max(len(p) for p in paths))

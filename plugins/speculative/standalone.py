@@ -22,14 +22,17 @@ import torch
 from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.multimodal.items import as_placeholders, image_token_of
 from llmkit.core.speculative.contract import Proposer
+from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.head_files import head_dir
+from llmkit.plugins.speculative.tree_search import search_tree
 
 log = logging.getLogger("llmkit")
 
 
 class StandaloneProposer(Proposer):
     runs_on_any_device = True  # (its own weights and K/V; token ids in and out)
+    drafts_trees = True
 
     def __init__(
         self,
@@ -38,10 +41,13 @@ class StandaloneProposer(Proposer):
         dtype: torch.dtype = torch.float32,
         target_vocab_size: int | None = None,
         target_model=None,
+        topk: int | None = None,
         **options,
     ) -> None:
         super().__init__(**options)
         from llmkit.core.embedding.decoder import load_causal_lm
+
+        self.topk = max(1, topk or 1)
         from llmkit.core.model.loader.source import load_config
 
         path = head_dir(draft_model_path, "STANDALONE", "a smaller model")
@@ -61,7 +67,7 @@ class StandaloneProposer(Proposer):
         log.info("STANDALONE draft model: %s (%s)", path, config.get("architectures", ["?"])[0])
 
     @torch.inference_mode()
-    def propose(self, req, max_tokens: int) -> list[int]:
+    def propose(self, req, max_tokens: int) -> list[int] | DraftTree:
         ids = req.all_ids
         if req.mm is not None:  # an image's pseudo-ids have no row in the draft's embedding
             ids = as_placeholders(ids, self.image_token)
@@ -76,6 +82,8 @@ class StandaloneProposer(Proposer):
             same += 1
         kv.cut(min(same, len(ids) - 1))  # at least the last token is fed: its logits draft the first
         feed, draft = ids[kv.length :], []
+        if self.topk > 1:
+            return self._tree(kv, feed, max_tokens)
         for _ in range(max_tokens):
             positions = torch.arange(kv.length, kv.length + len(feed), device=self.device)
             states = self.model(
@@ -89,3 +97,30 @@ class StandaloneProposer(Proposer):
             draft.append(token)
             feed = [token]
         return draft
+
+    def _forward(self, kv: DraftKV, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        return self.model(
+            torch.tensor(tokens, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            ForwardContext(self.attention, kv),
+        )
+
+    def _top(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top = torch.log_softmax(self.model.compute_logits(states).float(), dim=-1).topk(self.topk, dim=-1)
+        return top.indices, top.values
+
+    def _tree(self, kv: DraftKV, feed: list[int], depth: int) -> DraftTree:
+        """The request's unseen tokens fed, then a tree searched from the last one's output (see
+        :mod:`~llmkit.plugins.speculative.tree_search`). The search's rows are cut off after: the
+        next proposal re-feeds the tokens the target kept, so the cache holds one sequence."""
+        start = kv.length
+        states = self._forward(kv, feed, list(range(start, start + len(feed))))
+        kv.length += len(feed)
+        kv.ids.extend(feed)
+        exact = kv.length
+        try:
+            return search_tree(
+                kv, states[-1:], lambda _in, toks, pos: self._forward(kv, toks, pos), self._top, depth, exact
+            )
+        finally:
+            kv.cut(exact)

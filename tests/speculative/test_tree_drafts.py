@@ -146,14 +146,20 @@ def test_a_kept_branch_off_the_main_chain_is_exact(reference, moves):
     assert len(moves) >= stats.accepted_tokens > 20  # every kept node was off the main chain
 
 
-def test_tree_drafts_are_refused_where_not_drafted():
-    from llmkit.core.engine.stages.plan import _check_tree_drafts
+def test_tree_drafts_are_refused_where_not_drafted(monkeypatch):
+    from llmkit.core.engine.stages import plan
+    from llmkit.core.speculative.contract import Proposer
 
-    _check_tree_drafts(EngineConfig(speculative_algorithm="NGRAM", speculative_eagle_topk=4))
-    for algorithm in ("EAGLE", "EAGLE3", "MTP"):
-        _check_tree_drafts(EngineConfig(speculative_algorithm=algorithm, speculative_eagle_topk=2))
-    with pytest.raises(ValueError, match="STANDALONE drafts one chain"):
-        _check_tree_drafts(EngineConfig(speculative_algorithm="STANDALONE", speculative_eagle_topk=2))
+    for algorithm in ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "MTP"):
+        plan._check_tree_drafts(EngineConfig(speculative_algorithm=algorithm, speculative_eagle_topk=2))
+
+    class ChainOnly(Proposer):  # a third party's plugin that drafts chains
+        def propose(self, req, max_tokens):
+            return []
+
+    monkeypatch.setattr(plan, "registry", lambda: SimpleNamespace(speculative_algorithm=lambda name: ChainOnly))
+    with pytest.raises(ValueError, match="LOOKAHEAD drafts one chain"):
+        plan._check_tree_drafts(EngineConfig(speculative_algorithm="LOOKAHEAD", speculative_eagle_topk=2))
     # FlashInfer reads a sequence's pages, not its slots one by one: a node's path does not fit them
     from llmkit.core.model.attention import TOKEN_SLOTS
     from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend

@@ -149,8 +149,8 @@ def _check_tree_drafts(config: EngineConfig) -> None:
         return
     if not getattr(registry().speculative_algorithm(algorithm), "drafts_trees", False):
         raise ValueError(
-            f"--speculative-eagle-topk {topk}: {algorithm} drafts one chain; tree drafts (several "
-            "candidates a step) come from NGRAM, EAGLE, EAGLE3 and MTP (use --speculative-eagle-topk 1)"
+            f"--speculative-eagle-topk {topk}: {algorithm} drafts one chain, not a tree of several "
+            "candidates a step (use --speculative-eagle-topk 1)"
         )
 
 
