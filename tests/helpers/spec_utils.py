@@ -114,3 +114,50 @@ def tp2_and_one_rank(model_path, max_new_tokens: int = 24, **spec) -> tuple[tupl
         return serve_prompts_over_http(url, max_new_tokens), one_rank
     finally:
         stop_server(proc)
+
+
+def generate_all(engine, texts: list[str], sampling: list[dict], n: int = 40) -> dict:
+    """Every text (tokenized by the engine's tokenizer) under every sampling setting, submitted at
+    once (one batch): the tokens and their logprobs per ``(text, setting)``."""
+    done, outs, finished = threading.Event(), {}, set()
+    total = len(texts) * len(sampling)
+
+    def sink_for(key):
+        def sink(o):
+            tokens, lps = outs.setdefault(key, ([], []))
+            tokens.extend(o.token_ids)
+            lps.extend(lp.logprob for lp in o.logprobs)
+            if o.finished:
+                finished.add(key)
+                if len(finished) == total:
+                    done.set()
+
+        return sink
+
+    for i, text in enumerate(texts):
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        for j, kw in enumerate(sampling):
+            params = SamplingParams(max_new_tokens=n, logprobs=True, **kw)
+            engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
+    assert done.wait(600)
+    return outs
+
+
+def generate_all_then_stop(engine, texts: list[str], sampling: list[dict]) -> tuple[dict, object]:
+    """:func:`generate_all` on ``engine``, then the engine shut down: the outputs and the
+    speculator's stats (None: none)."""
+    try:
+        return generate_all(engine, texts, sampling), engine.speculator.stats if engine.speculator else None
+    finally:
+        engine.shutdown()
+
+
+def assert_same_outputs(got: dict, reference: dict) -> None:
+    """:func:`generate_all`'s outputs: the same tokens (greedy and seeded alike), and a logprob per
+    token within 2e-3 (a batch's rows are not bit for bit one request's)."""
+    import pytest
+
+    assert got.keys() == reference.keys()
+    for key in reference:
+        assert got[key][0] == reference[key][0], key
+        assert got[key][1] == pytest.approx(reference[key][1], abs=2e-3), key

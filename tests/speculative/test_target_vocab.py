@@ -5,14 +5,11 @@ the checkpoint's tables, for a separate LM head and a tied one; rank 1 gets none
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from rank_utils import run_two_ranks
 
 from model_utils import save_tiny_model
-from server_utils import free_port
 
 pytestmark = pytest.mark.slow  # two rank processes per case
 
@@ -57,22 +54,7 @@ os._exit(0)
 def test_rank_0_gets_the_whole_tables(tmp_path, tied):
     hf = save_tiny_model("llama", tmp_path / "model", vocab_size=509, tie_word_embeddings=tied)
     out = tmp_path / "tables.pt"
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RANK_SCRIPT, str(r), port, str(tmp_path / "model"), str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for r in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    run_two_ranks(_RANK_SCRIPT, str(tmp_path / "model"), str(out))
     tables = torch.load(out)
     embed = hf.model.embed_tokens.weight.detach()
     assert tables["embed"].shape == (509, embed.shape[1])

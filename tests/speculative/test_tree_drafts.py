@@ -5,13 +5,12 @@ moves to the position it holds), and the flag is refused where trees are not dra
 
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 
 import pytest
+from spec_utils import assert_same_outputs, generate_all_then_stop
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.speculative import verify
 from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.ngram import NgramProposer
@@ -48,38 +47,9 @@ def test_ngram_drafts_the_continuations_of_several_occurrences():
     assert chain == [4, 8]
 
 
-def _run_all(engine, n: int = 40) -> dict:
-    done, outs, finished = threading.Event(), {}, set()
-    total = len(PROMPTS) * len(SAMPLING)
-
-    def sink_for(key):
-        def sink(o):
-            tokens, lps = outs.setdefault(key, ([], []))
-            tokens.extend(o.token_ids)
-            lps.extend(lp.logprob for lp in o.logprobs)
-            if o.finished:
-                finished.add(key)
-                if len(finished) == total:
-                    done.set()
-
-        return sink
-
-    for i, text in enumerate(PROMPTS):
-        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
-        for j, kw in enumerate(SAMPLING):
-            params = SamplingParams(max_new_tokens=n, logprobs=True, **kw)
-            engine.submit(GenerateRequest(f"p{i}-s{j}", ids, params), sink_for((i, j)))
-    assert done.wait(600)
-    return outs
-
-
 @pytest.fixture(scope="module")
 def reference():
-    engine = start_engine()
-    try:
-        yield _run_all(engine)
-    finally:
-        engine.shutdown()
+    return generate_all_then_stop(start_engine(), PROMPTS, SAMPLING)[0]
 
 
 @pytest.fixture
@@ -106,14 +76,8 @@ def test_ngram_trees_leave_every_output_unchanged(reference, moves):
     trees = []
     draft = engine.speculator.draft
     engine.speculator.draft = lambda req: trees.append(d := draft(req)) or d
-    try:
-        got = _run_all(engine)
-        stats = engine.speculator.stats
-    finally:
-        engine.shutdown()
-    for key in reference:
-        assert got[key][0] == reference[key][0], key  # tokens, greedy and seeded alike
-        assert got[key][1] == pytest.approx(reference[key][1], abs=2e-3), key
+    got, stats = generate_all_then_stop(engine, PROMPTS, SAMPLING)
+    assert_same_outputs(got, reference)
     assert any(isinstance(t, DraftTree) for t in trees) and stats.accepted_tokens > 0
 
 
@@ -135,14 +99,8 @@ def test_a_kept_branch_off_the_main_chain_is_exact(reference, moves):
         return DraftTree.from_paths([wrong, nxt], max_nodes=8, max_depth=max_tokens)
 
     engine.speculator.proposer.propose = oracle
-    try:
-        got = _run_all(engine)
-        stats = engine.speculator.stats
-    finally:
-        engine.shutdown()
-    for key in reference:
-        assert got[key][0] == reference[key][0], key
-        assert got[key][1] == pytest.approx(reference[key][1], abs=2e-3), key
+    got, stats = generate_all_then_stop(engine, PROMPTS, SAMPLING)
+    assert_same_outputs(got, reference)
     assert len(moves) >= stats.accepted_tokens > 20  # every kept node was off the main chain
 
 

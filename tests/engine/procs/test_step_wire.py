@@ -6,12 +6,9 @@ the moves to its own pool as the follower loop does."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-from server_utils import free_port
+from rank_utils import run_two_ranks
 
 pytestmark = pytest.mark.slow  # two rank processes
 
@@ -61,22 +58,7 @@ os._exit(0)
 
 def test_a_tree_step_reaches_the_other_rank_whole(tmp_path):
     out = tmp_path / "got.json"
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RANK_SCRIPT, str(r), port, str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    run_two_ranks(_RANK_SCRIPT, str(out), timeout=120)
     got = json.loads(out.read_text())
     assert all(got["same"].values()), got["same"]
     assert got["writes"] == [[2, 20, [64, 65, 66, 67]]]
