@@ -1,7 +1,8 @@
 """Speculative decoding against plain decoding, single stream, greedy, measured in one run.
 
     python benchmarks/bench_speculative.py [--algorithm NGRAM] [--draft-tokens 4] [--max-tokens 128]
-        [--rounds 2] [--topk K] [--model-path PATH] [--json FILE]
+        [--rounds 2] [--topk K] [--num-steps N] [--model-path PATH]
+        [--speculative-draft-model-path PATH] [--load-format dummy] [--json FILE]
 
 One in-process engine with ``--speculative-algorithm``, built and run on its own thread as the
 server runs it, takes the prompts of ``benchmarks/data/speculative_prompts.json`` one at a time,
@@ -24,12 +25,12 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data" / "speculative_prompts.json"
 
 
-def _engine(model_path, **spec):
+def _engine(model_path, load_format: str = "auto", **spec):
     from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.engine.loop import Engine
 
-    cfg = EngineConfig(model_path=model_path, grammar_backend="none", **spec)
+    cfg = EngineConfig(model_path=model_path, load_format=load_format, grammar_backend="none", **spec)
     engine, _ = Engine.build_and_start(cfg, lambda: build_engine_parts(cfg))
     return engine
 
@@ -75,7 +76,13 @@ def main() -> None:
     ap.add_argument("--ngram-min-match", type=int, default=None, help="--speculative-ngram-min-match-window-size")
     ap.add_argument("--ngram-max-match", type=int, default=None, help="--speculative-ngram-max-match-window-size")
     ap.add_argument("--topk", type=int, default=None, help="--speculative-eagle-topk (above 1: tree drafts)")
+    ap.add_argument("--num-steps", type=int, default=None, help="--speculative-num-steps (a tree's depth)")
     ap.add_argument("--model-path", default=None)
+    ap.add_argument(
+        "--speculative-draft-model-path", "--draft-model-path", dest="draft_model_path", default=None,
+        help="STANDALONE's draft model, or the EAGLE/EAGLE3 head's directory",
+    )  # fmt: skip
+    ap.add_argument("--load-format", default="auto", help="dummy: random weights at the checkpoint's shapes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -87,8 +94,16 @@ def main() -> None:
         window["speculative_ngram_max_match_window_size"] = args.ngram_max_match
     if args.topk is not None:
         window["speculative_eagle_topk"] = args.topk
+    if args.num_steps is not None:
+        window["speculative_num_steps"] = args.num_steps
+    if args.draft_model_path is not None:
+        window["speculative_draft_model_path"] = args.draft_model_path
     spec = _engine(
-        args.model_path, speculative_algorithm=args.algorithm, speculative_num_draft_tokens=args.draft_tokens, **window
+        args.model_path,
+        args.load_format,
+        speculative_algorithm=args.algorithm,
+        speculative_num_draft_tokens=args.draft_tokens,
+        **window,
     )
     saved: dict = {}
     tok = spec.tokenizer

@@ -2,6 +2,10 @@
 and the best any lookup proposer could do on the benchmark's prompts.
 
     python benchmarks/spec_ceiling.py [--draft-tokens 1 2 3 4 6 8] [--max-tokens 128] [--model-path PATH]
+        [--load-format dummy]
+
+On a GPU, ``--model-path`` of a real checkpoint's directory with ``--load-format dummy`` measures
+the verify step's cost at its shapes (the oracle drafts the plain output, whatever the weights).
 
 1. Each prompt of ``benchmarks/data/speculative_prompts.json`` is decoded plainly (greedy, one at a
    time), which gives its output and the time of a one-row decode step.
@@ -100,9 +104,12 @@ def main() -> None:
     ap.add_argument("--draft-tokens", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--model-path", default=None)
+    ap.add_argument("--load-format", default="auto", help="dummy: the verify cost at a checkpoint's shapes")
     args = ap.parse_args()
     kmax = max(args.draft_tokens)
-    engine = _engine(args.model_path, speculative_algorithm="NGRAM", speculative_num_draft_tokens=kmax)
+    engine = _engine(
+        args.model_path, args.load_format, speculative_algorithm="NGRAM", speculative_num_draft_tokens=kmax
+    )
     saved: dict = {}
     try:
         sets = {

@@ -94,13 +94,15 @@ class Speculator:
             draft = draft[:cut]
         return draft
 
-    def record(self, req, drafted: int, accepted: int) -> None:
-        """A verify step of ``req`` kept ``accepted`` of ``drafted`` draft tokens."""
+    def record(self, req, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """A verify step of ``req`` kept ``accepted`` of ``drafted`` draft tokens (a tree's nodes,
+        ``depth`` deep: its length, as a chain's, is its depth)."""
         self.stats.verify_steps += 1
         self.stats.draft_tokens += drafted
         self.stats.accepted_tokens += accepted
-        if accepted == drafted:
-            self._length[req.rid] = min(self.num_draft_tokens, 2 * drafted)
+        depth = drafted if depth is None else depth
+        if accepted == depth:
+            self._length[req.rid] = min(self.num_draft_tokens, 2 * depth)
         else:
             self._length[req.rid] = accepted + 1
         if accepted:

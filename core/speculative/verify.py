@@ -52,7 +52,7 @@ def verify_draft(engine, seg, logits) -> int:
         if nxt != accepted - 1:  # a tree node off the main chain: its K/V to the position it now holds
             _move_kv(engine.runner, req.req_pool_idx, seg.start + 1 + nxt, seg.start + accepted)
         node = nxt
-    engine.speculator.record(req, len(draft), accepted)
+    engine.speculator.record(req, len(draft), accepted, None if tree is None else max(tree.depths()))
     return emitted
 
 

@@ -58,5 +58,8 @@ def test_the_draft_length_follows_the_requests_acceptance():
     assert spec.draft(r) == [3, 4, 5, 6]
     spec.record(r, 4, 4)
     assert len(spec.draft(r)) == 6  # (up to --speculative-num-draft-tokens)
+    spec.record(r, 6, 1)
+    spec.record(r, 5, 2, depth=2)  # a tree of 5 nodes whose whole depth was kept: twice as deep
+    assert spec.draft(r) == [3, 4, 5, 6]
     spec.release(r)
     assert len(spec.draft(r)) == 6
