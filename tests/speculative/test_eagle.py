@@ -201,24 +201,11 @@ def test_served_output_is_unchanged_and_an_agreeing_head_keeps_every_draft(model
 @pytest.mark.slow  # a server of two rank processes
 def test_under_tp2_rank_0_drafts_through_the_gathered_lm_head(models):
     """``--tp-size 2``: the target's LM head is split over the ranks and only rank 0 drafts, on its
-    gathered copy. The agreeing head's drafts (its output on the LM head's row 0) are all kept as on
-    one rank, and the output is one rank's."""
-    spec = dict(
-        speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.agreeing),
-        speculative_num_draft_tokens=4,
-    )  # fmt: skip
-    (got, accepted), (reference, stats) = tp2_and_one_rank(models.constant, 20, **spec)
-    assert got == reference and reference[(0, 0)] == [0] * 20
-    assert accepted == stats.accepted_tokens >= 3 * 12
-
-
-@pytest.mark.slow  # a server of two rank processes
-def test_a_kept_branch_off_the_main_chain_under_tp2(models):
-    """Top-k 3 with a head whose first choice is never the target's: every kept node is off the
-    tree's main chain, so its K/V moves, on rank 0 at once and on rank 1 with the next step.
-    ``--tp-size 2`` answers what one rank answers, and keeps as many drafts. (The constant target
-    does not read its K/V: the moves' numbers are checked in-process, test_tree_drafts, and on
-    the wire, test_step_wire.)"""
+    gathered copy. Top-k 3 with a head whose first choice is never the target's: every kept node
+    is off the tree's main chain, so its K/V moves, on rank 0 at once and on rank 1 with the next
+    step. The output and the drafts kept are one rank's. (The constant target does not read its
+    K/V: the moves' numbers are checked in-process, test_tree_drafts, and on the wire,
+    test_step_wire.)"""
     spec = dict(
         speculative_algorithm="EAGLE", speculative_draft_model_path=str(models.second),
         speculative_num_draft_tokens=9, speculative_num_steps=3, speculative_eagle_topk=3,
