@@ -25,6 +25,15 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data" / "speculative_prompts.json"
 
 
+def chat_ids(tok, prompt: str) -> list[int]:
+    """The prompt as a user turn of the model's chat template (as it is, for a model without one)."""
+    text = prompt
+    if getattr(tok, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 def _engine(model_path, load_format: str = "auto", **spec):
     from llmkit.core.engine.builder import build_engine_parts
     from llmkit.core.engine.config import EngineConfig
@@ -56,6 +65,8 @@ def _generate(engine, rid: str, ids: list[int], max_tokens: int) -> tuple[list[i
     done, tokens, stamps = threading.Event(), [], []
 
     def sink(out):
+        if out.finished and getattr(out, "error", None):
+            sink.error = out.error
         if out.token_ids:
             stamps.append((time.perf_counter(), len(out.token_ids)))
             tokens.extend(out.token_ids)
@@ -64,6 +75,8 @@ def _generate(engine, rid: str, ids: list[int], max_tokens: int) -> tuple[list[i
 
     engine.submit(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=max_tokens, temperature=0)), sink)
     assert done.wait(600), rid
+    if not stamps:
+        raise RuntimeError(f"{rid}: no tokens ({getattr(sink, 'error', None) or 'the request failed'})")
     return tokens, stamps[-1][0] - stamps[0][0]
 
 
@@ -114,10 +127,7 @@ def main() -> None:
             differ = 0
             for r in range(args.rounds):
                 for i, item in enumerate(items):
-                    text = tok.apply_chat_template(
-                        [{"role": "user", "content": item["prompt"]}], add_generation_prompt=True, tokenize=False
-                    )
-                    ids = tok(text, add_special_tokens=False)["input_ids"]
+                    ids = chat_ids(tok, item["prompt"])
                     outs = {}
                     for label in ("plain", "spec"):
                         _speculation(spec, label == "spec", saved)

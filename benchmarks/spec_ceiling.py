@@ -28,12 +28,7 @@ import argparse
 import json
 import time
 
-from bench_speculative import DATA, _engine, _generate, _speculation
-
-
-def _chat_ids(tok, prompt: str) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False)["input_ids"]
+from bench_speculative import DATA, _engine, _generate, _speculation, chat_ids
 
 
 def _oracle_steps(engine, saved: dict, runs: list, k: int, max_tokens: int) -> float:
@@ -113,7 +108,7 @@ def main() -> None:
     saved: dict = {}
     try:
         sets = {
-            name: [_chat_ids(engine.tokenizer, it["prompt"]) for it in items]
+            name: [chat_ids(engine.tokenizer, it["prompt"]) for it in items]
             for name, items in json.loads(DATA.read_text()).items()
         }
         _speculation(engine, False, saved)
