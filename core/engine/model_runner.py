@@ -15,7 +15,6 @@ from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.speculative.features import FeatureCapture
-from llmkit.core.speculative.tree import DraftTree
 
 
 @dataclass
@@ -286,7 +285,7 @@ class ModelRunner:
             if s.tree is None:
                 observe(s.req, s.start, feats[row : row + s.length])
             else:  # the root's row, then its nodes' (see HiddenStateProposer.observe)
-                observe(s.req, s.start, feats[row : row + s.length], DraftTree(tuple(s.draft), s.tree))
+                observe(s.req, s.start, feats[row : row + s.length], s.tree)
             row += s.length
 
     def move_kv_column(self, row: int, src: int, dst: int) -> None:
@@ -299,12 +298,13 @@ class ModelRunner:
             self._moved += [src_slot, dst_slot]
 
     def move_kv(self, pairs: list[int]) -> None:
-        """Copy the K/V of each (source slot, destination slot) of the flat ``pairs``, in order."""
-        slots = torch.tensor(pairs, dtype=torch.int64).view(-1, 2).to(self.device)
+        """Copy the K/V of each (source slot, destination slot) of the flat ``pairs``. All sources
+        are read before any destination is written, which is what copying them in order gives:
+        no kept node's destination is a later one's source (see core/speculative/tree.py)."""
+        src, dst = torch.tensor(pairs, dtype=torch.int64).view(-1, 2).t().to(self.device)
         for buf in self.pool.k_buffers + self.pool.v_buffers:
             raw = buf.view(torch.uint8)  # (any pool dtype, fp8 included)
-            for src, dst in slots:
-                raw.index_copy_(0, dst.view(1), raw.index_select(0, src.view(1)))
+            raw.index_copy_(0, dst, raw.index_select(0, src))
 
     def keep_alive(self) -> None:
         """Between steps, on tensor-parallel rank 0: a heartbeat to the other ranks when idle for a
@@ -327,20 +327,15 @@ def _tree_rows(s, first_seq: int, pos, q_lens, kv_lens, rows, decoding, tree_key
     """A tree segment's rows as one-row sequences: the root at its position ``p0``, node ``i`` at
     ``p0 + depth(i)`` over its request's slots up to ``p0`` and its path's (node ``j``'s slot is at
     the request's column ``p0 + 1 + j``)."""
-    tree = DraftTree(tuple(s.draft), s.tree)
-    p0, row = s.start, s.req.req_pool_idx
-    pos.append(p0)
-    q_lens.append(1)
-    kv_lens.append(p0 + 1)
-    rows.append(row)
-    decoding.append(1)
-    for i, depth in enumerate(tree.depths()):
+    tree, p0, row = s.tree, s.start, s.req.req_pool_idx
+    for i, depth in enumerate([0, *tree.depths()]):  # the root (depth 0), then the nodes
         pos.append(p0 + depth)
         q_lens.append(1)
         kv_lens.append(p0 + depth + 1)
         rows.append(row)
         decoding.append(1)
-        tree_keys.append((first_seq + 1 + i, p0 + 1, [p0 + 1 + j for j in tree.path(i)]))
+        if i:
+            tree_keys.append((first_seq + i, p0 + 1, [p0 + 1 + j for j in tree.path(i - 1)]))
 
 
 def _tree_table(table: torch.Tensor, rows_t: torch.Tensor, inp: StepInputs):

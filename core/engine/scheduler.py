@@ -32,9 +32,9 @@ class Segment:
     # of the 1 + len(draft) rows is sampled, the first rejected draft token ending the run). Never
     # mutated: the default is one shared empty tuple, not a new list per segment per step.
     draft: list[int] | tuple[()] = ()
-    # A tree draft: each draft token's parent (-1: the sequence's last token; see
-    # core/speculative/tree.py); None: the draft is a chain
-    tree: tuple[int, ...] | None = None
+    # A tree draft (``draft`` holds its tokens, node order; see core/speculative/tree.py); None: the
+    # draft is a chain
+    tree: DraftTree | None = None
 
     @property
     def samples(self) -> bool:
@@ -243,9 +243,9 @@ class Scheduler:
             if length <= 0:
                 continue
             draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
-            tree = None
-            if isinstance(draft, DraftTree):
-                draft, tree = list(draft.tokens), draft.parents
+            tree = draft if isinstance(draft, DraftTree) else None
+            if tree is not None:
+                draft = list(tree.tokens)
             length += len(draft)
             while not self._assign_slots(req, req.num_computed + length):
                 victim = self._pick_victim(exclude=req)

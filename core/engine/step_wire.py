@@ -98,9 +98,9 @@ class StepInputs:
     images: list = field(default_factory=list)
     rope: list | None = None
     bidirectional: list = field(default_factory=list)
-    # Tree drafts (rank 0 alone: not served under tensor parallelism): each node is a sequence of
-    # its own whose slot list is its request's with columns ``first ..`` taken from the request's
-    # columns ``cols`` (its ancestors' and its own slots), as ``(sequence, first, cols)``
+    # Tree drafts: each node is a sequence of its own whose slot list is its request's with columns
+    # ``first ..`` taken from the request's columns ``cols`` (its ancestors' and its own slots), as
+    # ``(sequence, first, cols)``
     tree_keys: list = field(default_factory=list)
     # K/V that rank 0 moved since the last step (a tree's kept nodes, see core/speculative/verify.py):
     # flat (source slot, destination slot) pairs the other ranks move too before this forward

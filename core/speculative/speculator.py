@@ -82,10 +82,9 @@ class Speculator:
         if isinstance(draft, DraftTree):
             # each node takes a slot after the sequence's end: all within the context
             draft = draft.truncated(min(self.max_nodes, self.max_context - req.seq_len - 1), room)
-            if req.mm is not None or draft.is_chain():  # (images: chains only, see below)
-                draft = list(draft.tokens[: next((i for i, p in enumerate(draft.parents) if p != i - 1), len(draft))])
-            else:
+            if req.mm is None and not draft.is_chain():
                 return draft
+            draft = draft.main_chain()  # (images: chains only, see below)
         draft = list(draft)[:room]
         if req.mm is not None:  # a copy of the prompt may reach an image's pseudo-ids: stop before
             from llmkit.core.multimodal.items import PSEUDO_BASE

@@ -22,6 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def path_of(parents, node: int) -> list[int]:
+    """The nodes from the root's child down to ``node``, in depth order (``parents[i]``: node
+    ``i``'s parent, -1 the root); a tree still being built may pass its list."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
 @dataclass(frozen=True)
 class DraftTree:
     tokens: tuple[int, ...]
@@ -68,11 +78,7 @@ class DraftTree:
 
     def path(self, node: int) -> list[int]:
         """The nodes from the root's child down to ``node``, in depth order."""
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+        return path_of(self.parents, node)
 
     def child(self, node: int, token: int) -> int | None:
         """The child of ``node`` (-1: the root) that carries ``token``, if any."""
@@ -92,5 +98,10 @@ class DraftTree:
                 keep.append((tok, index[p]))
         return DraftTree(tuple(t for t, _ in keep), tuple(p for _, p in keep))
 
+    def main_chain(self) -> list[int]:
+        """The tokens of nodes ``0 .. L-1``, the chain the tree starts with."""
+        length = next((i for i, p in enumerate(self.parents) if p != i - 1), len(self.parents))
+        return list(self.tokens[:length])
+
     def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
+        return len(self.main_chain()) == len(self.tokens)

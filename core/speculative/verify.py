@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-from llmkit.core.speculative.tree import DraftTree
-
 
 def verify_drafted(engine, segs: list, logits) -> tuple[int, list, object]:
     """Verify the drafted ones among a step's sampling segments (each scored by 1 + K rows of
@@ -25,7 +23,7 @@ def verify_draft(engine, seg, logits) -> int:
     A tree's rows are walked from the root: the sampled token picks the child that carries it.
     ``engine`` is the :class:`~llmkit.core.engine.loop.Engine`. Returns the tokens emitted."""
     req, draft = seg.req, seg.draft
-    tree = None if seg.tree is None else DraftTree(tuple(draft), seg.tree)
+    tree = seg.tree
     req.inflight = False
     base = seg.start + 1  # K/V are in the pool up to here; each kept draft token adds one
     emitted = accepted = 0
@@ -50,12 +48,7 @@ def verify_draft(engine, seg, logits) -> int:
             break
         accepted += 1
         if nxt != accepted - 1:  # a tree node off the main chain: its K/V to the position it now holds
-            _move_kv(engine.runner, req.req_pool_idx, seg.start + 1 + nxt, seg.start + accepted)
+            engine.runner.move_kv_column(req.req_pool_idx, seg.start + 1 + nxt, seg.start + accepted)
         node = nxt
     engine.speculator.record(req, len(draft), accepted, None if tree is None else max(tree.depths()))
     return emitted
-
-
-def _move_kv(runner, row: int, src: int, dst: int) -> None:
-    """A kept tree node's K/V (column ``src`` of the request's row) to the position it holds (``dst``)."""
-    runner.move_kv_column(row, src, dst)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from llmkit.core.speculative.tree import DraftTree
+from llmkit.core.speculative.tree import DraftTree, path_of
 from llmkit.plugins.speculative.draft_cache import DraftKV
 
 # feed(inputs, tokens, positions): the drafter's output rows for ``tokens`` at ``positions``, their
@@ -48,8 +48,8 @@ def search_tree(kv: DraftKV, root_out: torch.Tensor, feed: Feed, top: Top, depth
         mask = torch.zeros(rows, start + rows, dtype=torch.bool, device=root_out.device)
         mask[:, :exact] = True
         for r, node in enumerate(frontier):
-            mask[r, [fed[a] for a in ancestors(parents, node)] + [start + r]] = True
             fed[node] = start + r
+            mask[r, [fed[a] for a in path_of(parents, node)]] = True  # its ancestors' rows and its own
         kv.mask = mask
         try:
             out = feed(inputs, [tokens[i] for i in frontier], [first + d - 1] * rows)
@@ -72,16 +72,6 @@ def search_tree(kv: DraftKV, root_out: torch.Tensor, feed: Feed, top: Top, depth
     return best_tree(tokens, parents, scores, depth * k)
 
 
-def ancestors(parents: list[int], node: int) -> list[int]:
-    """``node``'s ancestors, nearest first (the root not included)."""
-    out = []
-    node = parents[node]
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out
-
-
 def best_tree(tokens: list[int], parents: list[int], scores: list[float], max_nodes: int) -> DraftTree:
     """The ``max_nodes`` best-scored candidates (each with its parent), its main chain the best
     child of each node from the root."""
@@ -102,5 +92,5 @@ def best_tree(tokens: list[int], parents: list[int], scores: list[float], max_no
     paths = [chain]
     leaves = sorted((i for i in keep if not any(parents[j] == i for j in keep)), key=lambda i: -scores[i])
     for leaf in leaves:
-        paths.append([tokens[i] for i in [leaf, *ancestors(parents, leaf)][::-1]])
+        paths.append([tokens[i] for i in path_of(parents, leaf)])
     return DraftTree.from_paths(paths, max_nodes=len(keep), max_depth=max(len(p) for p in paths))

@@ -17,6 +17,7 @@ import torch
 
 from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.engine.scheduler import ScheduledBatch, Segment
+from llmkit.core.speculative.tree import DraftTree
 
 from paged_runner import PagedRunner
 
@@ -53,7 +54,7 @@ def tree_scenario(model_dir, page_size: int, kernels: str = "torch") -> list[lis
     runner = ModelRunner(paged.model, paged.attn, paged.pool, paged.req_pool, torch.device("cpu"), False)
     paged._grow(a, 1 + len(TOKENS))  # the chain layout's slots: the root, then node i at + 1 + i
     paged._grow(b, 1)
-    tree = Segment(_req(a, PROMPT), len(PROMPT) - 1, 1 + len(TOKENS), list(TOKENS), PARENTS)
+    tree = Segment(_req(a, PROMPT), len(PROMPT) - 1, 1 + len(TOKENS), list(TOKENS), DraftTree(TOKENS, PARENTS))
     plain = Segment(_req(b, OTHER), len(OTHER) - 1, 1)
     inp = runner.step_inputs(ScheduledBatch([plain, tree]))
     logits, _ = runner.execute(inp)

@@ -11,7 +11,7 @@ import pytest
 from spec_utils import assert_same_outputs, generate_all_then_stop
 
 from llmkit.core.engine.config import EngineConfig
-from llmkit.core.speculative import verify
+from llmkit.core.engine.model_runner import ModelRunner
 from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.ngram import NgramProposer
 
@@ -56,13 +56,13 @@ def reference():
 def moves(monkeypatch):
     """Counts the kept nodes off a tree's main chain (their K/V moved)."""
     seen = []
-    move = verify._move_kv
+    move = ModelRunner.move_kv_column
 
-    def counted(*args):
-        seen.append(args[1:])
-        return move(*args)
+    def counted(runner, *args):
+        seen.append(args)
+        return move(runner, *args)
 
-    monkeypatch.setattr(verify, "_move_kv", counted)
+    monkeypatch.setattr(ModelRunner, "move_kv_column", counted)
     return seen
 
 
