@@ -26,8 +26,9 @@ class Proposer(ABC):
     # :class:`~llmkit.core.speculative.tree.DraftTree` of up to K candidates instead of a chain
     drafts_trees = False
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, topk: int | None = None, **options: Any) -> None:
         self.options = options
+        self.topk = max(1, topk or 1)  # --speculative-eagle-topk (above 1: a proposer that drafts_trees)
 
     @abstractmethod
     def propose(self, req, max_tokens: int) -> list[int]:

@@ -21,7 +21,7 @@ from llmkit.core.multimodal.items import as_placeholders
 from llmkit.core.speculative.contract import Proposer
 from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.draft_cache import DraftKV
-from llmkit.plugins.speculative.tree_search import search_tree
+from llmkit.plugins.speculative.tree_search import search_tree, top_k
 
 
 @dataclass
@@ -50,10 +50,6 @@ class HiddenStateProposer(Proposer):
     device: torch.device = torch.device("cpu")
     max_position: int = 1 << 30
     image_token: int = 0  # a vision-language target's image placeholder (``image_token_of``)
-
-    def __init__(self, topk: int | None = None, **options) -> None:
-        super().__init__(**options)
-        self.topk = max(1, topk or 1)
 
     @abstractmethod
     def draft_layer(self, hidden, tokens, positions, kv: DraftKV, from_target: bool) -> torch.Tensor:
@@ -140,8 +136,8 @@ class HiddenStateProposer(Proposer):
 
     def _top(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top K target ids and their log-probabilities, ``[rows, K]`` each."""
-        top = torch.log_softmax(self.draft_scores(out).float(), dim=-1).topk(self.topk, dim=-1)
-        return self.to_target(top.indices), top.values
+        ids, logp = top_k(self.draft_scores(out), self.topk)
+        return self.to_target(ids), logp
 
     def _tree(self, kv: DraftKV, hidden: torch.Tensor, n: int, depth: int) -> DraftTree:
         """The tree of the class docstring, ``depth`` deep; ``hidden``: the head's output at the

@@ -29,12 +29,11 @@ class _Index:
 class NgramProposer(Proposer):
     drafts_trees = True
 
-    def __init__(self, min_match: int = 2, max_match: int = 4, topk: int | None = None, **options) -> None:
+    def __init__(self, min_match: int = 2, max_match: int = 4, **options) -> None:
         super().__init__(**options)
         if not 1 <= min_match <= max_match:
             raise ValueError(f"NGRAM match window {min_match}..{max_match}: need 1 <= min <= max")
         self.min_match, self.max_match = min_match, max_match
-        self.topk = max(1, topk or 1)
 
     def propose(self, req, max_tokens: int) -> list[int] | DraftTree:
         ids = req.all_ids

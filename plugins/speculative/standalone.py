@@ -25,7 +25,7 @@ from llmkit.core.speculative.contract import Proposer
 from llmkit.core.speculative.tree import DraftTree
 from llmkit.plugins.speculative.draft_cache import DraftAttention, DraftKV
 from llmkit.plugins.speculative.head_files import head_dir
-from llmkit.plugins.speculative.tree_search import search_tree
+from llmkit.plugins.speculative.tree_search import search_tree, top_k
 
 log = logging.getLogger("llmkit")
 
@@ -41,13 +41,10 @@ class StandaloneProposer(Proposer):
         dtype: torch.dtype = torch.float32,
         target_vocab_size: int | None = None,
         target_model=None,
-        topk: int | None = None,
         **options,
     ) -> None:
         super().__init__(**options)
         from llmkit.core.embedding.decoder import load_causal_lm
-
-        self.topk = max(1, topk or 1)
         from llmkit.core.model.loader.source import load_config
 
         path = head_dir(draft_model_path, "STANDALONE", "a smaller model")
@@ -85,12 +82,7 @@ class StandaloneProposer(Proposer):
         if self.topk > 1:
             return self._tree(kv, feed, max_tokens)
         for _ in range(max_tokens):
-            positions = torch.arange(kv.length, kv.length + len(feed), device=self.device)
-            states = self.model(
-                torch.tensor(feed, dtype=torch.long, device=self.device),
-                positions,
-                ForwardContext(self.attention, kv),
-            )
+            states = self._forward(kv, feed, list(range(kv.length, kv.length + len(feed))))
             kv.length += len(feed)
             kv.ids.extend(feed)
             token = int(self.model.compute_logits(states[-1:]).argmax(dim=-1)[0])
@@ -106,8 +98,7 @@ class StandaloneProposer(Proposer):
         )
 
     def _top(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        top = torch.log_softmax(self.model.compute_logits(states).float(), dim=-1).topk(self.topk, dim=-1)
-        return top.indices, top.values
+        return top_k(self.model.compute_logits(states), self.topk)
 
     def _tree(self, kv: DraftKV, feed: list[int], depth: int) -> DraftTree:
         """The request's unseen tokens fed, then a tree searched from the last one's output (see

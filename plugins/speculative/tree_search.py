@@ -72,6 +72,12 @@ def search_tree(kv: DraftKV, root_out: torch.Tensor, feed: Feed, top: Top, depth
     return best_tree(tokens, parents, scores, depth * k)
 
 
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` likeliest ids and their log-probabilities, ``[rows, k]`` each."""
+    top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return top.indices, top.values
+
+
 def best_tree(tokens: list[int], parents: list[int], scores: list[float], max_nodes: int) -> DraftTree:
     """The ``max_nodes`` best-scored candidates (each with its parent), its main chain the best
     child of each node from the root."""
