@@ -100,17 +100,14 @@ def main() -> None:
     args = ap.parse_args()
 
     prompts = json.loads(DATA.read_text())
-    window = {}
-    if args.ngram_min_match is not None:
-        window["speculative_ngram_min_match_window_size"] = args.ngram_min_match
-    if args.ngram_max_match is not None:
-        window["speculative_ngram_max_match_window_size"] = args.ngram_max_match
-    if args.topk is not None:
-        window["speculative_eagle_topk"] = args.topk
-    if args.num_steps is not None:
-        window["speculative_num_steps"] = args.num_steps
-    if args.draft_model_path is not None:
-        window["speculative_draft_model_path"] = args.draft_model_path
+    given = {
+        "speculative_ngram_min_match_window_size": args.ngram_min_match,
+        "speculative_ngram_max_match_window_size": args.ngram_max_match,
+        "speculative_eagle_topk": args.topk,
+        "speculative_num_steps": args.num_steps,
+        "speculative_draft_model_path": args.draft_model_path,
+    }
+    window = {k: v for k, v in given.items() if v is not None}  # the engine's defaults for the others
     spec = _engine(
         args.model_path,
         args.load_format,
