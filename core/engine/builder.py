@@ -114,8 +114,7 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
         from llmkit.core.multimodal.step_rows import EncoderCache
 
         runner.encoder = EncoderCache(model)
-    if runner.lora is None:  # adapter rows run eager: the segmented CUDA kernels are not here yet
-        capture_graphs(plan, config, model, runner, kv, tp)
+    capture_graphs(plan, config, model, runner, kv, tp)
     _log_loaded(plan, config, kv, tp, leader, explicit_running, time.monotonic() - t0)
     vocab_size = int(plan.hf_config.get("vocab_size") or model.vocab_size)  # (a VL config may nest it)
     eos_ids = _eos_ids(plan.model_dir, plan.hf_config, tokenizer)
@@ -269,6 +268,7 @@ def capture_graphs(plan: Plan, config: EngineConfig, model, runner: ModelRunner,
         max_context=kv.max_context + config.page_size,
         device=plan.device,
         deterministic=config.enable_deterministic_inference,
+        lora=runner.lora,  # (adapter rows replay only through the Triton kernels; else eager)
     )
     runner.graphs.capture()
 

@@ -221,19 +221,19 @@ class ModelRunner:
             mm = self.encoder.forward_inputs(inp.images, inp.rope, len(inp.ids), self.device)
         lora = bool(inp.loras) and self.lora.activate(inp.loras, inp.q_lens, self.device)
         capture = FeatureCapture(self.features[0]) if self.features is not None else None
-        graphed = not lora and mm is None and capture is None and not inp.tree_keys and self.graphs is not None
-        if graphed and self.graphs.can_run(md):
-            hidden = self.graphs.replay(input_ids, positions, md)
-        else:
-            md = self.attn.prepare_metadata(md)
-            try:
+        graphed = mm is None and capture is None and not inp.tree_keys and self.graphs is not None
+        try:
+            if graphed and (not lora or self.graphs.lora is not None) and self.graphs.can_run(md):
+                hidden = self.graphs.replay(input_ids, positions, md)  # (adapter rows: the graph's slots)
+            else:
+                md = self.attn.prepare_metadata(md)
                 ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm, capture)
                 hidden = self.model(input_ids, positions, ctx)
-            finally:
-                if lora:
-                    self.lora.deactivate()
-            if capture is not None:
-                self._captured = capture.features()
+                if capture is not None:
+                    self._captured = capture.features()
+        finally:
+            if lora:
+                self.lora.deactivate()
         prompt = [self.model.compute_logits(hidden[a:b], self.deterministic) for a, b in inp.prompt_ranges]
         if inp.sample_rows:
             rows = hidden if sample_idx is None else hidden.index_select(0, sample_idx)

@@ -8,7 +8,9 @@ of SGMV). Rows of no adapter pay nothing, and a batch with no adapter rows only 
 On CUDA (Triton installed, ``LLMKIT_DISABLE_FUSED_KERNELS`` not 1) the whole batch's deltas of a
 layer are two launches instead (:mod:`llmkit.core.lora.triton_sgmv`): the manager gives each row
 its adapter's slot once per forward, and each layer keeps its adapters' weights in a fixed set of
-slots (:mod:`llmkit.core.lora.slot_pool`), written when an adapter takes one.
+slots (:mod:`llmkit.core.lora.slot_pool`), written when an adapter takes one. Those launches read
+only device tensors, so a decode step with adapter rows replays from a CUDA graph (captured over
+every slot, :meth:`LoRAManager.stage_for_graph`) like any other.
 """
 
 from __future__ import annotations
@@ -33,10 +35,15 @@ class LoRABatch:
     row_slot: torch.Tensor | None = None
     slots: tuple = ()
     pool: SlotPool | None = None
+    # A CUDA graph is being captured: ``row_slot`` is the graph's static buffer and every layer
+    # launches over all its slots, whatever a replay's rows use (their weights are written first).
+    captured: bool = False
 
     def stack(self, layer: "LoRALinear"):
         """``layer``'s slots (:class:`~llmkit.core.lora.slot_pool.Stack`), or None where no
-        adapter of this forward adapts it."""
+        adapter of this forward adapts it (or, while captured, where the layer has no slots)."""
+        if self.captured:
+            return self.pool.stacks.get(layer.name)
         used = [s for s, ad in enumerate(self.slots) if ad is not None]
         return self.pool.stack(layer.name, layer.local_in, layer.local_out, used)
 
@@ -56,7 +63,7 @@ class LoRALinear(HotModule):
 
     def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         base = self.base_layer
-        if base.parallel != "row" or not self.batch.groups:
+        if base.parallel != "row" or not (self.batch.groups or self.batch.captured):
             # one rank, or a column-parallel layer: this rank's output rows are whole, and its
             # share of B (those rows) gives exactly their delta
             y = base(x, deterministic)
@@ -74,7 +81,7 @@ class LoRALinear(HotModule):
 
     def _add_deltas(self, x: torch.Tensor, y: torch.Tensor, deterministic: bool) -> None:
         batch = self.batch
-        if batch.row_slot is not None and x.is_cuda:
+        if batch.row_slot is not None:  # the Triton kernels (set on CUDA, or by the interpreter tests)
             stack = batch.stack(self)
             if stack is not None:
                 from llmkit.core.lora.triton_sgmv import add_lora

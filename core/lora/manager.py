@@ -225,6 +225,35 @@ class LoRAManager:
         self.batch.slots = tuple(slots)
         self.batch.row_slot = torch.tensor(per_row, dtype=torch.int32, device=device)
 
+    @property
+    def graphable(self) -> bool:
+        """Whether adapter rows run through the Triton kernels over slots allocated at start:
+        launches a CUDA graph can capture (else adapter steps run eagerly)."""
+        return self.batch.pool is not None and bool(self.batch.pool.stacks)
+
+    def capture_with(self, row_slot: torch.Tensor) -> LoRABatch:
+        """The batch a CUDA graph is captured with: each row's slot read from ``row_slot`` (the
+        graph's static buffer) and every layer launched over all its slots."""
+        self.batch.groups, self.batch.slots = [], ()
+        self.batch.row_slot, self.batch.captured = row_slot, True
+        return self.batch
+
+    def end_capture(self) -> None:
+        self.batch.captured = False
+        self.deactivate()
+
+    def stage_for_graph(self, row_slot: torch.Tensor, n: int) -> None:
+        """Before a replay of a graph captured with :meth:`capture_with`: its ``row_slot`` buffer
+        holds this forward's ``n`` rows' slots (-1 for padding and base rows), and each adapter
+        of the forward has its weights in its slot in every layer (a graph asks for no slot)."""
+        batch = self.batch
+        if batch.row_slot is None:  # no adapter row in this forward (or none activated)
+            row_slot.fill_(-1)
+            return
+        batch.pool.write_all([s for s, ad in enumerate(batch.slots) if ad is not None])
+        row_slot[:n].copy_(batch.row_slot)
+        row_slot[n:].fill_(-1)
+
     def deactivate(self) -> None:
         self.batch.groups = []
         self.batch.row_slot, self.batch.slots = None, ()

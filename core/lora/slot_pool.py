@@ -114,12 +114,22 @@ class SlotPool:
                 return None
             a0 = first.weights[name][0]
             stack = self.allocate(name, in_features, out_features, a0.dtype, a0.device)
-        written, ranks = self._written[name], self._ranks[name]
+        self._fill(name, slots)
+        return stack if any(self._ranks[name][s] for s in slots) else None
+
+    def write_all(self, slots: Sequence[int]) -> None:
+        """Every allocated layer's ``slots`` hold their owners' weights: before a CUDA graph
+        replay, whose captured launches read each layer's slots without asking for them."""
+        for name in self.stacks:
+            self._fill(name, slots)
+
+    def _fill(self, name: str, slots: Sequence[int]) -> None:
+        """Write each of ``slots`` whose owner changed since layer ``name`` last held it."""
+        stack, written, ranks = self.stacks[name], self._written[name], self._ranks[name]
         for s in slots:
             if written[s] != self._owner_uid[s]:
                 ranks[s] = _write(stack, s, self.owner(s), name)
                 written[s] = self._owner_uid[s]
-        return stack if any(ranks[s] for s in slots) else None
 
 
 def _write(stack: Stack, s: int, adapter, name: str) -> int:

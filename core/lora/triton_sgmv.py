@@ -188,6 +188,6 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, stack: Stack, row_slot: torch.Ten
     """``y`` (the base output ``[T, out]``) plus each row's adapter delta: two launches."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    assert y.stride(-1) == 1 and row_slot.dtype == torch.int32 and row_slot.shape[0] == x.shape[0]
+    assert y.stride(-1) == 1 and row_slot.dtype == torch.int32 and row_slot.shape[0] == x.shape[0] == y.shape[0]
     expand(y, shrink(x, stack, row_slot), stack, row_slot)
     return y

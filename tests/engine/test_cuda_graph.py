@@ -118,3 +118,61 @@ def test_chained_steps_on_cuda_equal_steps_one_after_another(tmp_path):
         finally:
             engine.shutdown()
     assert results[0] == results[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_adapter_rows_replay_graphs_and_equal_eager(tmp_path):
+    """Decode steps mixing two LoRA adapters and base rows replay the captured graphs (the rows'
+    slots staged into the graph's buffer) and answer as eager steps do; later steps with fewer
+    rows and another mix reuse the same graphs."""
+    from lora_utils import save_adapter, save_tiny_llama
+
+    save_tiny_llama(tmp_path / "base")
+    save_adapter(tmp_path / "base", tmp_path / "a", seed=1, r=8)
+    save_adapter(tmp_path / "base", tmp_path / "b", seed=2, r=4, targets=["q_proj", "v_proj", "down_proj"])
+    loras = ["a", "b", None, "a", None, "b"]
+    prompts = [[3, 17 + i, 99, 250 + 5 * i] for i in range(len(loras))]
+    results, adapter_replays = [], []
+    for disable in (True, False):
+        engine = start_engine(
+            model_path=str(tmp_path / "base"),
+            device="cuda",
+            attention="triton",
+            disable_cuda_graph=disable,
+            enable_deterministic_inference=True,
+            cuda_graph_max_bs=8,
+            dtype="float32",
+            lora_paths=(f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"),
+        )
+        try:
+            seen = []
+            if not disable:
+                graphs, replay = engine.runner.graphs, engine.runner.graphs.replay
+                assert graphs.lora is not None, "graphs were captured without the LoRA slots"
+
+                def spy(*a, **kw):
+                    seen.append(engine.runner.lora.batch.row_slot is not None)
+                    return replay(*a, **kw)
+
+                graphs.replay = spy
+            out, done = {}, threading.Semaphore(0)
+            for i, (ids, lora) in enumerate(zip(prompts, loras)):
+                n = 6 + 3 * i  # rows finish at different steps: the batch shrinks and its mix changes
+
+                def sink(o, i=i):
+                    out.setdefault(i, []).extend(o.token_ids)
+                    if o.finished:
+                        done.release()
+
+                params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
+                engine.submit(GenerateRequest(f"g{i}", ids, params, lora=lora), sink)
+            for _ in prompts:
+                assert done.acquire(timeout=300)
+            results.append([out[i] for i in range(len(prompts))])
+            adapter_replays.append(sum(seen))
+        finally:
+            engine.shutdown()
+    assert results[0] == results[1]
+    assert adapter_replays[1] > 5, "no decode step with adapter rows replayed a graph"
+    assert len({tuple(r) for r in results[0]}) == len(prompts)

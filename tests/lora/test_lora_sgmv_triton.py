@@ -35,6 +35,7 @@ CASES = {
 }
 LAYERS = ["qkv", "o"]
 RUNS = [f"{c}:{layer}:float32" for c in CASES for layer in LAYERS] + ["mixed:qkv:bfloat16", "mixed:o:bfloat16"]
+RUNS += ["graph:qkv+o:float32"]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
@@ -49,7 +50,7 @@ class _Base(nn.Module):
         self.parallel = "replicated"  # one rank: LoRALinear adds the delta on the whole output
 
     def forward(self, x, deterministic=False):
-        return self.out.clone()
+        return self.out[: x.shape[0]].clone()
 
 
 def _adapter(name: str, uid: int, layer: str, dtype, device, g) -> LoRAAdapter:
@@ -113,11 +114,71 @@ def check_case(case: str, layer: str, dtype: torch.dtype, device: str) -> None:
     assert mgr.batch.row_slot is None and mgr.batch.slots == ()
 
 
+def check_graph_replay(dtype: torch.dtype) -> None:
+    """A CUDA graph's forward, as its replays see it (the kernels under the interpreter): captured
+    with every row's slot at -1 and each layer launched over all its slots, then replayed for
+    decode steps of other adapters and fewer rows, with only the static slot buffer and the slots
+    changed in between. The graph never asks a layer for its slots: an adapter evicting another's
+    slot, in a layer no eager forward wrote yet, must be there before the replay, and the padding
+    rows of a smaller step must not keep the last step's slots."""
+    g = torch.Generator().manual_seed(3)
+    adapters = {}
+    for i, n in enumerate(ADAPTERS):
+        ad = _adapter(n, i + 1, "qkv", dtype, "cpu", g)
+        o = _adapter(n, i + 1, "o", dtype, "cpu", g)
+        ad.weights.update(o.weights)
+        ad.parts.update(o.parts)
+        adapters[n] = ad
+    bs = 6
+    x = torch.randn(bs, IN, generator=g).to(dtype)
+    base = {"qkv": torch.randn(bs, 80, generator=g).to(dtype), "o": torch.randn(bs, IN, generator=g).to(dtype)}
+    mgr = object.__new__(LoRAManager)
+    mgr.batch, mgr.max_per_batch, mgr.max_rank = LoRABatch(), 2, 64
+    layers = {n: LoRALinear(_Base(y, IN), n, mgr.batch) for n, y in base.items()}
+    mgr.batch.pool = SlotPool(2, 64)
+    mgr.batch.pool.allocate_layers({n: lin.base_layer for n, lin in layers.items()}, dtype, "cpu")
+    assert mgr.graphable
+    static = torch.full((bs,), -1, dtype=torch.int32)
+
+    def graph_forward() -> dict:  # the captured launches: every slot, the rows' slots from ``static``
+        mgr.capture_with(static)
+        try:
+            return {n: lin(x) for n, lin in layers.items()}
+        finally:
+            mgr.end_capture()
+
+    captured = graph_forward()
+    assert all(torch.equal(captured[n], base[n]) for n in base), "rows of no adapter changed at capture"
+    # an eager step through the kernels writes its adapters into the slots of the layers it runs
+    eager = [adapters["r4_all"], adapters["r64_k"]]
+    mgr._slot_rows(eager, [1, 1], "cpu")
+    layers["qkv"](x[:2])
+    mgr.deactivate()
+    steps = [["r4_all", "r1_qv", None, "r4_all", "r1_qv"], ["r64_k", None, "r4_all"]]  # each evicts a slot
+    for names in steps:
+        n = len(names)
+        per_seg = [adapters[a] if a else None for a in names]
+        assert mgr.activate(per_seg, [1] * n, torch.device("cpu"))
+        want = {name: lin(x[:n]) for name, lin in layers.items()}  # the grouped torch path
+        mgr._slot_rows(per_seg, [1] * n, "cpu")  # (what activate builds on CUDA)
+        mgr.stage_for_graph(static, n)
+        mgr.deactivate()
+        got = graph_forward()
+        for name in layers:
+            err = (got[name][:n].float() - want[name].float()).abs().max().item()
+            assert err <= TOL[dtype] * max(1.0, want[name].float().abs().max().item()), f"{names} {name}: {err:.3g}"
+            assert torch.equal(got[name][n:], base[name][n:]), f"{names} {name}: a padding row changed"
+            assert not torch.equal(want[name], base[name][:n]), "a degenerate case: no delta"
+
+
 def _main(runs: list[str]) -> None:
     """Subprocess entry: the ``case:layer:dtype`` checks under the interpreter, reported as JSON."""
 
     def one(run: str) -> None:
         case, layer, dtype = run.split(":")
+        if case == "graph":
+            check_graph_replay(getattr(torch, dtype))
+            return
         check_case(case, layer, getattr(torch, dtype), "cpu")
 
     report_runs(runs, one)
