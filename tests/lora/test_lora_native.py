@@ -10,6 +10,7 @@ import torch
 from llmkit.core.lora.manager import LoRAManager
 from llmkit.core.model import quantize
 from llmkit.core.model.cpu import cpu_decoder
+from llmkit.core.model.cpu.cpu_lora import quantize_rows
 
 from lora_utils import ALL_TARGETS, save_adapter
 from model_utils import load_ours, save_tiny_model
@@ -56,10 +57,11 @@ def test_mixed_adapter_batch_in_the_stack_equals_the_python_layers(tmp_path, mon
     quantize.quantize(model, "int4", 32)  # the stack runs formats with a C kernel at every row count
     lora = LoRAManager(model, max_rank=64, max_per_batch=4)
     adapters = [lora.load("all", str(tmp_path / "all")), lora.load("some", str(tmp_path / "some")), None]
-    for adapter in adapters[:2]:  # values the stack's half-precision copies hold exactly
+    for adapter in adapters[:2]:  # values the stack's int8 copies hold exactly (a row's scale each)
         for a, b in adapter.weights.values():
-            a.copy_(a.half().float())
-            b.copy_(b.half().float())
+            for m in (a, b):
+                q, scale = quantize_rows(m)
+                m.copy_(q.float() * scale[:, None])
     runs = []
     real_run = cpu_decoder.NativeStack.run
 
@@ -80,8 +82,8 @@ def test_mixed_adapter_batch_in_the_stack_equals_the_python_layers(tmp_path, mon
 
 
 def test_weights_the_stack_cannot_take_keep_the_python_layers(tmp_path):
-    """A bf16 adapter (a bf16 model's), or one past half precision's range, has no C copy: that
-    forward runs the Python layers."""
+    """A bf16 adapter (a bf16 model's), or one with a value that is not finite, has no C copy:
+    that forward runs the Python layers."""
     from llmkit.core.model.cpu.cpu_lora import NativeLoRA
 
     save_tiny_model("llama", tmp_path / "base")
@@ -95,6 +97,10 @@ def test_weights_the_stack_cannot_take_keep_the_python_layers(tmp_path):
     adapter.native = None
     adapter.weights = {k: (a.bfloat16(), b.bfloat16()) for k, (a, b) in float32.items()}
     assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is None
-    adapter.native = None  # float32, but past half precision's range (the stack's copies are fp16)
-    adapter.weights = {k: (a, b * 1e6) for k, (a, b) in float32.items()}
+    adapter.native = None  # float32, but an inf no int8 scale can hold
+    first = next(iter(float32))
+    adapter.weights = {k: (a, b * (float("inf") if k == first else 1.0)) for k, (a, b) in float32.items()}
     assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is None
+    adapter.native = None  # a large but finite adapter (past fp16's range) is scaled like any other
+    adapter.weights = {k: (a, b * 1e6) for k, (a, b) in float32.items()}
+    assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is not None

@@ -51,16 +51,19 @@ typedef struct {
  * t = x A^T, then y += t B^T, where a fused layer's part p expands only its own rank columns into
  * its own output rows [dst, dst + len).
  *
- * A and B come as half-precision copies in blocks of 8 lanes (F16C widens them): at [rb][k][8]
- * holds A^T's rank columns 8 at a time (rb = r_total / 8 rounded up, zero-padded), and part p's
- * B^T (scaled) sits at bt + boff[p] as [len / 8 rounded up][rank][8]. Why: at one row a step is
- * bound by reading A and B (a rank-16 adapter of the 135M model is 19.6 MB in float32, 9.8 MB
+ * A and B come as int8 copies in blocks of 8 lanes, each row of A and of B with its own float
+ * scale: at [rb][k][8] holds A^T's rank columns 8 at a time (rb = r_total / 8 rounded up,
+ * zero-padded) with as [rb * 8] their scales, and part p's B^T (scaled) sits at bt + boff[p] as
+ * [len / 8 rounded up][rank][8] with its output rows' scales at bs + boff[p] / rank. A lane's sum
+ * runs over one row of A or B, so its scale multiplies the sum once. Why: at one row a step is
+ * bound by reading A and B (a rank-16 adapter of the 135M model is 19.6 MB in float32, 4.9 MB
  * here), and in blocks each 8-lane load feeds every row of the pass from registers. Each row's
  * sums run in one fixed order (see dot8) whatever its batch and the thread count, so a row's
  * output does not depend on the rows beside it. */
 
 typedef struct {
-    const uint16_t *at, *bt; /* at NULL: the adapter leaves this layer alone */
+    const int8_t *at, *bt; /* at NULL: the adapter leaves this layer alone */
+    const float *as, *bs;  /* the rows' scales */
     int64_t r_total, rank, nparts;
     int64_t dst[3], len[3], boff[3];
 } CLoRALin;
@@ -80,13 +83,15 @@ typedef struct {
  * widest padded t (cpu_lora.py's MAX_RT: three parts of rank 256), accumulators per row */
 enum { LORA_ROWS = 2, LORA_MAX_RT = 3 * 256 + 8, LORA_ACC = 4 };
 
-static inline __m256 half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 int8x8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
 
-/* sum_{q < n} s[i][q] * w[q][0..8) for each of the nb rows, into d[i]: w is n vectors of 8 halves,
+/* sum_{q < n} s[i][q] * w[q][0..8) for each of the nb rows, into d[i]: w is n vectors of 8 int8s,
  * s[i] the row's n scalars. Four accumulators take q in turn (one FMA chain would bound a single
  * row by its latency), summed in a fixed order at the end. Inlined with nb a constant (DOT8), so
  * the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void dot8(const uint16_t *w, int64_t n, const float *const *s, int64_t nb,
+static inline __attribute__((always_inline)) void dot8(const int8_t *w, int64_t n, const float *const *s, int64_t nb,
                                                        __m256 *d) {
     __m256 acc[LORA_ROWS][LORA_ACC];
     for (int64_t i = 0; i < LORA_ROWS; i++)
@@ -96,13 +101,13 @@ static inline __attribute__((always_inline)) void dot8(const uint16_t *w, int64_
     for (; q + LORA_ACC <= n; q += LORA_ACC) {
         __m256 wv[LORA_ACC];
         for (int u = 0; u < LORA_ACC; u++)
-            wv[u] = half8(w + (q + u) * 8);
+            wv[u] = int8x8(w + (q + u) * 8);
         for (int64_t i = 0; i < nb; i++)
             for (int u = 0; u < LORA_ACC; u++)
                 acc[i][u] = _mm256_fmadd_ps(_mm256_set1_ps(s[i][q + u]), wv[u], acc[i][u]);
     }
     for (int u = 0; q < n; q++, u++) {
-        const __m256 wv = half8(w + q * 8);
+        const __m256 wv = int8x8(w + q * 8);
         for (int64_t i = 0; i < nb; i++)
             acc[i][u] = _mm256_fmadd_ps(_mm256_set1_ps(s[i][q]), wv, acc[i][u]);
     }
@@ -114,8 +119,8 @@ static inline __attribute__((always_inline)) void dot8(const uint16_t *w, int64_
 
 /* One group's rows [r0, r0 + nb) (nb <= LORA_ROWS) of one layer, called by every thread of
  * lora_add's team: the shrink's rank blocks and the expand's output blocks are shared out between
- * them (the second core adds memory bandwidth, which is what a step at one row is short of). t is
- * the team's shared [LORA_ROWS][LORA_MAX_RT]. */
+ * them (the second core adds memory bandwidth over several passes). t is the team's shared
+ * [LORA_ROWS][LORA_MAX_RT]. */
 static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, int64_t n_out, const int64_t *rows,
                        int64_t r0, int64_t nb, float (*t)[LORA_MAX_RT], int last) {
     const int64_t rb = (l->r_total + 7) / 8;
@@ -130,8 +135,9 @@ static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, i
 #pragma omp for schedule(static)
     for (int64_t jb = 0; jb < rb; jb++) { /* shrink: t[i][8 jb ..] = x_i A^T */
         DOT8(l->at + jb * k * 8, k, xr, nb, d);
+        const __m256 sv = _mm256_loadu_ps(l->as + jb * 8);
         for (int64_t i = 0; i < nb; i++)
-            _mm256_storeu_ps(t[i] + jb * 8, d[i]);
+            _mm256_storeu_ps(t[i] + jb * 8, _mm256_mul_ps(d[i], sv));
     } /* (the loop's barrier: all of t is written before any expand reads it) */
     for (int64_t p = 0; p < l->nparts; p++) { /* expand: y_i[dst ..] += t_i[p rank ..] B_p^T */
         const int64_t rank = l->rank, len = l->len[p];
@@ -141,7 +147,9 @@ static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, i
         for (int64_t cb = 0; cb < len; cb += 8) {
             DOT8(l->bt + l->boff[p] + cb * rank, rank, tr, nb, d);
             const int64_t c0 = l->dst[p] + cb, w = len - cb < 8 ? len - cb : 8;
+            const __m256 sv = _mm256_loadu_ps(l->bs + l->boff[p] / rank + cb);
             for (int64_t i = 0; i < nb; i++) {
+                d[i] = _mm256_mul_ps(d[i], sv);
                 if (w == 8) {
                     _mm256_storeu_ps(yr[i] + c0, _mm256_add_ps(_mm256_loadu_ps(yr[i] + c0), d[i]));
                 } else {
@@ -160,16 +168,21 @@ static void lora_block(const CLoRALin *l, const float *x, int64_t k, float *y, i
 
 /* Linear `lin` (0 qkv, 1 o, 2 gate_up, 3 down) of block `blk`: each group's rows get their delta;
  * rows of no group (base rows) are left as the base layer wrote them. One OpenMP region for all
- * of the layer's groups and rows. */
+ * of the layer's groups and rows, on one thread where they are one pass over A and B (a single
+ * stream): the team's fork and two barriers, 120 times a step, cost more than the second core's
+ * bandwidth gains on one pass (measured with the steps interleaved: 0.72 against 0.85 ms a step
+ * for a rank-16 adapter of the embedded model, and the base layers' time dropped too). */
 static void lora_add(const CLoRA *lora, int64_t blk, int lin, const float *x, int64_t k, float *y, int64_t n_out) {
-    int64_t last_g = -1; /* the last group with rows this layer adapts; none: nothing to do */
+    int64_t last_g = -1, passes = 0; /* the last group with rows this layer adapts; none: nothing to do */
     for (int64_t g = 0; g < lora->ngroups; g++)
-        if (lora->groups[g].lins[blk * 4 + lin].at && lora->groups[g].nrows > 0)
+        if (lora->groups[g].lins[blk * 4 + lin].at && lora->groups[g].nrows > 0) {
             last_g = g;
+            passes += (lora->groups[g].nrows + LORA_ROWS - 1) / LORA_ROWS;
+        }
     if (last_g < 0)
         return;
     float t[LORA_ROWS][LORA_MAX_RT];
-#pragma omp parallel
+#pragma omp parallel if (passes > 1)
     for (int64_t g = 0; g < lora->ngroups; g++) {
         const CLoRAGroup *grp = lora->groups + g;
         const CLoRALin *l = grp->lins + blk * 4 + lin;

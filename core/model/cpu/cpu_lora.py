@@ -2,10 +2,11 @@
 
 Through the Python layers an adapter costs a handful of small torch ops per projection and row
 group (~200 projections a step on the embedded model), which outweighs the deltas' arithmetic; in
-the C stack a row's delta is two vectorized loops. The stack reads half-precision copies of A and B
-in blocks of 8 lanes (the layout ``cpu_decoder.c`` describes): at one row a step is bound by
-reading them, and half the bytes is most of the adapter's cost gone. The stack runs only over
-int8/int4 base weights, whose quantization error is far above fp16's rounding of A and B. Each
+the C stack a row's delta is two vectorized loops. The stack reads int8 copies of A and B, a float
+scale per row, in blocks of 8 lanes (the layout ``cpu_decoder.c`` describes): at one row a step is
+bound by reading them, and a quarter of float32's bytes is most of the adapter's cost gone (as
+llama.cpp serves q8_0 adapters). The stack runs only over int8/int4/GGUF base weights, whose own
+rounding is far coarser than a per-row int8 copy of A and B (see :func:`quantize_rows`). Each
 adapter keeps this copy beside its float32 weights (which the Python layers use), built the first
 time the stack runs it.
 """
@@ -16,17 +17,18 @@ import ctypes
 
 import torch
 
+from llmkit.core.model.cpu.hugepages import HUGE, huge_empty
+
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 # the stack's four linear layers of a block, in cpu_decoder.c's order
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 MAX_PARTS = 3  # Q, K and V of a fused QKV layer
 MAX_RT = 3 * 256 + 8  # cpu_decoder.c's LORA_MAX_RT: wider adapters run in the Python layers
-HALF_MAX = 65504.0  # the largest half-precision value: an adapter beyond it keeps the Python layers
 
 
 class CLoRALin(ctypes.Structure):
     _fields_ = (
-        [("at", _PTR), ("bt", _PTR)]
+        [("at", _PTR), ("bt", _PTR), ("as_", _PTR), ("bs", _PTR)]
         + [(n, _I64) for n in ("r_total", "rank", "nparts")]
         + [
             ("dst", _I64 * MAX_PARTS),
@@ -44,30 +46,42 @@ class CLoRA(ctypes.Structure):
     _fields_ = [("ngroups", _I64), ("groups", _PTR)]
 
 
-def _lanes(m: torch.Tensor) -> torch.Tensor:
-    """``m [rows, cols]`` as half precision ``[ceil(rows / 8)][cols][8]`` (rows zero-padded)."""
+def quantize_rows(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``m [rows, cols]`` (float32) as int8 and a float32 scale per row (its largest magnitude
+    over 127): ``m ~= q * scale[:, None]``, each value within half a step of its row's scale."""
+    scale = m.abs().amax(dim=1) / 127.0
+    q = torch.round(m / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def _lanes(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``m [rows, cols]`` as int8 ``[ceil(rows / 8)][cols][8]`` (rows zero-padded) and the rows'
+    scales ``[ceil(rows / 8) * 8]``."""
     pad = -m.shape[0] % 8
     if pad:
         m = torch.cat([m, m.new_zeros(pad, m.shape[1])])
-    return m.reshape(-1, 8, m.shape[1]).transpose(1, 2).contiguous().half()
+    q, scale = quantize_rows(m)
+    return q.reshape(-1, 8, m.shape[1]).transpose(1, 2).contiguous(), scale
 
 
-def _half_lin(a: torch.Tensor, b: torch.Tensor, rank: int, parts: list) -> tuple[CLoRALin, list]:
-    """One layer's ``CLoRALin`` over half-precision blocked copies of ``A [r_total, k]`` and
-    ``B [n_out, r_total]`` (each part's B only: its rows, its rank columns)."""
-    at = _lanes(a)
-    blocks = [_lanes(b[d : d + n, p * rank : (p + 1) * rank]).flatten() for p, (d, n) in enumerate(parts)]
+def _int8_lin(a: torch.Tensor, b: torch.Tensor, rank: int, parts: list) -> tuple[CLoRALin, list]:
+    """One layer's ``CLoRALin`` over int8 blocked copies of ``A [r_total, k]`` and
+    ``B [n_out, r_total]`` (each part's B only: its rows, its rank columns); the pointers are set
+    when the copies move to their buffer (:func:`_in_huge_pages`)."""
+    at, a_scale = _lanes(a)
+    blocks = [_lanes(b[d : d + n, p * rank : (p + 1) * rank]) for p, (d, n) in enumerate(parts)]
     offsets = [0]
-    for blk in blocks[:-1]:
-        offsets.append(offsets[-1] + blk.numel())
-    bt = torch.cat(blocks)
+    for q, _ in blocks[:-1]:
+        offsets.append(offsets[-1] + q.numel())  # (its scales sit at offset / rank)
+    bt = torch.cat([q.flatten() for q, _ in blocks])
+    b_scale = torch.cat([sc for _, sc in blocks])
     fields = [(_I64 * MAX_PARTS)(*v) for v in ([d for d, _ in parts], [n for _, n in parts], offsets)]
-    return CLoRALin(at.data_ptr(), bt.data_ptr(), a.shape[0], rank, len(parts), *fields), [at, bt]
+    return CLoRALin(0, 0, 0, 0, a.shape[0], rank, len(parts), *fields), [at, bt, a_scale, b_scale]
 
 
 def _adapter_lins(adapter, nblocks: int):
     """The adapter's ``CLoRALin [nblocks * 4]`` (cached on it), or None where its weights cannot go
-    (not float32 on the CPU, too wide, beyond half precision's range, or a layer outside the
+    (not float32 on the CPU, too wide, not finite, or a layer outside the
     stack's four)."""
     cached = adapter.native
     if cached is not None:
@@ -83,14 +97,37 @@ def _adapter_lins(adapter, nblocks: int):
             or a.device.type != "cpu"
             or not 0 < len(parts) <= MAX_PARTS
             or a.shape[0] + 7 > MAX_RT
-            or max(a.abs().max().item(), b.abs().max().item()) > HALF_MAX
+            or not (torch.isfinite(a).all() and torch.isfinite(b).all())
         ):
             adapter.native = (nblocks, None)
             return None
-        lins[slot], held = _half_lin(a, b, adapter.rank, parts)
-        keep += held
-    adapter.native = (nblocks, lins, keep)
+        lins[slot], held = _int8_lin(a, b, adapter.rank, parts)
+        keep.append((slot, *held))
+    adapter.native = (nblocks, lins, _in_huge_pages(lins, keep))
     return lins
+
+
+def _in_huge_pages(lins, held: list) -> list:
+    """Move every layer's copies (int8 and scales) into one buffer in huge pages, in the stack's
+    order of use, and point ``lins`` there. Why: a step reads the whole adapter in ~120 short
+    runs, each starting on pages its TLB has not seen (~1,200 of 4 KB a step for a rank-16
+    adapter of the 135M model)."""
+    held.sort(key=lambda h: h[0])
+    parts = [t.contiguous().flatten().view(torch.uint8) for _, *ts in held for t in ts]
+    buf = huge_empty((sum(_aligned(t.numel()) for t in parts),), torch.uint8, min_bytes=HUGE)
+    at, it = 0, iter(parts)
+    for slot, *ts in held:
+        ptrs = []
+        for t in (next(it) for _ in ts):
+            buf[at : at + t.numel()] = t
+            ptrs.append(buf[at:].data_ptr())
+            at += _aligned(t.numel())
+        lins[slot].at, lins[slot].bt, lins[slot].as_, lins[slot].bs = ptrs
+    return [buf]
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 64) * 64  # each copy starts on a 64-byte line
 
 
 class NativeLoRA:

@@ -21,15 +21,15 @@ HUGE = 2 << 20
 MIN_BYTES = 4 * HUGE  # smaller tensors gain little and are left where they are
 
 
-def _advisable(nbytes: int) -> bool:
-    return nbytes >= MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
+def _advisable(nbytes: int, min_bytes: int = MIN_BYTES) -> bool:
+    return nbytes >= min_bytes and hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def huge_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor in huge-page-advised memory where it is large enough and the
-    system can advise it, else ``torch.empty``. Write it before anything else touches it."""
+def huge_empty(shape: tuple[int, ...], dtype: torch.dtype, min_bytes: int = MIN_BYTES) -> torch.Tensor:
+    """An uninitialised CPU tensor in huge-page-advised memory where it is at least ``min_bytes``
+    and the system can advise it, else ``torch.empty``. Write it before anything else touches it."""
     n = torch.Size(shape).numel() * dtype.itemsize
-    if not _advisable(n):
+    if not _advisable(n, min_bytes):
         return torch.empty(shape, dtype=dtype)
     try:
         m = mmap.mmap(-1, n + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
