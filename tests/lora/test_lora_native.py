@@ -104,3 +104,33 @@ def test_weights_the_stack_cannot_take_keep_the_python_layers(tmp_path):
     adapter.native = None  # a large but finite adapter (past fp16's range) is scaled like any other
     adapter.weights = {k: (a, b * 1e6) for k, (a, b) in float32.items()}
     assert NativeLoRA.build(lora.batch, 3, len(model.layers)) is not None
+
+
+def test_an_adapters_copies_share_one_buffer_in_the_stacks_order():
+    """The int8 copies and their scales move into one buffer (huge pages from 2 MB), each on its own
+    64-byte line, in the order the stack reads them, whatever order the layers came in."""
+    import ctypes
+
+    from llmkit.core.model.cpu import cpu_lora
+    from llmkit.core.model.cpu.hugepages import HUGE
+
+    g = torch.Generator().manual_seed(0)
+    lins = (cpu_lora.CLoRALin * 3)()
+    held = []
+    for slot in (2, 0, 1):  # (not in order)
+        a = torch.randn(16 + slot, 50000, generator=g)
+        b = torch.randn(700, 16 + slot, generator=g)
+        lins[slot], copies = cpu_lora._int8_lin(a, b, 16 + slot, [(0, 700)])
+        held.append((slot, *copies))
+    want = {slot: copies for slot, *copies in held}
+    keep = cpu_lora._in_huge_pages(lins, held)
+    buf = keep[0]
+    start, end = buf.data_ptr(), buf.data_ptr() + buf.numel()
+    if hasattr(__import__("mmap"), "MADV_HUGEPAGE"):
+        assert start % HUGE == 0  # (a buffer over 2 MB)
+    ptrs = [p for lin in lins for p in (lin.at, lin.bt, lin.as_, lin.bs)]
+    assert ptrs == sorted(ptrs) and all(start <= p < end and p % 64 == 0 for p in ptrs)
+    for slot, lin in enumerate(lins):
+        for ptr, t in zip((lin.at, lin.bt, lin.as_, lin.bs), want[slot]):
+            got = (ctypes.c_byte * (t.numel() * t.element_size())).from_address(ptr)
+            assert bytes(got) == t.contiguous().view(torch.uint8).numpy().tobytes()
