@@ -1,6 +1,7 @@
 """Multi-LoRA serving against the base model alone, on CPU with the embedded SmolLM2-135M.
 
     python benchmarks/bench_lora.py [--adapters 4] [--rank 16] [--concurrent 16] [--tokens 128] [--rounds 2]
+        [--pairs 8] [--engine-pairs 0]
 
 Random rank-``--rank`` PEFT adapters on all seven projections are written for the embedded model.
 Two servers, one at a time: the base model with no LoRA flags, and the same model with the
@@ -19,6 +20,10 @@ swamps the adapter's cost in the server-against-server ratio. So the LoRA server
 measured against itself (``--pairs``, 0 to skip): single requests alternating between the base
 model (no adapter rows: the forward runs as without LoRA) and an adapter, back to back, each
 pair's ratio taken while the machine is in one state; the median of the pairs is reported.
+
+``--engine-pairs N`` does the same in this process, on the engine without the server (no HTTP,
+no event loop sharing the two cores): N pairs of 64-token requests in ABBA order, each pair's
+ratio, the median and quartiles reported. It is the steadiest of the three measures here.
 """
 
 from __future__ import annotations
@@ -105,6 +110,51 @@ def measure(url: str, models: list[str], args) -> dict:
     }
 
 
+def engine_pairs(adapter_path: str, n: int, tokens: int = 64) -> None:
+    """Base and adapter single streams alternating on one in-process engine (see the docstring)."""
+    import threading
+
+    from llmkit.core.engine.builder import build_engine_parts
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.engine.loop import Engine
+    from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+
+    cfg = EngineConfig(lora_paths=(f"a0={adapter_path}",), grammar_backend="none")
+    engine, _ = Engine.build_and_start(cfg, lambda: build_engine_parts(cfg))
+    ids = list(range(100, 140))
+
+    def rate(rid: str, lora: str | None) -> float:  # tokens a second after the first
+        done, stamps = threading.Event(), []
+
+        def sink(out):
+            stamps.extend([time.perf_counter()] * len(out.token_ids))
+            if out.finished:
+                done.set()
+
+        params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=0)
+        engine.submit(GenerateRequest(rid, ids, params, lora=lora), sink)
+        if not done.wait(600):
+            raise RuntimeError(f"request {rid} did not finish")
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+    try:
+        rate("warm-base", None)
+        rate("warm-lora", "a0")
+        pairs = []
+        for i in range(n):
+            order = (None, "a0") if i % 2 == 0 else ("a0", None)
+            r = {lo: rate(f"p{i}-{lo}", lo) for lo in order}
+            pairs.append((r[None], r["a0"]))
+    finally:
+        engine.shutdown()
+    ratios = [lo / b for b, lo in pairs]
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    base, lora = (statistics.median(x) for x in zip(*pairs))
+    print(f"\nsingle stream in-process, base model and adapter alternating (ABBA), {n} pairs of {tokens} tokens:")
+    print(f"base {base:.1f} tok/s, adapter {lora:.1f} tok/s, median ratio {statistics.median(ratios):.2f}x "
+          f"(quartiles {q1:.2f}-{q3:.2f})")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--adapters", type=int, default=4)
@@ -113,6 +163,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--pairs", type=int, default=8, help="alternating base/adapter single streams on one server")
+    p.add_argument("--engine-pairs", type=int, default=0, help="the same in-process, on the engine alone")
     args = p.parse_args()
 
     from server_utils import start_server, stop_server
@@ -124,24 +175,25 @@ def main() -> None:
         "base": (common, ["SmolLM2-135M-Instruct"]),
         "lora": ([*common, "--lora-paths", *(f"{n}={p}" for n, p in zip(names, paths))], names),
     }
-    runs: dict[str, list[dict]] = {k: [] for k in setups}
-    for _ in range(args.rounds):  # alternate: the machine's drift falls on both alike
-        for key, (flags, models) in setups.items():
-            proc, url = start_server(flags)
-            try:
-                runs[key].append(measure(url, models, args))
-            finally:
-                stop_server(proc)
-            print(key, json.dumps(runs[key][-1]), flush=True)
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("concurrent", "single")} for k, v in runs.items()}
-    print(f"\npython benchmarks/bench_lora.py {' '.join(sys.argv[1:])}")
-    print(f"{args.adapters} rank-{args.rank} adapters, {args.tokens} tokens a request, median of {args.rounds}\n")
-    print("| run | base model, no adapters (tok/s) | with adapters (tok/s) | ratio |")
-    print("|---|---|---|---|")
-    for m, label in (("concurrent", f"{args.concurrent} concurrent, over {args.adapters} adapters"),
-                     ("single", "single stream, one adapter")):  # fmt: skip
-        base, lora = med["base"][m], med["lora"][m]
-        print(f"| {label} | {base:.1f} | {lora:.1f} | {lora / base:.2f}x |")
+    if args.rounds:  # (0: only the pairs)
+        runs: dict[str, list[dict]] = {k: [] for k in setups}
+        for _ in range(args.rounds):  # alternate: the machine's drift falls on both alike
+            for key, (flags, models) in setups.items():
+                proc, url = start_server(flags)
+                try:
+                    runs[key].append(measure(url, models, args))
+                finally:
+                    stop_server(proc)
+                print(key, json.dumps(runs[key][-1]), flush=True)
+        med = {k: {m: statistics.median(r[m] for r in v) for m in ("concurrent", "single")} for k, v in runs.items()}
+        print(f"\npython benchmarks/bench_lora.py {' '.join(sys.argv[1:])}")
+        print(f"{args.adapters} rank-{args.rank} adapters, {args.tokens} tokens a request, median of {args.rounds}\n")
+        print("| run | base model, no adapters (tok/s) | with adapters (tok/s) | ratio |")
+        print("|---|---|---|---|")
+        for m, label in (("concurrent", f"{args.concurrent} concurrent, over {args.adapters} adapters"),
+                         ("single", "single stream, one adapter")):  # fmt: skip
+            base, lora = med["base"][m], med["lora"][m]
+            print(f"| {label} | {base:.1f} | {lora:.1f} | {lora / base:.2f}x |")
     if args.pairs:
         flags, models = setups["lora"]
         proc, url = start_server(flags)
@@ -161,6 +213,8 @@ def main() -> None:
         base, lora = (statistics.median(x) for x in zip(*pairs))
         print(f"\nsingle stream on the LoRA server, base model and adapter alternating, {args.pairs} pairs:")
         print(f"base {base:.1f} tok/s, adapter {lora:.1f} tok/s, median ratio {ratio:.2f}x ({rates})")
+    if args.engine_pairs:
+        engine_pairs(paths[0], args.engine_pairs)
 
 
 if __name__ == "__main__":
