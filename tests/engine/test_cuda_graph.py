@@ -44,6 +44,20 @@ def _greedy(engine, prompts, n=24):
     ]
 
 
+def _deterministic_engine(model, **kw):
+    """An fp32 Triton engine on CUDA whose rows do not depend on their batch (graphs up to 8 rows
+    unless ``kw`` says otherwise)."""
+    kw.setdefault("cuda_graph_max_bs", 8)
+    return start_engine(
+        model_path=str(model),
+        device="cuda",
+        attention="triton",
+        enable_deterministic_inference=True,
+        dtype="float32",
+        **kw,
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graph_replay_equals_eager(tmp_path):
@@ -51,15 +65,7 @@ def test_graph_replay_equals_eager(tmp_path):
     results = []
     model = tiny_model_dir(tmp_path)  # no embedded-model package needed on the GPU machine
     for disable in (True, False):
-        engine = start_engine(
-            model_path=str(model),
-            device="cuda",
-            attention="triton",
-            disable_cuda_graph=disable,
-            enable_deterministic_inference=True,
-            cuda_graph_max_bs=8,
-            dtype="float32",
-        )
+        engine = _deterministic_engine(model, disable_cuda_graph=disable)
         try:
             assert (engine.runner.graphs is None) == disable
             results.append(_greedy(engine, prompts))
@@ -103,15 +109,7 @@ def test_chained_steps_on_cuda_equal_steps_one_after_another(tmp_path):
     model = tiny_model_dir(tmp_path)
     results = []
     for overlap in (False, True):
-        engine = start_engine(
-            model_path=str(model),
-            device="cuda",
-            attention="triton",
-            overlap_schedule=overlap,
-            enable_deterministic_inference=True,
-            cuda_graph_max_bs=16,
-            dtype="float32",
-        )
+        engine = _deterministic_engine(model, overlap_schedule=overlap, cuda_graph_max_bs=16)
         try:
             results.append(_mixed(engine, prompts))
             assert (engine.chained_steps > 0) == overlap
@@ -135,15 +133,8 @@ def test_adapter_rows_replay_graphs_and_equal_eager(tmp_path):
     prompts = [[3, 17 + i, 99, 250 + 5 * i] for i in range(len(loras))]
     results, adapter_replays = [], []
     for disable in (True, False):
-        engine = start_engine(
-            model_path=str(tmp_path / "base"),
-            device="cuda",
-            attention="triton",
-            disable_cuda_graph=disable,
-            enable_deterministic_inference=True,
-            cuda_graph_max_bs=8,
-            dtype="float32",
-            lora_paths=(f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"),
+        engine = _deterministic_engine(
+            tmp_path / "base", disable_cuda_graph=disable, lora_paths=(f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}")
         )
         try:
             seen = []
