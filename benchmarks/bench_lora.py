@@ -22,8 +22,10 @@ model (no adapter rows: the forward runs as without LoRA) and an adapter, back t
 pair's ratio taken while the machine is in one state; the median of the pairs is reported.
 
 ``--engine-pairs N`` does the same in this process, on the engine without the server (no HTTP,
-no event loop sharing the two cores): N pairs of 64-token requests in ABBA order, each pair's
-ratio, the median and quartiles reported. It is the steadiest of the three measures here.
+no event loop sharing the two cores), for both runs: N pairs in ABBA order of a single 64-token
+request (base, then an adapter) and of ``--concurrent`` 64-token requests (all base, then spread
+over the adapters), each pair's ratio, the median and quartiles reported. It is the steadiest of
+the measures here.
 """
 
 from __future__ import annotations
@@ -110,8 +112,8 @@ def measure(url: str, models: list[str], args) -> dict:
     }
 
 
-def engine_pairs(adapter_path: str, n: int, tokens: int = 64) -> None:
-    """Base and adapter single streams alternating on one in-process engine (see the docstring)."""
+def engine_pairs(adapter_paths: list[str], n: int, concurrent: int, tokens: int = 64) -> None:
+    """Base and adapter requests alternating on one in-process engine (see the docstring)."""
     import threading
 
     from llmkit.core.engine.builder import build_engine_parts
@@ -119,40 +121,57 @@ def engine_pairs(adapter_path: str, n: int, tokens: int = 64) -> None:
     from llmkit.core.engine.loop import Engine
     from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
-    cfg = EngineConfig(lora_paths=(f"a0={adapter_path}",), grammar_backend="none")
+    names = [f"a{i}" for i in range(len(adapter_paths))]
+    cfg = EngineConfig(
+        lora_paths=tuple(f"{n}={p}" for n, p in zip(names, adapter_paths)),
+        grammar_backend="none",
+        max_running_requests=max(16, concurrent),
+    )
     engine, _ = Engine.build_and_start(cfg, lambda: build_engine_parts(cfg))
-    ids = list(range(100, 140))
 
-    def rate(rid: str, lora: str | None) -> float:  # tokens a second after the first
-        done, stamps = threading.Event(), []
+    def rate(tag: str, loras: list) -> float:  # output tokens a second
+        done, stamps = threading.Semaphore(0), []
 
         def sink(out):
             stamps.extend([time.perf_counter()] * len(out.token_ids))
             if out.finished:
-                done.set()
+                done.release()
 
         params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=0)
-        engine.submit(GenerateRequest(rid, ids, params, lora=lora), sink)
-        if not done.wait(600):
-            raise RuntimeError(f"request {rid} did not finish")
-        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+        start = time.perf_counter()
+        for i, lora in enumerate(loras):
+            engine.submit(GenerateRequest(f"{tag}-{i}", list(range(100 + i, 140 + i)), params, lora=lora), sink)
+        for _ in loras:
+            if not done.acquire(timeout=600):
+                raise RuntimeError(f"requests {tag} did not finish")
+        if len(loras) == 1:  # one stream: its decode rate (from its first token)
+            return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+        return len(stamps) / (max(stamps) - start)
 
+    runs = {
+        "single stream, one adapter": ([None], [names[0]]),
+        f"{concurrent} concurrent, over {len(names)} adapters": (
+            [None] * concurrent,
+            [names[i % len(names)] for i in range(concurrent)],
+        ),
+    }
     try:
-        rate("warm-base", None)
-        rate("warm-lora", "a0")
-        pairs = []
-        for i in range(n):
-            order = (None, "a0") if i % 2 == 0 else ("a0", None)
-            r = {lo: rate(f"p{i}-{lo}", lo) for lo in order}
-            pairs.append((r[None], r["a0"]))
+        print(f"\nin-process, base and adapter requests alternating (ABBA), {n} pairs of {tokens} tokens a request:")
+        for label, (base_loras, lora_loras) in runs.items():
+            rate("warm-base", base_loras)
+            rate("warm-lora", lora_loras)
+            pairs = []
+            for i in range(n):
+                order = ("base", "lora") if i % 2 == 0 else ("lora", "base")
+                r = {k: rate(f"p{i}-{k}", base_loras if k == "base" else lora_loras) for k in order}
+                pairs.append((r["base"], r["lora"]))
+            ratios = [lo / b for b, lo in pairs]
+            q1, _, q3 = statistics.quantiles(ratios, n=4)
+            base, lora = (statistics.median(x) for x in zip(*pairs))
+            print(f"{label}: base {base:.1f} tok/s, adapters {lora:.1f} tok/s, "
+                  f"median ratio {statistics.median(ratios):.2f}x (quartiles {q1:.2f}-{q3:.2f})")  # fmt: skip
     finally:
         engine.shutdown()
-    ratios = [lo / b for b, lo in pairs]
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    base, lora = (statistics.median(x) for x in zip(*pairs))
-    print(f"\nsingle stream in-process, base model and adapter alternating (ABBA), {n} pairs of {tokens} tokens:")
-    print(f"base {base:.1f} tok/s, adapter {lora:.1f} tok/s, median ratio {statistics.median(ratios):.2f}x "
-          f"(quartiles {q1:.2f}-{q3:.2f})")  # fmt: skip
 
 
 def main() -> None:
@@ -214,7 +233,7 @@ def main() -> None:
         print(f"\nsingle stream on the LoRA server, base model and adapter alternating, {args.pairs} pairs:")
         print(f"base {base:.1f} tok/s, adapter {lora:.1f} tok/s, median ratio {ratio:.2f}x ({rates})")
     if args.engine_pairs:
-        engine_pairs(paths[0], args.engine_pairs)
+        engine_pairs(paths, args.engine_pairs, args.concurrent)
 
 
 if __name__ == "__main__":
