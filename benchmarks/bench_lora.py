@@ -1,7 +1,7 @@
 """Multi-LoRA serving against the base model alone, on CPU with the embedded SmolLM2-135M.
 
     python benchmarks/bench_lora.py [--adapters 4] [--rank 16] [--concurrent 16] [--tokens 128] [--rounds 2]
-        [--pairs 8] [--engine-pairs 0]
+        [--pairs 8] [--engine-pairs 0] [--model-path DIR --load-format dummy]
 
 Random rank-``--rank`` PEFT adapters on all seven projections are written for the embedded model.
 Two servers, one at a time: the base model with no LoRA flags, and the same model with the
@@ -46,22 +46,25 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def write_adapters(out: Path, n: int, rank: int) -> list[str]:
-    """``n`` random adapters for the embedded model, saved as PEFT saves them; returns their paths."""
+def write_adapters(out: Path, n: int, rank: int, model_path: str | None = None) -> list[str]:
+    """``n`` random adapters for the model at ``model_path`` (a Hugging Face directory; None: the
+    embedded model), saved as PEFT saves them; returns their paths."""
     import torch
     from safetensors.torch import save_file
 
     from llmkit.core.model.loader.source import resolve_model_dir
 
-    cfg = json.loads((resolve_model_dir(None, weights=False) / "config.json").read_text())
+    model_dir = Path(model_path) if model_path else resolve_model_dir(None, weights=False)
+    cfg = json.loads((model_dir / "config.json").read_text())
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
     head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    q = cfg["num_attention_heads"] * head_dim
     kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim
     shapes = {  # (in, out) of each projection
-        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.q_proj": (hidden, q),
         "self_attn.k_proj": (hidden, kv),
         "self_attn.v_proj": (hidden, kv),
-        "self_attn.o_proj": (hidden, hidden),
+        "self_attn.o_proj": (q, hidden),
         "mlp.gate_proj": (hidden, inter),
         "mlp.up_proj": (hidden, inter),
         "mlp.down_proj": (inter, hidden),
@@ -112,7 +115,7 @@ def measure(url: str, models: list[str], args) -> dict:
     }
 
 
-def engine_pairs(adapter_paths: list[str], n: int, concurrent: int, tokens: int = 64) -> None:
+def engine_pairs(adapter_paths: list[str], n: int, concurrent: int, model: dict, tokens: int = 64) -> None:
     """Base and adapter requests alternating on one in-process engine (see the docstring)."""
     import threading
 
@@ -126,6 +129,7 @@ def engine_pairs(adapter_paths: list[str], n: int, concurrent: int, tokens: int 
         lora_paths=tuple(f"{n}={p}" for n, p in zip(names, adapter_paths)),
         grammar_backend="none",
         max_running_requests=max(16, concurrent),
+        **model,
     )
     engine, _ = Engine.build_and_start(cfg, lambda: build_engine_parts(cfg))
 
@@ -174,6 +178,11 @@ def engine_pairs(adapter_paths: list[str], n: int, concurrent: int, tokens: int 
         engine.shutdown()
 
 
+def _served_name(model_path: str | None) -> str:
+    """The name the server gives the base model (its path as given, or the embedded model's)."""
+    return model_path or "SmolLM2-135M-Instruct"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--adapters", type=int, default=4)
@@ -183,15 +192,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--pairs", type=int, default=8, help="alternating base/adapter single streams on one server")
     p.add_argument("--engine-pairs", type=int, default=0, help="the same in-process, on the engine alone")
+    p.add_argument("--model-path", help="a Hugging Face model directory (default: the embedded model)")
+    p.add_argument("--load-format", default="auto", help="dummy: random weights at the model's shapes (a GPU run)")
     args = p.parse_args()
 
     from server_utils import start_server, stop_server
 
-    paths = write_adapters(Path(tempfile.mkdtemp(prefix="bench-lora-")), args.adapters, args.rank)
+    paths = write_adapters(Path(tempfile.mkdtemp(prefix="bench-lora-")), args.adapters, args.rank, args.model_path)
     names = [f"a{i}" for i in range(args.adapters)]
     common = ["--batch-storage", "none", "--disable-web-ui", "--max-running-requests", str(max(16, args.concurrent))]
+    model = {"model_path": args.model_path, "load_format": args.load_format} if args.model_path else {}
+    common += [f for k, v in model.items() for f in ("--" + k.replace("_", "-"), v)]
     setups = {
-        "base": (common, ["SmolLM2-135M-Instruct"]),
+        "base": (common, [_served_name(args.model_path)]),
         "lora": ([*common, "--lora-paths", *(f"{n}={p}" for n, p in zip(names, paths))], names),
     }
     if args.rounds:  # (0: only the pairs)
@@ -233,7 +246,7 @@ def main() -> None:
         print(f"\nsingle stream on the LoRA server, base model and adapter alternating, {args.pairs} pairs:")
         print(f"base {base:.1f} tok/s, adapter {lora:.1f} tok/s, median ratio {ratio:.2f}x ({rates})")
     if args.engine_pairs:
-        engine_pairs(paths, args.engine_pairs, args.concurrent)
+        engine_pairs(paths, args.engine_pairs, args.concurrent, model)
 
 
 if __name__ == "__main__":
