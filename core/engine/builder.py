@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,30 +86,10 @@ def build_model(model_cls, hf_config: dict, device: torch.device, dtype: torch.d
     return model.eval()
 
 
-# GGUF architectures whose weights serve quantized (Linear layers and FusedExperts; gpt-oss's
-# MXFP4 experts are dequantized at load, as from its safetensors checkpoints)
-class _TokenizerLoad(threading.Thread):
-    """``AutoTokenizer.from_pretrained(model_dir)`` on its own thread; :meth:`result` joins it
-    (and raises what the load raised)."""
+def _load_tokenizer(model_dir):
+    from transformers import AutoTokenizer
 
-    def __init__(self, model_dir) -> None:
-        super().__init__(name="llmkit-tokenizer", daemon=True)
-        self.model_dir, self.tokenizer, self.error = str(model_dir), None, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        except BaseException as exc:  # handed to the builder's thread
-            self.error = exc
-
-    def result(self):
-        self.join()
-        if self.error is not None:
-            raise self.error
-        return self.tokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
@@ -124,14 +104,12 @@ def build_engine_parts(config: EngineConfig, tp=None) -> EngineParts:
     # Only rank 0 sees text: a follower never imports the tokenizer stack. Rank 0 loads it on a
     # thread beside the weights: it is ~1.5 s of imports (transformers' config classes pull in
     # torch.distributed.tensor and sympy) that the load's torch work leaves the other core for.
-    loading = _TokenizerLoad(plan.model_dir) if leader else None
-    try:
-        model = load_model(plan, config, tp)
-    except BaseException:
+    tokenizer = None
+    with ThreadPoolExecutor(1, thread_name_prefix="llmkit-tokenizer") as pool:
+        loading = pool.submit(_load_tokenizer, plan.model_dir) if leader else None
+        model = load_model(plan, config, tp)  # (a failure here waits for the tokenizer, then is raised)
         if loading is not None:
-            loading.join()  # (the load's own error is the one to report)
-        raise
-    tokenizer = loading.result() if loading is not None else None
+            tokenizer = loading.result()
     lora = build_lora(config, model)  # (its CUDA slots come out of the memory the KV pool is sized from)
     kv = size_kv(plan, config, model, tp)
     explicit_running = config.max_running_requests
