@@ -113,15 +113,16 @@ def _in_huge_pages(lins, held: list) -> list:
     runs, each starting on pages its TLB has not seen (~1,200 of 4 KB a step for a rank-16
     adapter of the 135M model)."""
     held.sort(key=lambda h: h[0])
-    parts = [t.contiguous().flatten().view(torch.uint8) for _, *ts in held for t in ts]
-    buf = huge_empty((sum(_aligned(t.numel()) for t in parts),), torch.uint8, min_bytes=HUGE)
-    at, it = 0, iter(parts)
+    size = sum(_aligned(t.numel() * t.element_size()) for _, *ts in held for t in ts)
+    buf = huge_empty((size,), torch.uint8, min_bytes=HUGE)
+    at = 0
     for slot, *ts in held:
         ptrs = []
-        for t in (next(it) for _ in ts):
-            buf[at : at + t.numel()] = t
+        for t in ts:
+            raw = t.contiguous().flatten().view(torch.uint8)
+            buf[at : at + raw.numel()] = raw
             ptrs.append(buf[at:].data_ptr())
-            at += _aligned(t.numel())
+            at += _aligned(raw.numel())
         lins[slot].at, lins[slot].bt, lins[slot].as_, lins[slot].bs = ptrs
     return [buf]
 
