@@ -2,6 +2,13 @@
 the fused kernels on, then off (LLMKIT_DISABLE_FUSED_KERNELS=1), each in its own process.
 
     python benchmarks/gpu_check/count_kernels.py [--preset qwen2.5-0.5b] [--steps 16]
+    python benchmarks/gpu_check/count_kernels.py --cpu [--preset tiny]
+
+``--cpu`` counts the same launches on any machine: the CUDA path's forward runs on the CPU with
+the Triton kernels in Triton's interpreter (``kernel_launches.py``), and each aten op that would
+launch a kernel on a GPU (not a view or an allocation) and each Triton launch is counted, per
+decoder layer and outside the layers. What it cannot see is a library's kernels inside one op
+(cuBLAS's split-K reduce after a GEMM).
 """
 
 from __future__ import annotations
@@ -69,17 +76,27 @@ def count(preset: str, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="qwen2.5-0.5b")
+    ap.add_argument("--preset", default=None, help="default: qwen2.5-0.5b, with --cpu tiny")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--cpu", action="store_true", help="count on the CPU, the kernels interpreted")
     ap.add_argument("--child", action="store_true")
     args = ap.parse_args()
+    preset = args.preset or ("tiny" if args.cpu else "qwen2.5-0.5b")
     if args.child:
-        print("RESULT " + json.dumps(count(args.preset, args.steps)))
+        if args.cpu:
+            from kernel_launches import count_on_cpu
+
+            print("RESULT " + json.dumps(count_on_cpu(preset, min(args.steps, 4))))
+        else:
+            print("RESULT " + json.dumps(count(preset, args.steps)))
         return
     out = {}
+    cpu_env = {"LLMKIT_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1", "LLMKIT_NATIVE": "0"} if args.cpu else {}
     for label, env in (("fused", {}), ("unfused", {"LLMKIT_DISABLE_FUSED_KERNELS": "1"})):
-        cmd = [sys.executable, __file__, "--child", "--preset", args.preset, "--steps", str(args.steps)]
-        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+        cmd = [sys.executable, __file__, "--child", "--preset", preset, "--steps", str(args.steps)]
+        cmd += ["--cpu"] if args.cpu else []
+        env = {**os.environ, **cpu_env, **env}
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         line = next((s for s in p.stdout.splitlines() if s.startswith("RESULT ")), None)
         out[label] = json.loads(line[7:]) if line else {"error": p.stderr[-2000:]}
         print(label, json.dumps(out[label], indent=1), flush=True)
