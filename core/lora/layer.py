@@ -63,7 +63,7 @@ class LoRALinear(HotModule):
 
     def forward(self, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         base = self.base_layer
-        if base.parallel != "row" or not (self.batch.groups or self.batch.captured):
+        if base.parallel != "row" or not (self.batch.groups or self.batch.row_slot is not None):
             # one rank, or a column-parallel layer: this rank's output rows are whole, and its
             # share of B (those rows) gives exactly their delta
             y = base(x, deterministic)

@@ -187,8 +187,10 @@ class LoRAManager:
         if all(a is None for a in per_segment):
             self.batch.groups = []
             return False
-        if FUSED_ON_CUDA and torch.device(device).type == "cuda":
+        if FUSED_ON_CUDA and torch.device(device).type == "cuda":  # the kernels read the rows' slots only
             self._slot_rows(per_segment, q_lens, device)
+            self.batch.groups = []
+            return True
         first = per_segment[0]
         if all(a is first for a in per_segment):
             self.batch.groups = [(first, None)]
