@@ -1,5 +1,6 @@
 """CUDA kernels a decode step launches, eager (no graphs), on a preset's shape with dummy weights:
-the fused kernels on, then off (LLMKIT_DISABLE_FUSED_KERNELS=1), each in its own process.
+the fused kernels on, with the decode GEMVs too (LLMKIT_TRITON_GEMV=1), then off
+(LLMKIT_DISABLE_FUSED_KERNELS=1), each in its own process.
 
     python benchmarks/gpu_check/count_kernels.py [--preset qwen2.5-0.5b] [--steps 16]
     python benchmarks/gpu_check/count_kernels.py --cpu [--preset tiny]
@@ -92,7 +93,12 @@ def main() -> None:
         return
     out = {}
     cpu_env = {"LLMKIT_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1", "LLMKIT_NATIVE": "0"} if args.cpu else {}
-    for label, env in (("fused", {}), ("unfused", {"LLMKIT_DISABLE_FUSED_KERNELS": "1"})):
+    variants = (
+        ("fused", {"LLMKIT_TRITON_GEMV": "0"}),
+        ("fused, decode GEMVs", {"LLMKIT_TRITON_GEMV": "1"}),
+        ("unfused", {"LLMKIT_DISABLE_FUSED_KERNELS": "1", "LLMKIT_TRITON_GEMV": "0"}),
+    )
+    for label, env in variants:
         cmd = [sys.executable, __file__, "--child", "--preset", preset, "--steps", str(args.steps)]
         cmd += ["--cpu"] if args.cpu else []
         env = {**os.environ, **cpu_env, **env}

@@ -51,6 +51,10 @@ def count_on_cpu(preset: str, steps: int) -> dict:
         layers._fused = lambda x: triton_pointwise
     else:  # what the backend does on CUDA with the fused kernels off: rotate, store and add apart
         triton_backend.TritonAttentionBackend.forward_qkv = lambda self, *a, **k: None
+    if layers.GEMV_ON_CUDA:  # (LLMKIT_TRITON_GEMV=1) the decode GEMVs, for CPU tensors too
+        from llmkit.core.model import triton_gemv
+
+        layers.decode_gemv = lambda x: triton_gemv if x.shape[0] <= triton_gemv.MAX_ROWS else None
 
     where, paused, step = ["outside"], [0], {}
 

@@ -59,7 +59,7 @@ if has tests; then
     timeout 200 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs ${TESTS_K:+-k "$TESTS_K"} \
         tests/attention/test_triton_attention.py tests/model/quant/test_int4_triton.py tests/model/moe/test_fused_moe_triton.py \
         tests/kvcache/test_kv_cache_dtype.py tests/engine/test_cuda_graph.py tests/lora/test_lora_sgmv_triton.py \
-        $(ls tests/model/test_fused_ops.py 2>/dev/null) \
+        $(ls tests/model/test_fused_ops.py tests/model/test_triton_gemv.py 2>/dev/null) \
         > "$L/gpu_tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -25
 fi
@@ -123,8 +123,8 @@ if has modes; then  # the engine in the server's process (a thread) against its 
     serve_and_bench qwen2.5-0.5b qwen05_proc --engine-process 1:500
 fi
 if has kernels; then
-    stamp "kernels a decode step launches (fused on / off)"
-    timeout 90 python3 benchmarks/gpu_check/count_kernels.py > "$L/kernels.log" 2>&1; tail -1 "$L/kernels.log"
+    stamp "kernels a decode step launches (fused on, with the decode GEMVs, off)"
+    timeout 120 python3 benchmarks/gpu_check/count_kernels.py > "$L/kernels.log" 2>&1; tail -1 "$L/kernels.log"
 fi
 if has functional; then
     stamp "functional pass (openai client)"
@@ -139,7 +139,12 @@ if has bench; then
         --attention triton --no-transformers --json "$OUT/qwen_single_unfused.json" > "$L/bench_qwen_unfused.log" 2>&1
     timeout 75 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --attention triton ${BENCH_TRANSFORMERS:---no-transformers} --markdown \
         --json "$OUT/llama8b.json" > "$L/bench_llama8b.log" 2>&1
-    grep -hE "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | tail -20
+    # the decode GEMVs (LLMKIT_TRITON_GEMV=1, opt-in) against the cuBLAS runs above: the single streams
+    LLMKIT_TRITON_GEMV=1 timeout 45 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single \
+        --attention triton --no-transformers --json "$OUT/qwen_single_gemv.json" > "$L/bench_qwen_gemv.log" 2>&1
+    LLMKIT_TRITON_GEMV=1 timeout 60 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --scenario single \
+        --attention triton --no-transformers --json "$OUT/llama8b_single_gemv.json" > "$L/bench_llama8b_gemv.log" 2>&1
+    grep -E "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | sed "s|^$L/||" | tail -30
 fi
 stamp done
 tar czf "$OUT/check.tar.gz" -C "$OUT" logs $(cd "$OUT" && ls *.json 2>/dev/null)

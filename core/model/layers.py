@@ -23,6 +23,21 @@ FUSED_ON_CUDA = (
 )
 
 
+# A decode step's GEMMs of a few rows as one Triton kernel each, with the norm or SiLU-and-mul before
+# them folded in (triton_gemv.py): opt-in until a GPU shows it beating cuBLAS.
+GEMV_ON_CUDA = FUSED_ON_CUDA and os.environ.get("LLMKIT_TRITON_GEMV", "") == "1"
+
+
+def decode_gemv(x: torch.Tensor):
+    """The fused decode-GEMV module where it is on and ``x`` is a CUDA tensor of few enough rows,
+    else None."""
+    if not (GEMV_ON_CUDA and x.is_cuda):
+        return None
+    from llmkit.core.model import triton_gemv
+
+    return triton_gemv if x.shape[0] <= triton_gemv.MAX_ROWS else None
+
+
 def _fused(x: torch.Tensor):
     """The fused-kernel module where ``x`` is a CUDA tensor and they are on, else None."""
     if not (x.is_cuda and FUSED_ON_CUDA):

@@ -13,6 +13,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from llmkit.core.model import layers as model_layers
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.cpu import cpu_decoder
 from llmkit.core.model.cpu.cpu_decoder import NativeStack
@@ -57,13 +58,18 @@ class Attention(HotModule):
         # A backend that folds the bias into its forward_qkv kernel saves the add's kernel.
         fold = self.q_norm is None and proj.bias_foldable and getattr(ctx.attn, "folds_qkv_bias", False)
         qkv = proj(x, det, add_bias=False) if fold else proj(x, det)
+        return self.o_proj(self.attend(qkv, rope, ctx, proj.bias if fold else None), det)
+
+    def attend(self, qkv, rope, ctx: ForwardContext, bias=None) -> torch.Tensor:
+        """The heads' output ``[T, q_size]`` from the projection ``qkv``; ``bias``: the projection's
+        bias where it is not added yet."""
         if self.q_norm is None:  # one backend call rotates, writes K/V and attends, where it can
-            kw = {"bias": proj.bias} if fold else {}
-            o = ctx.attn.forward_qkv(qkv, rope, self.layer_id, ctx.metadata, **kw)
+            folds = bias is not None and getattr(ctx.attn, "folds_qkv_bias", False)
+            o = ctx.attn.forward_qkv(qkv, rope, self.layer_id, ctx.metadata, **({"bias": bias} if folds else {}))
             if o is not None:
-                return self.o_proj(o.reshape(-1, self.q_size), det)
-            if fold:
-                qkv = qkv + proj.bias
+                return o.reshape(-1, self.q_size)
+        if bias is not None:
+            qkv = qkv + bias
         heads = self.num_heads + self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
@@ -77,7 +83,7 @@ class Attention(HotModule):
             )
             q, k = RotaryEmbedding.rotate(q, rope), RotaryEmbedding.rotate(k, rope)
         o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata)
-        return self.o_proj(o.reshape(-1, self.q_size), det)
+        return o.reshape(-1, self.q_size)
 
 
 class MLP(HotModule):
@@ -116,6 +122,41 @@ class DecoderLayer(PreNormBlock):
         # ``mlp(h, deterministic)``: the dense MLP unless the model builds another (MoE blocks)
         self.mlp = mlp if mlp is not None else MLP(config["hidden_size"], config["intermediate_size"], tp)
 
+    _gemv_weights: "tuple | None | bool" = False  # False: not looked at yet (see gemv_weights)
+
+    def forward(self, x, residual, rope, ctx):
+        # (not in deterministic mode: rows past the GEMVs' few run on cuBLAS, whose sums differ)
+        gemv = None if ctx.deterministic else model_layers.decode_gemv(x)  # (looked up here: tests patch it)
+        if gemv is not None and (weights := self.gemv_weights()) is not None:
+            return self._forward_gemv(gemv.gemv, weights, x, residual, rope, ctx)
+        return super().forward(x, residual, rope, ctx)
+
+    def gemv_weights(self) -> tuple | None:
+        """The four projections' weights where the fused decode GEMVs can run them: dense, on one
+        rank, no bias but QKV's, no adapter wrapped around them, the dense MLP; else None."""
+        if self._gemv_weights is False:
+            attn, mlp = self.self_attn, self.mlp
+            linears = (attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))
+            ok = type(mlp) is MLP and all(
+                type(lin) is Linear and lin.format.name == "dense" and lin.tp.size == 1 for lin in linears
+            )
+            ok = ok and all(lin.bias is None for lin in linears[1:])
+            self._gemv_weights = tuple(lin.weight for lin in linears) if ok else None
+        return self._gemv_weights
+
+    def _forward_gemv(self, gemv, weights, x, residual, rope, ctx):
+        """The block as seven launches: norm + QKV, the backend's attention (rotate-and-store and
+        its stages), O, norm + gate/up, SiLU-and-mul + down (triton_gemv.py)."""
+        w_qkv, w_o, w_gate_up, w_down = weights
+        attn, n1, n2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
+        if residual is None:  # the first block: the norm of x alone, and x is the residual
+            qkv, residual = gemv(x, w_qkv, norm=(n1.weight, n1.eps)), x
+        else:
+            qkv, residual = gemv(x, w_qkv, norm=(n1.weight, n1.eps), residual=residual)
+        h = gemv(attn.attend(qkv, rope, ctx, attn.qkv_proj.bias), w_o)
+        gate_up, residual = gemv(h, w_gate_up, norm=(n2.weight, n2.eps), residual=residual)
+        return gemv(gate_up, w_down, silu_mul=True), residual
+
 
 class StackedLM(CausalLM):
     """Embeddings, ``self.layers`` of :class:`PreNormBlock`, a final norm and the LM head: the
@@ -144,6 +185,8 @@ class StackedLM(CausalLM):
 
     def weights_changed(self) -> None:
         self._native_plan = False  # built again from the packed (or quantized) weights
+        for layer in self.layers:
+            layer.__dict__.pop("_gemv_weights", None)  # looked at again (DecoderLayer.gemv_weights)
 
     def _native_blocks(self) -> NativeStack | None:
         """The layers as a :class:`NativeStack`: Llama-style blocks (no Q/K norm, the dense gated

@@ -1,0 +1,161 @@
+"""Decode-shaped GEMMs on CUDA (a few rows times a weight), each one Triton kernel with the op
+before it folded in.
+
+A decode step of one sequence multiplies one row by each weight. cuBLAS runs such a product as a
+split-K GEMM and often a separate reduce, and the ops before it (residual add + RMSNorm before QKV
+and gate/up, SiLU-and-mul before down) are kernels of their own: a Llama-style layer is 10-12
+launches. Here each program owns ``BLOCK_N`` output columns of every row and streams its weight rows
+once over the whole K, computing its input on the fly from the op before:
+
+- ``norm``: ``rms_norm(x [+ residual]) * weight``, rounded to the activations' dtype as
+  ``triton_pointwise.rms_norm`` rounds it (the first program also writes ``x + residual``, the next
+  residual);
+- ``silu_mul``: ``silu(gate) * up`` of a fused gate/up output, rounded as ``silu_mul`` rounds it;
+
+so a decoder layer is seven launches: norm + QKV, rotate-and-store, attention's two stages, O,
+norm + gate/up, SiLU + down. A row's result does not depend on the other rows (each row reduces in
+the same order whatever the row count). Off unless ``LLMKIT_TRITON_GEMV=1`` (``layers.py``): whether
+it beats cuBLAS is for a GPU to tell (``benchmarks/gpu_check``); it is interpreter-tested and
+compiled for sm_80/sm_90 without spills here.
+
+Import this module only after the interpreter choice is made (as ``triton_pointwise``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: the most rows a call takes (a decode step of a few sequences); more rows are GEMMs for cuBLAS
+MAX_ROWS = 4
+
+NONE, NORM, SILU_MUL = 0, 1, 2
+
+
+@triton.jit
+def _gemv_kernel(
+    X,
+    R,
+    NW,
+    W,
+    Y,
+    S,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_r,
+    stride_w,
+    stride_y,
+    eps,
+    PROLOGUE: tl.constexpr,  # 0: x as it is, 1: rms_norm(x [+ r]) * nw, 2: silu(x[:, :K]) * x[:, K:]
+    HAS_RES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Grid: one program per BLOCK_N output columns, all rows. y[m, n] = sum_k in(x)[m, k] * W[n, k].
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    m_mask = rows < M
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_rows = X + rows[:, None].to(tl.int64) * stride_x
+    r_rows = R + rows[:, None].to(tl.int64) * stride_r
+    if PROLOGUE == 1:  # the norm needs each row's sum of squares first: one pass over the (small) rows
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mask = m_mask[:, None] & (kk < K)[None, :]
+            h = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
+            if HAS_RES:  # the sum rounded to the activations' dtype, as the unfused x + residual
+                h = (h.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)).to(
+                    X.dtype.element_ty
+                )
+                if pid == 0:
+                    tl.store(S + rows[:, None].to(tl.int64) * K + kk[None, :], h, mask=mask)
+            hf = h.to(tl.float32)
+            ss += tl.sum(hf * hf, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    w_rows = W + offs_n[:, None].to(tl.int64) * stride_w
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        k_mask = kk < K
+        mask = m_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
+        if PROLOGUE == 1:
+            if HAS_RES:
+                x = (x.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)).to(
+                    X.dtype.element_ty
+                )
+            nw = tl.load(NW + kk, mask=k_mask, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) * rstd[:, None] * nw[None, :]).to(X.dtype.element_ty)
+        if PROLOGUE == 2:
+            g = x.to(tl.float32)
+            u = tl.load(x_rows + K + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = (g / (1.0 + tl.exp(-g)) * u).to(X.dtype.element_ty)
+        w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    out = Y + rows[:, None].to(tl.int64) * stride_y + offs_n[None, :]
+    tl.store(out, acc.to(Y.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def gemv_config(rows: int, n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): the rows in one block; column blocks narrow enough
+    that a 0.5B model's smallest projection still spreads over ~100 programs; the K slice sized so
+    that the [M, N, K] product stays at 4,096 fp32 values (32 registers a thread at 4 warps)."""
+    block_m = triton.next_power_of_2(max(rows, 1))
+    block_n = 16 if n >= 4096 else 8
+    block_k = 4096 // (block_m * block_n)
+    return block_m, block_n, block_k, 4
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
+    silu_mul: bool = False,
+):
+    """``in(x) @ weight.T`` for ``x [M <= MAX_ROWS, K]`` (``[M, 2K]`` with ``silu_mul``) and
+    ``weight [N, K]``, in ``x``'s dtype. ``norm=(w, eps)``: ``in`` is ``rms_norm(x + residual) * w``,
+    and with ``residual`` returns ``(y, x + residual)``; ``silu_mul``: ``in`` is ``silu(gate) * up``."""
+    rows = x.shape[0]
+    k = weight.shape[1]
+    assert rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
+    assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, weight.shape)
+    n = weight.shape[0]
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    s = torch.empty(rows, k, dtype=x.dtype, device=x.device) if residual is not None else None
+    r = residual if residual is not None else x
+    assert r.stride(-1) == 1
+    nw, eps = norm if norm is not None else (x, 0.0)
+    if rows:
+        block_m, block_n, block_k, warps = gemv_config(rows, n)
+        _gemv_kernel[(triton.cdiv(n, block_n),)](
+            x,
+            r,
+            nw,
+            weight,
+            y,
+            y if s is None else s,
+            rows,
+            n,
+            k,
+            x.stride(0),
+            r.stride(0),
+            weight.stride(0),
+            y.stride(0),
+            eps,
+            PROLOGUE=NORM if norm is not None else SILU_MUL if silu_mul else NONE,
+            HAS_RES=residual is not None,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            num_warps=warps,
+        )
+    return y if s is None else (y, s)
