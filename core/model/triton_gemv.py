@@ -79,7 +79,9 @@ def _gemv_kernel(
             hf = h.to(tl.float32)
             ss += tl.sum(hf * hf, axis=1)
         rstd = 1.0 / tl.sqrt(ss / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # Products summed lane by lane across the K loop and reduced across lanes once at the end: a
+    # reduction per iteration would shuffle between threads every BLOCK_K.
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_w
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
@@ -98,9 +100,9 @@ def _gemv_kernel(
             u = tl.load(x_rows + K + kk[None, :], mask=mask, other=0.0).to(tl.float32)
             x = (g / (1.0 + tl.exp(-g)) * u).to(X.dtype.element_ty)
         w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     out = Y + rows[:, None].to(tl.int64) * stride_y + offs_n[None, :]
-    tl.store(out, acc.to(Y.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(out, tl.sum(acc, axis=2).to(Y.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 def gemv_config(rows: int, n: int) -> tuple[int, int, int, int]:

@@ -2,8 +2,8 @@
 residual add + RMSNorm or SiLU-and-mul folded in front) against the torch forms it replaces.
 
 On CPU the kernel runs in Triton's interpreter in fresh subprocesses, and is compiled for sm_80 /
-sm_90 with Triton's bundled ptxas (no register spills at any configuration the dispatch picks); on a
-CUDA device the same cases run compiled (marked ``gpu``).
+sm_90 with Triton's bundled ptxas (no register spills, and the weight read in 16-byte loads, at every
+configuration the dispatch picks); on a CUDA device the same cases run compiled (marked ``gpu``).
 
 Reference: the unfused forms' roundings (the norm's or SiLU-and-mul's output rounded to the
 activations' dtype once, as ``triton_pointwise`` rounds it), then the product in fp64. Bounds as in
@@ -159,13 +159,18 @@ def _compile_main(runs: list[str]) -> None:
         dtype, arch = run.split(":")
         t = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
         ptrs = dict(X=t, R=t, NW=t, W=t, Y=t, S=t, eps="fp32")
+        # a model's projections: aligned tensors, sizes and strides multiples of 16
+        aligned = ("X", "R", "NW", "W", "Y", "S", "N", "K", "stride_x", "stride_r", "stride_w", "stride_y")
         for rows in (1, 2, 4):
             for n in (896, 4096):
                 block_m, block_n, block_k, warps = tg.gemv_config(rows, n)
                 for prologue, res in ((tg.NONE, False), (tg.NORM, False), (tg.NORM, True), (tg.SILU_MUL, False)):
                     consts = dict(PROLOGUE=prologue, HAS_RES=res, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-                    out = compile_for_cuda(tg._gemv_kernel, arch, ptrs, consts, num_warps=warps)
-                    assert "ld.local" not in out.asm["ptx"], f"register spills at {consts}"
+                    out = compile_for_cuda(tg._gemv_kernel, arch, ptrs, consts, aligned, num_warps=warps)
+                    ptx = out.asm["ptx"]
+                    assert "ld.local" not in ptx, f"register spills at {consts}"
+                    # the weight streams in 16-byte loads (8 bf16 / fp16 a thread a load)
+                    assert "ld.global.v4.b32" in ptx, f"no vector loads at {consts}"
 
     report_runs(runs, compile_all)
 
