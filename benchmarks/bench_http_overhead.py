@@ -13,7 +13,9 @@ columns measure host work only:
 - engine: output tokens a second of ``Engine.step`` alone, ``batch`` requests decoding (the median
   step of ``bench_host_overhead.py --no-phases``)
 - http: output tokens a second that ``llmkit bench serve`` receives from the server
-  (``--num-prompts batch``, all sent at once, ``--ignore-eos``), with its median TPOT
+  (``--num-prompts batch``, all sent at once, ``--ignore-eos``), with its median TPOT, and the
+  server process's CPU time (all threads: engine and event loop) per output token, which the
+  client's share of the two cores does not inflate as it does the rates
 
 ``--profile DIR`` records the server with py-spy (``pip install py-spy``) during each HTTP run.
 """
@@ -69,6 +71,12 @@ def engine_rate(batch: int, steps: int) -> float:
     return batch / (measure(batch, steps, phases=False)["total"] / 1e3)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def http_rate(batch: int, tokens: int, profile: Path | None) -> dict:
     import urllib.request
 
@@ -107,12 +115,19 @@ def http_rate(batch: int, tokens: int, profile: Path | None) -> dict:
                  "--threads", "--rate", "200", "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+        cpu = _cpu_seconds(proc.pid)
         subprocess.run([*run, "--json", str(out)], check=True, capture_output=True, timeout=900)
+        cpu = _cpu_seconds(proc.pid) - cpu
         if spy is not None:
             spy.send_signal(2)
             spy.wait(60)
         r = json.loads(out.read_text())
-        return {"tok_s": r["output_throughput"], "tpot_ms": r.get("median_tpot_ms"), "failed": r.get("failed", 0)}
+        return {
+            "tok_s": r["output_throughput"],
+            "tpot_ms": r.get("median_tpot_ms"),
+            "failed": r.get("failed", 0),
+            "cpu_us_per_tok": cpu / max(r.get("total_output_tokens") or batch * tokens, 1) * 1e6,
+        }
     finally:
         proc.terminate()
         try:
@@ -133,13 +148,14 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print("| streams | engine alone, tok/s | over HTTP, tok/s | HTTP / engine | HTTP median TPOT |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| streams | engine alone, tok/s | over HTTP, tok/s | HTTP / engine | HTTP median TPOT | server CPU a token |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for b in args.batch:
         eng = engine_rate(b, min(args.tokens, 200))
         h = http_rate(b, args.tokens, args.profile)
         tpot = f"{h['tpot_ms']:.3f} ms" if h["tpot_ms"] is not None else "-"
-        print(f"| {b} | {eng:,.0f} | {h['tok_s']:,.0f} | {h['tok_s'] / eng:.2f} | {tpot} |", flush=True)
+        cpu = f"{h['cpu_us_per_tok']:.0f} us"
+        print(f"| {b} | {eng:,.0f} | {h['tok_s']:,.0f} | {h['tok_s'] / eng:.2f} | {tpot} | {cpu} |", flush=True)
 
 
 if __name__ == "__main__":
