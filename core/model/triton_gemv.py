@@ -122,10 +122,12 @@ def gemv(
     norm: tuple[torch.Tensor, float] | None = None,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
+    config: tuple[int, int, int, int] | None = None,
 ):
     """``in(x) @ weight.T`` for ``x [M <= MAX_ROWS, K]`` (``[M, 2K]`` with ``silu_mul``) and
     ``weight [N, K]``, in ``x``'s dtype. ``norm=(w, eps)``: ``in`` is ``rms_norm(x + residual) * w``,
-    and with ``residual`` returns ``(y, x + residual)``; ``silu_mul``: ``in`` is ``silu(gate) * up``."""
+    and with ``residual`` returns ``(y, x + residual)``; ``silu_mul``: ``in`` is ``silu(gate) * up``.
+    ``config``: another (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) than :func:`gemv_config`'s (a probe's)."""
     rows = x.shape[0]
     k = weight.shape[1]
     assert rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
@@ -137,7 +139,7 @@ def gemv(
     assert r.stride(-1) == 1
     nw, eps = norm if norm is not None else (x, 0.0)
     if rows:
-        block_m, block_n, block_k, warps = gemv_config(rows, n)
+        block_m, block_n, block_k, warps = config or gemv_config(rows, n)
         _gemv_kernel[(triton.cdiv(n, block_n),)](
             x,
             r,

@@ -1,0 +1,130 @@
+"""The decode GEMVs (``LLMKIT_TRITON_GEMV=1``) against what a step runs without them, per projection.
+
+For each projection of the Qwen2.5-0.5B and Llama-3.1-8B shapes, at 1 and 4 rows, in bf16: today's
+form (the fused norm or SiLU-and-mul kernel, then cuBLAS through ``F.linear``) against
+``triton_gemv.gemv`` at the dispatch's configuration and at a few others. Each form is captured in a
+CUDA graph of 20 calls (as a decode step runs: no launch gaps on the host) and replayed; microseconds a
+call and the weight's bytes a second. Every GEMV result is checked against today's form first.
+
+    python benchmarks/gpu_check/gemv_probe.py [--iters 20] [--replays 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# preset: hidden, intermediate, Q + K + V width
+SHAPES = {"qwen2.5-0.5b": (896, 4864, 896 + 2 * 128), "llama-3.1-8b": (4096, 14336, 4096 + 2 * 1024)}
+# (BLOCK_N, BLOCK_K at one row, num_warps); BLOCK_K shrinks with the rows as gemv_config's does
+VARIANTS = ((8, 512, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8), (32, 256, 8), (64, 128, 8))
+
+
+def timed(fn, iters: int, replays: int) -> float:
+    """Microseconds a call of ``fn``, from a CUDA graph of ``iters`` calls replayed ``replays`` times."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (iters * replays)
+
+
+def cases(hidden: int, inter: int, qkv: int):
+    """(name, input width, N, K, kind): kind "norm" has a residual, "silu" a gate/up input."""
+    return (
+        ("qkv", hidden, qkv, hidden, "norm"),
+        ("o", hidden, hidden, hidden, "plain"),
+        ("gate_up", hidden, 2 * inter, hidden, "norm"),
+        ("down", 2 * inter, hidden, inter, "silu"),
+    )
+
+
+def main() -> None:
+    from llmkit.core.model import triton_gemv, triton_pointwise
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--replays", type=int, default=20)
+    args = ap.parse_args()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}; us a call (weight GB/s); default = gemv_config's choice")
+    print("| shape | proj | rows | today (norm/silu + cuBLAS) | GEMV default | best GEMV variant |")
+    print("|---|---|---:|---:|---:|---|")
+    for preset, (hidden, inter, qkv) in SHAPES.items():
+        for name, width, n, k, kind in cases(hidden, inter, qkv):
+            w = torch.randn(n, k, device=dev, dtype=dt, generator=gen) / k**0.5
+            nw = 1 + 0.1 * torch.randn(k, device=dev, dtype=dt, generator=gen)
+            gbytes = w.numel() * w.element_size() / 1e9
+            for rows in (1, 4):
+                x = torch.randn(rows, width, device=dev, dtype=dt, generator=gen)
+                r = torch.randn(rows, width, device=dev, dtype=dt, generator=gen)
+
+                def today():
+                    if kind == "norm":
+                        h, _ = triton_pointwise.rms_norm(x, nw, 1e-6, r)
+                    elif kind == "silu":
+                        h = triton_pointwise.silu_mul(x, k)
+                    else:
+                        h = x
+                    return F.linear(h, w)
+
+                def fused(config=None):
+                    if kind == "norm":
+                        return triton_gemv.gemv(x, w, norm=(nw, 1e-6), residual=r, config=config)[0]
+                    return triton_gemv.gemv(x, w, silu_mul=kind == "silu", config=config)
+
+                want = today()
+                scale = want.abs().max().item()
+                results = {}
+                for variant in (None, *VARIANTS):
+                    config = None
+                    if variant is not None:
+                        bn, bk, warps = variant
+                        bm = triton_gemv.gemv_config(rows, n)[0]
+                        config = (bm, bn, max(16, bk // bm), warps)
+                    try:
+                        err = (fused(config).float() - want.float()).abs().max().item() / scale
+                        if err > 3e-2:
+                            results[config] = f"wrong ({err:.2g})"
+                            continue
+                        results[config] = timed(lambda c=config: fused(c), args.iters, args.replays)
+                    except Exception as exc:  # a configuration that does not compile or launch
+                        results[config] = f"{type(exc).__name__}"
+                base = timed(today, args.iters, args.replays)
+                default = results.pop(None)
+                ok = {c: t for c, t in results.items() if isinstance(t, float)}
+                best = min(ok, key=ok.get) if ok else None
+
+                def cell(t):
+                    return f"{t:.1f} ({gbytes / (t * 1e-6):,.0f})" if isinstance(t, float) else str(t)
+
+                best_cell = f"{cell(ok[best])} at {best}" if best else "-"
+                print(f"| {preset} | {name} | {rows} | {cell(base)} | {cell(default)} | {best_cell} |", flush=True)
+                bad = {c: t for c, t in results.items() if not isinstance(t, float)}
+                if bad:
+                    print(f"  not run: {bad}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
