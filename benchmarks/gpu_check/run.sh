@@ -71,7 +71,7 @@ if has probe; then
     stamp "MLA extend probe"
     timeout 40 python3 benchmarks/gpu_check/mla_probe.py > "$L/mla_probe.log" 2>&1; cat "$L/mla_probe.log" | tail -20
     stamp "decode GEMV probe (LLMKIT_TRITON_GEMV's kernel against norm/SiLU + cuBLAS, per projection)"
-    timeout 90 python3 benchmarks/gpu_check/gemv_probe.py > "$L/gemv_probe.log" 2>&1; cat "$L/gemv_probe.log" | tail -22
+    timeout 150 python3 benchmarks/gpu_check/gemv_probe.py > "$L/gemv_probe.log" 2>&1; cat "$L/gemv_probe.log" | tail -22
 fi
 serve_and_bench() {  # preset tag "serve flags" then bench runs "n:out" ...
     local preset=$1 tag=$2 flags=$3; shift 3
