@@ -16,6 +16,7 @@ shift || true
 SECTIONS=${*:-tests features probe http kernels functional bench}
 mkdir -p "$OUT/logs"
 L="$OUT/logs"
+exec > >(tee -a "$OUT/summary.md") 2>&1  # what this prints (each section's figures) is also the summary file
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 t0=$(date +%s)
@@ -149,4 +150,4 @@ if has bench; then
     grep -E "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | sed "s|^$L/||" | tail -30
 fi
 stamp done
-tar czf "$OUT/check.tar.gz" -C "$OUT" logs $(cd "$OUT" && ls *.json 2>/dev/null)
+tar czf "$OUT/check.tar.gz" -C "$OUT" logs summary.md $(cd "$OUT" && ls *.json 2>/dev/null)
