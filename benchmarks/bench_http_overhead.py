@@ -148,7 +148,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print("| streams | engine alone, tok/s | over HTTP, tok/s | HTTP / engine | HTTP median TPOT | server CPU a token |")
+    print(
+        "| streams | engine alone, tok/s | over HTTP, tok/s | HTTP / engine | HTTP median TPOT | server CPU a token |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for b in args.batch:
         eng = engine_rate(b, min(args.tokens, 200))

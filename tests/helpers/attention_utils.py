@@ -219,6 +219,33 @@ def interpreted(module: str, runs: list[str]) -> dict[str, str]:
     return run_in_subprocesses(module, "_main", [runs[0::2], runs[1::2]], env)
 
 
+def kernel_run_tests(namespace: dict, module: str, runs: list[str], compile_runs: list[str]) -> None:
+    """Add a Triton test module's two subprocess-backed test sets to ``namespace`` (its ``globals()``):
+    ``test_interpreter_matches_torch``, one test per run of its ``_main`` under the interpreter
+    (:func:`interpreted`), and ``test_kernels_compile_for_cuda``, one per run of its ``_compile_main``
+    (:func:`compiled`). Each set runs once for the module, in module-scoped fixtures."""
+
+    @pytest.fixture(scope="module")
+    def interpreter_results() -> dict[str, str]:
+        return interpreted(module, runs)
+
+    @pytest.mark.parametrize("run", runs)
+    def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
+        assert interpreter_results[run] == "ok", interpreter_results[run]
+
+    @pytest.fixture(scope="module")
+    def compile_results() -> dict[str, str]:
+        return compiled(module, compile_runs)
+
+    @pytest.mark.parametrize("run", compile_runs)
+    def test_kernels_compile_for_cuda(run: str, compile_results: dict[str, str]) -> None:
+        assert compile_results[run] == "ok", compile_results[run]
+
+    for fn in (interpreter_results, test_interpreter_matches_torch, compile_results, test_kernels_compile_for_cuda):
+        fn.__module__ = namespace["__name__"]
+        namespace[fn.__name__] = fn
+
+
 def compile_for_cuda(fn, arch: str, ptrs: dict, consts: dict, divisible: tuple = (), **options):
     """Compile Triton kernel ``fn`` for CUDA ``arch`` (e.g. "90") without a GPU: pointer arguments
     typed by ``ptrs``, ``consts`` as constexprs, the rest int32. ``divisible``: arguments marked

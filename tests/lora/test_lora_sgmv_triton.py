@@ -21,7 +21,7 @@ from llmkit.core.lora.layer import LoRABatch, LoRALinear
 from llmkit.core.lora.manager import LoRAManager
 from llmkit.core.lora.slot_pool import SlotPool
 
-from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
+from attention_utils import compile_for_cuda, kernel_run_tests, report_runs
 
 QKV = [(0, 48), (48, 16), (64, 16)]  # a fused layer's parts: (first output row, rows)
 IN = 40
@@ -184,16 +184,6 @@ def _main(runs: list[str]) -> None:
     report_runs(runs, one)
 
 
-@pytest.fixture(scope="module")
-def interpreter_results() -> dict[str, str]:
-    return interpreted("test_lora_sgmv_triton", RUNS)
-
-
-@pytest.mark.parametrize("run", RUNS)
-def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
-    assert interpreter_results[run] == "ok", interpreter_results[run]
-
-
 def test_slot_keeps_each_output_rows_own_rank_block():
     """A layer's slots (plain torch): B keeps only each output row's own rank block, and the slot
     metadata says where each block's rows are; a layer no adapter of the forward adapts has none."""
@@ -291,14 +281,7 @@ def _compile_main(runs: list[str]) -> None:
     report_runs(runs, compile_both)
 
 
-@pytest.fixture(scope="module")
-def compile_results() -> dict[str, str]:
-    return compiled("test_lora_sgmv_triton", COMPILE_RUNS)
-
-
-@pytest.mark.parametrize("run", COMPILE_RUNS)
-def test_kernels_compile_for_cuda(run: str, compile_results: dict[str, str]) -> None:
-    assert compile_results[run] == "ok", compile_results[run]
+kernel_run_tests(globals(), "test_lora_sgmv_triton", RUNS, COMPILE_RUNS)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

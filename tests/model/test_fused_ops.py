@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
+from attention_utils import compile_for_cuda, kernel_run_tests, report_runs
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 DTYPES = ("float32", "float16", "bfloat16")
@@ -158,16 +158,6 @@ def _main(runs: list[str]) -> None:
     report_runs(runs, lambda run: run_case(run, "cpu"))
 
 
-@pytest.fixture(scope="module")
-def interpreter_results() -> dict[str, str]:
-    return interpreted("test_fused_ops", RUNS)
-
-
-@pytest.mark.parametrize("run", RUNS)
-def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
-    assert interpreter_results[run] == "ok", interpreter_results[run]
-
-
 COMPILE_RUNS = [f"{dt}:{arch}" for dt in DTYPES for arch in ("80", "90")]
 
 
@@ -192,14 +182,7 @@ def _compile_main(runs: list[str]) -> None:
     report_runs(runs, compile_all)
 
 
-@pytest.fixture(scope="module")
-def compile_results() -> dict[str, str]:
-    return compiled("test_fused_ops", COMPILE_RUNS)
-
-
-@pytest.mark.parametrize("run", COMPILE_RUNS)
-def test_kernels_compile_for_cuda(run: str, compile_results: dict[str, str]) -> None:
-    assert compile_results[run] == "ok", compile_results[run]
+kernel_run_tests(globals(), "test_fused_ops", RUNS, COMPILE_RUNS)
 
 
 @pytest.mark.gpu

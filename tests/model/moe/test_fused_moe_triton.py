@@ -16,7 +16,7 @@ import torch
 from llmkit.core.model.moe import FusedExperts, grouped_topk, silu_and_mul, softmax_topk
 from llmkit.core.model.moe_align import moe_align
 
-from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
+from attention_utils import compile_for_cuda, kernel_run_tests, report_runs
 
 # name: (tokens, hidden, intermediate, experts, top_k, routing, bias, activation)
 CASES: dict[str, dict] = {
@@ -74,16 +74,6 @@ def _main(runs: list[str]) -> None:
     report_runs(runs, lambda run: check_case(run.split(":")[0], getattr(torch, run.split(":")[1]), "cpu"))
 
 
-@pytest.fixture(scope="module")
-def interpreter_results() -> dict[str, str]:
-    return interpreted("test_fused_moe_triton", RUNS)
-
-
-@pytest.mark.parametrize("run", RUNS)
-def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
-    assert interpreter_results[run] == "ok", interpreter_results[run]
-
-
 @pytest.mark.parametrize("t,k,e,block_m", [(7, 2, 5, 4), (1, 3, 6, 16), (33, 4, 8, 16), (5, 1, 64, 16)])
 def test_moe_align_blocks_hold_one_expert_each(t, k, e, block_m):
     g = torch.Generator().manual_seed(t)
@@ -131,14 +121,7 @@ def _compile_main(runs: list[str]) -> None:
     report_runs(runs, compile_both)
 
 
-@pytest.fixture(scope="module")
-def compile_results() -> dict[str, str]:
-    return compiled("test_fused_moe_triton", COMPILE_RUNS)
-
-
-@pytest.mark.parametrize("run", COMPILE_RUNS)
-def test_kernel_compiles_for_cuda(run: str, compile_results: dict[str, str]) -> None:
-    assert compile_results[run] == "ok", compile_results[run]
+kernel_run_tests(globals(), "test_fused_moe_triton", RUNS, COMPILE_RUNS)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -33,7 +33,7 @@ import torch
 
 from llmkit.core.model import quantize
 
-from attention_utils import compile_for_cuda, compiled, interpreted, report_runs
+from attention_utils import compile_for_cuda, kernel_run_tests, report_runs
 
 N, K = 200, 384
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
@@ -324,16 +324,6 @@ def _main(runs: list[str]) -> None:
     report_runs(runs, lambda run: run_case(run, "cpu"))
 
 
-@pytest.fixture(scope="module")
-def interpreter_results() -> dict[str, str]:
-    return interpreted("test_int4_triton", RUNS)
-
-
-@pytest.mark.parametrize("run", RUNS)
-def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]) -> None:
-    assert interpreter_results[run] == "ok", interpreter_results[run]
-
-
 def test_cpu_layers_keep_their_kernels():
     """Without the interpreter standing in, a CPU layer packs for the CPU kernels as before."""
     from llmkit.core.model.linear import Linear
@@ -373,14 +363,7 @@ def _compile_main(runs: list[str]) -> None:
     report_runs(runs, compile_all)
 
 
-@pytest.fixture(scope="module")
-def compile_results() -> dict[str, str]:
-    return compiled("test_int4_triton", COMPILE_RUNS)
-
-
-@pytest.mark.parametrize("run", COMPILE_RUNS)
-def test_kernel_compiles_for_cuda(run: str, compile_results: dict[str, str]) -> None:
-    assert compile_results[run] == "ok", compile_results[run]
+kernel_run_tests(globals(), "test_int4_triton", RUNS, COMPILE_RUNS)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
