@@ -219,11 +219,13 @@ def interpreted(module: str, runs: list[str]) -> dict[str, str]:
     return run_in_subprocesses(module, "_main", [runs[0::2], runs[1::2]], env)
 
 
-def kernel_run_tests(namespace: dict, module: str, runs: list[str], compile_runs: list[str]) -> None:
-    """Add a Triton test module's two subprocess-backed test sets to ``namespace`` (its ``globals()``):
+def kernel_run_tests(namespace: dict, module: str, runs: list[str], compile_runs: list[str], on_cuda=None) -> None:
+    """Add a Triton test module's subprocess-backed test sets to ``namespace`` (its ``globals()``):
     ``test_interpreter_matches_torch``, one test per run of its ``_main`` under the interpreter
     (:func:`interpreted`), and ``test_kernels_compile_for_cuda``, one per run of its ``_compile_main``
-    (:func:`compiled`). Each set runs once for the module, in module-scoped fixtures."""
+    (:func:`compiled`); each set runs once for the module, in module-scoped fixtures. ``on_cuda``:
+    ``on_cuda(run)`` checks a run compiled on a CUDA device (``test_compiled_matches_torch``, marked
+    ``gpu``)."""
 
     @pytest.fixture(scope="module")
     def interpreter_results() -> dict[str, str]:
@@ -241,7 +243,17 @@ def kernel_run_tests(namespace: dict, module: str, runs: list[str], compile_runs
     def test_kernels_compile_for_cuda(run: str, compile_results: dict[str, str]) -> None:
         assert compile_results[run] == "ok", compile_results[run]
 
-    for fn in (interpreter_results, test_interpreter_matches_torch, compile_results, test_kernels_compile_for_cuda):
+    fns = [interpreter_results, test_interpreter_matches_torch, compile_results, test_kernels_compile_for_cuda]
+    if on_cuda is not None:
+
+        @pytest.mark.gpu
+        @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+        @pytest.mark.parametrize("run", runs)
+        def test_compiled_matches_torch(run: str) -> None:
+            on_cuda(run)
+
+        fns.append(test_compiled_matches_torch)
+    for fn in fns:
         fn.__module__ = namespace["__name__"]
         namespace[fn.__name__] = fn
 

@@ -14,7 +14,6 @@ GEMVs equal the unfused forms' within fp32 noise.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from attention_utils import compile_for_cuda, kernel_run_tests, report_runs
@@ -166,11 +165,4 @@ def _compile_main(runs: list[str]) -> None:
     report_runs(runs, compile_all)
 
 
-kernel_run_tests(globals(), "test_triton_gemv", RUNS, COMPILE_RUNS)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("run", RUNS)
-def test_compiled_matches_torch(run: str) -> None:
-    run_case(run, "cuda")
+kernel_run_tests(globals(), "test_triton_gemv", RUNS, COMPILE_RUNS, on_cuda=lambda run: run_case(run, "cuda"))

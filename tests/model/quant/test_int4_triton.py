@@ -363,17 +363,10 @@ def _compile_main(runs: list[str]) -> None:
     report_runs(runs, compile_all)
 
 
-kernel_run_tests(globals(), "test_int4_triton", RUNS, COMPILE_RUNS)
+kernel_run_tests(globals(), "test_int4_triton", RUNS, COMPILE_RUNS, on_cuda=lambda run: run_case(run, "cuda", TOL))
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("run", RUNS)
-def test_compiled_matches_torch(run: str) -> None:
-    run_case(run, "cuda", TOL)
 
 
 @pytest.mark.gpu
