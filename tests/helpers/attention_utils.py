@@ -219,6 +219,17 @@ def interpreted(module: str, runs: list[str]) -> dict[str, str]:
     return run_in_subprocesses(module, "_main", [runs[0::2], runs[1::2]], env)
 
 
+def assert_close_to_largest(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str, tol: dict) -> None:
+    """``got`` (in ``dtype``) within ``tol[dtype]`` of an fp64 reference ``want``, relative to the
+    reference's largest value (a kernel's output rounded once)."""
+    assert got.dtype == dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.shape)
+    if not want.numel():
+        return
+    scale = want.abs().max().item() or 1.0
+    err = (got.double() - want).abs().max().item() / scale
+    assert err <= tol[dtype], f"{what} {dtype}: error {err:.3g} of the largest value > {tol[dtype]}"
+
+
 def kernel_run_tests(namespace: dict, module: str, runs: list[str], compile_runs: list[str], on_cuda=None) -> None:
     """Add a Triton test module's subprocess-backed test sets to ``namespace`` (its ``globals()``):
     ``test_interpreter_matches_torch``, one test per run of its ``_main`` under the interpreter

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from attention_utils import compile_for_cuda, kernel_run_tests, report_runs
+from attention_utils import assert_close_to_largest, compile_for_cuda, kernel_run_tests, report_runs
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 DTYPES = ("float32", "float16", "bfloat16")
@@ -25,12 +25,7 @@ RUNS += ["rows_do_not_depend_on_the_batch", "tiny_model_logits"]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    assert got.dtype == dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.shape)
-    if not want.numel():
-        return
-    scale = want.abs().max().item() or 1.0
-    err = (got.double() - want).abs().max().item() / scale
-    assert err <= TOL[dtype], f"{what} {dtype}: error {err:.3g} of the largest value > {TOL[dtype]}"
+    assert_close_to_largest(got, want, dtype, what, TOL)
 
 
 def _gen(seed: int) -> torch.Generator:
