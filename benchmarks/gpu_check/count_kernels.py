@@ -92,7 +92,6 @@ def main() -> None:
             print("RESULT " + json.dumps(count(preset, args.steps)))
         return
     out = {}
-    cpu_env = {"LLMKIT_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1", "LLMKIT_NATIVE": "0"} if args.cpu else {}
     variants = (
         ("fused", {"LLMKIT_TRITON_GEMV": "0"}),
         ("fused, decode GEMVs", {"LLMKIT_TRITON_GEMV": "1"}),
@@ -101,7 +100,7 @@ def main() -> None:
     for label, env in variants:
         cmd = [sys.executable, __file__, "--child", "--preset", preset, "--steps", str(args.steps)]
         cmd += ["--cpu"] if args.cpu else []
-        env = {**os.environ, **cpu_env, **env}
+        env = {**os.environ, **env}
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         line = next((s for s in p.stdout.splitlines() if s.startswith("RESULT ")), None)
         out[label] = json.loads(line[7:]) if line else {"error": p.stderr[-2000:]}

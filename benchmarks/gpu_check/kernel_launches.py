@@ -1,8 +1,8 @@
 """The kernels a decode step of the CUDA path launches, counted on the CPU (``count_kernels.py --cpu``).
 
-The model runs the forms it runs on CUDA: the fused Triton kernels (in Triton's interpreter, so the
-process needs ``TRITON_INTERPRET=1`` before anything imports Triton) and the Triton attention
-backend, with the C kernels off (``LLMKIT_NATIVE=0``), so every other op is the torch op a GPU runs.
+The model runs the forms it runs on CUDA: the fused Triton kernels (in Triton's interpreter, which
+``CPU_ENV`` selects before anything imports Triton) and the Triton attention backend, with the C
+kernels off (``LLMKIT_NATIVE=0``), so every other op is the torch op a GPU runs.
 A torch dispatch mode sees each aten op; those that launch a kernel on a GPU (not views, metadata or
 allocations) are counted with each Triton launch, per decoder layer and outside the layers (the
 embedding, the rotary table, the final norm and the LM head). A library's own extra kernels inside
@@ -18,6 +18,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# The CUDA path's forms on the CPU: Triton's interpreter (chosen when triton is imported) and the C
+# kernels off (LLMKIT_NATIVE is read when llmkit's native module is imported).
+CPU_ENV = {"LLMKIT_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1", "LLMKIT_NATIVE": "0"}
 # aten ops that launch nothing on a GPU: views and other metadata, and allocations.
 NO_KERNEL = frozenset(
     """view _unsafe_view reshape _reshape_alias as_strided slice select split split_with_sizes unbind narrow
@@ -30,8 +33,10 @@ SYNC = "_local_scalar_dense"  # .item(): a device-to-host copy the host waits fo
 
 
 def count_on_cpu(preset: str, steps: int) -> dict:
-    """Launches of the last of ``steps`` decode steps of one request (greedy, 8 prompt tokens)."""
-    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before starting"
+    """Launches of the last of ``steps`` decode steps of one request (greedy, 8 prompt tokens).
+    Call it before this process imports triton or llmkit."""
+    assert "triton" not in sys.modules and "llmkit" not in sys.modules, "CPU_ENV must apply at their import"
+    os.environ.update(CPU_ENV)
     import triton.runtime.interpreter as interpreter
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -101,7 +106,6 @@ def count_on_cpu(preset: str, steps: int) -> dict:
 
     for i, layer in enumerate(model.layers):
         layer.forward = in_layer(i, layer.forward)
-    records = []
 
     def counting(fn):
         def run(*args, **kwargs):
@@ -115,11 +119,10 @@ def count_on_cpu(preset: str, steps: int) -> dict:
     engine = Engine(cfg, parts)
     params = SamplingParams(max_new_tokens=steps + 2, ignore_eos=True, temperature=0.0)
     engine._add(GenerateRequest("k", [5, 6, 7, 8, 9, 10, 11, 12], params), lambda o: None)
-    for _ in range(steps + 1):  # the prefill, then the decode steps
+    for _ in range(steps + 1):  # the prefill, then the decode steps; ``step`` keeps the last one's
         step.clear()
         engine.step()
-        records.append(dict(step))
-    last = records[-1]
+    last = step
     layer_ops = last[f"layer {len(model.layers) - 1}"]  # (the first layer has no residual to add yet)
     kernels = [op for ops in last.values() for op in ops]
     return {
