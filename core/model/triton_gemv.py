@@ -34,6 +34,15 @@ NONE, NORM, SILU_MUL = 0, 1, 2
 
 
 @triton.jit
+def _input_block(x_rows, r_rows, kk, mask, HAS_RES: tl.constexpr):
+    # x [+ r] over columns kk, the sum rounded to the activations' dtype as the unfused x + residual
+    h = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        h = (h.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)).to(h.dtype)
+    return h
+
+
+@triton.jit
 def _gemv_kernel(
     X,
     R,
@@ -69,13 +78,9 @@ def _gemv_kernel(
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             mask = m_mask[:, None] & (kk < K)[None, :]
-            h = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
-            if HAS_RES:  # the sum rounded to the activations' dtype, as the unfused x + residual
-                h = (h.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)).to(
-                    X.dtype.element_ty
-                )
-                if pid == 0:
-                    tl.store(S + rows[:, None].to(tl.int64) * K + kk[None, :], h, mask=mask)
+            h = _input_block(x_rows, r_rows, kk, mask, HAS_RES)
+            if HAS_RES and pid == 0:
+                tl.store(S + rows[:, None].to(tl.int64) * K + kk[None, :], h, mask=mask)
             hf = h.to(tl.float32)
             ss += tl.sum(hf * hf, axis=1)
         rstd = 1.0 / tl.sqrt(ss / K + eps)
@@ -87,12 +92,8 @@ def _gemv_kernel(
         kk = k0 + offs_k
         k_mask = kk < K
         mask = m_mask[:, None] & k_mask[None, :]
-        x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
+        x = _input_block(x_rows, r_rows, kk, mask, HAS_RES)  # (a residual comes only with the norm)
         if PROLOGUE == 1:
-            if HAS_RES:
-                x = (x.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)).to(
-                    X.dtype.element_ty
-                )
             nw = tl.load(NW + kk, mask=k_mask, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * rstd[:, None] * nw[None, :]).to(X.dtype.element_ty)
         if PROLOGUE == 2:
@@ -132,6 +133,7 @@ def gemv(
     k = weight.shape[1]
     assert rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, weight.shape)
+    assert residual is None or norm is not None, "a residual is summed in front of the norm only"
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     s = torch.empty(rows, k, dtype=x.dtype, device=x.device) if residual is not None else None
