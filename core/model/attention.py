@@ -140,6 +140,18 @@ class AttentionBackend(ABC):
         views and the K/V writes is worth ~20 us a layer on a CPU."""
         return None
 
+    def kv_write_target(self, layer_id: int, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional: this layer's pool buffers ``(k_buf, v_buf)`` ``[slots, Hkv, D]``, where a fused
+        projection kernel may write the forward's new keys (rotated) and values itself, at
+        ``metadata.out_slots`` in the pool's dtype, and then call :meth:`forward_written` (a decode
+        step's QKV product, rotation and K/V store as one kernel). None (the default): not offered."""
+        return None
+
+    def forward_written(self, q: torch.Tensor, layer_id: int, metadata: AttentionMetadata) -> torch.Tensor:
+        """:meth:`forward` for rotated queries ``q [T, H, D]`` whose keys and values the caller wrote
+        into :meth:`kv_write_target`'s buffers."""
+        raise NotImplementedError(f"{type(self).__name__} offers no kv_write_target")
+
     def native_attend(self, rope: tuple[torch.Tensor, torch.Tensor], metadata: AttentionMetadata):
         """Optional: :meth:`forward_qkv` for a C caller (``core/model/cpu/cpu_decoder.c``), as a
         :class:`~llmkit.core.model.cpu.cpu_decoder.NativeAttend` valid for this forward: a function

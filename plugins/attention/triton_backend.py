@@ -177,6 +177,15 @@ class TritonAttentionBackend(AttentionBackend):
         q = self._rope_store.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots, bias)
         return self._attend(q, k_buf, v_buf, md, None, None)
 
+    def kv_write_target(self, layer_id, md):
+        # the plain layout only (latent KV keeps its values inside the keys)
+        if self.v_head_dim != self.head_dim or not self.pool.v_buffers:
+            return None
+        return self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+
+    def forward_written(self, q, layer_id, md):
+        return self._attend(q, self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id], md, None, None)
+
     def _attend(self, q, k_buf, v_buf, md: AttentionMetadata, sliding_window, sinks) -> torch.Tensor:
         plan: _Plan = md.extra["triton"]
         o = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)

@@ -128,7 +128,7 @@ class DecoderLayer(PreNormBlock):
         # (not in deterministic mode: rows past the GEMVs' few run on cuBLAS, whose sums differ)
         gemv = None if ctx.deterministic else model_layers.decode_gemv(x)  # (looked up here: tests patch it)
         if gemv is not None and (weights := self.gemv_weights()) is not None:
-            return self._forward_gemv(gemv.gemv, weights, x, residual, rope, ctx)
+            return self._forward_gemv(gemv, weights, x, residual, rope, ctx)
         return super().forward(x, residual, rope, ctx)
 
     def gemv_weights(self) -> tuple | None:
@@ -145,17 +145,38 @@ class DecoderLayer(PreNormBlock):
         return self._gemv_weights
 
     def _forward_gemv(self, gemv, weights, x, residual, rope, ctx):
-        """The block as seven launches: norm + QKV, the backend's attention (rotate-and-store and
-        its stages), O, norm + gate/up, SiLU-and-mul + down (triton_gemv.py)."""
+        """The block as five launches: norm + QKV + rotate-and-store, attention, O, norm + gate/up,
+        SiLU-and-mul + down (triton_gemv.py); six where the backend does not let the QKV product
+        write the K/V itself (its rotate-and-store then runs on its own)."""
         w_qkv, w_o, w_gate_up, w_down = weights
         attn, n1, n2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
-        if residual is None:  # the first block: the norm of x alone, and x is the residual
-            qkv, residual = gemv(x, w_qkv, norm=(n1.weight, n1.eps)), x
+        norm1 = {"norm": (n1.weight, n1.eps)}
+        if residual is not None:
+            norm1["residual"] = residual
+        target = self._kv_write_target(gemv, w_qkv, ctx)
+        if target is not None:
+            md = ctx.metadata
+            store = gemv.RopeStore(*rope, attn.num_heads, *target, md.out_slots, attn.qkv_proj.bias)
+            q = gemv.gemv(x, w_qkv, rope=store, **norm1)
+            q, residual = (q, x) if residual is None else q  # the first block: x is the residual
+            h = ctx.attn.forward_written(q, attn.layer_id, md).reshape(-1, attn.q_size)
         else:
-            qkv, residual = gemv(x, w_qkv, norm=(n1.weight, n1.eps), residual=residual)
-        h = gemv(attn.attend(qkv, rope, ctx, attn.qkv_proj.bias), w_o)
-        gate_up, residual = gemv(h, w_gate_up, norm=(n2.weight, n2.eps), residual=residual)
-        return gemv(gate_up, w_down, silu_mul=True), residual
+            qkv = gemv.gemv(x, w_qkv, **norm1)
+            qkv, residual = (qkv, x) if residual is None else qkv
+            h = attn.attend(qkv, rope, ctx, attn.qkv_proj.bias)
+        gate_up, residual = gemv.gemv(gemv.gemv(h, w_o), w_gate_up, norm=(n2.weight, n2.eps), residual=residual)
+        return gemv.gemv(gate_up, w_down, silu_mul=True), residual
+
+    def _kv_write_target(self, gemv, w_qkv, ctx):
+        """The pool buffers the QKV product may write the K/V into (no per-head norms between the
+        product and the rotation, and the backend offers them), else None."""
+        attn = self.self_attn
+        if attn.q_norm is not None or not gemv.rope_fits(attn.head_dim, w_qkv.shape[0]):
+            return None
+        target = ctx.attn.kv_write_target(attn.layer_id, ctx.metadata)
+        if target is None or target[0].shape[-1] != attn.head_dim or target[0].shape[1] != attn.num_kv_heads:
+            return None
+        return target
 
 
 class StackedLM(CausalLM):

@@ -30,10 +30,10 @@ LAYER = [
 ]
 
 
-# With LLMKIT_TRITON_GEMV=1: the norms and SiLU-and-mul folded into the GEMVs in front of them.
+# With LLMKIT_TRITON_GEMV=1: the norms and SiLU-and-mul folded into the GEMVs in front of them, the
+# rotate-and-store into the QKV GEMV behind it.
 GEMV_LAYER = [
-    "triton:_gemv_kernel",  # the residual add, the input norm, Q, K, V
-    "triton:_rope_store_kernel",
+    "triton:_gemv_kernel",  # the residual add, the input norm, Q, K, V, the bias, the rotation, the K/V write
     "triton:_decode_split_kernel",
     "triton:_decode_merge_kernel",
     "triton:_gemv_kernel",  # O

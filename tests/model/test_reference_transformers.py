@@ -21,10 +21,13 @@ import model_utils
 from model_utils import save_tiny_model, start_engine
 
 
-def _prefill_logits(model, ids: list[int], device: torch.device | None = None, lora=None) -> torch.Tensor:
+def _prefill_logits(
+    model, ids: list[int], device: torch.device | None = None, lora=None, backend=TorchAttentionBackend
+) -> torch.Tensor:
     """Run our model over ``ids`` as one prefill through the paged KV path (on ``device``, the CPU
     by default, the pool in the model's dtype); fp32 logits for every position, on the CPU.
-    ``lora``: the LoRA batch of an active adapter (tests/lora)."""
+    ``lora``: the LoRA batch of an active adapter (tests/lora); ``backend``: the attention
+    backend's class."""
     n, device = len(ids), device or torch.device("cpu")
     pool = KVCachePool(
         num_layers=model.num_layers,
@@ -51,7 +54,7 @@ def _prefill_logits(model, ids: list[int], device: torch.device | None = None, l
         page_size=1,
         is_decode=False,
     )
-    attn = TorchAttentionBackend(
+    attn = backend(
         num_heads=model.config["num_attention_heads"],
         num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,

@@ -14,15 +14,17 @@ GEMVs equal the unfused forms' within fp32 noise.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from attention_utils import assert_close_to_largest, compile_for_cuda, kernel_run_tests, report_runs
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 DTYPES = ("float32", "float16", "bfloat16")
-OPS = ("plain", "norm", "norm_residual", "silu_mul")
+OPS = ("plain", "norm", "norm_residual", "silu_mul", "rope_store")
 RUNS = [f"{op}:{dt}" for op in OPS for dt in DTYPES]
-RUNS += ["rows_do_not_depend_on_the_batch", "tiny_model_logits"]
+RUNS += ["rows_do_not_depend_on_the_batch", "tiny_model_logits", "tiny_model_logits_triton_attention"]
 # (rows, N, K): one row and the most rows, widths that are not powers of two or multiples of a block
 SHAPES = ((1, 96, 64), (4, 40, 100), (3, 300, 520), (0, 16, 16))
 WIDE = (2, 4096, 72)  # the 16-column blocks of wide projections (slow to interpret: fp32 runs only)
@@ -45,6 +47,8 @@ def _inputs(rows: int, n: int, k: int, dtype: torch.dtype, device: str, width: i
 def check_op(op: str, dtype: torch.dtype, device: str) -> None:
     from llmkit.core.model import triton_gemv
 
+    if op == "rope_store":
+        return check_rope_store(dtype, device)
     for rows, n, k in SHAPES + ((WIDE,) if dtype == torch.float32 else ()):
         x, w = _inputs(rows, n, k, dtype, device, 2 * k if op == "silu_mul" else None)
         what = f"{op} {rows}x{k} @ {n}x{k}"
@@ -70,6 +74,40 @@ def check_op(op: str, dtype: torch.dtype, device: str) -> None:
             _close(got, inp.double() @ w.double().T, dtype, what)
 
 
+# (rows, query heads, KV heads, head size, K, bias): the 8-column blocks; 16-column blocks (N >= 4096)
+ROPE_SHAPES = ((1, 4, 2, 16, 48, True), (3, 14, 2, 64, 40, False), (4, 2, 1, 16, 24, True))
+ROPE_WIDE = (2, 32, 8, 128, 16, True)
+
+
+def check_rope_store(dtype: torch.dtype, device: str) -> None:
+    """The QKV product with the rotate-and-store epilogue equals the product followed by
+    ``rope_store_kv``: the same rotated queries, the same K/V in the pool (other slots untouched)."""
+    from llmkit.core.model import triton_gemv
+    from llmkit.core.model.layers import RotaryEmbedding
+    from llmkit.plugins.attention.triton_rope_store import rope_store_kv
+
+    for rows, heads, kv_heads, d, k, has_bias in ROPE_SHAPES + ((ROPE_WIDE,) if dtype == torch.float32 else ()):
+        n = (heads + 2 * kv_heads) * d
+        x, w = _inputs(rows, n, k, dtype, device)
+        nw = (1 + 0.1 * torch.randn(k, generator=_gen(3))).to(device, dtype)
+        r = torch.randn(rows, k, generator=_gen(4)).to(device, dtype)
+        bias = torch.randn(n, generator=_gen(5)).to(device, dtype) if has_bias else None
+        rope = RotaryEmbedding(d, 64, {"rope_theta": 10000.0}).to(device)
+        cos2, sin2 = rope.table(torch.tensor([5, 0, 63, 17][:rows], device=device), dtype)
+        slots = torch.tensor([7, 2, 9, 4][:rows], device=device)
+        pools = [torch.randn(12, kv_heads, d, generator=_gen(6)).to(device, dtype) for _ in range(4)]
+        k_want, v_want, k_got, v_got = (p.clone() for p in pools)
+        qkv, s_want = triton_gemv.gemv(x, w, norm=(nw, 1e-6), residual=r)
+        q_want = rope_store_kv(qkv, cos2, sin2, heads, k_want, v_want, slots, bias)
+        store = triton_gemv.RopeStore(cos2, sin2, heads, k_got, v_got, slots, bias)
+        q_got, s_got = triton_gemv.gemv(x, w, norm=(nw, 1e-6), residual=r, rope=store)
+        what = f"rope_store {rows} rows, {heads}/{kv_heads} heads of {d}, K {k}"
+        # compiled, the two kernels may contract the rotation into different FMAs
+        tol = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
+        for got, want, name in ((q_got, q_want, "q"), (k_got, k_want, "k"), (v_got, v_want, "v"), (s_got, s_want, "s")):
+            torch.testing.assert_close(got, want, **tol, msg=lambda m, name=name: f"{what}: {name}: {m}")
+
+
 def check_rows_do_not_depend_on_the_batch(device: str) -> None:
     from llmkit.core.model import triton_gemv
 
@@ -84,15 +122,25 @@ def check_rows_do_not_depend_on_the_batch(device: str) -> None:
         assert torch.equal(triton_gemv.gemv(gu[lo:hi], wd, silu_mul=True), full_silu[lo:hi])
 
 
-def check_tiny_model_logits(device: str) -> None:
+def check_tiny_model_logits_triton_attention(device: str) -> None:
+    if device == "cpu":  # (this subprocess imported triton in its interpreter already)
+        os.environ["LLMKIT_TRITON_INTERPRET"] = "1"
+    check_tiny_model_logits(device, triton_attention=True)
+
+
+def check_tiny_model_logits(device: str, triton_attention: bool = False) -> None:
     """A tiny Qwen2 (QKV bias, tied embeddings) run on three tokens, every block on the fused
-    GEMVs, equals its torch forms' logits (fp32: the C kernels stay off)."""
+    GEMVs, equals its torch forms' logits (fp32: the C kernels stay off). With the Triton attention
+    backend the QKV products rotate and write the K/V themselves (``kv_write_target``)."""
     import tempfile
     from pathlib import Path
+    from types import SimpleNamespace
 
     from llmkit.core.model import layers, triton_gemv, triton_pointwise
     from llmkit.core.model.cpu import cpu_norm, cpu_pointwise
     from llmkit.plugins.attention import cpu_attention
+    from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
+    from llmkit.plugins.attention.triton_backend import TritonAttentionBackend
 
     from model_utils import load_ours, save_tiny_model
     from tests.model.test_reference_transformers import _prefill_logits
@@ -100,22 +148,30 @@ def check_tiny_model_logits(device: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         save_tiny_model("qwen2", Path(d))
         model = load_ours(Path(d)).to(device)
+    with torch.no_grad():  # (transformers initialises biases to zero)
+        for layer in model.layers:
+            layer.self_attn.qkv_proj.bias.normal_(generator=_gen(7))
     ids = [3, 17, 40]
     on_device = torch.device(device)
     cpu_norm.usable = lambda x, w: False
     cpu_pointwise._usable = lambda x: False
     cpu_attention.available = lambda *args, **kwargs: False
     layers._fused = lambda x: triton_pointwise  # the interpreter stands in for CUDA
-    want = _prefill_logits(model, ids, on_device)
-    calls = [0]
+    backend = TritonAttentionBackend if triton_attention else TorchAttentionBackend
+    want = _prefill_logits(model, ids, on_device, backend=backend)
+    calls, ropes = [0], [0]
 
     def counted(*args, **kwargs):
         calls[0] += 1
+        ropes[0] += kwargs.get("rope") is not None
         return triton_gemv.gemv(*args, **kwargs)
 
-    layers.decode_gemv = lambda x: type("G", (), {"gemv": staticmethod(counted)})
-    got = _prefill_logits(model, ids, on_device)
+    layers.decode_gemv = lambda x: SimpleNamespace(
+        gemv=counted, RopeStore=triton_gemv.RopeStore, rope_fits=triton_gemv.rope_fits
+    )
+    got = _prefill_logits(model, ids, on_device, backend=backend)
     assert calls[0] == 4 * len(model.layers), calls
+    assert ropes[0] == (len(model.layers) if triton_attention else 0), ropes
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err < 1e-5, err
 
@@ -143,19 +199,31 @@ def _compile_main(runs: list[str]) -> None:
     def compile_all(run: str) -> None:
         dtype, arch = run.split(":")
         t = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
-        ptrs = dict(X=t, R=t, NW=t, W=t, Y=t, S=t, eps="fp32")
+        ptrs = dict(X=t, R=t, NW=t, W=t, Y=t, S=t, eps="fp32", Bias=t, C=t, Sn=t, K_buf=t, V_buf=t, slots="*i64")
         # a model's projections: aligned tensors, sizes and strides multiples of 16
         aligned = ("X", "R", "NW", "W", "Y", "S", "N", "K", "stride_x", "stride_r", "stride_w", "stride_y")
+        # plain products of 896 and 4,096 columns; QKV products with the rotate-and-store epilogue of
+        # Qwen2.5-0.5B (14 + 2 + 2 heads of 64) and Llama-3.1-8B (32 + 8 + 8 heads of 128)
         for rows in (1, 2, 4):
-            for n in (896, 4096):
+            for n, rope in ((896, None), (4096, None), (1152, (14, 2, 64)), (6144, (32, 8, 128))):
                 block_m, block_n, block_k, warps = tg.gemv_config(rows, n)
-                for prologue, res in ((tg.NONE, False), (tg.NORM, False), (tg.NORM, True), (tg.SILU_MUL, False)):
-                    consts = dict(PROLOGUE=prologue, HAS_RES=res, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-                    out = compile_for_cuda(tg._gemv_kernel, arch, ptrs, consts, aligned, num_warps=warps)
-                    ptx = out.asm["ptx"]
-                    assert "ld.local" not in ptx, f"register spills at {consts}"
-                    # the weight streams in 16-byte loads (8 bf16 / fp16 a thread a load)
-                    assert "ld.global.v4.b32" in ptx, f"no vector loads at {consts}"
+                variants = ((tg.NONE, False), (tg.NORM, False), (tg.NORM, True), (tg.SILU_MUL, False))
+                if rope is not None:
+                    variants = ((tg.NORM, False), (tg.NORM, True))
+                for prologue, res in variants:
+                    heads = dict(NUM_HEADS=0, NUM_KV_HEADS=0, PAIR=0)
+                    if rope is not None:
+                        heads = dict(NUM_HEADS=rope[0], NUM_KV_HEADS=rope[1], PAIR=rope[2] // 2)
+                    for has_bias in (False, True) if rope is not None else (False,):
+                        consts = dict(
+                            PROLOGUE=prologue, HAS_RES=res, ROPE=rope is not None, HAS_BIAS=has_bias, **heads,
+                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                        )  # fmt: skip
+                        out = compile_for_cuda(tg._gemv_kernel, arch, ptrs, consts, aligned, num_warps=warps)
+                        ptx = out.asm["ptx"]
+                        assert "ld.local" not in ptx, f"register spills at {consts}"
+                        # the weight streams in 16-byte loads (8 bf16 / fp16 a thread a load)
+                        assert "ld.global.v4.b32" in ptx, f"no vector loads at {consts}"
 
     report_runs(runs, compile_all)
 
