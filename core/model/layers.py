@@ -24,8 +24,11 @@ FUSED_ON_CUDA = (
 
 
 # A decode step's GEMMs of a few rows as one Triton kernel each, with the norm or SiLU-and-mul before
-# them folded in (triton_gemv.py): opt-in until a GPU shows it beating cuBLAS.
-GEMV_ON_CUDA = FUSED_ON_CUDA and os.environ.get("LLMKIT_TRITON_GEMV", "") == "1"
+# them folded in (triton_gemv.py). LLMKIT_TRITON_GEMV=1: always, 0: never; unset: measured against
+# cuBLAS per block shape and row count at start-up (gemv_choice.py).
+_GEMV_ENV = os.environ.get("LLMKIT_TRITON_GEMV", "")
+GEMV_ON_CUDA = FUSED_ON_CUDA and _GEMV_ENV != "0"
+GEMV_MEASURED = _GEMV_ENV != "1"
 
 
 def decode_gemv(x: torch.Tensor):

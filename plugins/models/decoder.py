@@ -8,6 +8,7 @@ down row-parallel, and the embedding and LM head split by vocabulary rows.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterable
 
 import torch
@@ -18,6 +19,7 @@ from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.cpu import cpu_decoder
 from llmkit.core.model.cpu.cpu_decoder import NativeStack
 from llmkit.core.model.cpu.cpu_lora import NativeLoRA
+from llmkit.core.model.gemv_choice import gemv_faster
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, silu_mul
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
@@ -128,7 +130,13 @@ class DecoderLayer(PreNormBlock):
         # (not in deterministic mode: rows past the GEMVs' few run on cuBLAS, whose sums differ)
         gemv = None if ctx.deterministic else model_layers.decode_gemv(x)  # (looked up here: tests patch it)
         if gemv is not None and (weights := self.gemv_weights()) is not None:
-            return self._forward_gemv(gemv, weights, x, residual, rope, ctx)
+            on_gemvs = partial(self._forward_gemv, gemv, weights, x, residual, rope, ctx)
+            if not model_layers.GEMV_MEASURED:
+                return on_gemvs()
+            # one key for every block of the same shapes (a dense model's layers share one choice)
+            key = (x.shape[0], x.dtype, type(ctx.attn).__name__, *(tuple(w.shape) for w in weights))
+            if gemv_faster(key, on_gemvs, partial(super().forward, x, residual, rope, ctx)):
+                return on_gemvs()
         return super().forward(x, residual, rope, ctx)
 
     def gemv_weights(self) -> tuple | None:

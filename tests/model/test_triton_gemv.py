@@ -136,7 +136,7 @@ def check_tiny_model_logits(device: str, triton_attention: bool = False) -> None
     from pathlib import Path
     from types import SimpleNamespace
 
-    from llmkit.core.model import layers, triton_gemv, triton_pointwise
+    from llmkit.core.model import gemv_choice, layers, triton_gemv, triton_pointwise
     from llmkit.core.model.cpu import cpu_norm, cpu_pointwise
     from llmkit.plugins.attention import cpu_attention
     from llmkit.plugins.attention.torch_backend import TorchAttentionBackend
@@ -166,12 +166,23 @@ def check_tiny_model_logits(device: str, triton_attention: bool = False) -> None
         ropes[0] += kwargs.get("rope") is not None
         return triton_gemv.gemv(*args, **kwargs)
 
+    # The measured choice, with a stand-in timer (CUDA graphs on a GPU) that favours the GEMVs: one
+    # measurement for both layers (one shape), which runs each form once more.
+    timed = []
+
+    def timer(fn):
+        timed.append(fn.func.__name__)
+        fn()
+        return 0.0 if fn.func.__name__ == "_forward_gemv" else 1.0
+
+    layers.GEMV_MEASURED, gemv_choice.timer = True, timer
     layers.decode_gemv = lambda x: SimpleNamespace(
         gemv=counted, RopeStore=triton_gemv.RopeStore, rope_fits=triton_gemv.rope_fits
     )
     got = _prefill_logits(model, ids, on_device, backend=backend)
-    assert calls[0] == 4 * len(model.layers), calls
-    assert ropes[0] == (len(model.layers) if triton_attention else 0), ropes
+    assert timed == ["_forward_gemv", "forward"], timed
+    assert calls[0] == 4 * (len(model.layers) + 1), calls
+    assert ropes[0] == (len(model.layers) + 1 if triton_attention else 0), ropes
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err < 1e-5, err
 
