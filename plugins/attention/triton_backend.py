@@ -51,6 +51,7 @@ class _Plan:
     num_splits: int = 1
     mid_o: torch.Tensor | None = None
     mid_lse: torch.Tensor | None = None
+    counters: torch.Tensor | None = None
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -82,6 +83,7 @@ class TritonAttentionBackend(AttentionBackend):
             self._num_sms = 4  # the interpreter: enough splits to exercise the merge
         self._graph: dict[str, torch.Tensor] | None = None
         self._graph_deterministic = False
+        self._counters: torch.Tensor | None = None  # eager decode's, see _eager_counters
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -140,10 +142,19 @@ class TritonAttentionBackend(AttentionBackend):
             mid_o, mid_lse = self._decode.alloc_split_buffers(
                 md.num_seqs, self.num_heads, self.v_head_dim, splits, self.device
             )
-            md.extra["triton"] = _Plan(True, 1, splits, mid_o, mid_lse)
+            md.extra["triton"] = _Plan(True, 1, splits, mid_o, mid_lse, self._eager_counters(md.num_seqs))
         else:
             md.extra["triton"] = _Plan(False, max(md.q_lens, default=0))
         return md
+
+    def _eager_counters(self, batch: int) -> torch.Tensor:
+        """The split counters of eager decode: one buffer kept across steps (the kernel leaves it
+        zeroed), grown only when a larger batch needs more, so a step launches no fill kernel. Eager
+        launches run one after another on one stream, so they can share it."""
+        need = self._decode.counter_count(batch, self.num_heads, self.num_kv_heads, self.head_dim)
+        if self._counters is None or self._counters.numel() < need:
+            self._counters = self._decode.alloc_counters(need, self.device)
+        return self._counters
 
     def forward(
         self,
@@ -200,6 +211,7 @@ class TritonAttentionBackend(AttentionBackend):
                 md.kv_lens_t,
                 plan.mid_o,
                 plan.mid_lse,
+                plan.counters,
                 plan.num_splits,
                 self.scale,
                 sliding_window,
@@ -242,12 +254,16 @@ class TritonAttentionBackend(AttentionBackend):
             "out_slots": torch.zeros(max_bs, dtype=i64, device=dev),  # slot 0 absorbs padding
             "mid_o": mid_o,
             "mid_lse": mid_lse,
+            # its own: the graphs bake in its address, and the eager one is re-allocated as it grows
+            "counters": self._decode.alloc_counters(
+                self._decode.counter_count(max_bs, self.num_heads, self.num_kv_heads, self.head_dim), dev
+            ),
         }
 
     def prepare_for_capture(self, bs: int) -> AttentionMetadata:
         g = self._require_graph(bs)
         splits = self._num_splits(bs, self._graph_deterministic)
-        plan = _Plan(True, 1, splits, g["mid_o"][:bs, :, :splits], g["mid_lse"][:bs, :, :splits])
+        plan = _Plan(True, 1, splits, g["mid_o"][:bs, :, :splits], g["mid_lse"][:bs, :, :splits], g["counters"])
         return AttentionMetadata(
             num_seqs=bs,
             q_lens=[1] * bs,

@@ -1,12 +1,15 @@
-"""Triton kernels for batched decode attention over paged KV, split-K in two stages.
+"""Triton kernel for batched decode attention over paged KV: split-K, merged in the same launch.
 
 Decode has one query token per sequence, so a program per (sequence, head) would leave most of the
-GPU idle on small batches with long contexts. Stage 1 splits each context into ``num_splits``
-chunks and computes a partial softmax-weighted sum per chunk (all query heads of one KV head at
-once, so GQA reads each K/V row once); stage 2 merges the chunks with their log-sum-exps.
+GPU idle on small batches with long contexts. The context is split into ``num_splits`` chunks, one
+program each, which computes a partial softmax-weighted sum (all query heads of one KV head at
+once, so GQA reads each K/V row once) and stores it with its log-sum-exp. The last program of a
+(sequence, head block) to finish -- it counts the finished ones on an atomic counter -- merges
+them, so decode attention is one launch a layer (a launch costs a few microseconds, even inside a
+CUDA graph).
 
 The grid depends only on the batch size, the head counts and ``num_splits`` -- never on the context
-lengths, which the kernels read from device memory -- so a captured CUDA graph stays valid as the
+lengths, which the kernel reads from device memory -- so a captured CUDA graph stays valid as the
 sequences grow. Chunk boundaries depend only on a sequence's own length and ``num_splits``.
 
 A sliding window narrows the range the splits divide to the window's keys (the query sits at
@@ -24,6 +27,33 @@ from llmkit.plugins.attention.triton_extend import LOG2E, dot_options, is_interp
 
 
 @triton.jit
+def _merge_splits(
+    mo, ml, sinks, h_mask, hd_mask, stride_mos, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr
+):
+    """The softmax over all splits, ``[BLOCK_H, BLOCK_DV]`` fp32, from split 0's partials ``mo``
+    ``[BLOCK_H, BLOCK_DV]`` and log-sum-exps ``ml`` ``[BLOCK_H]`` (pointers; the splits follow),
+    a split at a time: a [heads, splits, DV] tile would not fit in registers with MLA's 512
+    channels. The loads bypass L1, which other SMs' stores do not update."""
+    offs_s = tl.arange(0, BLOCK_S)
+    hs_mask = h_mask[:, None] & (offs_s[None, :] < NUM_SPLITS)
+    lse = tl.load(ml[:, None] + offs_s[None, :], mask=hs_mask, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, 1)  # finite for the group's heads: split 0 is never empty
+    if HAS_SINKS:  # the sink's logit (base 2) joins the max and the denominator, with no value
+        sink = tl.load(sinks, mask=h_mask, other=0.0).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m = tl.where(h_mask, m, 0.0)  # padding heads (past the group) have no splits: keep them NaN-free
+    w = tl.exp2(lse - m[:, None])
+    denom = tl.sum(w, 1)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    acc = tl.zeros(hd_mask.shape, dtype=tl.float32)
+    for s in range(NUM_SPLITS):
+        part = tl.load(mo + s * stride_mos, mask=hd_mask, other=0.0, cache_modifier=".cg")
+        acc += part * tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)[:, None]
+    return acc / tl.where(h_mask, denom, 1.0)[:, None]
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,
     K_buf,
@@ -33,6 +63,9 @@ def _decode_split_kernel(
     kv_lens,
     Mid_O,
     Mid_LSE,
+    O,
+    Sinks,  # [H] fp32 per-head sink logits (read only with HAS_SINKS)
+    Counter,  # int32, one per (sequence, program_id(1)): finished splits; zero between launches
     window,  # sliding window in tokens; 0 = none
     qk_scale,  # softmax scale * log2(e)
     stride_qb,
@@ -47,6 +80,8 @@ def _decode_split_kernel(
     stride_mos,
     stride_lb,
     stride_lh,
+    stride_ob,
+    stride_oh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DV: tl.constexpr,
@@ -56,8 +91,10 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # Grid: (sequence, KV head x block of its query heads, split).
     b = tl.program_id(0)
@@ -111,61 +148,35 @@ def _decode_split_kernel(
         )
         m_i = m_new
 
-    # An empty split stores lse = -inf and a zero partial; stage 2 gives it weight 0.
+    # An empty split stores lse = -inf and a zero partial; the merge gives it weight 0.
     has = l_i > 0
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     part = acc / tl.where(has, l_i, 1.0)[:, None]
-    mo = Mid_O + b.to(tl.int64) * stride_mob + split * stride_mos
-    tl.store(mo + heads[:, None] * stride_moh + offs_dv[None, :], part, mask=h_mask[:, None] & dv_mask[None, :])
-    tl.store(Mid_LSE + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
+    mo = Mid_O + b.to(tl.int64) * stride_mob + heads[:, None] * stride_moh + offs_dv[None, :]  # split 0's
+    ml = Mid_LSE + b.to(tl.int64) * stride_lb + heads * stride_lh
+    hd_mask = h_mask[:, None] & dv_mask[None, :]
+    tl.store(mo + split * stride_mos, part, mask=hd_mask)
+    tl.store(ml + split, lse, mask=h_mask)
 
-
-@triton.jit
-def _decode_merge_kernel(
-    Mid_O,
-    Mid_LSE,
-    O,
-    Sinks,  # [H] fp32 per-head sink logits (read only with HAS_SINKS)
-    stride_mob,
-    stride_moh,
-    stride_mos,
-    stride_lb,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-):
-    # Grid: (sequence, query head). Split 0 is never empty (kv_len >= 1), so the max is finite.
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    d_mask = offs_d < HEAD_DIM
-    lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    if HAS_SINKS:  # the sink's logit (base 2) joins the max and the denominator, with no value
-        sink = tl.load(Sinks + h).to(tl.float32) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    w = tl.exp2(lse - m)
-    part = tl.load(
-        Mid_O + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    denom = tl.sum(w, 0)
-    if HAS_SINKS:
-        denom += tl.exp2(sink - m)
-    out = tl.sum(part * w[:, None], 0) / denom
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+    # The last of the (sequence, head block)'s split programs to finish merges them all. The barrier
+    # has every thread's stores issued before the counter's release publishes them (one thread does
+    # the atomic), and makes them visible to this program's other threads, which read them back.
+    tl.debug_barrier()
+    if NUM_SPLITS == 1:  # the only program: nothing to count
+        last = True
+    else:
+        idx = b * tl.num_programs(1) + tl.program_id(1)
+        last = tl.atomic_add(Counter + idx, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1
+    if last:
+        out = _merge_splits(mo, ml, Sinks + heads, h_mask, hd_mask, stride_mos, NUM_SPLITS, BLOCK_S, HAS_SINKS)
+        o = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :]
+        tl.store(o, out.to(O.dtype.element_ty), mask=hd_mask)
+        if NUM_SPLITS > 1:
+            tl.store(Counter + idx, 0)  # nothing else touches it before the next launch
 
 
 def decode_config(block_d: int, dtype: torch.dtype, interpreted: bool) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) of the split-K stage."""
+    """(BLOCK_N, num_warps) of the decode kernel."""
     if interpreted:
         return 16, 4
     if block_d > 256:  # MLA's 576-channel latent (padded to 1024): keep the K/V tiles in shared memory
@@ -177,10 +188,30 @@ def alloc_split_buffers(
     batch: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial outputs ``[B, H, S, D]`` (D: the output's head size) and log-sum-exps
-    ``[B, H, S]`` for stage 1."""
+    ``[B, H, S]`` of the splits."""
     mid_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device)
     mid_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device)
     return mid_o, mid_lse
+
+
+def _block_h(group: int, head_dim: int) -> int:
+    """Query heads a program takes (BLOCK_H). tl.dot needs at least 16 rows on tensor cores (unused
+    head rows are masked). A KV head's whole query group goes in one program, unless the heads are
+    wide (MLA: up to 128 query heads over one 576-channel latent), where blocks of 16 heads keep the
+    tiles on chip."""
+    return 16 if triton.next_power_of_2(head_dim) > 256 else max(16, triton.next_power_of_2(group))
+
+
+def counter_count(batch: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """How many counters :func:`decode_attention` needs: one per (sequence, KV head, block of its
+    query heads). ``head_dim``: the keys' head size (q's)."""
+    group = num_heads // num_kv_heads
+    return batch * num_kv_heads * triton.cdiv(group, _block_h(group, head_dim))
+
+
+def alloc_counters(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 split counters; :func:`decode_attention` leaves them zeroed, so allocate once."""
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def decode_attention(
@@ -193,6 +224,7 @@ def decode_attention(
     kv_lens: torch.Tensor,
     mid_o: torch.Tensor,
     mid_lse: torch.Tensor,
+    counters: torch.Tensor,
     num_splits: int,
     scale: float,
     sliding_window: int | None = None,
@@ -206,6 +238,8 @@ def decode_attention(
     ``v_buf`` None: latent KV, the values are the keys' first DV = ``o.shape[-1]`` channels.
     ``mid_o``/``mid_lse`` are scratch from :func:`alloc_split_buffers` with at least ``B`` rows and
     ``num_splits`` splits (views of larger static buffers are fine: strides are honoured).
+    ``counters``: at least :func:`counter_count` zeroed int32 from :func:`alloc_counters`, zeroed again
+    when the kernel ends; launches that may overlap (other streams) need their own.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -218,13 +252,10 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     block_n, warps = decode_config(block_d, q.dtype, is_interpreted())
     upcast, prec = dot_options(q.dtype)
-    # tl.dot needs at least 16 rows on tensor cores (unused head rows are masked). A KV head's whole
-    # query group goes in one program, unless the group is large and the heads wide (MLA: up to 128
-    # query heads over one 576-channel latent), where blocks of 16 heads keep the tiles on chip.
-    block_h = max(16, triton.next_power_of_2(group))
-    if block_d > 256:
-        block_h = 16
+    block_h = _block_h(group, head_dim)
     head_blocks = triton.cdiv(group, block_h)
+    assert counters.dtype == torch.int32 and counters.is_contiguous()
+    assert counters.numel() >= batch * num_kv_heads * head_blocks  # = counter_count(...)
     _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
         q,
         k_buf,
@@ -234,6 +265,9 @@ def decode_attention(
         kv_lens,
         mid_o,
         mid_lse,
+        o,
+        mid_lse if sinks is None else sinks,  # any pointer when HAS_SINKS is off: never read
+        counters,
         int(sliding_window or 0),
         scale * LOG2E,
         q.stride(0),
@@ -248,6 +282,8 @@ def decode_attention(
         mid_o.stride(2),
         mid_lse.stride(0),
         mid_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
         GROUP=group,
         HEAD_DIM=head_dim,
         HEAD_DV=dv,
@@ -257,27 +293,10 @@ def decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_S=triton.next_power_of_2(num_splits),
         UPCAST=upcast,
         DOT_PREC=prec,
+        HAS_SINKS=sinks is not None,
         num_warps=warps,
         num_stages=2,
-    )
-    _decode_merge_kernel[(batch, num_heads)](
-        mid_o,
-        mid_lse,
-        o,
-        mid_lse if sinks is None else sinks,  # any pointer when HAS_SINKS is off: never read
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        o.stride(0),
-        o.stride(1),
-        HEAD_DIM=dv,
-        NUM_SPLITS=num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=triton.next_power_of_2(dv),
-        HAS_SINKS=sinks is not None,
-        num_warps=4,
     )

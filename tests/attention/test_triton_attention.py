@@ -108,6 +108,14 @@ CASES: dict[str, dict] = {
         seqs=[(30, 1), (5, 1)], heads=(4, 1), page_size=1, head_dim=16, v_dim=40, sinks=True
     ),
     "decode_ps4_window_only": dict(seqs=[(15, 1), (32, 1), (2, 1)], heads=(4, 2), page_size=4, head_dim=16, window=7),
+    # split counts the backend picks here only when told (``splits``): one (no counter: its only
+    # program merges), and three (not a power of two: masked splits in the merge; some empty)
+    "decode_ps4_gqa4_sinks_one_split": dict(
+        seqs=[(15, 1), (32, 1), (2, 1)], heads=(8, 2), page_size=4, head_dim=16, sinks=True, splits=1
+    ),
+    "decode_ps1_gqa7_three_splits": dict(
+        seqs=[(40, 1), (3, 1)], heads=(14, 2), page_size=1, head_dim=16, deterministic=True, splits=3
+    ),
 }
 # Real model shapes, compiled on a GPU only (too slow for the interpreter).
 GPU_CASES: dict[str, dict] = {
@@ -214,13 +222,20 @@ def check_case(name: str, device: str, dtype: torch.dtype) -> None:
     """Run case ``name`` through both backends; raise AssertionError on a mismatch."""
     spec = CASES.get(name) or GPU_CASES[name]
     b = _build(spec, device, dtype)
-    tri, ref = _backends(
-        b, spec["heads"][0], splits=4 if name in CASES else 16, v_head_dim=spec.get("latent") or spec.get("v_dim")
-    )
+    splits = spec.get("splits", 4 if name in CASES else 16)
+    tri, ref = _backends(b, spec["heads"][0], splits, v_head_dim=spec.get("latent") or spec.get("v_dim"))
     layer = spec.get("layers", 1) - 1
     q, k, v = _strided_views(b.q, b.k, b.v)
     opts = _window_and_sinks(spec, device)
-    out = tri.forward(q, k, v, layer, tri.prepare_metadata(b.md), **opts)
+    md = tri.prepare_metadata(b.md)
+    out = tri.forward(q, k, v, layer, md, **opts)
+    plan = md.extra["triton"]
+    if plan.decode:  # the kernel leaves its split counters zeroed: the next launch reuses them
+        assert "splits" not in spec or plan.num_splits == spec["splits"], plan.num_splits
+        assert not plan.counters.any(), f"split counters left at {plan.counters.unique().tolist()}"
+        assert torch.equal(tri.forward(q, k, v, layer, md, **opts), out), "a second launch differs"
+        b.md.extra.clear()  # a step later: the same buffer, no new zeros (a fill kernel a step)
+        assert tri.prepare_metadata(b.md).extra["triton"].counters is plan.counters, "counters re-allocated"
     # The store kernel wrote the new K/V (checked before the reference writes them too).
     slots = b.md.out_slots
     assert torch.equal(b.pool.k_buffers[layer][slots], b.k), "K not stored"
@@ -307,6 +322,7 @@ def check_graph_hooks(name: str, device: str, dtype: torch.dtype, capture: bool)
         sout = tri.forward(sq, sk, sv, 0, cap_md, **opts)
     err = (sout[:n].float() - eager.float()).abs().max().item()
     assert err <= TOL[dtype] / 10, f"graph replay differs from eager by {err:.3g}"
+    assert not cap_md.extra["triton"].counters.any(), "the graph's split counters are not zeroed"
 
 
 def _main(runs: list[str]) -> None:
@@ -345,6 +361,25 @@ def test_interpreter_matches_torch(run: str, interpreter_results: dict[str, str]
 COMPILE_RUNS = ["float16:128:90", "bfloat16:128:90", "bfloat16:64:80", "float16:256:90", "bfloat16:576:90:512"]
 
 
+# The split counter's atomic as Triton 3.x spells it in PTX for sem="acq_rel", scope="gpu".
+ACQ_REL_ADD = "atom.global.gpu.acq_rel.add"
+
+
+def _check_decode_ptx(ptx: str, splits: int) -> None:
+    """The decode kernel's merge hand-off: with several splits, a barrier between the partials'
+    stores and the acq_rel counter increment (which publishes them), and the partials read back
+    past L1; with one, no atomic at all. No local memory (spills) in the PTX either way."""
+    assert "ld.local" not in ptx, f"register spills with {splits} splits"
+    if splits == 1:
+        assert "atom." not in ptx, "one split needs no counter"
+        return
+    atom = ptx.find(ACQ_REL_ADD)
+    assert atom >= 0, f"no {ACQ_REL_ADD} in the PTX"
+    last_store = ptx.rfind("st.global", 0, atom)
+    assert "bar.sync" in ptx[last_store:atom] or "barrier.sync" in ptx[last_store:atom], "no barrier before the atomic"
+    assert "ld.global.cg" in ptx[atom:], "the merge's loads do not bypass L1"
+
+
 def _compile_main(runs: list[str]) -> None:
     """Subprocess entry (no TRITON_INTERPRET): compile every kernel for ``dtype:head_dim:arch``."""
     import triton
@@ -355,12 +390,12 @@ def _compile_main(runs: list[str]) -> None:
     from llmkit.plugins.attention import triton_extend as te
     from llmkit.plugins.attention import triton_rope_store as trs
 
-    def build(fn, ptrs: dict, consts: dict, arch: int, warps: int) -> None:
+    def build(fn, ptrs: dict, consts: dict, arch: int, warps: int):
         sig = {
             a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "qk_scale" else "i32") for a in fn.arg_names
         }
         src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=2))
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=2))
 
     results = {}
     for run in runs:
@@ -371,7 +406,7 @@ def _compile_main(runs: list[str]) -> None:
         t = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
         idx = dict.fromkeys(["slots", "req_to_token", "req_pool_indices", "q_start_loc", "q_lens", "kv_lens"], "*i64")
         ptrs = {**idx, **dict.fromkeys(["Q", "O", "K", "V", "K_buf", "V_buf"], t), "Mid_O": "*fp32", "Mid_LSE": "*fp32"}
-        ptrs["Sinks"] = "*fp32"
+        ptrs.update(Sinks="*fp32", Counter="*i32")
         sinks = dict(HAS_SINKS=arch == 90)  # both variants of the sink code get compiled
         upcast, prec = te.dot_options(dtype)
         dots = dict(UPCAST=upcast, DOT_PREC=prec, HEAD_DIM=d, BLOCK_D=bd, HEAD_DV=dv, BLOCK_DV=bdv)
@@ -389,16 +424,10 @@ def _compile_main(runs: list[str]) -> None:
             build(te._extend_kernel, ptrs, dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, **dots, **sinks), arch, warps)
             bn, warps = td.decode_config(bd, dtype, False)
             group, hb = (128, 8) if latent else (8, 1)  # DeepSeek-V3: 128 query heads over the latent
-            build(
-                td._decode_split_kernel,
-                ptrs,
-                dict(GROUP=group, NUM_SPLITS=8, HEAD_BLOCKS=hb, BLOCK_H=16, BLOCK_N=bn, **dots),
-                arch,
-                warps,
-            )
-            build(
-                td._decode_merge_kernel, ptrs, dict(HEAD_DIM=dv, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=bdv, **sinks), arch, 4
-            )
+            decode = dict(GROUP=group, HEAD_BLOCKS=hb, BLOCK_H=16, BLOCK_N=bn, **dots, **sinks)
+            for splits in (8, 1):  # one split merges without the counter
+                out = build(td._decode_split_kernel, ptrs, dict(decode, NUM_SPLITS=splits, BLOCK_S=splits), arch, warps)
+                _check_decode_ptx(out.asm["ptx"], splits)
             results[run] = "ok"
         except Exception as exc:
             results[run] = f"{type(exc).__name__}: {exc}"[:3000]

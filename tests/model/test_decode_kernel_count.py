@@ -21,7 +21,6 @@ LAYER = [
     "gemm",  # Q, K, V
     "triton:_rope_store_kernel",  # the bias, the rotation, the K/V write
     "triton:_decode_split_kernel",
-    "triton:_decode_merge_kernel",
     "gemm",  # O
     "triton:_rms_norm_kernel",  # the residual add and the post-attention norm
     "gemm",  # gate and up
@@ -35,7 +34,6 @@ LAYER = [
 GEMV_LAYER = [
     "triton:_gemv_kernel",  # the residual add, the input norm, Q, K, V, the bias, the rotation, the K/V write
     "triton:_decode_split_kernel",
-    "triton:_decode_merge_kernel",
     "triton:_gemv_kernel",  # O
     "triton:_gemv_kernel",  # the residual add, the post-attention norm, gate and up
     "triton:_gemv_kernel",  # SiLU-and-mul, down
