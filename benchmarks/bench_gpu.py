@@ -262,6 +262,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    import logging
+
+    # the decode blocks' measured choice between the fused GEMVs and cuBLAS (core/model/gemv_choice.py)
+    choice = logging.getLogger("llmkit.core.model.gemv_choice")
+    choice.setLevel(logging.INFO)
+    choice.addHandler(logging.StreamHandler(sys.stdout))
     from llmkit.core.engine.builder import resolve_device, resolve_dtype, select_attention
     from llmkit.core.plugins import PluginError
 

@@ -71,7 +71,7 @@ fi
 if has probe; then
     stamp "MLA extend probe"
     timeout 40 python3 benchmarks/gpu_check/mla_probe.py > "$L/mla_probe.log" 2>&1; cat "$L/mla_probe.log" | tail -20
-    stamp "decode GEMV probe (LLMKIT_TRITON_GEMV's kernel against norm/SiLU + cuBLAS, per projection)"
+    stamp "decode GEMV probe (the fused GEMV kernel against norm/SiLU + cuBLAS, per projection)"
     timeout 150 python3 benchmarks/gpu_check/gemv_probe.py > "$L/gemv_probe.log" 2>&1; cat "$L/gemv_probe.log" | tail -22
 fi
 serve_and_bench() {  # preset tag "serve flags" then bench runs "n:out" ...
@@ -142,11 +142,15 @@ if has bench; then
         --attention triton --no-transformers --json "$OUT/qwen_single_unfused.json" > "$L/bench_qwen_unfused.log" 2>&1
     timeout 75 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --attention triton ${BENCH_TRANSFORMERS:---no-transformers} --markdown \
         --json "$OUT/llama8b.json" > "$L/bench_llama8b.log" 2>&1
-    # the decode GEMVs (LLMKIT_TRITON_GEMV=1, opt-in) against the cuBLAS runs above: the single streams
-    LLMKIT_TRITON_GEMV=1 timeout 45 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single \
-        --attention triton --no-transformers --json "$OUT/qwen_single_gemv.json" > "$L/bench_qwen_gemv.log" 2>&1
-    LLMKIT_TRITON_GEMV=1 timeout 60 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --scenario single \
-        --attention triton --no-transformers --json "$OUT/llama8b_single_gemv.json" > "$L/bench_llama8b_gemv.log" 2>&1
+    # the runs above take the decode GEMVs where they time faster (LLMKIT_TRITON_GEMV unset); the
+    # single streams again with cuBLAS only (=0, the default before) and with the GEMVs forced (=1)
+    for g in 0 1; do
+        LLMKIT_TRITON_GEMV=$g timeout 45 python3 benchmarks/bench_gpu.py --preset qwen2.5-0.5b --scenario single \
+            --attention triton --no-transformers --json "$OUT/qwen_single_gemv$g.json" > "$L/bench_qwen_gemv$g.log" 2>&1
+        LLMKIT_TRITON_GEMV=$g timeout 60 python3 benchmarks/bench_gpu.py --preset llama-3.1-8b --scenario single \
+            --attention triton --no-transformers --json "$OUT/llama8b_single_gemv$g.json" > "$L/bench_llama8b_gemv$g.log" 2>&1
+    done
+    grep -h -E "decode block|could not time the decode GEMVs" "$L"/bench_*.log | sort | uniq -c | head -12
     grep -E "decode tok/s|output tok/s|^\|" "$L"/bench_*.log | sed "s|^$L/||" | tail -30
 fi
 stamp done

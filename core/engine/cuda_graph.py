@@ -62,6 +62,8 @@ class CudaGraphRunner:
         from tqdm import tqdm
 
         pool = None
+        # the static buffers (zeroed split counters among them) were written on the default stream
+        torch.cuda.synchronize(self.device)
         stream = torch.cuda.Stream(self.device)
         # Largest first, so smaller graphs reuse the memory pool of the largest.
         bar = tqdm(reversed(self.buckets), total=len(self.buckets), desc="Capturing batches")

@@ -169,11 +169,25 @@ class RotaryEmbedding(nn.Module):
         cos, sin = (freqs.cos() * scale).float(), (freqs.sin() * scale).float()
         self.register_buffer("cos2", torch.cat((cos, cos), dim=-1), persistent=False)
         self.register_buffer("sin2", torch.cat((-sin, sin), dim=-1), persistent=False)
+        self._cast: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for ``positions``, shaped to broadcast over heads; computed once per
         forward and shared by every layer."""
-        return self.cos2[positions].unsqueeze(1).to(dtype), self.sin2[positions].unsqueeze(1).to(dtype)
+        cos2, sin2 = self.tables(dtype)
+        return cos2[positions].unsqueeze(1), sin2[positions].unsqueeze(1)
+
+    def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole tables in ``dtype``. Another dtype than the fp32 tables' is cast once and
+        kept: a bf16 step then indexes two tables instead of indexing and casting each (two
+        kernels fewer a step), with the same numbers (a cast commutes with an index)."""
+        if self.cos2.dtype == dtype:
+            return self.cos2, self.sin2
+        key = (dtype, self.cos2.device)
+        cast = self._cast.get(key)
+        if cast is None:
+            cast = self._cast[key] = (self.cos2.to(dtype), self.sin2.to(dtype))
+        return cast
 
     @staticmethod
     def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

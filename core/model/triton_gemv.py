@@ -16,9 +16,9 @@ and, for a QKV product, its output handled on the spot (``rope``): the bias adde
 K and V written into the KV pool, with ``triton_rope_store``'s roundings. A decoder layer is then
 five launches: norm + QKV + rotate-and-store, attention, O, norm + gate/up, SiLU + down. A row's
 result does not depend on the other rows (each row reduces in the same order whatever the row
-count). Off unless ``LLMKIT_TRITON_GEMV=1`` (``layers.py``): whether it beats cuBLAS is for a GPU to
-tell (``benchmarks/gpu_check``); it is interpreter-tested and compiled for sm_80/sm_90 without
-spills here.
+count). Whether it beats cuBLAS depends on the GPU and the widths: ``gemv_choice.py`` times both
+forms at start-up unless ``LLMKIT_TRITON_GEMV`` forces one (``layers.py``). It is interpreter-tested
+and compiled for sm_80/sm_90 without spills here.
 
 Import this module only after the interpreter choice is made (as ``triton_pointwise``).
 """
