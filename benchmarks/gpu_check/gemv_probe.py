@@ -1,8 +1,9 @@
 """The decode GEMVs (``LLMKIT_TRITON_GEMV=1``) against what a step runs without them, per projection.
 
-For each projection of the Qwen2.5-0.5B and Llama-3.1-8B shapes, at 1 and 4 rows, in bf16: today's
-form (the fused norm or SiLU-and-mul kernel, then cuBLAS through ``F.linear``) against
-``triton_gemv.gemv`` at the dispatch's configuration and at four others. Each form is captured in a
+For each projection of the Qwen2.5-0.5B and Llama-3.1-8B shapes, at 1 and 4 rows, in bf16: the
+cuBLAS form (the fused norm or SiLU-and-mul kernel, then cuBLAS through ``F.linear``; for QKV then
+the rotate-and-store kernel too) against ``triton_gemv.gemv`` (for QKV with its rotate-and-store
+epilogue) at the dispatch's configuration and at four others. Each form is captured in a
 CUDA graph of 20 calls (as a decode step runs: no launch gaps on the host) and replayed; microseconds a
 call and the weight's bytes a second. Every GEMV result is checked against today's form first.
 
@@ -20,8 +21,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# preset: hidden, intermediate, Q + K + V width
-SHAPES = {"qwen2.5-0.5b": (896, 4864, 896 + 2 * 128), "llama-3.1-8b": (4096, 14336, 4096 + 2 * 1024)}
+# preset: hidden, intermediate, (query heads, KV heads, head size, QKV bias)
+SHAPES = {"qwen2.5-0.5b": (896, 4864, (14, 2, 64, True)), "llama-3.1-8b": (4096, 14336, (32, 8, 128, False))}
 # (BLOCK_N, BLOCK_K at one row, num_warps); BLOCK_K shrinks with the rows as gemv_config's does
 VARIANTS = ((8, 512, 4), (16, 256, 4), (32, 256, 8), (64, 128, 8))
 
@@ -49,10 +50,12 @@ def timed(fn, iters: int, replays: int) -> float:
     return start.elapsed_time(end) * 1e3 / (iters * replays)
 
 
-def cases(hidden: int, inter: int, qkv: int):
-    """(name, input width, N, K, kind): kind "norm" has a residual, "silu" a gate/up input."""
+def cases(hidden: int, inter: int, heads: tuple):
+    """(name, input width, N, K, kind): kind "norm" has a residual, "silu" a gate/up input, "rope"
+    is "norm" with the rotate-and-store after it."""
+    qkv = (heads[0] + 2 * heads[1]) * heads[2]
     return (
-        ("qkv", hidden, qkv, hidden, "norm"),
+        ("qkv", hidden, qkv, hidden, "rope"),
         ("o", hidden, hidden, hidden, "plain"),
         ("gate_up", hidden, 2 * inter, hidden, "norm"),
         ("down", 2 * inter, hidden, inter, "silu"),
@@ -61,6 +64,8 @@ def cases(hidden: int, inter: int, qkv: int):
 
 def main() -> None:
     from llmkit.core.model import triton_gemv, triton_pointwise
+    from llmkit.core.model.layers import RotaryEmbedding
+    from llmkit.plugins.attention.triton_rope_store import rope_store_kv
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
@@ -69,18 +74,30 @@ def main() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     print(f"{torch.cuda.get_device_name()}; us a call (weight GB/s); default = gemv_config's choice")
-    print("| shape | proj | rows | today (norm/silu + cuBLAS) | GEMV default | best GEMV variant |")
+    print("| shape | proj | rows | norm/silu + cuBLAS (+ rotate-and-store) | GEMV default | best GEMV variant |")
     print("|---|---|---:|---:|---:|---|")
-    for preset, (hidden, inter, qkv) in SHAPES.items():
-        for name, width, n, k, kind in cases(hidden, inter, qkv):
+    for preset, (hidden, inter, heads) in SHAPES.items():
+        num_heads, kv_heads, d, has_bias = heads
+        for name, width, n, k, kind in cases(hidden, inter, heads):
             w = torch.randn(n, k, device=dev, dtype=dt, generator=gen) / k**0.5
             nw = 1 + 0.1 * torch.randn(k, device=dev, dtype=dt, generator=gen)
             gbytes = w.numel() * w.element_size() / 1e9
             for rows in (1, 4):
                 x = torch.randn(rows, width, device=dev, dtype=dt, generator=gen)
                 r = torch.randn(rows, width, device=dev, dtype=dt, generator=gen)
+                bias = torch.randn(n, device=dev, dtype=dt, generator=gen) if has_bias else None
+                cos2, sin2 = (
+                    RotaryEmbedding(d, 4096, {"rope_theta": 1e6})
+                    .to(dev)
+                    .table(torch.arange(rows, device=dev) * 1000, dt)
+                )
+                k_buf, v_buf = (torch.zeros(64, kv_heads, d, device=dev, dtype=dt) for _ in range(2))
+                store = triton_gemv.RopeStore(cos2, sin2, num_heads, k_buf, v_buf, torch.arange(rows, device=dev), bias)
 
                 def today():
+                    if kind == "rope":
+                        h, _ = triton_pointwise.rms_norm(x, nw, 1e-6, r)
+                        return rope_store_kv(F.linear(h, w), cos2, sin2, num_heads, k_buf, v_buf, store.slots, bias)
                     if kind == "norm":
                         h, _ = triton_pointwise.rms_norm(x, nw, 1e-6, r)
                     elif kind == "silu":
@@ -90,6 +107,8 @@ def main() -> None:
                     return F.linear(h, w)
 
                 def fused(config=None):
+                    if kind == "rope":
+                        return triton_gemv.gemv(x, w, norm=(nw, 1e-6), residual=r, rope=store, config=config)[0]
                     if kind == "norm":
                         return triton_gemv.gemv(x, w, norm=(nw, 1e-6), residual=r, config=config)[0]
                     return triton_gemv.gemv(x, w, silu_mul=kind == "silu", config=config)

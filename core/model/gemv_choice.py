@@ -27,7 +27,12 @@ _decided: dict[Hashable, bool] = {}
 def graph_time(fn: Callable[[], object]) -> float:
     """Seconds per call of ``fn`` replayed in a CUDA graph of :data:`REPS` calls (fastest of
     :data:`TRIALS` replays)."""
-    fn()  # compile and allocate outside the capture
+    # compile and allocate outside the capture, on a side stream as torch's graph recipe does
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
