@@ -60,7 +60,7 @@ if has tests; then
     timeout 200 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs ${TESTS_K:+-k "$TESTS_K"} \
         tests/attention/test_triton_attention.py tests/model/quant/test_int4_triton.py tests/model/moe/test_fused_moe_triton.py \
         tests/kvcache/test_kv_cache_dtype.py tests/engine/test_cuda_graph.py tests/lora/test_lora_sgmv_triton.py \
-        $(ls tests/model/test_fused_ops.py tests/model/test_triton_gemv.py 2>/dev/null) \
+        $(ls tests/model/test_fused_ops.py tests/model/test_triton_gemv.py tests/model/test_gemv_choice.py 2>/dev/null) \
         > "$L/gpu_tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -25
 fi

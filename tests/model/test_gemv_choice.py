@@ -66,3 +66,21 @@ def test_not_timed_inside_a_capture(monkeypatch):
     assert gemv_choice.gemv_faster("k", gemv, blas) is False and not calls
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert gemv_choice.gemv_faster("k", gemv, blas) is True and len(calls) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_timer_tells_a_small_product_from_a_large_one():
+    """On a GPU, the real timer (CUDA graphs of a few calls) picks the cheaper of two forms."""
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    small, large = (torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16) for n in (64, 32768))
+
+    def gemv():
+        return x @ small.T
+
+    def blas():
+        return x @ large.T
+
+    t_small, t_large = gemv_choice.graph_time(gemv), gemv_choice.graph_time(blas)
+    assert 0 < t_small < t_large < 1.0, (t_small, t_large)
+    assert gemv_choice.gemv_faster("gpu", gemv, blas) is True
