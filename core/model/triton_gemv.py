@@ -47,64 +47,6 @@ def _input_block(x_rows, r_rows, kk, mask, HAS_RES: tl.constexpr):
 
 
 @triton.jit
-def _rope_store(
-    ya,
-    yb,
-    offs_a,
-    rows,
-    m_mask,
-    head,
-    j,
-    Y,
-    stride_y,
-    Bias,
-    C,
-    Sn,
-    K_buf,
-    V_buf,
-    slots,
-    stride_bs,
-    stride_bh,
-    stride_vbs,
-    stride_vbh,
-    HAS_BIAS: tl.constexpr,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    PAIR: tl.constexpr,
-):
-    # A QKV product's two half-runs of one head (columns j and j + D/2): the bias added and rounded
-    # as the projection's add rounds it; Q rotated into Y, K rotated and V as it is written into the
-    # pool at the rows' slots, with triton_rope_store's roundings (so the numbers equal a QKV
-    # product followed by rope_store_kv's).
-    if HAS_BIAS:
-        ya = (ya.to(tl.float32) + tl.load(Bias + offs_a).to(tl.float32)[None, :]).to(ya.dtype)
-        yb = (yb.to(tl.float32) + tl.load(Bias + PAIR + offs_a).to(tl.float32)[None, :]).to(yb.dtype)
-    mask = m_mask[:, None]
-    slot = tl.load(slots + rows, mask=m_mask, other=0).to(tl.int64)[:, None]
-    if head < NUM_HEADS + NUM_KV_HEADS:  # Q or K: rotate
-        xa, xb = ya.to(tl.float32), yb.to(tl.float32)
-        table = rows[:, None].to(tl.int64) * 2 * PAIR + j[None, :]
-        c1 = tl.load(C + table, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(C + PAIR + table, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(Sn + table, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(Sn + PAIR + table, mask=mask, other=0.0).to(tl.float32)
-        ra = (xa * c1 + xb * s1).to(ya.dtype)
-        rb = (xb * c2 + xa * s2).to(ya.dtype)
-        if head < NUM_HEADS:
-            out = Y + rows[:, None].to(tl.int64) * stride_y + offs_a[None, :]
-            tl.store(out, ra, mask=mask)
-            tl.store(out + PAIR, rb, mask=mask)
-        else:
-            dst = K_buf + slot * stride_bs + (head - NUM_HEADS) * stride_bh + j[None, :]
-            tl.store(dst, ra.to(K_buf.dtype.element_ty), mask=mask)
-            tl.store(dst + PAIR, rb.to(K_buf.dtype.element_ty), mask=mask)
-    else:
-        dst = V_buf + slot * stride_vbs + (head - NUM_HEADS - NUM_KV_HEADS) * stride_vbh + j[None, :]
-        tl.store(dst, ya.to(V_buf.dtype.element_ty), mask=mask)
-        tl.store(dst + PAIR, yb.to(V_buf.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _gemv_kernel(
     X,
     R,
@@ -192,10 +134,36 @@ def _gemv_kernel(
     if ROPE:
         ya, yb = tl.split(tl.reshape(y, [BLOCK_M, BLOCK_N // 2, 2]))
         j = first % PAIR + tl.arange(0, BLOCK_N // 2)
-        _rope_store(
-            ya, yb, head * 2 * PAIR + j, rows, m_mask, head, j, Y, stride_y, Bias, C, Sn, K_buf, V_buf, slots,
-            stride_bs, stride_bh, stride_vbs, stride_vbh, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, PAIR,
-        )  # fmt: skip
+        offs_a = head * 2 * PAIR + j
+        # The two half-runs of one head (columns j and j + D/2): the bias added and rounded as the
+        # projection's add rounds it; Q rotated into Y; K rotated and V as it is written into the
+        # pool at the rows' slots; triton_rope_store's roundings (the numbers rope_store_kv gives).
+        if HAS_BIAS:
+            ya = (ya.to(tl.float32) + tl.load(Bias + offs_a).to(tl.float32)[None, :]).to(ya.dtype)
+            yb = (yb.to(tl.float32) + tl.load(Bias + PAIR + offs_a).to(tl.float32)[None, :]).to(yb.dtype)
+        mask = m_mask[:, None]
+        slot = tl.load(slots + rows, mask=m_mask, other=0).to(tl.int64)[:, None]
+        if head < NUM_HEADS + NUM_KV_HEADS:  # Q or K: rotate
+            xa, xb = ya.to(tl.float32), yb.to(tl.float32)
+            table = rows[:, None].to(tl.int64) * 2 * PAIR + j[None, :]
+            c1 = tl.load(C + table, mask=mask, other=0.0).to(tl.float32)
+            c2 = tl.load(C + PAIR + table, mask=mask, other=0.0).to(tl.float32)
+            s1 = tl.load(Sn + table, mask=mask, other=0.0).to(tl.float32)
+            s2 = tl.load(Sn + PAIR + table, mask=mask, other=0.0).to(tl.float32)
+            ra = (xa * c1 + xb * s1).to(ya.dtype)
+            rb = (xb * c2 + xa * s2).to(ya.dtype)
+            if head < NUM_HEADS:
+                out = Y + rows[:, None].to(tl.int64) * stride_y + offs_a[None, :]
+                tl.store(out, ra, mask=mask)
+                tl.store(out + PAIR, rb, mask=mask)
+            else:
+                dst = K_buf + slot * stride_bs + (head - NUM_HEADS) * stride_bh + j[None, :]
+                tl.store(dst, ra.to(K_buf.dtype.element_ty), mask=mask)
+                tl.store(dst + PAIR, rb.to(K_buf.dtype.element_ty), mask=mask)
+        else:
+            dst = V_buf + slot * stride_vbs + (head - NUM_HEADS - NUM_KV_HEADS) * stride_vbh + j[None, :]
+            tl.store(dst, ya.to(V_buf.dtype.element_ty), mask=mask)
+            tl.store(dst + PAIR, yb.to(V_buf.dtype.element_ty), mask=mask)
     else:
         out = Y + rows[:, None].to(tl.int64) * stride_y + offs_n[None, :]
         tl.store(out, y.to(Y.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
