@@ -180,11 +180,12 @@ class TritonAttentionBackend(AttentionBackend):
         # One kernel rotates Q and K and writes K/V (instead of a rotation, then the K/V store): a
         # decode step runs it once a layer. Only for the plain layout, and with the fused kernels on
         # (LLMKIT_DISABLE_FUSED_KERNELS=1 keeps every model on its torch forms).
-        if (qkv.is_cuda and not FUSED_ON_CUDA) or self.v_head_dim != self.head_dim or not self.pool.v_buffers:
+        target = self.kv_write_target(layer_id, md)
+        if (qkv.is_cuda and not FUSED_ON_CUDA) or target is None:
             return None
         if qkv.shape[1] != (self.num_heads + 2 * self.num_kv_heads) * self.head_dim or qkv.stride(1) != 1:
             return None
-        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        k_buf, v_buf = target
         q = self._rope_store.rope_store_kv(qkv, rope[0], rope[1], self.num_heads, k_buf, v_buf, md.out_slots, bias)
         return self._attend(q, k_buf, v_buf, md, None, None)
 
@@ -195,7 +196,7 @@ class TritonAttentionBackend(AttentionBackend):
         return self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
 
     def forward_written(self, q, layer_id, md):
-        return self._attend(q, self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id], md, None, None)
+        return self._attend(q, *self.kv_write_target(layer_id, md), md, None, None)
 
     def _attend(self, q, k_buf, v_buf, md: AttentionMetadata, sliding_window, sinks) -> torch.Tensor:
         plan: _Plan = md.extra["triton"]

@@ -255,7 +255,7 @@ def decode_attention(
     block_h = _block_h(group, head_dim)
     head_blocks = triton.cdiv(group, block_h)
     assert counters.dtype == torch.int32 and counters.is_contiguous()
-    assert counters.numel() >= batch * num_kv_heads * head_blocks  # = counter_count(...)
+    assert counters.numel() >= counter_count(batch, num_heads, num_kv_heads, head_dim)
     _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
         q,
         k_buf,

@@ -161,17 +161,14 @@ class DecoderLayer(PreNormBlock):
         norm1 = {"norm": (n1.weight, n1.eps)}
         if residual is not None:
             norm1["residual"] = residual
-        target = self._kv_write_target(gemv, w_qkv, ctx)
-        if target is not None:
-            md = ctx.metadata
-            store = gemv.RopeStore(*rope, attn.num_heads, *target, md.out_slots, attn.qkv_proj.bias)
-            q = gemv.gemv(x, w_qkv, rope=store, **norm1)
-            q, residual = (q, x) if residual is None else q  # the first block: x is the residual
-            h = ctx.attn.forward_written(q, attn.layer_id, md).reshape(-1, attn.q_size)
+        target, md, bias = self._kv_write_target(gemv, w_qkv, ctx), ctx.metadata, attn.qkv_proj.bias
+        store = None if target is None else gemv.RopeStore(*rope, attn.num_heads, *target, md.out_slots, bias)
+        out = gemv.gemv(x, w_qkv, rope=store, **norm1)  # with the store: the rotated q, K/V written
+        qkv, residual = (out, x) if residual is None else out  # the first block: x is the residual
+        if store is not None:
+            h = ctx.attn.forward_written(qkv, attn.layer_id, md).reshape(-1, attn.q_size)
         else:
-            qkv = gemv.gemv(x, w_qkv, **norm1)
-            qkv, residual = (qkv, x) if residual is None else qkv
-            h = attn.attend(qkv, rope, ctx, attn.qkv_proj.bias)
+            h = attn.attend(qkv, rope, ctx, bias)
         gate_up, residual = gemv.gemv(gemv.gemv(h, w_o), w_gate_up, norm=(n2.weight, n2.eps), residual=residual)
         return gemv.gemv(gate_up, w_down, silu_mul=True), residual
 
