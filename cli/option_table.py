@@ -1,101 +1,118 @@
-"""One row of an option table: a command-line option and the config field its value fills.
-
-A row is the option's only declaration (as SGLang's ``ServerArgs`` fields are): the Typer
-parameter is generated from it, and so is the value's place in ``EngineConfig`` or
-``ServerConfig``. Only typer is imported here, so ``llmkit --help`` stays fast.
+"""``llmkit serve``'s Typer parameters, generated from the config fields that declare them
+(``core/option.py``): a field is an option's only declaration, this module only turns it into
+Typer's form and a command line's values back into the two configs. Only typer and the config
+modules are imported here, so ``llmkit --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Callable
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
 
 import typer
 
-CONFIGS = ("engine", "server")
-
-# A conversion: (the option's value, every option's value by name) -> {"engine.<field>": value, ...}.
-# A field it leaves out keeps the config's default.
-Convert = Callable[[Any, dict], dict]
+from llmkit.core.option import PANELS, Option, OptionError, options
 
 
 @dataclass(frozen=True)
-class ServeOption:
-    flags: tuple[str, ...]  # the first names the parameter: --model-path -> model_path
-    type: Any  # what Typer converts the value to, e.g. Optional[int]
-    default: Any
-    # Where the value goes: "engine" or "server" (the field of the option's name), "engine.<field>",
-    # "server.<field>", or a Convert for an option that is not one field's value.
-    to: str | Convert
-    help: str | None = None
-    envvar: str | None = None
-    typer_args: dict = field(default_factory=dict)  # further typer.Option arguments: min, show_default
+class Param:
+    """One Typer parameter: a field's flags (or, for a tri-state field, its on or its off flags)."""
 
-    def __post_init__(self):
-        if not callable(self.to) and self.to.partition(".")[0] not in CONFIGS:
-            raise ValueError(f"{self.flags[0]}: 'to' must name engine or server (a field there), not {self.to!r}")
+    name: str  # the parameter's name in ``ctx.params``
+    config: str  # "engine" or "server"
+    field: str
+    opt: Option
+    role: str  # "value", "negate", "on", "off" or "spread"
+    type: Any
+    default: Any
+    repeated: bool = False  # a tuple field, given as a repeated (or nargs) flag
 
     @property
-    def name(self) -> str:
-        return self.flags[0].lstrip("-").replace("-", "_")
-
-    def destinations(self, params: dict) -> dict:
-        """``{"engine.<field>": value, ...}``: what this option's value sets, given every option's value."""
-        value = params[self.name]
-        if callable(self.to):
-            return self.to(value, params)
-        config, _, name = self.to.partition(".")
-        return {f"{config}.{name or self.name}": value}
+    def flags(self) -> tuple[str, ...]:
+        return self.opt.off_flags if self.role == "off" else self.opt.flags
 
     def typer_parameter(self) -> inspect.Parameter:
-        option = typer.Option(*self.flags, envvar=self.envvar, help=self.help, **self.typer_args)
+        off = self.role == "off"
+        extra = {"show_default": self.opt.show_default} if self.opt.show_default else {}
+        option = typer.Option(
+            *self.flags,
+            envvar=self.opt.off_envvar if off else self.opt.envvar,
+            help=self.opt.off_help if off else self.opt.help,
+            rich_help_panel=self.opt.panel,
+            **extra,
+        )
         return inspect.Parameter(
             self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=Annotated[self.type, option]
         )
 
 
-def config_fields(table: tuple[ServeOption, ...], params: dict) -> tuple[dict, dict]:
-    """The keyword arguments of ``EngineConfig`` and ``ServerConfig`` from ``params`` (every row's
-    value by name). A parameter without a row, a row without a value, or two rows setting one field
-    fail here; a field the config does not have fails in its constructor."""
-    names = {row.name for row in table}
+def _cli_type(hint) -> Any:
+    """The Typer type of a field's type: a tuple field takes its values repeated, as a list."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is tuple:
+        return Optional[list[args[0]]]
+    if len(args) == 1 and type(None) in typing.get_args(hint):  # X | None
+        return Optional[args[0]]
+    return hint
+
+
+def params_of(*configs: tuple[str, type]) -> tuple[Param, ...]:
+    """Every serve parameter of the config classes, ordered by --help panel, then declaration."""
+    out = []
+    for config, cls in configs:
+        hints = typing.get_type_hints(cls)
+        for f, opt in options(cls):
+            if opt.panel not in PANELS:
+                raise ValueError(f"{opt.flag}: panel {opt.panel!r} is not one of {PANELS}")
+            hint = hints[f.name]
+            if opt.spread is not None:
+                out.append(Param(f.name, config, f.name, opt, "spread", opt.cli_type, None))
+            elif opt.negate:
+                out.append(Param(f.name, config, f.name, opt, "negate", bool, False))
+            elif opt.off_flags:
+                out.append(Param(f.name, config, f.name, opt, "on", bool, False))
+                out.append(Param(f"{f.name}_off", config, f.name, opt, "off", bool, False))
+            else:
+                repeated = typing.get_origin(hint) is tuple
+                default = None if repeated else f.default
+                out.append(Param(f.name, config, f.name, opt, "value", _cli_type(hint), default, repeated))
+    return tuple(sorted(out, key=lambda p: PANELS.index(p.opt.panel)))
+
+
+def config_fields(table: tuple[Param, ...], params: dict) -> tuple[dict, dict]:
+    """The keyword arguments of ``EngineConfig`` and ``ServerConfig`` from ``params`` (every
+    parameter's value by name): the conversions of the forms in :class:`Option`, nothing else."""
+    names = {p.name for p in table}
     if params.keys() != names:
         raise TypeError(
-            f"options without a row: {sorted(params.keys() - names)}; rows without a value: {sorted(names - params.keys())}"
+            f"options without a field: {sorted(params.keys() - names)}; fields without a value: "
+            f"{sorted(names - params.keys())}"
         )
-    fields: dict[str, dict] = {config: {} for config in CONFIGS}
-    for row in table:
-        for dest, value in row.destinations(params).items():
-            config, _, name = dest.partition(".")
-            if name in fields[config]:
-                raise ValueError(f"{row.flags[0]} sets {dest}, which another option set already")
-            fields[config][name] = value
+    fields: dict[str, dict] = {"engine": {}, "server": {}}
+    for p in table:
+        value, out = params[p.name], fields[p.config]
+        if p.role == "spread":
+            out.update(p.opt.spread(value))
+        elif p.role == "negate":
+            out[p.field] = not value
+        elif p.role == "on":
+            off = params[f"{p.field}_off"]
+            if value and off:
+                raise OptionError(f"{p.opt.off_flags[0]} and {p.opt.flag} contradict each other: give one of them")
+            out[p.field] = True if value else False if off else None
+        # "off": read with its "on" parameter
+        elif p.role == "value":  # a tuple field's values come as a list, or None when not given
+            out[p.field] = tuple(value or ()) if p.repeated else value
     return fields["engine"], fields["server"]
 
 
-def panel(title: str, *rows: ServeOption) -> tuple[ServeOption, ...]:
-    """``rows`` shown together under ``title`` in ``--help`` (one table per theme, as SGLang groups
-    its arguments, instead of one list of ~90)."""
-    return tuple(replace(r, typer_args={**r.typer_args, "rich_help_panel": title}) for r in rows)
-
-
-def signature(table: tuple[ServeOption, ...]) -> inspect.Signature:
+def signature(table: tuple[Param, ...]) -> inspect.Signature:
     """A command's signature for Typer, which reads a command's parameters from ``inspect.signature``."""
-    return inspect.Signature([row.typer_parameter() for row in table])
+    return inspect.Signature([p.typer_parameter() for p in table])
 
 
-def negated(dest: str) -> Convert:
-    """A --disable-X flag that fills an enable_X field."""
-    return lambda value, _: {dest: not value}
-
-
-def only_when_given(dest: str, value: Any) -> Convert:
-    """A flag that sets ``dest`` to ``value`` when given, and otherwise leaves its default (None:
-    decided by the device), so a --disable-X and an --enable-X can share one field."""
-    return lambda given, _: {dest: value} if given else {}
-
-
-def accepted_only(value, _) -> dict:
-    """An option accepted so that another server's command lines work, which sets nothing here."""
-    return {}
+def multi_value_flags(table: tuple[Param, ...]) -> frozenset[str]:
+    """The flags that take several values after one flag (``--lora-paths a=x b=y``)."""
+    return frozenset(flag for p in table if p.opt.nargs for flag in p.flags)

@@ -10,35 +10,42 @@ import typer
 
 from llmkit.cli.help_format import FlagCommand
 from llmkit.cli.option_table import signature
-from llmkit.cli.serve_options import SERVE_OPTIONS, build_configs
+from llmkit.cli.serve_options import MULTI_VALUE_FLAGS, SERVE_OPTIONS, build_configs
+
+
+class ServeCommand(FlagCommand):
+    multi_value_flags = MULTI_VALUE_FLAGS
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve", cls=FlagCommand)(serve)
+    app.command("serve", cls=ServeCommand)(serve)
 
 
 def serve(**params):
     """Serve a model behind the OpenAI API (chat, completions, models, files, batches)."""
     log_level = params["log_level"]
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
-    from llmkit.cli.preflight import bind_socket, check_serve_options
+    from llmkit.cli.listen import bind_socket
     from llmkit.core.plugins import PluginError
+    from llmkit.core.refusals import check_configs
 
     try:
         # Everything checkable is checked, and the port bound, before the (slow) model load.
-        check_serve_options(params)
-        engine_config, server_config = build_configs(params)
+        checked = check_configs(*build_configs(params))
+        engine_config, server_config = checked.engine, checked.server
         if engine_config.node_rank > 0:  # a node that runs tensor-parallel ranks only: no HTTP server here
             from llmkit.core.engine.procs.tp_node import serve_ranks
 
             raise typer.Exit(serve_ranks(engine_config))
-        if params["trust_remote_code"]:
+        if engine_config.trust_remote_code:
             logging.getLogger("llmkit").info(
                 "--trust-remote-code is accepted for SGLang compatibility; llmkit "
                 "never runs code from a checkpoint, so it changes nothing"
             )
         sock = bind_socket(server_config.host, server_config.port)
-        app = _build_app(engine_config, server_config)
+        from llmkit.core.launch import build_checked_server
+
+        app = build_checked_server(checked)
     except (PluginError, FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -77,26 +84,18 @@ def serve(**params):
 serve.__signature__ = signature(SERVE_OPTIONS)
 
 
-def _build_app(engine_config, server_config):
-    from llmkit.core.launch import build_server
-
-    return build_server(engine_config, server_config)
-
-
 @contextlib.contextmanager
 def batch_executor_for(args: list[str]):
     """The batch executor of a server built from ``llmkit serve`` options (no storage, no HTTP
     listener): the same executor online batches use. The engine stops on exit."""
     from llmkit.core.batches.executor import make_batch_executor
+    from llmkit.core.launch import build_server
 
     command = typer.main.get_command(_serve_only_app())
     ctx = command.make_context("serve", list(args))
-    from llmkit.cli.preflight import check_serve_options
-
-    check_serve_options({**ctx.params, "batch_storage": None}, check_port=False)
     engine_config, server_config = build_configs(ctx.params)
     logging.basicConfig(level=server_config.log_level.upper(), format="[%(asctime)s] %(message)s")
-    app = _build_app(engine_config, replace(server_config, enable_batches=False))
+    app = build_server(engine_config, replace(server_config, enable_batches=False), listening=False)
     try:
         yield make_batch_executor(app.state.llmkit)
     finally:
@@ -105,5 +104,5 @@ def batch_executor_for(args: list[str]):
 
 def _serve_only_app() -> typer.Typer:
     app = typer.Typer()
-    app.command("serve", cls=FlagCommand)(serve)
+    app.command("serve", cls=ServeCommand)(serve)
     return app

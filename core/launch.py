@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.plugins import registry
+from llmkit.core.refusals import Checked, check_configs
 from llmkit.core.server.config import ServerConfig
 
 log = logging.getLogger("llmkit")
@@ -33,32 +34,23 @@ def _sampling_defaults(model_dir: Path) -> dict:
     return out
 
 
-def check_server_config(config: ServerConfig) -> None:
-    """Fail on unknown plugin names before the (slow) model load, listing the valid names."""
-    reg = registry()
-    if config.reasoning_parser:
-        reg.entry("reasoning_parser", config.reasoning_parser)
-    if config.tool_call_parser:
-        reg.entry("tool_parser", config.tool_call_parser)
-    if config.enable_batches:
-        reg.entry("storage", config.batch_storage or reg.default("storage"))
-    if config.lora_resolver:
-        reg.entry("lora_resolver", config.lora_resolver)
+def build_server(engine_config: EngineConfig, config: ServerConfig, *, listening: bool = True):
+    """Check the configs (``core/refusals.py``, as ``llmkit serve`` does), load the model, start the
+    engine thread and return the FastAPI app (its ``state.llmkit`` is the :class:`ServerState`;
+    ``state.shutdown()`` stops the engine)."""
+    return build_checked_server(check_configs(engine_config, config, listening=listening))
 
 
-def build_server(engine_config: EngineConfig, config: ServerConfig):
-    """Load the model, start the engine thread and return the FastAPI app (its ``state.llmkit``
-    is the :class:`ServerState`; ``state.shutdown()`` stops the engine)."""
+def build_checked_server(checked: Checked):
+    """:func:`build_server` for configs :func:`check_configs` passed (``llmkit serve`` checks
+    them, then binds its socket, before this slow part)."""
     from llmkit.core.lora.options import parse_lora_paths
     from llmkit.core.model.loader.hf_model_id import hf_model_id
     from llmkit.core.model.loader.source import EMBEDDED_NAME
     from llmkit.core.server.prompts.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState
 
-    check_server_config(config)
-    embedding_dir = _embedding_model_dir(engine_config.model_path, config.is_embedding, config.is_reranker)
-    if embedding_dir is not None:
-        _refuse_generation_options(engine_config, config)
+    engine_config, config, embedding_dir = checked.engine, checked.server, checked.embedding_dir
     storage = _open_storage(config) if config.enable_batches else None
     if embedding_dir is not None:
         return _build_embedding_server(engine_config, config, embedding_dir, storage)
@@ -146,73 +138,6 @@ def _open_storage(config: ServerConfig):
     )
 
 
-def _embedding_model_dir(model_path: str | None, forced: bool, reranker: bool = False) -> Path | None:
-    """The model directory when the model serves embeddings or scores (its config names an encoder
-    or cross-encoder architecture, or ``--is-embedding`` / ``--is-reranker`` makes a causal LM
-    one); None for a generative model."""
-    from llmkit.core.embedding.decoder import causal_architecture
-    from llmkit.core.embedding.loader import encoder_architecture
-    from llmkit.core.model.loader.embedded_encoder import embedded_encoder_dir, is_embedded_encoder
-    from llmkit.core.model.loader.source import gguf_path_of, load_config
-
-    flag = "--is-reranker" if reranker else "--is-embedding"
-    if forced and reranker:
-        raise ValueError("--is-embedding and --is-reranker: a model serves one of the two")
-    if is_embedded_encoder(model_path) and not reranker:
-        return embedded_encoder_dir()
-    if model_path is None or gguf_path_of(model_path) is not None:
-        if forced or reranker:
-            raise ValueError(f"{flag} needs a model directory (the embedded model and GGUFs generate)")
-        return None
-    path = Path(model_path).expanduser()
-    if not (path / "config.json").exists():
-        return None  # the generation engine's loader says what is wrong with the path
-    config = load_config(path)
-    arch = encoder_architecture(config)
-    if arch is not None:
-        if reranker and not registry().entry("model", arch).meta.get("scores"):
-            raise ValueError(f"--is-reranker: '{arch}' embeds; a cross-encoder or a causal LM reranks")
-        return path
-    if (forced or reranker) and causal_architecture(config) is not None:
-        return path  # a causal LM as a last-token embedder or a yes/no reranker
-    if forced or reranker:
-        arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
-        raise ValueError(f"{flag}: '{arch}' is neither an encoder nor a causal LM llmkit knows")
-    return None
-
-
-# Options of the generation engine, which an embedding or reranking model would silently ignore:
-# (config, field, the flag); a field away from its dataclass default was given
-_GENERATION_ONLY = (
-    ("engine", "tp_size", "--tp-size"),
-    ("engine", "dp_size", "--dp-size"),
-    ("engine", "nnodes", "--nnodes"),
-    ("engine", "speculative_algorithm", "--speculative-algorithm"),
-    ("engine", "lora_paths", "--lora-paths"),
-    ("engine", "enable_lora", "--enable-lora"),
-    ("engine", "quantization", "--quantization"),
-    ("server", "reasoning_parser", "--reasoning-parser"),
-    ("server", "tool_call_parser", "--tool-call-parser"),
-    ("server", "lora_dir", "--lora-dir"),
-)
-
-
-def _refuse_generation_options(engine_config: EngineConfig, config: ServerConfig) -> None:
-    """An embedding or reranking model runs in one thread of the server, whole, with no decoding:
-    a flag for generation is refused rather than ignored (it would not do what was asked)."""
-    configs = {"engine": engine_config, "server": config}
-    defaults = {which: {f.name: f.default for f in fields(c)} for which, c in configs.items()}
-    given = [flag for which, name, flag in _GENERATION_ONLY if getattr(configs[which], name) != defaults[which][name]]
-    if engine_config.quantization == "none":  # asks for nothing
-        given.remove("--quantization")
-    if given:
-        raise ValueError(
-            f"{engine_config.model_path}: an embedding or reranking model runs in the server's own process "
-            f"and does not decode; {', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
-            "generation models only"
-        )
-
-
 def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path, storage):
     """An embedding model behind /v1/embeddings (or a reranker behind /v1/rerank and /v1/score),
     and Batches of embeddings lines with ``storage``: an :class:`EmbeddingEngine` stands where the
@@ -282,7 +207,7 @@ def _start_engine(config: EngineConfig):
 
         client = DataParallelClient.start(config)
         return client, client.model_dir
-    if config.engine_process:
+    if config.engine_process or config.tp_size > 1:  # tensor-parallel ranks run in processes of their own
         from llmkit.core.engine.procs.process_client import ProcessEngineClient
 
         client = ProcessEngineClient(config, config.max_queued_requests)

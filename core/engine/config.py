@@ -1,79 +1,360 @@
-"""Engine configuration (frozen)."""
+"""Engine configuration (frozen). Each field a user may set is a serve option, declared here
+once with its flags, help and check (``core/option.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+
+from llmkit.core.option import at_least, fraction, host_port, non_negative, one_of, option
+
+_model = partial(option, panel="Model and kernels")
+_sched = partial(option, panel="Scheduling and memory")
+_par = partial(option, panel="Parallelism")
+_spec = partial(option, panel="Speculative decoding")
+_lora = partial(option, panel="LoRA adapters")
+
+# The tables that own the allowed values, read when an option is checked (torch is not imported
+# for --help).
+_DTYPES = "llmkit.core.engine.stages.plan:DTYPES"
+_KV_DTYPES = "llmkit.core.kvcache.kv_pool:KV_CACHE_DTYPES"
+_QUANTIZATIONS = "llmkit.core.model.quant.weight_formats:QUANTIZATIONS"
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model_path: str | None = None  # None: the embedded SmolLM2-135M-Instruct
-    dtype: str = "auto"  # auto -> float32 on CPU (bf16 math is slow there), bfloat16 on CUDA
-    device: str = "auto"
-    attention: str = "auto"
+    model_path: str | None = _model(
+        None,
+        "--model-path",
+        "--model",
+        envvar="LLMKIT_MODEL_PATH",
+        help="HF model directory or .gguf file; default: the embedded SmolLM2-135M-Instruct.",
+    )
+    load_format: str = _model(
+        "auto",
+        "--load-format",
+        envvar="LLMKIT_LOAD_FORMAT",
+        choices="llmkit.core.engine.stages.plan:LOAD_FORMATS",
+        help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).",
+    )
+    # Accepted so SGLang's command lines work; logged at start, changes nothing.
+    trust_remote_code: bool = _model(
+        False,
+        "--trust-remote-code",
+        help="Accepted for SGLang compatibility; llmkit never runs code from a checkpoint "
+        "(architectures come from installed plugins), so it changes nothing.",
+    )
+    dtype: str = _model(  # auto -> float32 on CPU (bf16 math is slow there), bfloat16 on CUDA
+        "auto",
+        "--dtype",
+        envvar="LLMKIT_DTYPE",
+        choices=_DTYPES,
+        extra_choices=("auto",),
+        help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.",
+    )
+    # None: dense checkpoints dense, a GGUF at its native precision (CPU); "none": dense (a GGUF
+    # dequantized); "gguf": a GGUF's own precision or an error; "int8" / "int4": weight-only,
+    # quantized at load
+    quantization: str | None = _model(
+        None,
+        "--quantization",
+        envvar="LLMKIT_QUANTIZATION",
+        choices=_QUANTIZATIONS,
+        extra_choices=("none", "gguf"),
+        generation_only=True,
+        help="Weights. Default: a GGUF on CPU at its own precision (Q4_0/Q4_1/Q4_K as int4, "
+        "Q8_0/Q5_K/Q6_K as int8; an explicit --dtype dequantizes), anything else dense; none: dense (a GGUF "
+        "dequantized); gguf: a GGUF's own precision or an error (CPU); int8 (per channel, CPU) or int4 "
+        "(grouped; CPU, or a Triton kernel on CUDA): weight-only, quantized at load.",
+    )
+    quantization_group_size: int | None = _model(  # int4 group size (default 32)
+        None,
+        "--quantization-group-size",
+        envvar="LLMKIT_QUANTIZATION_GROUP_SIZE",
+        check=one_of(32, 64, 128, 256),
+        help="Input columns per scale for --quantization int4: 32 (default), 64, 128 or 256.",
+    )
+    device: str = _model("auto", "--device", envvar="LLMKIT_DEVICE", help="auto, cpu, cuda, cuda:N.")
+    attention: str = _model(
+        "auto",
+        "--attention",
+        "--attention-backend",
+        envvar="LLMKIT_ATTENTION",
+        plugin="attention",
+        extra_choices=("auto",),
+        help="Attention backend: auto, torch, triton, flashinfer, or a plugin's name.",
+    )
+    # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.
+    grammar_backend: str | None = _model(
+        None,
+        "--grammar-backend",
+        envvar="LLMKIT_GRAMMAR_BACKEND",
+        plugin="grammar",
+        extra_choices=("none",),
+        show_default="xgrammar",
+        help="Structured outputs: xgrammar, a plugin's backend, or none. Default: the grammar plugin "
+        "registered as default.",
+    )
+
+    context_length: int | None = _sched(
+        None,
+        "--context-length",
+        envvar="LLMKIT_CONTEXT_LENGTH",
+        check=at_least(1),
+        help="Override the model's context length.",
+    )
+    max_running_requests: int | None = _sched(  # None: 64 on CPU; on CUDA from the KV pool's size
+        None,
+        "--max-running-requests",
+        envvar="LLMKIT_MAX_RUNNING_REQUESTS",
+        check=at_least(1),
+        help="Most requests decoding at once (default: 64 on CPU; on CUDA from the KV pool, 64 to 2048).",
+    )
+    max_queued_requests: int = _sched(
+        1024,
+        "--max-queued-requests",
+        check=at_least(1),
+        help="Requests held at once; beyond this new ones get 429.",
+    )
+    max_total_tokens: int | None = _sched(  # KV pool size in tokens; None: sized from memory
+        None,
+        "--max-total-tokens",
+        envvar="LLMKIT_MAX_TOTAL_TOKENS",
+        check=at_least(1),
+        help="KV cache pool size in tokens (default on CPU: max(2 x context, 512 x --max-running-requests), "
+        "at most 65,536 tokens or 20% of RAM; on CUDA: 0.88 of the GPU's memory less what is in use "
+        "after the weights, see --mem-fraction-static).",
+    )
+    # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
+    mem_fraction_static: float | None = _sched(
+        None,
+        "--mem-fraction-static",
+        check=fraction,
+        help="Fraction of the device's memory (RAM on CPU) for weights plus the KV pool; "
+        "the pool gets the rest after the weights (on CUDA after everything in use by then; "
+        "default there 0.88, on CPU see --max-total-tokens). "
+        "--max-total-tokens wins when both are given.",
+    )
     # The KV pool's dtype (vLLM/SGLang names): auto = the model's dtype; bfloat16/float16 halve an
     # fp32 pool (CPU); fp8_e4m3/fp8_e5m2 quarter it (unscaled, saturating)
-    kv_cache_dtype: str = "auto"
-    page_size: int = 1
-    max_total_tokens: int | None = None  # KV pool size in tokens; None: sized from memory
-    max_running_requests: int | None = None  # None: 64 on CPU; on CUDA from the KV pool's size
-    max_queued_requests: int = 1024
-    chunked_prefill_size: int = 2048
-    schedule_policy: str = "fcfs"  # fcfs | lpm
-    disable_radix_cache: bool = False
-    context_length: int | None = None
-    enable_deterministic_inference: bool = False
-    num_threads: int | None = None
-    decode_log_interval: int = 40
-    # None: dense checkpoints dense, a GGUF at its native precision (CPU); "none": dense (a GGUF
-    # dequantized); "int8" / "int4": weight-only, quantized at load (CPU)
-    quantization: str | None = None
-    quantization_group_size: int | None = None  # int4 group size (default 32)
-    cuda_graph_max_bs: int | None = None  # None: every batch size the scheduler can run (<= 256)
-    disable_cuda_graph: bool = False
+    kv_cache_dtype: str = _sched(
+        "auto",
+        "--kv-cache-dtype",
+        envvar="LLMKIT_KV_CACHE_DTYPE",
+        choices=_KV_DTYPES,
+        extra_choices=("auto",),
+        help="KV cache dtype: auto (the model's: fp32 on CPU), bfloat16/bf16 or float16/fp16 (half an fp32 "
+        "pool: twice the tokens in the same memory), fp8_e4m3/fp8 or fp8_e5m2 (unscaled; torch backend, "
+        "or triton on CUDA 8.9+).",
+    )
+    page_size: int = _sched(1, "--page-size", envvar="LLMKIT_PAGE_SIZE", check=at_least(1), help="Tokens per KV page.")
+    chunked_prefill_size: int = _sched(
+        2048,
+        "--chunked-prefill-size",
+        envvar="LLMKIT_CHUNKED_PREFILL_SIZE",
+        check=at_least(1),
+        help="Token budget per step (prefill chunks plus decode tokens).",
+    )
+    schedule_policy: str = _sched(
+        "fcfs",
+        "--schedule-policy",
+        envvar="LLMKIT_SCHEDULE_POLICY",
+        choices="llmkit.core.engine.scheduler:SCHEDULE_POLICIES",
+        help="fcfs or lpm (longest prefix match first).",
+    )
+    disable_radix_cache: bool = _sched(
+        False, "--disable-radix-cache", envvar="LLMKIT_DISABLE_RADIX_CACHE", help="Turn off prefix sharing."
+    )
+    enable_deterministic_inference: bool = _sched(
+        False,
+        "--enable-deterministic-inference",
+        envvar="LLMKIT_DETERMINISTIC",
+        help="Batch-invariant numerics: a request's output never depends on its batch.",
+    )
+    num_threads: int | None = _sched(
+        None,
+        "--num-threads",
+        envvar="LLMKIT_NUM_THREADS",
+        check=at_least(1),
+        help="torch CPU threads (default: all cores).",
+    )
+    cuda_graph_max_bs: int | None = _sched(  # None: every batch size the scheduler can run (<= 256)
+        None,
+        "--cuda-graph-max-bs",
+        envvar="LLMKIT_CUDA_GRAPH_MAX_BS",
+        check=at_least(1),
+        help="Largest decode batch replayed from a captured CUDA graph (default: --max-running-requests, at most 256).",
+    )
+    disable_cuda_graph: bool = _sched(
+        False, "--disable-cuda-graph", envvar="LLMKIT_DISABLE_CUDA_GRAPH", help="Run decode steps eagerly on CUDA."
+    )
     # Serve a few short requests before reporting ready (kernels compiled, graphs replayed once).
-    # None: on CUDA only (SGLang's --skip-server-warmup turns it off).
-    warmup: bool | None = None
+    # None: on CUDA only.
+    warmup: bool | None = _sched(
+        None,
+        "--enable-server-warmup",
+        envvar="LLMKIT_ENABLE_SERVER_WARMUP",
+        help="Warm up on CPU too (on by default on CUDA): the engine's short requests, then one request of "
+        "each kind through the routes, before /health answers.",
+        off_flags=("--skip-server-warmup",),
+        off_envvar="LLMKIT_SKIP_SERVER_WARMUP",
+        off_help="Report ready without first serving a few short requests (on CUDA the warm-up compiles the "
+        "kernels the first request would otherwise wait for; CPU has none).",
+    )
     # Post-process step N (detokenize, stop strings, stream out) while step N+1 runs on the device.
     # None: on for CUDA (where kernels launch asynchronously), off on CPU (nothing to overlap).
-    overlap_schedule: bool | None = None
-    # Speculative decoding (SGLang's flags): an algorithm plugin's name (None: off), the most draft
-    # tokens a request verifies per step, and NGRAM's match window (tokens of the sequence's end
-    # looked up earlier in it, the longest first). Turns the overlap schedule off.
-    speculative_algorithm: str | None = None
-    speculative_num_draft_tokens: int = 4
+    overlap_schedule: bool | None = _sched(
+        None,
+        "--enable-overlap-schedule",
+        envvar="LLMKIT_ENABLE_OVERLAP_SCHEDULE",
+        help="Overlap post-processing with the next step on CPU too (for testing; no speed-up there).",
+        off_flags=("--disable-overlap-schedule",),
+        off_envvar="LLMKIT_DISABLE_OVERLAP_SCHEDULE",
+        off_help="Post-process each step before launching the next (overlap is on by default on CUDA).",
+    )
+    # Run the engine in its own process (ZeroMQ + msgpack to the server), not on a server thread;
+    # data- and tensor-parallel engines always do.
+    engine_process: bool = _sched(
+        False,
+        "--engine-process",
+        envvar="LLMKIT_ENGINE_PROCESS",
+        help="Run the engine in its own process (ZeroMQ + msgpack over unix sockets), so the server's Python "
+        "work never shares the engine's GIL; a dead engine process fails its requests and stops the server. "
+        "Always so with --dp-size or --tp-size above 1.",
+    )
+
+    # Data parallelism: this many engine processes behind one server.
+    # Tensor parallelism: this many ranks share every layer; rank 0 schedules.
+    tp_size: int = _par(
+        1,
+        "--tp-size",
+        "--tp",
+        "--tensor-parallel-size",
+        check=at_least(1),
+        generation_only=True,
+        help="Tensor parallelism: this many ranks (processes; one GPU each on CUDA, gloo on CPU) share every layer.",
+    )
+    dp_size: int = _par(
+        1,
+        "--dp-size",
+        "--dp",
+        "--data-parallel-size",
+        envvar="LLMKIT_DP_SIZE",
+        check=at_least(1),
+        generation_only=True,
+        help="Data parallelism: this many engine replicas, each in its own process, behind one server; "
+        "requests go to the least loaded replica, or to the one holding their prompt's prefix.",
+    )
+    # Multi-node tensor parallelism (SGLang's flags): the ranks are spread evenly over nnodes nodes;
+    # node 0 serves HTTP, the others run ranks only.
+    nnodes: int = _par(
+        1,
+        "--nnodes",
+        check=at_least(1),
+        generation_only=True,
+        help="Nodes the --tp-size ranks are spread over (node 0 serves HTTP).",
+    )
+    node_rank: int = _par(
+        0, "--node-rank", check=non_negative, help="This node's index (0..nnodes-1); nodes > 0 run ranks only."
+    )
+    dist_init_addr: str | None = _par(
+        None,
+        "--dist-init-addr",
+        "--dist-init-address",
+        check=host_port,
+        help="HOST:PORT where the ranks meet (torch.distributed TCP rendezvous); needed with --nnodes > 1.",
+    )
+
+    # Speculative decoding (SGLang's flags). Turns the overlap schedule off.
+    speculative_algorithm: str | None = _spec(
+        None,
+        "--speculative-algorithm",
+        plugin="speculative_algorithm",
+        generation_only=True,
+        help="Speculative decoding: NGRAM (draft tokens looked up in the prompt and output so far), "
+        "STANDALONE (a draft model), EAGLE / EAGLE3 (EAGLE-1/2, EAGLE-3 draft heads), MTP (DeepSeek-V3's "
+        "own MTP layer), or a plugin's name; the output is unchanged, only faster where the draft is right.",
+    )
+    speculative_num_draft_tokens: int = _spec(
+        4,
+        "--speculative-num-draft-tokens",
+        check=at_least(1),
+        help="Most draft tokens a request verifies per step (each step emits up to this + 1 tokens).",
+    )
     # SGLang's EAGLE flags: the chain's length (given: it decides the draft length, as SGLang
     # sets num_draft_tokens = num_steps + 1 at top-k 1) and the candidates a step (1: a chain)
-    speculative_num_steps: int | None = None
-    speculative_eagle_topk: int | None = None
-    speculative_draft_model_path: str | None = None  # STANDALONE's draft model
-    # where a draft model runs when not on the target's device (None: the target's), e.g. "cpu" to
-    # keep a GPU's memory for the target
-    speculative_draft_device: str | None = None
-    speculative_ngram_min_match_window_size: int = 2
-    speculative_ngram_max_match_window_size: int = 4
-    # A grammar plugin's name; None: the one registered as default (xgrammar); "none": disabled.
-    grammar_backend: str | None = None
-    # Run the engine in its own process (ZeroMQ + msgpack to the server), not on a server thread.
-    engine_process: bool = False
-    # Data parallelism: this many engine processes behind one server (implies engine_process).
-    dp_size: int = 1
-    # Tensor parallelism: this many ranks share every layer (implies engine_process); rank 0 schedules.
-    tp_size: int = 1
-    # Multi-node tensor parallelism (SGLang's flags): the ranks are spread evenly over nnodes nodes;
-    # node 0 serves HTTP, the others run ranks only. dist_init_addr: HOST:PORT of the rendezvous.
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None
-    dp_rank: int = 0  # which data-parallel replica this engine is (set per replica)
-    load_format: str = "auto"  # auto: the checkpoint's weights; dummy: random weights (benchmarks)
-    # LoRA adapters (SGLang's and vLLM's flags): "name=path" served from the start; on when any is
-    # given or enable_lora is set (run-time loading only); the distinct adapters one batch mixes,
-    # the largest rank, and the checkpoint modules adapters may target (empty: all seven)
-    enable_lora: bool = False
-    lora_paths: tuple[str, ...] = ()
-    max_loras_per_batch: int = 8
-    max_lora_rank: int = 64
-    lora_target_modules: tuple[str, ...] = ()
-    # SGLang's --mem-fraction-static: share of device memory for weights + KV pool (None: default sizing)
-    mem_fraction_static: float | None = None
+    speculative_num_steps: int | None = _spec(
+        None,
+        "--speculative-num-steps",
+        check=at_least(1),
+        help="SGLang's draft depth: given, the most draft tokens a step (in place of "
+        "--speculative-num-draft-tokens, as SGLang uses num_steps + 1 verified tokens at top-k 1).",
+    )
+    speculative_eagle_topk: int | None = _spec(
+        None,
+        "--speculative-eagle-topk",
+        check=at_least(1),
+        help="SGLang's candidates per draft step: 1 (one chain), or more for a tree of candidates verified "
+        "in one forward (at most --speculative-num-draft-tokens nodes, --speculative-num-steps deep).",
+    )
+    speculative_draft_model_path: str | None = _spec(
+        None,
+        "--speculative-draft-model-path",
+        help="STANDALONE: the draft model (a smaller model with the same tokenizer); EAGLE, EAGLE3: the "
+        "head's directory; MTP: where the MTP layer is, if not in the target's.",
+    )
+    speculative_draft_device: str | None = _spec(
+        None,
+        "--speculative-draft-device",
+        help="STANDALONE: the device the draft model runs on (cpu, cuda, cuda:N) when not the target's, e.g. "
+        "cpu to leave the GPU's memory to the target. The heads (EAGLE, EAGLE3, MTP) run on the target's.",
+    )
+    speculative_ngram_min_match_window_size: int = _spec(
+        2,
+        "--speculative-ngram-min-match-window-size",
+        check=at_least(1),
+        help="NGRAM: the fewest trailing tokens that must match an earlier place to draft from it.",
+    )
+    speculative_ngram_max_match_window_size: int = _spec(
+        4,
+        "--speculative-ngram-max-match-window-size",
+        check=at_least(1),
+        help="NGRAM: the most trailing tokens matched (the longest match wins).",
+    )
+
+    # LoRA adapters (SGLang's and vLLM's flags): on when any is given or enable_lora is set
+    # (run-time loading only; the server's --lora-dir and --lora-resolver set it too)
+    lora_paths: tuple[str, ...] = _lora(
+        (),
+        "--lora-paths",
+        "--lora-modules",
+        nargs=True,
+        generation_only=True,
+        help="LoRA adapters served from the start, name=path (PEFT directories); several may follow "
+        "one flag. A request picks one with model: <name> (or lora_path).",
+    )
+    enable_lora: bool = _lora(
+        False,
+        "--enable-lora",
+        generation_only=True,
+        help="Serve LoRA adapters loaded at run time (POST /load_lora_adapter) with none given at start.",
+    )
+    max_loras_per_batch: int = _lora(
+        8,
+        "--max-loras-per-batch",
+        check=at_least(1),
+        help="Distinct LoRA adapters one batch mixes (requests of others wait their turn).",
+    )
+    max_lora_rank: int = _lora(64, "--max-lora-rank", check=at_least(1), help="The largest LoRA rank accepted.")
+    lora_target_modules: tuple[str, ...] = _lora(  # empty: all seven
+        (),
+        "--lora-target-modules",
+        nargs=True,
+        help="Projections adapters may target: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, "
+        "or all (the default).",
+    )
+
+    # Not options: how often the engine logs decode throughput, and which data-parallel replica
+    # this engine is (set per replica).
+    decode_log_interval: int = 40
+    dp_rank: int = 0

@@ -22,6 +22,9 @@ from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import PrefixCache
 from llmkit.core.speculative.tree import DraftTree
 
+# --schedule-policy: first come, first served, or the longest cached prefix first.
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
 
 @dataclass(slots=True)
 class Segment:

@@ -1,6 +1,7 @@
 """The import graph of core/ goes only downward, so each layer can be read (and replaced) alone.
 
-kvcache -> model, parsing, grammar -> lora -> engine, embedding -> server -> batches -> launch; plugins.py, hookspecs.py,
+kvcache -> model, parsing, grammar -> lora -> engine, embedding -> server -> batches -> refusals -> launch; plugins.py,
+hookspecs.py, option.py,
 native.py (the C-kernel builder) and own_thread.py sit under everything. Same-rank packages do not import each other; the server reaches the engine only
 through its client protocol and its plain messages; core never imports a plugin or the CLI.
 Function-local imports count too.
@@ -22,6 +23,7 @@ TOPS = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli"}
 BUDGET = 15  # modules per folder, __init__.py not counted
 RANK = {
     "hookspecs": 0,
+    "option": 1.5,  # how a config field declares its serve option; the configs import it
     "native": 0,
     "own_thread": 0,
     "plugins": 1,
@@ -36,6 +38,7 @@ RANK = {
     "embedding": 4,  # encoders beside the generation engine, not in it
     "server": 5,
     "batches": 6,
+    "refusals": 6.5,  # checks both configs (server keys, engine devices) before launch builds anything
     "launch": 7,
 }
 SERVER_MAY_USE = {"llmkit.core.engine.client", "llmkit.core.engine.messages"}

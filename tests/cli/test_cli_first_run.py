@@ -47,6 +47,12 @@ def _one_line_error(res, *needles: str) -> None:
         (["--tp-size", "1", "--trust-remote-code", "--mem-fraction-static", "1.5"], ["--mem-fraction-static 1.5"]),
         (["--enable-overlap-schedule", "--disable-overlap-schedule"], ["contradict"]),
         (["--skip-server-warmup", "--enable-server-warmup"], ["contradict"]),
+        (["--page-size", "0"], ["--page-size must be at least 1 (got 0)"]),
+        (["--log-level", "loud"], ["unknown --log-level 'loud'", "debug"]),
+        (["--speculative-algorithm", "NGRAM", "--speculative-draft-device", "cpu"], ["has none of its own"]),
+        (["--gateway-worker-url", "http://w:1"], ["give --gateway-url too"]),
+        (["--dist-init-addr", "nohost"], ["--dist-init-addr 'nohost' must be HOST:PORT"]),
+        (["--model-path", "all-MiniLM-L6-v2", "--tool-call-parser", "hermes"], ["--tool-call-parser applies"]),
     ],
     ids=[
         "port-range",
@@ -63,12 +69,68 @@ def _one_line_error(res, *needles: str) -> None:
         "mem-fraction",
         "overlap-flags",
         "warmup-flags",
+        "page-size",
+        "log-level",
+        "draft-device",
+        "gateway-worker",
+        "dist-addr",
+        "embedding-generation-only",
     ],
 )
 def test_mistakes_fail_before_loading_in_one_line(args, needles):
     res, took = _serve(*args)
     _one_line_error(res, *needles)
     assert took < 20  # nothing was loaded
+    if "contradict" not in res.stderr:  # two flags of one field: only a command line can say both
+        assert _python_api_refusal(args) == res.stderr.strip().removeprefix("error: ")
+
+
+def _python_api_refusal(args) -> str:
+    """What ``build_server`` refuses the same options with (core/refusals.py, as the CLI uses)."""
+    import typer
+
+    from llmkit.cli.serve import _serve_only_app
+    from llmkit.cli.serve_options import build_configs
+    from llmkit.core.launch import build_server
+    from llmkit.core.option import OptionError
+
+    params = typer.main.get_command(_serve_only_app()).make_context("serve", list(args)).params
+    with pytest.raises(OptionError) as err:
+        build_server(*build_configs(params))
+    return str(err.value)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A machine that reports one CUDA device, for the device-aware refusals (nothing runs on it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def test_int4_is_served_on_a_gpu_and_int8_refused_by_both_fronts(fake_gpu, monkeypatch):
+    """int4 has a Triton kernel on CUDA (the engine's plan and the docs say so); the CLI once
+    refused it there. int8 and a GGUF's own blocks are CPU paths, refused alike by the CLI and by
+    build_server."""
+    import llmkit.cli.listen
+    import llmkit.core.launch
+
+    class Built(Exception):
+        pass
+
+    def build(checked):
+        assert checked.device == "cuda" and checked.engine.quantization == "int4"
+        raise Built
+
+    monkeypatch.setattr(llmkit.cli.listen, "bind_socket", lambda host, port: None)
+    monkeypatch.setattr(llmkit.core.launch, "build_checked_server", build)
+    res, _ = _serve("--quantization", "int4", "--device", "cuda")
+    assert isinstance(res.exception, Built), res.output  # past every check, on to the load
+    res, _ = _serve("--quantization", "int8", "--device", "cuda")
+    _one_line_error(res, "--quantization int8 is a CPU decode path", "int4")
+    assert _python_api_refusal(["--quantization", "int8", "--device", "cuda"]) in res.stderr
+    res, _ = _serve("--dp-size", "2")  # one GPU: two replicas need two
+    _one_line_error(res, "--dp-size 2 needs 2 GPUs")
+    assert _python_api_refusal(["--dp-size", "2"]) in res.stderr
 
 
 def test_port_in_use_fails_before_loading():

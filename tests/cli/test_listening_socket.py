@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from llmkit.cli.preflight import bind_socket
+from llmkit.cli.listen import bind_socket
 
 
 def test_accepted_connections_have_nodelay():

@@ -1,6 +1,7 @@
-"""Each ``llmkit serve`` option is declared once, as a row of cli/serve_options.py (issue 27): every
-row reaches a config field, every config field a user may set has a row, and --help lists every
-row's flags."""
+"""Each ``llmkit serve`` option is declared once, as a field of EngineConfig or ServerConfig whose
+metadata carries its flags, help and check (issue 48): every option parameter reaches its field,
+every field a user may set is an option, --help lists every flag, and the refusal module refuses
+the same things, in the same words, for ``llmkit serve`` and for ``build_server``."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import typer
 from typer.testing import CliRunner
 
 from llmkit.cli.main import app
-from llmkit.cli.option_table import ServeOption, accepted_only, config_fields
+from llmkit.cli.option_table import Param, config_fields
 from llmkit.cli.serve import _serve_only_app
 from llmkit.cli.serve_options import SERVE_OPTIONS, build_configs
 from llmkit.core.engine.config import EngineConfig
+from llmkit.core.option import PANELS, OptionError, options
+from llmkit.core.refusals import check_configs
 from llmkit.core.server.config import ServerConfig
 
-# The config fields no option sets, and why.
+# The config fields no option sets by its own name, and why.
 NOT_OPTIONS = {
     "engine.decode_log_interval": "how often the engine logs decode throughput",
     "engine.dp_rank": "set per data-parallel replica",
@@ -27,7 +30,10 @@ NOT_OPTIONS = {
     "server.max_upload_size": "OpenAI's cap on /v1/files uploads",
     "server.max_prompt_list": "OpenAI's cap on a completions prompt list",
     "server.stream_include_usage_default": "OpenAI's default for stream_options.include_usage",
+    "server.served_model_aliases": "the second and later --served-model-name",
+    "server.enable_batches": "--batch-storage none",
 }
+FIELDS = [(cls, f, opt) for cls in (EngineConfig, ServerConfig) for f, opt in options(cls)]
 
 
 def _parse(args: list[str]) -> dict:
@@ -42,70 +48,94 @@ def _configs(params: dict) -> dict:
     }
 
 
-def _other_value(row: ServeOption) -> list[str]:
-    """Arguments giving the row a value other than its default, through its last alias."""
-    flag = row.flags[-1]
-    kind = next((t for t in typing.get_args(row.type) if t is not type(None)), row.type)
+def _other_value(p: Param) -> list[str]:
+    """Arguments giving the parameter a value other than its default, through its last alias."""
+    flag = p.flags[-1]
+    kind = next((t for t in typing.get_args(p.type) if t is not type(None)), p.type)
     if kind is bool:
         return [flag]
     if kind in (int, float):
-        return [flag, str(3 if row.default is None else row.default + 2)]
+        return [flag, str(3 if p.default is None else p.default + 2)]
     if kind is str:
         return [flag, "other"]
     return [flag, "a", flag, "b"]  # list[str]: a repeatable option
 
 
-@pytest.mark.parametrize("row", SERVE_OPTIONS, ids=lambda row: row.flags[0])
-def test_every_row_reaches_its_config_field(row):
+@pytest.mark.parametrize("cls, f, opt", FIELDS, ids=lambda x: getattr(x, "name", ""))
+def test_every_option_field_declares_flags_help_panel_and_a_check_for_numbers(cls, f, opt):
+    assert opt.flags and all(flag.startswith("--") for flag in opt.flags + opt.off_flags)
+    assert opt.help and opt.help.strip().endswith((".", ")")), opt.flag
+    assert opt.panel in PANELS
+    if opt.off_flags:
+        assert opt.off_help, opt.off_flags
+    kind = typing.get_type_hints(cls)[f.name]
+    if {int, float} & {kind, *typing.get_args(kind)}:
+        assert opt.check is not None, f"{opt.flag}: a number needs its range checked"
+
+
+@pytest.mark.parametrize("p", SERVE_OPTIONS, ids=lambda p: p.flags[0])
+def test_every_parameter_reaches_its_field(p):
     defaults = _configs(_parse([]))
-    params = _parse(_other_value(row))
+    params = _parse(_other_value(p))
     changed = {k for k, v in _configs(params).items() if v != defaults[k]}
-    if row.to is accepted_only:
-        assert not changed
-        return
-    dests = row.destinations(params)
-    assert changed & dests.keys(), (row.flags, changed, dests)
-    if isinstance(row.to, str):  # one field: the value arrives as given
-        [(dest, value)] = dests.items()
-        assert _configs(params)[dest] == value == params[row.name] != defaults[dest]
+    assert f"{p.config}.{p.field}" in changed, (p.flags, changed)
+    if p.role == "value":  # the value arrives as given
+        value = params[p.name]
+        assert _configs(params)[f"{p.config}.{p.field}"] == (tuple(value) if p.repeated else value)
 
 
-def test_every_settable_config_field_has_a_row():
-    params = {**_parse([]), **{row.name: True for row in SERVE_OPTIONS if row.type is bool}}
-    reached = {dest for row in SERVE_OPTIONS for dest in row.destinations(params)}
+def test_every_settable_config_field_is_an_option():
     every = {f"engine.{f.name}" for f in fields(EngineConfig)} | {f"server.{f.name}" for f in fields(ServerConfig)}
-    assert every - reached == NOT_OPTIONS.keys()
+    declared = {f"{p.config}.{p.field}" for p in SERVE_OPTIONS}
+    assert every - declared == NOT_OPTIONS.keys()
 
 
-def test_rows_name_distinct_flags():
-    flags = [flag for row in SERVE_OPTIONS for flag in row.flags]
+def test_the_cli_defaults_are_the_fields():
+    """No default is written twice: an empty command line gives the configs' own defaults."""
+    engine, server = build_configs(_parse([]))
+    assert engine == EngineConfig() and server == ServerConfig()
+
+
+def test_options_name_distinct_flags():
+    flags = [flag for _, _, opt in FIELDS for flag in opt.flags + opt.off_flags]
     assert len(flags) == len(set(flags))
 
 
-def test_help_lists_every_row():
+def test_help_lists_every_flag():
     out = CliRunner().invoke(app, ["serve", "--help"], terminal_width=250).output
-    for row in SERVE_OPTIONS:
-        assert ",".join(row.flags) in out, row.flags
+    for p in SERVE_OPTIONS:
+        assert ",".join(p.flags) in out, p.flags
 
 
-@pytest.mark.parametrize("row", [r for r in SERVE_OPTIONS if r.envvar], ids=lambda row: row.envvar)
-def test_every_envvar_sets_its_option(row, monkeypatch):
-    given = _parse(_other_value(row))[row.name]
-    monkeypatch.setenv(row.envvar, " ".join(given) if isinstance(given, list) else str(given))
-    assert _parse([])[row.name] == given
+@pytest.mark.parametrize(
+    "p", [p for p in SERVE_OPTIONS if (p.opt.off_envvar if p.role == "off" else p.opt.envvar)], ids=lambda p: p.name
+)
+def test_every_envvar_sets_its_option(p, monkeypatch):
+    given = _parse(_other_value(p))[p.name]
+    envvar = p.opt.off_envvar if p.role == "off" else p.opt.envvar
+    monkeypatch.setenv(envvar, " ".join(given) if isinstance(given, list) else str(given))
+    assert _parse([])[p.name] == given
 
 
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--batch-storage", "none"], {"server.enable_batches": False, "server.batch_storage": None}),
-        (["--dp", "2"], {"engine.engine_process": True, "engine.dp_size": 2}),
-        (["--tp-size", "2"], {"engine.engine_process": True}),
+        (["--dp", "2"], {"engine.dp_size": 2}),
         ([], {"engine.overlap_schedule": None, "engine.warmup": None, "server.served_model_name": ""}),
         (
             ["--disable-overlap-schedule", "--skip-server-warmup"],
             {"engine.overlap_schedule": False, "engine.warmup": False},
         ),
+        (
+            ["--enable-overlap-schedule", "--enable-server-warmup"],
+            {"engine.overlap_schedule": True, "engine.warmup": True},
+        ),
+        (["--disable-metrics", "--disable-web-ui"], {"server.enable_metrics": False, "server.enable_web_ui": False}),
+        (
+            ["--served-model-name", "a", "--served-model-name", "b"],
+            {"server.served_model_name": "a", "server.served_model_aliases": ("b",)},
+        ),
+        (["--api-key", "k1", "--api-key", "k2"], {"server.api_keys": ("k1", "k2")}),
     ],
 )
 def test_conversions(args, expected):
@@ -113,30 +143,31 @@ def test_conversions(args, expected):
     assert {k: configs[k] for k in expected} == expected
 
 
-def test_a_value_without_a_place_fails_loudly():
-    with pytest.raises(TypeError):
-        ServeOption(("--new",), int, 1)  # no destination
-    with pytest.raises(ValueError, match="engine or server"):
-        ServeOption(("--new",), int, 1, to="engnie")
+def test_implied_settings_apply_to_the_python_api_too(tmp_path):
+    checked = check_configs(EngineConfig(), ServerConfig(batch_storage="none", lora_dir=str(tmp_path)))
+    assert not checked.server.enable_batches and checked.server.batch_storage is None
+    assert checked.engine.enable_lora  # adapters may be loaded at run time from the directory
+
+
+def test_a_value_without_a_field_fails_loudly():
     params = _parse([])
-    with pytest.raises(TypeError, match=r"without a row: \['new'\]"):
+    with pytest.raises(TypeError, match=r"without a field: \['new'\]"):
         build_configs({**params, "new": 1})
     with pytest.raises(TypeError, match=r"without a value: \['dtype'\]"):
         build_configs({k: v for k, v in params.items() if k != "dtype"})
-    engine, _ = config_fields((*SERVE_OPTIONS, ServeOption(("--new",), int, 1, to="engine")), {**params, "new": 1})
-    with pytest.raises(TypeError, match="new"):
-        EngineConfig(**engine)  # no such field
-    with pytest.raises(ValueError, match="another option set already"):
-        build_configs(_parse(["--enable-overlap-schedule", "--disable-overlap-schedule"]))
+    with pytest.raises(OptionError, match="contradict"):
+        config_fields(SERVE_OPTIONS, _parse(["--enable-overlap-schedule", "--disable-overlap-schedule"]))
 
 
 def test_lora_flags_take_several_values_after_one_flag():
     """SGLang's and vLLM's nargs form (--lora-paths a=x b=y) and the repeated form both work."""
     from llmkit.cli.help_format import spread_multi_values
+    from llmkit.cli.serve_options import MULTI_VALUE_FLAGS
 
+    assert MULTI_VALUE_FLAGS == {"--lora-paths", "--lora-modules", "--lora-target-modules"}
     args = ["--lora-paths", "a=/x", "b=/y", "--max-lora-rank", "8", "--lora-modules", "c=/z"]
     args += ["--lora-target-modules", "q_proj", "v_proj"]
-    engine, _ = build_configs(_parse(spread_multi_values(args)))
+    engine, _ = build_configs(_parse(spread_multi_values(args, MULTI_VALUE_FLAGS)))
     assert engine.lora_paths == ("a=/x", "b=/y", "c=/z")
     assert engine.lora_target_modules == ("q_proj", "v_proj") and engine.max_lora_rank == 8
     out = CliRunner().invoke(app, ["serve", "--lora-paths", "a=/x", "b=/y", "--lora-target-modules", "nope"])
@@ -145,8 +176,5 @@ def test_lora_flags_take_several_values_after_one_flag():
 
 @pytest.mark.parametrize("ttl", [0, -1])
 def test_batch_lease_ttl_must_be_positive(ttl):
-    from llmkit.cli.preflight import OptionError, check_serve_options
-
-    params = {row.name: row.default for row in SERVE_OPTIONS} | {"batch_lease_ttl": ttl}
     with pytest.raises(OptionError, match="--batch-lease-ttl must be positive"):
-        check_serve_options(params, check_port=False)
+        check_configs(EngineConfig(), ServerConfig(batch_lease_ttl=ttl), listening=False)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llmkit.core.embedding.loader import encoder_architecture
-from llmkit.core.launch import _embedding_model_dir
+from llmkit.core.embedding.recognition import embedding_model_dir
 
 
 def test_an_encoder_is_recognised_from_its_config(tmp_path):
@@ -20,25 +20,25 @@ def test_an_encoder_is_recognised_from_its_config(tmp_path):
     assert encoder_architecture({"architectures": ["LlamaForCausalLM"]}) is None
     assert encoder_architecture({"architectures": ["NoSuchModel"]}) is None
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
-    assert _embedding_model_dir(str(tmp_path), forced=False) == tmp_path
+    assert embedding_model_dir(str(tmp_path), forced=False) == tmp_path
     with pytest.raises(ValueError, match="'BertModel' embeds"):
-        _embedding_model_dir(str(tmp_path), forced=False, reranker=True)
+        embedding_model_dir(str(tmp_path), forced=False, reranker=True)
     (tmp_path / "config.json").write_text(json.dumps(cross))
-    assert _embedding_model_dir(str(tmp_path), forced=False) == tmp_path
-    assert _embedding_model_dir(str(tmp_path), forced=False, reranker=True) == tmp_path
+    assert embedding_model_dir(str(tmp_path), forced=False) == tmp_path
+    assert embedding_model_dir(str(tmp_path), forced=False, reranker=True) == tmp_path
 
 
 def test_a_causal_lm_embeds_or_reranks_only_when_asked(tiny_llama, tmp_path):
-    assert _embedding_model_dir(str(tiny_llama), forced=False) is None  # it generates
-    assert _embedding_model_dir(str(tiny_llama), forced=True) == tiny_llama
-    assert _embedding_model_dir(str(tiny_llama), forced=False, reranker=True) == tiny_llama
+    assert embedding_model_dir(str(tiny_llama), forced=False) is None  # it generates
+    assert embedding_model_dir(str(tiny_llama), forced=True) == tiny_llama
+    assert embedding_model_dir(str(tiny_llama), forced=False, reranker=True) == tiny_llama
     with pytest.raises(ValueError, match="one of the two"):
-        _embedding_model_dir(str(tiny_llama), forced=True, reranker=True)
+        embedding_model_dir(str(tiny_llama), forced=True, reranker=True)
     with pytest.raises(ValueError, match="--is-embedding needs a model directory"):
-        _embedding_model_dir(None, forced=True)  # the embedded SmolLM2
+        embedding_model_dir(None, forced=True)  # the embedded SmolLM2
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
     with pytest.raises(ValueError, match="neither an encoder nor a causal LM"):
-        _embedding_model_dir(str(tmp_path), forced=False, reranker=True)
+        embedding_model_dir(str(tmp_path), forced=False, reranker=True)
 
 
 def test_generation_flags_on_an_embedding_model_are_refused():

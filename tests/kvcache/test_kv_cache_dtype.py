@@ -62,9 +62,13 @@ def test_fp8_store_saturates_instead_of_overflowing(dtype):
 
 
 def test_names_resolve_and_a_bad_one_lists_the_valid_ones():
-    from llmkit.cli.preflight import KV_CACHE_DTYPES as CLI_NAMES
+    from dataclasses import fields
 
-    assert set(CLI_NAMES) == {"auto", *KV_CACHE_DTYPES}  # the CLI's pre-load check knows them all
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.option import allowed, option_of
+
+    opt = option_of(next(f for f in fields(EngineConfig) if f.name == "kv_cache_dtype"))
+    assert set(allowed(opt)) == {"auto", *KV_CACHE_DTYPES}  # the pre-load check reads this table
     assert resolve_kv_cache_dtype("auto", torch.float32) == torch.float32
     assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
     assert resolve_kv_cache_dtype("bf16", torch.float32) == resolve_kv_cache_dtype("bfloat16", torch.float32)

@@ -9,7 +9,10 @@ import time
 
 import pytest
 
-from llmkit.cli.preflight import OptionError, _check_gateway_urls
+from llmkit.core.engine.config import EngineConfig
+from llmkit.core.option import OptionError
+from llmkit.core.refusals import check_configs
+from llmkit.core.server.config import ServerConfig
 from llmkit.core.server.sglang import register
 from llmkit.core.server.sglang.register import GatewayRegistration, advertised_url, local_url
 
@@ -27,12 +30,16 @@ def test_advertised_url():
     assert local_url("::", 8000) == "http://[::1]:8000"
 
 
+def _check(**server):
+    check_configs(EngineConfig(), ServerConfig(**server))
+
+
 def test_option_checks():
-    _check_gateway_urls({"gateway_url": "http://gw:30000", "gateway_worker_url": None})
+    _check(gateway_url="http://gw:30000")
     with pytest.raises(OptionError, match="--gateway-url"):
-        _check_gateway_urls({"gateway_url": "gw:30000", "gateway_worker_url": None})
+        _check(gateway_url="gw:30000")
     with pytest.raises(OptionError, match="give --gateway-url too"):
-        _check_gateway_urls({"gateway_url": None, "gateway_worker_url": "http://w:1"})
+        _check(gateway_worker_url="http://w:1")
 
 
 def test_an_absent_gateway_is_retried_logged_once_and_stops_in_bounded_time(monkeypatch, caplog):

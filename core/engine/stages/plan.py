@@ -1,6 +1,6 @@
 """Stage 1 of building an engine: what the configuration resolves to (device, dtypes, attention
-backend, grammar, model source and class), every choice that can be refused refused before the
-(slow) model construction."""
+backend, grammar, model source and class), before the (slow) model construction. The options
+themselves are checked by ``core/refusals.py``."""
 
 from __future__ import annotations
 
@@ -30,21 +30,24 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# --dtype's values (and "auto").
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         # bf16 math is slow on CPUs without AVX512-BF16/AMX; fp32 is the fast path there.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "float16": torch.float16,
-        "half": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-    }
-    if name not in table:
-        raise ValueError(f"unknown dtype '{name}'; valid: auto, {', '.join(sorted(table))}")
-    return table[name]
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype '{name}'; valid: auto, {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
 
 
 def select_attention(name: str, device: torch.device):
@@ -105,12 +108,8 @@ def native_gguf(config: EngineConfig, device: torch.device, gguf_path: Path | No
     The default for a GGUF on CPU; ``--quantization none`` or an explicit ``--dtype`` serves the
     dequantized weights, and so does CUDA (int4 has a Triton kernel there, but a GGUF's int8 types
     and quantized embedding tables have no CUDA path yet). ``--quantization gguf`` asks
-    for it explicitly and fails where it cannot be had."""
+    for it explicitly (``core/refusals.py`` refuses it where it cannot be had)."""
     explicit = config.quantization == "gguf"
-    if explicit and gguf_path is None:
-        raise ValueError("--quantization gguf serves a GGUF's own quantized weights: give a .gguf --model-path")
-    if explicit and device.type != "cpu":
-        raise ValueError("--quantization gguf is a CPU path; on CUDA leave it out (GGUFs are dequantized)")
     if not explicit and (config.quantization or config.dtype != "auto" or device.type != "cpu"):
         return False
     return gguf_path is not None and config.load_format != "dummy"
@@ -142,58 +141,16 @@ def draft_device(config: EngineConfig, target: torch.device) -> torch.device:
     return torch.device(config.speculative_draft_device) if config.speculative_draft_device else target
 
 
-def _check_tree_drafts(config: EngineConfig) -> None:
-    """``--speculative-eagle-topk`` above 1: a tree of candidates a step, from a proposer that drafts trees."""
-    topk, algorithm = config.speculative_eagle_topk, config.speculative_algorithm
-    if topk in (None, 1):
-        return
-    if not getattr(registry().speculative_algorithm(algorithm), "drafts_trees", False):
-        raise ValueError(
-            f"--speculative-eagle-topk {topk}: {algorithm} drafts one chain, not a tree of several "
-            "candidates a step (use --speculative-eagle-topk 1)"
-        )
-
-
-def _check_draft_device(config: EngineConfig) -> None:
-    name = config.speculative_draft_device
-    if not name:
-        return
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--speculative-draft-device {name}: use cpu, cuda or cuda:N")
-    algorithm = config.speculative_algorithm
-    if not getattr(registry().speculative_algorithm(algorithm), "runs_on_any_device", False):
-        raise ValueError(
-            f"--speculative-draft-device places a draft model (STANDALONE); {algorithm} has none of its own "
-            "to place (it drafts from the text or from the target's tensors, on the target's device)"
-        )
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--speculative-draft-device {name}: CUDA is not available")
-
-
 def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
-    """Stage 1: device, dtypes, attention backend, grammar, model source and class; every choice
-    that can be refused is refused here, before the (slow) model construction."""
-    if config.load_format not in LOAD_FORMATS:
-        raise ValueError(f"unknown load format '{config.load_format}'; valid: {', '.join(LOAD_FORMATS)}")
+    """Stage 1: device, dtypes, attention backend, grammar, model source and class. The options
+    were checked by ``core/refusals.py``; what needs the model's class (the attention features it
+    uses, the K/V dtypes its backend reads) is refused here, before the (slow) model construction."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     attn_name, attn_cls = select_attention(config.attention, device)
     grammar_name = (config.grammar_backend or registry().default("grammar")) if leader else "none"
     registry().entry("grammar", grammar_name)  # an unknown name fails before loading
-    if config.speculative_algorithm:
-        registry().entry("speculative_algorithm", config.speculative_algorithm)
-        if config.speculative_num_draft_tokens < 1:
-            raise ValueError("--speculative-num-draft-tokens must be at least 1")
-        for flag, value in (("num-steps", config.speculative_num_steps), ("eagle-topk", config.speculative_eagle_topk)):
-            if value is not None and value < 1:
-                raise ValueError(f"--speculative-{flag} must be at least 1")
-        _check_draft_device(config)
-        _check_tree_drafts(config)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     quant = config.quantization if config.quantization not in (None, "", "none", "gguf") else None
@@ -233,8 +190,6 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
             f"attention backend '{attn_name}' cannot serve --kv-cache-dtype {config.kv_cache_dtype}: {why}; "
             "use --attention torch or another --kv-cache-dtype"
         )
-    if quant and device.type != "cpu" and quant != "int4":  # int4 has a Triton kernel on CUDA, int8 none
-        raise ValueError(f"--quantization {quant} is a CPU decode path; on CUDA use int4 or the model's dtype")
     loader = (
         "dummy" if config.load_format == "dummy"
         else "gguf_native" if native

@@ -1,1 +1,0 @@
-"""``llmkit serve``'s option table, one module a theme (and one ``--help`` panel each)."""
