@@ -2,7 +2,7 @@
 
 kvcache -> model, parsing, grammar -> lora -> engine, embedding -> server -> batches -> launch; plugins.py, hookspecs.py,
 native.py (the C-kernel builder) and own_thread.py sit under everything. Same-rank packages do not import each other; the server reaches the engine only
-through its client protocol and its plain messages; core never imports a plugin or the CLI.
+through its client protocol and its plain messages; core never imports a plugin, the CLI or llmkit.testing.
 Function-local imports count too.
 
 Inside a layer: no import circle between modules (a circle hidden behind a function-local import
@@ -11,7 +11,9 @@ named for its concern instead of behind a file-name prefix.
 
 Plugin packages stand alone: plugins/<pkg>/ imports llmkit.core and llmkit.plugins.<pkg> only (what
 two of them share moves to core). The Engine's private names are used in its own module only
-(core/engine/loop.py); everything else, benchmarks included, calls its public methods.
+(core/engine/loop.py); everything else, benchmarks included, calls its public methods. The
+test kits (testing/, llmkit.testing) import llmkit.core only (a kit gets a built-in plugin through
+the registry), and nothing llmkit runs (core/, plugins/, cli/) imports them or pytest.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core"
-TOPS = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli"}
+TOPS = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli", "testing": "llmkit.testing"}
 BUDGET = 15  # modules per folder, __init__.py not counted
 RANK = {
     "hookspecs": 0,
@@ -72,8 +74,8 @@ def _violations() -> list[str]:
         me = rel.parts[0].removesuffix(".py")
         for line, mod in _imports(path):
             where = f"core/{rel}:{line} imports {mod}"
-            if mod.startswith(("llmkit.plugins", "llmkit.cli")):
-                bad.append(f"{where} (core never imports plugins or the CLI)")
+            if mod.startswith(("llmkit.plugins", "llmkit.cli", "llmkit.testing")):
+                bad.append(f"{where} (core never imports plugins, the CLI or the test kits)")
                 continue
             if not mod.startswith("llmkit.core.") or _unit(mod) == me:
                 continue
@@ -312,6 +314,47 @@ def test_the_plugin_check_sees_violations(tmp_path, monkeypatch):
             (3, "llmkit.plugins.models"),
             (4, "llmkit.plugins.attention.torch_backend"),
         ]
+    ]
+
+
+# --- the test kits -------------------------------------------------------------------------------------
+
+
+def _kit_violations() -> list[str]:
+    """testing/ (llmkit.testing) imports llmkit.core only; core/, plugins/ and cli/ import neither
+    llmkit.testing nor pytest (the kits' dependency, not llmkit's)."""
+    bad = []
+    for top, name in TOPS.items():
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            package = ".".join([name, *path.relative_to(ROOT / top).parent.parts])
+            for line, mod in sorted(_imported_modules(path, package)):
+                if top == "testing" and mod.startswith("llmkit.") and not mod.startswith(("llmkit.core.", name)):
+                    bad.append(f"{rel.as_posix()}:{line} imports {mod} (the kits import llmkit.core only)")
+                elif top != "testing" and (mod.startswith("llmkit.testing") or mod.split(".")[0] == "pytest"):
+                    bad.append(f"{rel.as_posix()}:{line} imports {mod} (llmkit does not run the test kits)")
+    return bad
+
+
+def test_the_test_kits_import_core_only_and_nothing_imports_them():
+    assert _kit_violations() == []
+
+
+def test_the_kit_check_sees_violations(tmp_path, monkeypatch):
+    for top in TOPS:
+        (tmp_path / top).mkdir()
+    (tmp_path / "testing" / "attention.py").write_text(
+        "import pytest\nfrom llmkit.core.plugins import registry\nfrom llmkit.testing import storage\n"
+        "def f():\n    from llmkit.plugins.attention.torch_backend import TorchAttentionBackend\n"
+    )
+    (tmp_path / "plugins" / "x.py").write_text("def f():\n    import pytest\n")
+    (tmp_path / "cli" / "y.py").write_text("from llmkit.testing.storage import StorageContract\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _kit_violations() == [
+        "plugins/x.py:2 imports pytest (llmkit does not run the test kits)",
+        "cli/y.py:1 imports llmkit.testing.storage.StorageContract (llmkit does not run the test kits)",
+        "testing/attention.py:5 imports llmkit.plugins.attention.torch_backend.TorchAttentionBackend "
+        "(the kits import llmkit.core only)",
     ]
 
 
