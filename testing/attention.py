@@ -280,6 +280,7 @@ def check_against_reference(
         latent=case.latent is not None,
         v_head_dim=case.v_head_dim,
     )
+    b.md.decoding = [new == 1 and prefix > 0 for prefix, new in case.seqs]  # as the engine flags its rows
     kwargs = backend_kwargs(b, case.num_heads, case.latent or case.v_head_dim)
     backend, reference = backend_class(**kwargs), reference_backend()(**kwargs)
     if configure is not None:
