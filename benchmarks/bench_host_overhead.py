@@ -136,7 +136,7 @@ def measure(batch: int, steps: int, warmup: int = 20, phases: bool = True, picks
     received = [0]
     for i in range(batch):
         params = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0.0)  # (min_new_tokens masks per row)
-        engine._add(GenerateRequest(f"r{i}", [5 + i % 50, 6, 7, 8], params), lambda o: received.__setitem__(0, 1))
+        engine.add(GenerateRequest(f"r{i}", [5 + i % 50, 6, 7, 8], params), lambda o: received.__setitem__(0, 1))
     rows = []
     try:
         for k in range(warmup + steps):

@@ -153,7 +153,7 @@ def fresh(engine: Engine) -> None:
         ids = engine.tokenizer.encode(f"Write a short essay about topic number {i}.")
         params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
         engine.submit(GenerateRequest(f"p{engine.phase}r{i}", ids, params), lambda o: None)
-    engine._drain(block=False)
+    engine.drain()
     while engine.scheduler.waiting or any(len(r.output_ids) == 0 for r in engine.scheduler.running):
         engine.step()  # prefill
     for _ in range(3):

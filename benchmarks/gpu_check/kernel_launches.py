@@ -118,7 +118,7 @@ def count_on_cpu(preset: str, steps: int) -> dict:
     model.forward, model.compute_logits = counting(forward), counting(logits)
     engine = Engine(cfg, parts)
     params = SamplingParams(max_new_tokens=steps + 2, ignore_eos=True, temperature=0.0)
-    engine._add(GenerateRequest("k", [5, 6, 7, 8, 9, 10, 11, 12], params), lambda o: None)
+    engine.add(GenerateRequest("k", [5, 6, 7, 8, 9, 10, 11, 12], params), lambda o: None)
     for _ in range(steps + 1):  # the prefill, then the decode steps; ``step`` keeps the last one's
         step.clear()
         engine.step()

@@ -29,7 +29,7 @@ package's ``llmkit`` entry point::
 ``llmkit serve --batch-storage mystore`` then builds it with ``MyStorage.from_options(options)``
 (by default ``MyStorage(**options)``; options are strings from the command line).
 
-Contract, checked by ``tests/helpers/storage_contract.py`` (reuse it for your backend):
+Contract, checked by :class:`llmkit.testing.storage.StorageContract` (subclass it in your test suite):
 
 * Methods are synchronous and may block; llmkit calls them from worker threads, possibly several
   at once, so a backend must be thread-safe.
@@ -41,7 +41,7 @@ Contract, checked by ``tests/helpers/storage_contract.py`` (reuse it for your ba
   included: the owner id of the API key that made the file or batch (None: no owner, as for
   records stored before keys had owners), which decides who sees it after a restart too
   (``core/server/access/owners.py``). Stored responses keep theirs under the record's ``owner``.
-* Lease methods (checked by ``tests/helpers/lease_contract.py``) are atomic across every process
+* Lease methods (checked by :class:`llmkit.testing.storage.LeaseContract`) are atomic across every process
   and machine sharing the storage: of concurrent callers on one batch, at most one succeeds. Expiry is wall-clock time (``time.time()``), so
   machines sharing a store need clocks that agree to well within the lease's duration.
 """

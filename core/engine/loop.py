@@ -150,8 +150,8 @@ class Engine:
         inflight: Launched | None = None
         while not self._stop.is_set():
             try:
-                self._drain(block=not self._has_work(inflight))
-                if self._has_work(inflight):
+                self.drain(block=not self.has_work(inflight))
+                if self.has_work(inflight):
                     inflight = self.step(inflight)
                 self.runner.keep_alive()  # (a clock read, unless idle under tensor parallelism)
             except Exception as exc:  # a bug must not leave clients hanging forever
@@ -160,7 +160,11 @@ class Engine:
                 self._fail_all(f"internal engine error: {exc}")
             self.last_step = time.monotonic()
 
-    def _drain(self, block: bool) -> None:
+    # drain, add, has_work, fail and append_token run on the engine thread: the loop's, or the
+    # caller's before the loop runs (the warm-up, benchmarks that call step themselves).
+    def drain(self, block: bool = False) -> None:
+        """Handle every message in the inbox (requests, aborts, calls, flushes); ``block``: wait
+        up to 0.5 s for the first one."""
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -175,7 +179,7 @@ class Engine:
     def _handle(self, item) -> None:
         kind, a, b = item
         if kind == "add":
-            self._add(a, b)
+            self.add(a, b)
         elif kind == "call":
             try:
                 b.set_result(a())
@@ -194,7 +198,8 @@ class Engine:
                 self.scheduler.abort(a)
                 self.output.emit(stream, final=True)
 
-    def _add(self, msg: GenerateRequest, sink: Sink) -> None:
+    def add(self, msg: GenerateRequest, sink: Sink) -> None:
+        """Admit ``msg`` now (from another thread: :meth:`submit`)."""
         admit(self, msg, sink)
 
     def _release(self, req: Request, reason: str, matched) -> None:
@@ -204,14 +209,14 @@ class Engine:
         else:
             self.scheduler.finish(req, reason, matched)
 
-    def _fail(self, req: Request, message: str) -> None:
+    def fail(self, req: Request, message: str) -> None:
         """End ``req`` with finish_reason "abort" and ``message`` as its error, wherever it is."""
         self.scheduler.abort(req.rid)
         self.output.fail(req.rid, message)
 
     def _fail_all(self, message: str) -> None:
         for stream in list(self.output.streams.values()):
-            self._fail(stream.req, message)
+            self.fail(stream.req, message)
 
     def step(self, inflight: Launched | None = None) -> Launched | None:
         """Run one engine step; returns the step left running on the device (overlap mode)."""
@@ -245,7 +250,8 @@ class Engine:
                 return self._launch_isolating(nxt)
         return None
 
-    def _has_work(self, inflight: Launched | None) -> bool:
+    def has_work(self, inflight: Launched | None = None) -> bool:
+        """Whether a request is running or waiting, or a step (``inflight``) is left on the device."""
         return self.scheduler.has_work or inflight is not None
 
     def _launch_isolating(self, batch) -> Launched | None:
@@ -270,7 +276,7 @@ class Engine:
                 launched = None
             if launched is None:
                 log.error("request %s failed its step: %s", req.rid, failure, exc_info=failure)
-                self._fail(req, step_failure(failure, seg))
+                self.fail(req, step_failure(failure, seg))
             else:
                 self._update(launched)
         return None
@@ -345,7 +351,7 @@ class Engine:
             if stream is None:
                 continue  # ended (abort, deferred stop string) after this step was launched
             if failed and i in failed:
-                self._fail(req, failed[i])
+                self.fail(req, failed[i])
                 continue
             try:
                 append(stream, req, tokens[i], logprobs[i])
@@ -359,7 +365,9 @@ class Engine:
                 continue
             self.sampler.add_prompt_logprobs(stream.req, start, logits)
 
-    def _append_token(self, req: Request, tok: int, lp: TokenLogprob | None) -> None:
+    def append_token(self, req: Request, tok: int, lp: TokenLogprob | None) -> None:
+        """Append ``req``'s next token ``tok`` (sampled or a kept draft token) and apply what it
+        decides: a stop, the length limit, the text's checks."""
         self._append(self.output.get(req.rid), req, tok, lp)
 
     def _append(self, stream, req: Request, tok: int, lp: TokenLogprob | None) -> None:

@@ -34,9 +34,9 @@ def verify_draft(engine, seg, logits) -> int:
         req.num_computed = base + accepted  # so a request ending here caches exactly its valid K/V
         tokens, lps = engine.sampler.sample(logits[node + 1 : node + 2], [req])
         if 0 in engine.sampler.failed:
-            engine._fail(req, engine.sampler.failed[0])
+            engine.fail(req, engine.sampler.failed[0])
             break
-        engine.output.guarded(req, engine._append_token, req, tokens[0], lps[0])
+        engine.output.guarded(req, engine.append_token, req, tokens[0], lps[0])
         emitted += 1
         if engine.output.get(req.rid) is None:
             break  # that token ended it

@@ -26,10 +26,10 @@ from torch import nn
 
 from llmkit.core.model.attention import SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
+from llmkit.core.model.decoder.stack import place_tensor
 from llmkit.core.model.layers import RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.parallel import TPGroup
-from llmkit.plugins.models.decoder import place_tensor
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 

@@ -20,13 +20,13 @@ from torch import nn
 
 from llmkit.core.model.attention import SINKS, SLIDING_WINDOW
 from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.decoder.stack import PreNormBlock, StackedLM
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.model.quant.mxfp4 import dequantize_mxfp4
-from llmkit.plugins.models.decoder import PreNormBlock, StackedLM
 
 log = logging.getLogger("llmkit")
 

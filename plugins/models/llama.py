@@ -1,6 +1,6 @@
 """``LlamaForCausalLM`` (Llama 2/3, SmolLM2, Mistral-style dense models)."""
 
-from llmkit.plugins.models.decoder import DecoderLM
+from llmkit.core.model.decoder.stack import DecoderLM
 
 
 class LlamaForCausalLM(DecoderLM):

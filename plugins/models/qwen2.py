@@ -1,6 +1,6 @@
 """``Qwen2ForCausalLM`` (Qwen2 / Qwen2.5): a Llama-style decoder with biases on Q/K/V."""
 
-from llmkit.plugins.models.decoder import DecoderLM
+from llmkit.core.model.decoder.stack import DecoderLM
 
 
 class Qwen2ForCausalLM(DecoderLM):

@@ -1,6 +1,6 @@
 """``Qwen3ForCausalLM``: no Q/K/V bias, RMSNorm on each head's Q and K before rotary."""
 
-from llmkit.plugins.models.decoder import DecoderLM
+from llmkit.core.model.decoder.stack import DecoderLM
 
 
 class Qwen3ForCausalLM(DecoderLM):

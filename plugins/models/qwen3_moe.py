@@ -13,9 +13,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from llmkit.core.model.decoder.stack import DecoderLM
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, softmax_topk
-from llmkit.plugins.models.decoder import DecoderLM
 
 _PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.decoder.deepseek import DecoderLayer, check_config, fp8_dequantized, place_decoder_tensor
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import iter_safetensors, load_config, materialize
@@ -45,8 +46,6 @@ class LatentDraftAttention(DraftAttention):
 class MTPLayer(nn.Module):
     def __init__(self, target, config: dict, target_vocab=None) -> None:
         super().__init__()
-        from llmkit.plugins.models.deepseek_v3 import DecoderLayer
-
         hidden, eps = int(config["hidden_size"]), float(config.get("rms_norm_eps", 1e-6))
         # Whole on rank 0 (only it drafts): under tensor parallelism a block split like the
         # target's would wait in its all-reduces for ranks that never run it.
@@ -109,8 +108,6 @@ class MTPProposer(HiddenStateProposer):
             config["rope_interleave"] = target.config["rope_interleave"]
         if not int(config.get("num_nextn_predict_layers") or 0):
             raise ValueError(f"MTP: {path} has no multi-token-prediction layer (num_nextn_predict_layers is 0)")
-        from llmkit.plugins.models.deepseek_v3 import check_config
-
         check_config(config, target.version, "MTP")  # (the layer's checkpoint may be split out of the target's)
         self.feature_layers = (target.num_layers,)
         self.device = torch.device(device)
@@ -131,8 +128,6 @@ def _load(layer: MTPLayer, path: Path, index: int, config: dict) -> None:
     """Layer ``index``'s tensors from the checkpoint at ``path`` into ``layer`` (lazily read: a
     671B checkpoint's other tensors are never loaded). Block-scaled FP8 weights (DeepSeek's own
     checkpoints) are dequantized at load, as the target's are."""
-    from llmkit.plugins.models.deepseek_v3 import fp8_dequantized, place_decoder_tensor
-
     prefix = f"model.layers.{index}."
     modules, params = dict(layer.named_modules()), dict(layer.named_parameters())
     seen: set[str] = set()

@@ -11,7 +11,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-MAPPING = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli"}
+MAPPING = {"core": "llmkit.core", "plugins": "llmkit.plugins", "cli": "llmkit.cli", "testing": "llmkit.testing"}
 
 
 def _package_dirs() -> set[str]:
@@ -67,6 +67,12 @@ def test_wheel_contains_every_module(tmp_path):
 
 def _named(name: str, requirements: list[str]) -> list[str]:
     return [r for r in requirements if re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0] == name]
+
+
+def test_pytest_is_no_dependency_of_llmkit():
+    """llmkit.testing imports pytest for a plugin's test suite; llmkit itself runs without it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not _named("pytest", project["dependencies"]) and _named("pytest", project["optional-dependencies"]["test"])
 
 
 def test_triton_is_an_extra_that_the_test_extra_includes():

@@ -1,9 +1,7 @@
-"""Builds paged-KV batches and their AttentionMetadata the way the engine does, for backend tests.
+"""Helpers of the kernel tests: subprocesses under Triton's interpreter, offline CUDA compiles.
 
-``build_batch`` takes each sequence's cached prefix length and new-token count, allocates pages
-from a real :class:`KVCachePool` (in a shuffled order, so a sequence's pages are not contiguous),
-lets sequences share prefix pages as the radix cache does, fills the prefixes' K/V with random
-values in every layer, and returns the new tokens' q/k/v with the metadata.
+The paged-KV batches the backend tests build (``build_batch``, ``make_metadata``, ``backend_kwargs``)
+are the plugin authors' kit's, :mod:`llmkit.testing.attention`, re-exported here by their old names.
 """
 
 from __future__ import annotations
@@ -11,154 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
-from llmkit.core.model.attention import AttentionMetadata
+from llmkit.testing.attention import Batch, backend_kwargs, build_batch, make_metadata  # noqa: F401 (re-exported)
 
 HELPERS = Path(__file__).resolve().parent  # tests/helpers
 TESTS = HELPERS.parent
-
-
-@dataclass
-class Batch:
-    pool: KVCachePool
-    req_pool: ReqToTokenPool
-    md: AttentionMetadata
-    q: torch.Tensor  # [T, H, D]
-    k: torch.Tensor  # [T, Hkv, D]
-    v: torch.Tensor | None  # None: latent KV (the values are the keys' first channels)
-
-
-def make_metadata(
-    *,
-    q_lens: list[int],
-    kv_lens: list[int],
-    rows: list[int],
-    req_to_token: torch.Tensor,
-    out_slots: torch.Tensor,
-    page_size: int,
-    deterministic: bool = False,
-    decoding: list[bool] | None = None,
-) -> AttentionMetadata:
-    """AttentionMetadata with every field filled as the engine fills it (``decoding``: which
-    sequences are decode rows; by default none is flagged)."""
-    dev = req_to_token.device
-    starts = [0]
-    for n in q_lens:
-        starts.append(starts[-1] + n)
-    i64 = dict(dtype=torch.int64, device=dev)
-    return AttentionMetadata(
-        num_seqs=len(q_lens),
-        q_lens=list(q_lens),
-        kv_lens=list(kv_lens),
-        q_start_loc=torch.tensor(starts, **i64),
-        q_lens_t=torch.tensor(q_lens, **i64),
-        kv_lens_t=torch.tensor(kv_lens, **i64),
-        req_pool_indices=torch.tensor(rows, **i64),
-        req_to_token=req_to_token,
-        out_slots=out_slots.to(dev),
-        page_size=page_size,
-        is_decode=all(n == 1 for n in q_lens),
-        deterministic=deterministic,
-        decoding=list(decoding or []),
-    )
-
-
-def build_batch(
-    seqs: list[tuple[int, int]],
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    page_size: int,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    num_layers: int = 1,
-    share: dict[int, tuple[int, int]] | None = None,
-    deterministic: bool = False,
-    seed: int = 0,
-    latent: bool = False,
-    v_head_dim: int | None = None,
-) -> Batch:
-    """A batch of ``seqs`` = [(prefix_len, new_len), ...].
-
-    ``share[i] = (j, n)``: sequence i's first ``n`` tokens (a multiple of ``page_size``, at most
-    both prefixes) live in sequence j's pages (j < i), as after a radix-cache prefix match.
-    ``latent``: a pool without V buffers and ``v`` None, as MLA's latent KV; ``v_head_dim``: V heads
-    of another size than K's.
-    """
-    device = torch.device(device)
-    g = torch.Generator().manual_seed(seed)
-    share = share or {}
-    max_ctx = max(p + n for p, n in seqs) + page_size
-    need = sum(-(-(p + n) // page_size) for p, n in seqs) + 4
-    pool = KVCachePool(
-        num_layers=num_layers,
-        num_pages=need + 1,
-        page_size=page_size,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        device=device,
-        v_head_dim=0 if latent else v_head_dim,
-    )
-    # Scramble the free list so neighbouring tokens do not sit in neighbouring pages.
-    pages = pool.allocate(pool.capacity_pages)
-    pool.free([pages[i] for i in torch.randperm(len(pages), generator=g).tolist()])
-    req_pool = ReqToTokenPool(len(seqs) + 2, max_ctx, device)
-    req_pool.allocate()  # row 0 stays unused, so rows != sequence indices
-
-    rows, seq_pages, out_slots = [], [], []
-    for i, (prefix, new) in enumerate(seqs):
-        row = req_pool.allocate()
-        owned: list[int] = []
-        if i in share:
-            j, n = share[i]
-            assert n % page_size == 0 and n <= prefix and n <= seqs[j][0] and j < i
-            owned = seq_pages[j][: n // page_size]
-        total_pages = -(-(prefix + new) // page_size)
-        owned = owned + pool.allocate(total_pages - len(owned))
-        slots = pool.page_slots(owned)[: prefix + new].to(device)
-        req_pool.table[row, : prefix + new] = slots
-        rows.append(row)
-        seq_pages.append(owned)
-        out_slots.append(slots[prefix:])
-    for i, (prefix, _) in enumerate(seqs):  # shared slots are written twice: same last value wins
-        slots = req_pool.table[rows[i], :prefix]
-        for layer in range(num_layers):
-            for buf in (pool.k_buffers[layer], *pool.v_buffers[layer : layer + 1]):
-                buf[slots] = torch.randn((prefix, num_kv_heads, buf.shape[-1]), generator=g).to(buf)
-
-    t = sum(n for _, n in seqs)
-    q = torch.randn((t, num_heads, head_dim), generator=g).to(device=device, dtype=dtype)
-    k = torch.randn((t, num_kv_heads, head_dim), generator=g).to(device=device, dtype=dtype)
-    dv = v_head_dim or head_dim
-    v = None if latent else torch.randn((t, num_kv_heads, dv), generator=g).to(device=device, dtype=dtype)
-    md = make_metadata(
-        q_lens=[n for _, n in seqs],
-        kv_lens=[p + n for p, n in seqs],
-        rows=rows,
-        req_to_token=req_pool.table,
-        out_slots=torch.cat(out_slots),
-        page_size=page_size,
-        deterministic=deterministic,
-    )
-    return Batch(pool, req_pool, md, q, k, v)
-
-
-def backend_kwargs(batch: Batch, num_heads: int, v_head_dim: int | None = None) -> dict:
-    """Constructor arguments of an AttentionBackend for ``batch`` (``v_head_dim``: the output's head
-    size when it differs from the keys', as with a latent KV)."""
-    k = batch.pool.k_buffers[0]
-    kwargs = dict(num_heads=num_heads, num_kv_heads=k.shape[1], head_dim=k.shape[2], pool=batch.pool, device=k.device)
-    if v_head_dim:
-        kwargs["v_head_dim"] = v_head_dim
-    return kwargs
 
 
 def _test_module(module: str) -> str:

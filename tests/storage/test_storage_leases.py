@@ -10,8 +10,7 @@ import pytest
 
 from llmkit.core.batches.storage import new_batch_id
 from llmkit.plugins.storage.local import LocalStorage
-
-from lease_contract import LeaseContract
+from llmkit.testing.storage import LeaseContract
 
 
 class TestLocalLeases(LeaseContract):

@@ -9,8 +9,7 @@ import pytest
 
 from llmkit.core.batches.storage import FileTooLargeError, new_file_id, open_storage
 from llmkit.plugins.storage.local import LocalStorage
-
-from storage_contract import StorageContract
+from llmkit.testing.storage import StorageContract
 
 
 class TestLocalContract(StorageContract):

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from storage_contract import StorageContract
+from llmkit.testing.storage import StorageContract
+
 from storage_plugin_utils import PLUGIN_SOURCE, install_memstore
 
 

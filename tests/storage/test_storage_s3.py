@@ -7,8 +7,9 @@ import uuid
 
 import pytest
 
+from llmkit.testing.storage import StorageContract
+
 from s3_utils import make_bucket, moto_endpoint
-from storage_contract import StorageContract
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto.server")

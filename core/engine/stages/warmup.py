@@ -40,9 +40,9 @@ def warm_up(engine, timeout: float = 300.0) -> None:
     for r, batch in enumerate(rounds):
         for i, (length, params) in enumerate(batch):
             ids = [1 + (i + 7 * r + j) % (engine.vocab_size - 1) for j in range(length)]
-            engine._add(GenerateRequest(f"llmkit-warmup-{r}-{i}", ids, params), sink)
+            engine.add(GenerateRequest(f"llmkit-warmup-{r}-{i}", ids, params), sink)
         inflight = None
-        while engine._has_work(inflight) and time.monotonic() - t0 < timeout:
+        while engine.has_work(inflight) and time.monotonic() - t0 < timeout:
             inflight = engine.step(inflight)
         engine.output.flush_deferred()
     want = sum(len(b) for b in rounds)
