@@ -44,6 +44,16 @@ MODEL_OPTIONS = panel(
         help="A Jinja chat template file overriding the tokenizer's.",
     ),
     ServeOption(
+        ("--generation-config",),
+        str,
+        "auto",
+        to="server",
+        envvar="LLMKIT_GENERATION_CONFIG",
+        help="Sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, "
+        "repetition_penalty), on every route: auto: the model's generation_config.json; vllm (or none): "
+        "the neutral values, the file ignored; a path: a directory holding generation_config.json, or the file.",
+    ),
+    ServeOption(
         ("--load-format",),
         str,
         "auto",

@@ -25,6 +25,10 @@ class ServerConfig:
     rate_limit_tpm: int = 0  # tokens per minute per key, counted as generations finish (0: none)
     chat_template: str | None = None  # a Jinja file overriding the tokenizer's template
     reasoning_parser: str | None = None
+    # The sampling defaults of a request that leaves a field out (generation/sampling_defaults.py),
+    # as vLLM's --generation-config: auto (the model's generation_config.json), vllm or none (the
+    # neutral values, the file ignored), or a path (a directory holding generation_config.json, or the file)
+    generation_config: str = "auto"
     tool_call_parser: str | None = None
     max_payload_size: int = 32 << 20  # every route's body cap (413), enforced while reading
     max_upload_size: int = 200 << 20  # POST /v1/files bodies (batch input files, as OpenAI's cap)

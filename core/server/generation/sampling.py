@@ -1,4 +1,4 @@
-"""Request validation shared by chat and completions: field ranges, token ids, context length.
+"""Request validation shared by every generating route: field ranges, token ids, context length.
 
 Every check raises :class:`APIError` (400) with the offending ``param``, before anything reaches
 the engine.
@@ -7,9 +7,11 @@ the engine.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from llmkit.core.engine.messages import SamplingParams
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.generation.sampling_defaults import FIELDS, resolve
 
 MAX_N = 16
 MAX_STOP = 16
@@ -31,14 +33,13 @@ def build_sampling_params(
     max_tokens: int | None,
     logprobs: bool,
     top_logprobs: int,
-    defaults: dict | None = None,
+    defaults: Mapping[str, float | int] | None,
 ) -> SamplingParams:
-    d = defaults or {}
-    temperature = req.temperature if req.temperature is not None else d.get("temperature", 1.0)
-    top_p = req.top_p if req.top_p is not None else d.get("top_p", 1.0)
-    top_k = req.top_k if req.top_k is not None else d.get("top_k", -1)
-    min_p = req.min_p if req.min_p is not None else d.get("min_p", 0.0)
-    rep = req.repetition_penalty if req.repetition_penalty is not None else d.get("repetition_penalty", 1.0)
+    """The engine's sampling parameters for ``req`` (a request model of any route, read by
+    attribute), every field checked. The sampling fields it left out take ``defaults`` (the
+    server's, from the generation config: ``sampling_defaults.resolve``)."""
+    eff = resolve(req, defaults)
+    temperature, top_p, top_k, min_p, rep = (eff[k] for k in FIELDS)
     for name, v in (
         ("temperature", temperature),
         ("top_p", top_p),

@@ -33,13 +33,14 @@ class GenerateSampling(RequestModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     max_new_tokens: int | None = 128
     min_new_tokens: int = 0
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
-    top_k: int | None = -1
-    min_p: float | None = 0.0
+    # left out (or null): the server's defaults, as on every route (generation/sampling_defaults.py)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    repetition_penalty: float | None = 1.0
+    repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
