@@ -181,6 +181,17 @@ def test_each_route_omitted_null_and_explicit(app, http, route):
         assert _sent(app) == pytest.approx(want), (route, sent)
 
 
+def test_responses_report_the_temperature_they_sample_with(http):
+    r = http.post("/v1/responses", json=ROUTES["responses"][1]).json()
+    assert (r["temperature"], r["top_p"]) == (FILE["temperature"], FILE["top_p"])
+    r = http.post("/v1/responses", json={**ROUTES["responses"][1], "temperature": 0.75}).json()
+    assert (r["temperature"], r["top_p"]) == (0.75, FILE["top_p"])
+
+
+def test_server_info_shows_the_defaults(http):
+    assert http.get("/get_server_info").json()["sampling_defaults"] == FILE
+
+
 @pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
 def test_batch_lines_take_the_defaults(app, endpoint):
     from llmkit.core.batches.executor import make_batch_executor
