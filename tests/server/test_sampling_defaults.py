@@ -13,6 +13,8 @@ import json
 
 import pytest
 
+from llmkit.core.server.errors import APIError
+from llmkit.core.server.generation.length_limit import max_new_tokens
 from llmkit.core.server.generation.sampling_defaults import (
     NEUTRAL,
     generation_config_path,
@@ -121,6 +123,23 @@ def test_defaults_differing_from_neutral_are_logged(tmp_path, caplog):
     assert "temperature=0.3" in caplog.text and "top_p" not in caplog.text
 
 
+# -- the length limit ----------------------------------------------------------------------------
+
+
+def test_the_length_decision():
+    assert max_new_tokens(10, None, 100) == 90  # left out: up to the context
+    assert max_new_tokens(10, 90, 100) == 90
+    with pytest.raises(APIError, match="Requested token count exceeds") as exc:
+        max_new_tokens(10, 91, 100, param="max_completion_tokens")
+    assert (exc.value.param, exc.value.code) == ("max_completion_tokens", "context_length_exceeded")
+    with pytest.raises(APIError, match="longer than the model's context length") as exc:
+        max_new_tokens(100, None, 100, prompt_param="prompt")
+    assert (exc.value.param, exc.value.code) == ("prompt", "context_length_exceeded")
+    with pytest.raises(APIError, match="max_new_tokens must be positive") as exc:
+        max_new_tokens(100, 0, 100, param="max_new_tokens")  # the field first, as OpenAI validates it
+    assert exc.value.param == "max_new_tokens"
+
+
 # -- every route, in-process on the fake engine ---------------------------------------------------
 
 
@@ -206,3 +225,39 @@ def test_batch_lines_take_the_defaults(app, endpoint):
 def test_a_bad_value_is_refused_whichever_side_it_came_from(app, http):
     r = http.post("/v1/completions", json={**ROUTES["completions"][1], "top_p": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": HI, "max_tokens": 0}, "max_tokens"),
+        ("/v1/chat/completions", {"model": "m", "messages": HI, "max_completion_tokens": 0}, "max_completion_tokens"),
+        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": -1}, "max_tokens"),
+        ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
+        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 9000}, "max_tokens"),
+        ("/v1/completions", {"model": "m", "prompt": "hi " * 8200, "max_tokens": 2}, "prompt"),
+        ("/generate", {"text": "hi " * 8200, "sampling_params": {"max_new_tokens": 2}}, "text"),
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 9000}}, "max_new_tokens"),
+    ],
+)
+def test_every_route_names_the_length_field_it_was_sent(http, path, body, param):
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+def test_a_length_refusal_precedes_a_prompt_refusal(http):
+    """A bad max_tokens is a field error (OpenAI validates it first): before the prompt is read."""
+    r = http.post("/v1/chat/completions", json={"model": "m", "messages": HI * 3000, "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_omitted_max_tokens_is_up_to_the_context(app, http):
+    http.post("/v1/chat/completions", json={"model": "m", "messages": HI, "stop": ["."]})  # the fake's 7th token
+    req = app.state.llmkit.client.submitted[-1]
+    assert req.params.max_new_tokens == app.state.llmkit.max_context - len(req.prompt_ids)
+    http.post("/v1/completions", json={"model": "m", "prompt": "hi", "stop": ["."]})
+    assert app.state.llmkit.client.submitted[-1].params.max_new_tokens == 16  # OpenAI's default
+    http.post("/generate", json={"text": "hi", "sampling_params": {"stop": ["."]}})
+    assert app.state.llmkit.client.submitted[-1].params.max_new_tokens == 128  # SGLang's default

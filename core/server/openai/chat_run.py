@@ -15,6 +15,7 @@ from fastapi import Request as HTTPRequest
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.choice_text import ChoiceProcessor
+from llmkit.core.server.generation.length_limit import check_max_tokens
 from llmkit.core.server.generation.logprobs import chat_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import resolve_adapter
@@ -62,6 +63,10 @@ async def start_chat(
         raise APIError("Messages cannot be empty.", param="messages")
     check_stream_options(body)
     _validate_tools(body)
+    # the field the client sent (Responses' max_output_tokens and Anthropic's max_tokens arrive as max_tokens)
+    max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    check_max_tokens(max_tokens, max_param)  # a field check, before the prompt is rendered
     try:
         kwargs = check_template_kwargs(body.chat_template_kwargs)
     except ValueError as exc:
@@ -80,7 +85,6 @@ async def start_chat(
     top_lp = body.top_logprobs or 0
     if top_lp and not body.logprobs:
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = build_sampling_params(
         body,
         prompt_len=len(prompt_ids),
@@ -90,6 +94,7 @@ async def start_chat(
         logprobs=body.logprobs,
         top_logprobs=top_lp,
         defaults=state.sampling_defaults,
+        max_tokens_param=max_param,
     )
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if body.tool_choice != "none" else None
     if params.skip_special_tokens and _needs_special_tokens(state, body, tools):
