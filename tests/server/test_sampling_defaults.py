@@ -1,6 +1,7 @@
 """Sampling defaults are decided once (issue 48): a request's omitted (or null) temperature,
 top_p, top_k, min_p and repetition_penalty take the model's generation_config.json on every
-route, a value it sends wins, and ``--generation-config vllm`` ignores the file.
+route, a value it sends wins, and ``--generation-config vllm`` ignores the file. Also the one
+length-limit decision and the one reasoning-parser resolution.
 
 The resolve function and the file reading are checked alone; every route is checked in-process
 on the fake engine (which records the engine requests, so the effective values are read exactly);
@@ -15,6 +16,7 @@ import pytest
 
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.length_limit import max_new_tokens
+from llmkit.core.server.generation.reasoning import named_reasoning, request_reasoning
 from llmkit.core.server.generation.sampling_defaults import (
     NEUTRAL,
     generation_config_path,
@@ -138,6 +140,50 @@ def test_the_length_decision():
     with pytest.raises(APIError, match="max_new_tokens must be positive") as exc:
         max_new_tokens(100, 0, 100, param="max_new_tokens")  # the field first, as OpenAI validates it
     assert exc.value.param == "max_new_tokens"
+
+
+# -- the reasoning parser, resolved once ---------------------------------------------------------
+
+
+class _State:
+    class options:
+        reasoning_parser = "qwen3"
+
+
+class _Body:
+    separate_reasoning = True
+    stream = False
+    stream_reasoning = True
+
+
+def test_one_reasoning_resolution_serves_grammar_and_choices():
+    prompt = "<|im_start|>assistant\n<think>\n"
+    r = request_reasoning(_State, _Body, prompt, {"reasoning_effort": "high"})
+    assert r.stream_reasoning is False  # non-streaming buffers reasoning
+    a, b = r.new_parser(), r.new_parser()
+    assert a is not b and a.reasoning_end_markers == ("</think>",)  # a fresh machine per choice
+    assert a.chat_template_kwargs == {"reasoning_effort": "high"}  # the kwargs the prompt rendered with
+    assert r.after_prompt_suffix("x").new_parser().prompt_text == prompt + "x"
+    off = type("B", (_Body,), {"separate_reasoning": False})
+    assert request_reasoning(_State, off, prompt, {}) is None
+    assert named_reasoning("gpt-oss").keep_special_tokens and not r.keep_special_tokens
+
+
+def test_a_chat_request_resolves_its_parser_once(monkeypatch):
+    """Special tokens, the grammar's wait and each choice's text read one resolution."""
+    from fastapi.testclient import TestClient
+
+    import llmkit.core.parsing.reasoning as reasoning_module
+
+    from fake_engine import fake_app
+
+    calls = []
+    real = reasoning_module.reasoning_parser_class
+    monkeypatch.setattr(reasoning_module, "reasoning_parser_class", lambda name: calls.append(name) or real(name))
+    body = {"model": "m", "messages": HI, "max_tokens": 2, "n": 2, "response_format": {"type": "json_object"}}
+    r = TestClient(fake_app(reasoning_parser="qwen3")).post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert calls == ["qwen3"]
 
 
 # -- every route, in-process on the fake engine ---------------------------------------------------
