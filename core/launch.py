@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -19,19 +18,11 @@ from llmkit.core.server.config import ServerConfig
 log = logging.getLogger("llmkit")
 
 
-def _sampling_defaults(model_dir: Path) -> dict:
-    """Defaults from the model's generation_config.json (SGLang's ``--sampling-defaults model``)."""
-    path = model_dir / "generation_config.json"
-    if not path.exists():
-        return {}
-    cfg = json.loads(path.read_text())
-    out = {}
-    for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-        if isinstance(cfg.get(k), (int, float)):
-            out[k] = cfg[k]
-    if cfg.get("do_sample") is False:
-        out["temperature"] = 0.0
-    return out
+def _sampling_defaults(setting: str, model_dir: Path) -> dict:
+    """The sampling defaults ``--generation-config`` selects (generation/sampling_defaults.py)."""
+    from llmkit.core.server.generation.sampling_defaults import load_sampling_defaults
+
+    return load_sampling_defaults(setting, model_dir)
 
 
 def build_server(engine_config: EngineConfig, config: ServerConfig, *, listening: bool = True):
@@ -73,7 +64,7 @@ def build_checked_server(checked: Checked):
         options=config,
         max_context=client.max_context,
         vocab_size=client.vocab_size,
-        sampling_defaults=_sampling_defaults(model_dir),
+        sampling_defaults=_sampling_defaults(config.generation_config, model_dir),
         loras=dict(parse_lora_paths(engine_config.lora_paths)),  # the engine loaded them, or failed
     )
     state.mm, state.media = _multimodal(model_dir, tok, config)

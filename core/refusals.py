@@ -116,6 +116,12 @@ def _check_paths(engine: EngineConfig, server: ServerConfig) -> None:
         raise OptionError(f"--chat-template '{template}' does not exist: give a Jinja template file")
     if server.lora_dir is not None and not Path(server.lora_dir).expanduser().is_dir():
         raise OptionError(f"--lora-dir '{server.lora_dir}' is not a directory")
+    from llmkit.core.server.generation.sampling_defaults import generation_config_path
+
+    try:
+        generation_config_path(server.generation_config, None)  # a path given by name must hold the file
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _check_keys(server: ServerConfig) -> None:

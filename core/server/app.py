@@ -207,9 +207,13 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info():
+        from llmkit.core.server.generation.sampling_defaults import effective_defaults
+
         return {
             "served_model_name": state.options.served_model_name,
             "max_model_len": state.max_context,
+            # what a request that leaves its sampling fields out samples with (--generation-config)
+            "sampling_defaults": effective_defaults(state.sampling_defaults),
             **state.client.stats(),
         }
 

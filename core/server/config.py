@@ -41,6 +41,17 @@ class ServerConfig:
         envvar="LLMKIT_CHAT_TEMPLATE",
         help="A Jinja chat template file overriding the tokenizer's.",
     )
+    # The sampling defaults of a request that leaves a field out (generation/sampling_defaults.py),
+    # as vLLM's --generation-config
+    generation_config: str = _model(
+        "auto",
+        "--generation-config",
+        envvar="LLMKIT_GENERATION_CONFIG",
+        generation_only=True,
+        help="Sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, "
+        "repetition_penalty), on every route: auto: the model's generation_config.json; vllm (or none): "
+        "the neutral values, the file ignored; a path: a directory holding generation_config.json, or the file.",
+    )
     reasoning_parser: str | None = _model(
         None,
         "--reasoning-parser",

@@ -25,6 +25,8 @@ class ServerState:
     options: ServerConfig
     max_context: int
     vocab_size: int
+    # The sampling fields the generation config sets (--generation-config); every route resolves
+    # a request's fields against them with generation/sampling_defaults.resolve ({}: neutral values)
     sampling_defaults: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     metrics: Any = None  # ServerMetrics (create_app makes it unless --disable-metrics)

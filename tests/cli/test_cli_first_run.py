@@ -53,6 +53,7 @@ def _one_line_error(res, *needles: str) -> None:
         (["--gateway-worker-url", "http://w:1"], ["give --gateway-url too"]),
         (["--dist-init-addr", "nohost"], ["--dist-init-addr 'nohost' must be HOST:PORT"]),
         (["--model-path", "all-MiniLM-L6-v2", "--tool-call-parser", "hermes"], ["--tool-call-parser applies"]),
+        (["--generation-config", "/nowhere"], ["--generation-config /nowhere: no generation_config.json"]),
     ],
     ids=[
         "port-range",
@@ -75,6 +76,7 @@ def _one_line_error(res, *needles: str) -> None:
         "gateway-worker",
         "dist-addr",
         "embedding-generation-only",
+        "generation-config",
     ],
 )
 def test_mistakes_fail_before_loading_in_one_line(args, needles):

@@ -90,7 +90,7 @@ def test_prompt_logprobs_are_capped(http, srv):
         ("/generate", {"text": ""}, "text"),
         ("/generate", {"input_ids": [10**9]}, "input_ids"),
         ("/generate", {"text": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
-        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "max_tokens"),
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
         ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, "sampling_params.bogus"),
         ("/generate", {"text": "hi", "sampling_params": {"regex": "(a+)+$", "ebnf": "x"}}, "regex"),
         ("/generate", {"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),

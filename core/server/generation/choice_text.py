@@ -7,6 +7,10 @@ text, then finishes), so both modes produce the same fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmkit.core.server.generation.reasoning import RequestReasoning
 
 
 @dataclass
@@ -20,27 +24,11 @@ class ChoiceDelta:
 
 
 class ChoiceProcessor:
-    def __init__(
-        self,
-        *,
-        reasoning_parser: str | None,
-        tool_parser: str | None,
-        tools: list | None,
-        prompt_text: str,
-        template_kwargs: dict,
-        stream_reasoning: bool,
-    ) -> None:
-        self.reasoning = None
+    def __init__(self, *, reasoning: RequestReasoning | None, tool_parser: str | None, tools: list | None) -> None:
+        """``reasoning``: the request's, resolved once (``generation/reasoning.py``); each choice
+        gets its own parser from it (the parsers are streaming state machines)."""
+        self.reasoning = reasoning.new_parser() if reasoning is not None else None
         self.tools = None
-        if reasoning_parser:
-            from llmkit.core.parsing.reasoning import create_reasoning_parser
-
-            self.reasoning = create_reasoning_parser(
-                reasoning_parser,
-                prompt_text=prompt_text,
-                chat_template_kwargs=template_kwargs,
-                stream_reasoning=stream_reasoning,
-            )
         if tool_parser and tools:
             from llmkit.core.parsing.tool_parser import create_tool_parser
 

@@ -1,4 +1,4 @@
-"""Request validation shared by chat and completions: field ranges, token ids, context length.
+"""Request validation shared by every generating route: field ranges, token ids, context length.
 
 Every check raises :class:`APIError` (400) with the offending ``param``, before anything reaches
 the engine.
@@ -7,9 +7,12 @@ the engine.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from llmkit.core.engine.messages import SamplingParams
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.generation.length_limit import max_new_tokens
+from llmkit.core.server.generation.sampling_defaults import FIELDS, resolve
 
 MAX_N = 16
 MAX_STOP = 16
@@ -31,14 +34,16 @@ def build_sampling_params(
     max_tokens: int | None,
     logprobs: bool,
     top_logprobs: int,
-    defaults: dict | None = None,
+    defaults: Mapping[str, float | int] | None,
+    max_tokens_param: str = "max_tokens",
+    prompt_param: str = "messages",
 ) -> SamplingParams:
-    d = defaults or {}
-    temperature = req.temperature if req.temperature is not None else d.get("temperature", 1.0)
-    top_p = req.top_p if req.top_p is not None else d.get("top_p", 1.0)
-    top_k = req.top_k if req.top_k is not None else d.get("top_k", -1)
-    min_p = req.min_p if req.min_p is not None else d.get("min_p", 0.0)
-    rep = req.repetition_penalty if req.repetition_penalty is not None else d.get("repetition_penalty", 1.0)
+    """The engine's sampling parameters for ``req`` (a request model of any route, read by
+    attribute), every field checked. The sampling fields it left out take ``defaults`` (the
+    server's, from the generation config: ``sampling_defaults.resolve``); the number of tokens to
+    generate is ``length_limit.max_new_tokens``' decision."""
+    eff = resolve(req, defaults)
+    temperature, top_p, top_k, min_p, rep = (eff[k] for k in FIELDS)
     for name, v in (
         ("temperature", temperature),
         ("top_p", top_p),
@@ -66,27 +71,7 @@ def build_sampling_params(
     if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
         raise APIError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
 
-    if prompt_len >= max_context:
-        raise APIError(
-            f"The input ({prompt_len} tokens) is longer than the model's context length ({max_context} tokens).",
-            param="messages",
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None:
-        if max_tokens <= 0:
-            raise APIError("max_tokens must be positive", param="max_tokens")
-        if prompt_len + max_tokens > max_context:
-            raise APIError(
-                f"Requested token count exceeds the model's maximum context length of {max_context} "
-                f"tokens. You requested a total of {prompt_len + max_tokens} tokens: {prompt_len} tokens "
-                f"from the input messages and {max_tokens} tokens for the completion. Please reduce the "
-                "number of tokens in the input messages or the completion to fit within the limit.",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        max_new = max_tokens
-    else:
-        max_new = max_context - prompt_len
+    max_new = max_new_tokens(prompt_len, max_tokens, max_context, param=max_tokens_param, prompt_param=prompt_param)
     if not 0 <= req.min_tokens <= max_new:
         raise APIError("min_tokens must be in [0, max_tokens]", param="min_tokens")
 

@@ -4,8 +4,12 @@ decoding behind ``tool_choice`` "required" or a named function."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from llmkit.core.server.errors import APIError
+
+if TYPE_CHECKING:
+    from llmkit.core.server.generation.reasoning import RequestReasoning
 
 
 def tool_choice_schema(body) -> dict | None:
@@ -93,12 +97,13 @@ def _spec(state, body):
     return spec
 
 
-async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> str | None:
+async def attach_grammar(state, body, reqs, reasoning: RequestReasoning | None = None) -> Constraint | None:
     """Check the request's constraint (if any) and put it on each of ``reqs`` (replaced in place:
     messages are frozen). The engine compiles it again from its cache and keeps the matchers.
 
-    With a reasoning parser that starts inside a reasoning block, the grammar waits for the
-    parser's end marker, so the reasoning stays free text and only the answer is constrained.
+    With the request's reasoning parser (``reasoning``, resolved once for the request; None for
+    the routes without a chat template) starting inside a reasoning block, the grammar waits for
+    the parser's end marker, so the reasoning stays free text and only the answer is constrained.
     Returns None when the request is unconstrained, else a :class:`Constraint`: the request
     field it came from (``"tool_choice"`` for a forced tool call) and the text added to the prompt
     (the reasoning parser's ``constrained_answer_prefix``, usually empty).
@@ -112,7 +117,7 @@ async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> s
         await state.client.check_grammar(spec)
     except GrammarError as exc:
         raise APIError(exc.message, param=exc.param) from None
-    parser = _reasoning_parser(state, body, prompt_text)
+    parser = reasoning.new_parser() if reasoning is not None else None  # where the prompt leaves it
     after = parser.reasoning_end_markers if parser is not None else ()
     prefix = parser.constrained_answer_prefix if parser is not None else ""
     if prefix:  # the prompt ends where no answer can start (gpt-oss: inside a message header)
@@ -120,13 +125,3 @@ async def attach_grammar(state, body, reqs, prompt_text: str | None = None) -> s
         reqs[:] = [replace(r, prompt_ids=list(r.prompt_ids) + ids) for r in reqs]
     reqs[:] = [replace(r, grammar=spec, grammar_after=after) for r in reqs]
     return Constraint(spec.param, prefix)
-
-
-def _reasoning_parser(state, body, prompt_text):
-    name = state.options.reasoning_parser
-    if not name or prompt_text is None or not getattr(body, "separate_reasoning", True):
-        return None
-    from llmkit.core.parsing.reasoning import create_reasoning_parser
-
-    kwargs = body.chat_template_kwargs or {}
-    return create_reasoning_parser(name, prompt_text=prompt_text, chat_template_kwargs=kwargs)

@@ -15,7 +15,9 @@ from fastapi import Request as HTTPRequest
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.choice_text import ChoiceProcessor
+from llmkit.core.server.generation.length_limit import check_max_tokens
 from llmkit.core.server.generation.logprobs import chat_logprobs
+from llmkit.core.server.generation.reasoning import RequestReasoning, request_reasoning
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.openai.protocol import ChatCompletionRequest
@@ -62,6 +64,10 @@ async def start_chat(
         raise APIError("Messages cannot be empty.", param="messages")
     check_stream_options(body)
     _validate_tools(body)
+    # the field the client sent (Responses' max_output_tokens and Anthropic's max_tokens arrive as max_tokens)
+    max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    check_max_tokens(max_tokens, max_param)  # a field check, before the prompt is rendered
     try:
         kwargs = check_template_kwargs(body.chat_template_kwargs)
     except ValueError as exc:
@@ -80,7 +86,6 @@ async def start_chat(
     top_lp = body.top_logprobs or 0
     if top_lp and not body.logprobs:
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = build_sampling_params(
         body,
         prompt_len=len(prompt_ids),
@@ -90,9 +95,13 @@ async def start_chat(
         logprobs=body.logprobs,
         top_logprobs=top_lp,
         defaults=state.sampling_defaults,
+        max_tokens_param=max_param,
     )
+    # The reasoning parser, decided once for the request: special tokens, the grammar's wait for
+    # the answer and each choice's text all read this one.
+    reasoning = request_reasoning(state, body, prompt_text, kwargs)
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []] if body.tool_choice != "none" else None
-    if params.skip_special_tokens and _needs_special_tokens(state, body, tools):
+    if params.skip_special_tokens and _needs_special_tokens(state, reasoning, tools):
         from dataclasses import replace
 
         params = replace(params, skip_special_tokens=False)  # parser markers are special tokens
@@ -111,40 +120,23 @@ async def start_chat(
     ]
     from llmkit.core.server.generation.structured import attach_grammar
 
-    constraint = await attach_grammar(state, body, reqs, prompt_text)
-    if constraint is not None:
-        prompt_text += constraint.prompt_suffix  # the parsers start where the constrained answer does
+    constraint = await attach_grammar(state, body, reqs, reasoning)
+    if constraint is not None and reasoning is not None:
+        # the parsers start where the constrained answer does
+        reasoning = reasoning.after_prompt_suffix(constraint.prompt_suffix)
     # "required" or a named tool_choice decodes a JSON array of calls under a grammar (unless the
     # request brought its own constraint), so those calls are read with the json_array parser.
     forced = constraint is not None and constraint.param == "tool_choice"
     tool_parser = "json_array" if forced else state.options.tool_call_parser
-
-    def processor():
-        return ChoiceProcessor(
-            reasoning_parser=state.options.reasoning_parser if body.separate_reasoning else None,
-            tool_parser=tool_parser,
-            tools=tools,
-            prompt_text=prompt_text,
-            # Non-streaming buffers reasoning: a block the template opened that ends with "stop"
-            # and no end tag is then returned as the answer instead of being lost as reasoning.
-            template_kwargs=kwargs,
-            stream_reasoning=body.stream_reasoning and body.stream,
-        )
-
-    procs = [processor() for _ in reqs]
+    procs = [ChoiceProcessor(reasoning=reasoning, tool_parser=tool_parser, tools=tools) for _ in reqs]
     gen = start_generation(state, reqs, http=raw is not None if http is None else http)
     return ChatRun(state, body, reqs, procs, gen, cid, int(time.time()))
 
 
-def _needs_special_tokens(state, body, tools) -> bool:
+def _needs_special_tokens(state, reasoning: RequestReasoning | None, tools) -> bool:
     if tools and state.options.tool_call_parser:
         return True
-    name = state.options.reasoning_parser
-    if name and body.separate_reasoning:
-        from llmkit.core.parsing.reasoning import reasoning_parser_class
-
-        return bool(getattr(reasoning_parser_class(name), "keep_special_tokens", False))
-    return False
+    return reasoning is not None and reasoning.keep_special_tokens
 
 
 def _finish_reason(proc: ChoiceProcessor, reason: str | None) -> str | None:

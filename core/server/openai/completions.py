@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from llmkit.core.engine.messages import GenerateRequest
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.generation.length_limit import check_max_tokens
 from llmkit.core.server.generation.logprobs import CompletionLogprobs, check_prompt_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import resolve_adapter
@@ -65,10 +66,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
     if body.suffix:
         raise APIError("suffix is not supported", param="suffix")
     check_stream_options(body)
+    check_max_tokens(body.max_tokens)  # a field check, before the prompts are tokenized
     prompts = await _prompts(state, body)
     n_lp = body.logprobs or 0
-    if body.max_tokens is not None and body.max_tokens <= 0:
-        raise APIError("max_tokens must be positive", param="max_tokens")
     cid = new_id("cmpl-")
     reqs, echoes = [], []
     for pi, (text, ids) in enumerate(prompts):
@@ -81,6 +81,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
             logprobs=body.logprobs is not None,
             top_logprobs=n_lp,
             defaults=state.sampling_defaults,
+            prompt_param="prompt",
         )
         if text is None:
             # Echo shows a token prompt as given, special tokens included (as vLLM does), so the

@@ -65,6 +65,8 @@ class _Sampling(RequestModel):
     stop_regex: str | list[str] | None = None  # SGLang: stop where a regular expression matches
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Sampling fields left out (or null) take the server's defaults: the model's generation config,
+    # else the neutral values (generation/sampling_defaults.py). No request model declares its own.
     temperature: float | None = None
     top_p: float | None = None
     user: str | None = None
@@ -106,5 +108,3 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
     suffix: str | None = None
     json_schema: str | None = None
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0

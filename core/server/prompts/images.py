@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llmkit.core.multimodal.media import MediaError, MediaPolicy, decode_image, image_bytes
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.generation.length_limit import check_prompt_fits
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmkit-media")  # decoding off the event loop
 
@@ -40,13 +41,7 @@ async def attach_images(state, prompt_ids: list[int], sources: list[tuple[str, s
         ids, mm = state.mm.expand(list(prompt_ids), items)
     except ValueError as exc:
         raise APIError(f"{param}: {exc}", param=param) from None
-    if len(ids) >= state.max_context:
-        raise APIError(
-            f"The prompt with its images is {len(ids)} tokens: longer than the model's context length "
-            f"({state.max_context} tokens).",
-            param=param,
-            code="context_length_exceeded",
-        )
+    check_prompt_fits(len(ids), state.max_context, param, what="The prompt with its images")
     return ids, mm
 
 

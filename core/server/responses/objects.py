@@ -11,13 +11,17 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+from llmkit.core.server.generation.sampling_defaults import resolve
 from llmkit.core.server.openai.chat_events import ChatEvent, ChatResult
 from llmkit.core.server.responses.protocol import ResponsesRequest
 from llmkit.core.server.state import new_id
 
 
-def skeleton(body: ResponsesRequest, rid: str, status: str) -> dict:
-    """The response object before any output (``created_at`` is set here, once)."""
+def skeleton(body: ResponsesRequest, rid: str, status: str, sampling_defaults: dict | None = None) -> dict:
+    """The response object before any output (``created_at`` is set here, once). ``temperature``
+    and ``top_p`` are the ones the response samples with, as OpenAI and vLLM report them: the
+    request's, else the server's defaults (``sampling_defaults``: the generation config's)."""
+    sampling = resolve(body, sampling_defaults)
     return {
         "id": rid,
         "object": "response",
@@ -35,11 +39,11 @@ def skeleton(body: ResponsesRequest, rid: str, status: str) -> dict:
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
         "store": body.store,
-        "temperature": body.temperature,
+        "temperature": sampling["temperature"],
         "text": body.text or {"format": {"type": "text"}},
         "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [],
-        "top_p": body.top_p,
+        "top_p": sampling["top_p"],
         "top_logprobs": body.top_logprobs or 0,
         "truncation": body.truncation,
         "usage": None,

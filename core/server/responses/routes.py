@@ -150,7 +150,7 @@ def responses_router(state, storage=None) -> APIRouter:
         if body.instructions:  # instructions are not carried over to continuations, as OpenAI
             msgs.insert(0, {"role": "system", "content": body.instructions})
         to_chat_body(body, msgs)  # request-level checks before anything starts
-        resp = skeleton(body, new_id("resp_"), "in_progress")
+        resp = skeleton(body, new_id("resp_"), "in_progress", state.sampling_defaults)
         record = {"response": resp, "input_items": items, "context": context, "owner": caller.owner}
 
         if body.stream or body.background:

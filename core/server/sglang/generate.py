@@ -19,6 +19,7 @@ from pydantic import ConfigDict
 
 from llmkit.core.engine.messages import GenerateRequest as EngineRequest
 from llmkit.core.server.errors import APIError
+from llmkit.core.server.generation.length_limit import check_max_tokens
 from llmkit.core.server.generation.logprobs import check_prompt_logprobs
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import resolve_adapter
@@ -33,13 +34,14 @@ class GenerateSampling(RequestModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     max_new_tokens: int | None = 128
     min_new_tokens: int = 0
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
-    top_k: int | None = -1
-    min_p: float | None = 0.0
+    # left out (or null): the server's defaults, as on every route (generation/sampling_defaults.py)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    repetition_penalty: float | None = 1.0
+    repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -208,10 +210,14 @@ def generate_router(state) -> APIRouter:
         started = time.monotonic()
         body = parse_model(GenerateRequest, await read_json(raw))
         lora = await resolve_adapter(state, body)  # by model, or SGLang's lora_path
+        sp = body.sampling_params
+        sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})]
+        for s in sps:  # field checks, before the prompts are tokenized
+            check_max_tokens(s.max_new_tokens, "max_new_tokens")
         prompts, batch = await _prompts(state, body)
         mms = await _images(state, body, prompts, batch)
-        sp = body.sampling_params
-        sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})] * len(prompts)
+        if not isinstance(sp, list):
+            sps = sps * len(prompts)
         if len(sps) != len(prompts):
             raise APIError("sampling_params must have one entry per prompt", param="sampling_params")
         if len(prompts) > state.options.max_prompt_list:
@@ -230,6 +236,8 @@ def generate_router(state) -> APIRouter:
                 logprobs=body.return_logprob,
                 top_logprobs=body.top_logprobs_num,
                 defaults=state.sampling_defaults,
+                max_tokens_param="max_new_tokens",
+                prompt_param="text" if body.text is not None else "input_ids",
             )
             group = []
             for k in range(s.n):

@@ -13,11 +13,11 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from pydantic import BaseModel, Field
 
-from llmkit.core.parsing.reasoning import create_reasoning_parser
 from llmkit.core.parsing.tool_parser import create_tool_parser
 from llmkit.core.plugins import PluginError
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import error_response
+from llmkit.core.server.generation.reasoning import named_reasoning
 from llmkit.core.server.nullable import NullMeansDefault
 
 
@@ -59,15 +59,13 @@ def parser_router() -> APIRouter:
     @router.post("/separate_reasoning", response_model=SeparateReasoningResponse)
     async def separate_reasoning(raw: HTTPRequest):
         req = parse_model(SeparateReasoningRequest, await read_json(raw))
-        try:
-            state = create_reasoning_parser(
-                req.reasoning_parser,
-                prompt_text=req.prompt,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
+        try:  # resolved as a chat request's parser is (generation/reasoning.py), named by the request
+            parser = named_reasoning(
+                req.reasoning_parser, prompt_text=req.prompt, template_kwargs=req.chat_template_kwargs
+            ).new_parser()
         except PluginError as exc:
             return error_response(str(exc), 400, param="reasoning_parser")
-        reasoning, text = await asyncio.to_thread(state.parse, req.text)  # long texts: off the loop
+        reasoning, text = await asyncio.to_thread(parser.parse, req.text)  # long texts: off the loop
         return SeparateReasoningResponse(reasoning_text=reasoning, text=text)
 
     @router.post("/parse_function_call", response_model=ParseFunctionCallResponse)
