@@ -18,6 +18,8 @@ from server_utils import start_server, stop_server
 M = "metrics-model"
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "llmkit-dashboard.json"
+# the docs page that lists the metrics (docs/observing.md, "Prometheus metrics")
+METRICS_PAGE = ROOT / "docs" / "observing.md"
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +125,13 @@ def test_counters_equal_the_workload(url):
     assert 0 <= value(s, "llmkit:kv_cache_usage_perc", model_name=M) <= 1
 
 
-def test_dashboard_and_readme_name_only_exposed_metrics(url):
+def test_dashboard_and_docs_name_only_exposed_metrics(url):
     exposed = {name for name, _ in scrape(url)}
     dashboard = json.dumps(json.loads(DASHBOARD.read_text()))  # valid JSON
     plotted = set(re.findall(r"llmkit:[a-z0-9_]+", dashboard))
-    documented = set(re.findall(r"`(llmkit:[a-z0-9_]+)`", (ROOT / "README.md").read_text()))
+    documented = set(re.findall(r"`(llmkit:[a-z0-9_]+)`", METRICS_PAGE.read_text()))
     assert len(plotted) > 20 and len(documented) > 15
     assert plotted - exposed == set()
-    # the README names histograms without their _bucket/_sum/_count series
+    # the docs page names histograms without their _bucket/_sum/_count series
     assert {n for n in documented if n not in exposed and n + "_count" not in exposed} == set()
     assert {"llmkit:batch_lines_in_flight", "llmkit:batch_lines_queued"} <= exposed
