@@ -28,6 +28,7 @@ class ServerConfig:
         "",
         "--served-model-name",
         envvar="LLMKIT_SERVED_MODEL_NAME",
+        show_default="the model path",
         spread=_served_names,
         cli_type=Optional[list[str]],
         help="The model id in /v1/models (default: the model path); repeat it to add aliases requests may use. "

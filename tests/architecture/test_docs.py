@@ -74,3 +74,32 @@ def test_docs_extra_is_in_the_test_extra_and_ci_builds_the_site_strictly():
     assert set(extras["docs"]) <= set(extras["test"])
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"-m mkdocs build --strict", ci)
+
+
+def test_generated_reference_pages_equal_the_code():
+    """docs/reference/ is generated from the option fields and the plugin registry: a hand edit, or
+    a field changed without rerunning the generator, fails here. Each option's default, env var and
+    allowed values in the docs are therefore the field's own."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(DOCS / "gen_reference.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_option_reference_lists_every_field_with_its_default():
+    from dataclasses import MISSING
+
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.option import options
+    from llmkit.core.server.config import ServerConfig
+
+    page = (DOCS / "reference" / "serve-options.md").read_text()
+    for cls in (EngineConfig, ServerConfig):
+        for f, opt in options(cls):
+            row = next((line for line in page.splitlines() if line.startswith(f"| `{opt.flag}`")), None)
+            assert row is not None, opt.flag
+            if f.default not in (None, MISSING, ()) and not isinstance(f.default, bool) and not opt.show_default:
+                assert f"| `{f.default}` |" in row, (opt.flag, row)

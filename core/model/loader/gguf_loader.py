@@ -11,11 +11,17 @@ from typing import Iterator
 import numpy as np
 import torch
 
-# GGUF architectures whose tensors this converter maps to the HF llama layout. The config it writes
-# names only the model_type; the model plugin that declares that type serves it.
-_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss", "deepseek2")
-# GGUF architecture -> HF model_type, where they differ
-_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
+# GGUF architectures whose tensors this converter maps to the HF llama layout, and the HF
+# model_types each becomes (the first is written; deepseek2 names V3 or V2 by its gating). The config
+# it writes names only the model_type; the model plugin that declares that type serves it.
+GGUF_MODEL_TYPES = {
+    "llama": ("llama",),
+    "qwen2": ("qwen2",),
+    "qwen3": ("qwen3",),
+    "qwen3moe": ("qwen3_moe",),
+    "gpt-oss": ("gpt_oss",),
+    "deepseek2": ("deepseek_v2", "deepseek_v3"),
+}
 # stacked expert tensors [E, out, in], split into the HF per-expert names
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
@@ -59,8 +65,8 @@ def _field(reader, key, default=None):
 def gguf_config(reader) -> dict:
     """The HF ``config.json`` equivalent of a GGUF's metadata."""
     arch = _field(reader, "general.architecture")
-    if arch not in _ARCHS:
-        raise ValueError(f"GGUF architecture '{arch}' is not supported; supported: {sorted(_ARCHS)}")
+    if arch not in GGUF_MODEL_TYPES:
+        raise ValueError(f"GGUF architecture '{arch}' is not supported; supported: {sorted(GGUF_MODEL_TYPES)}")
     p = f"{arch}."
     names = {t.name for t in reader.tensors}
     heads = int(_field(reader, p + "attention.head_count"))
@@ -69,7 +75,7 @@ def gguf_config(reader) -> dict:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     cfg = {
-        "model_type": _MODEL_TYPES.get(arch, arch),
+        "model_type": GGUF_MODEL_TYPES[arch][0],
         "hidden_size": hidden,
         "intermediate_size": int(_field(reader, p + "feed_forward_length")),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
