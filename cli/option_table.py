@@ -35,7 +35,8 @@ class Param:
 
     def typer_parameter(self) -> inspect.Parameter:
         off = self.role == "off"
-        extra = {"show_default": self.opt.show_default} if self.opt.show_default else {}
+        shown = self.opt.show_default or ("the plugin registered as default" if self.opt.plugin_default else None)
+        extra = {"show_default": shown} if shown else {}
         option = typer.Option(
             *self.flags,
             envvar=self.opt.off_envvar if off else self.opt.envvar,

@@ -51,6 +51,7 @@ class Option:
     choices: tuple[str, ...] | str | None = None
     extra_choices: tuple[str, ...] = ()
     plugin: str | None = None  # a plugin kind whose registered names are the allowed values
+    plugin_default: bool = False  # None: the plugin of that kind registered as default
     check: Check | None = None
     # A field that defaults to True set off by a --disable-X flag (which defaults to False).
     negate: bool = False

@@ -25,6 +25,10 @@ def _cell(text: str) -> str:
 def _default(f, opt) -> str:
     if opt.show_default:
         return opt.show_default
+    if opt.plugin_default:
+        from llmkit.core.plugins import registry
+
+        return f"`{registry().default(opt.plugin)}` (the plugin registered as default)"
     if opt.negate:  # a --disable-X flag of a field that is on by default
         return "off"
     value = f.default

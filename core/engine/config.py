@@ -91,7 +91,7 @@ class EngineConfig:
         envvar="LLMKIT_GRAMMAR_BACKEND",
         plugin="grammar",
         extra_choices=("none",),
-        show_default="xgrammar",
+        plugin_default=True,
         help="Structured outputs: xgrammar, a plugin's backend, or none. Default: the grammar plugin "
         "registered as default.",
     )

@@ -226,7 +226,7 @@ class ServerConfig:
         envvar="LLMKIT_BATCH_STORAGE",
         plugin="storage",
         extra_choices=("none",),
-        show_default="local",
+        plugin_default=True,
         help="Storage backend for /v1/files and /v1/batches: local, s3, or a plugin's; "
         "'none' disables the endpoints. Default: the storage plugin registered as default.",
     )
