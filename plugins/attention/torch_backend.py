@@ -12,7 +12,8 @@ softmax here, laid out so the results hold still (measured on this CPU's BLAS, a
 - a GEMM whose row count is a multiple of :data:`_ROWS` takes the same kernel whatever its size,
   and each output row depends only on its inputs' rows (1-3 rows take another kernel, and so do
   5-7 and 9-11 when the batch has one matrix), provided its alpha is 1 (the softmax scale goes
-  into the queries: see :meth:`TorchAttentionBackend._prompt`);
+  into the queries: see :meth:`TorchAttentionBackend._prompt`) and, for wide heads, it has at
+  least :data:`_MIN_PROMPT_ROWS` rows (a prompt chunk's are padded to that);
 - appending keys a row does not see (a ``-inf`` score) leaves its softmax as it was;
 - the probability-times-value sum does depend on the GEMM's inner size (the BLAS splits it
   differently), so keys are padded to whole blocks of :data:`_KEY_BLOCK` and the blocks' products
@@ -53,6 +54,7 @@ from llmkit.core.model.attention import (
 from llmkit.plugins.attention import cpu_attention
 from llmkit.plugins.attention.torch_attention_ops import (
     _CHUNK,
+    _MIN_PROMPT_ROWS,
     _blocks,
     _head_rows,
     _padded_slots,
@@ -359,7 +361,7 @@ class TorchAttentionBackend(AttentionBackend):
             # and more than one thread, MKL computes a one-matrix GEMM (an MLA or MQA layer's one KV
             # head) of few rows differently from a taller one (16-56 rows at 2 threads on AVX-512/AMX
             # Xeons, more at more threads), so a row would depend on its chunk's length.
-            rows = _rows(g * mc)
+            rows = max(_rows(g * mc), _MIN_PROMPT_ROWS)
             qg = (q.new_zeros if rows > g * mc else q.new_empty)(hkv, rows, q.shape[-1])
             rows_q = q[c0:c1].reshape(mc, hkv, g, -1).permute(1, 2, 0, 3)
             torch.mul(rows_q, self.scale, out=qg[:, : g * mc].view(hkv, g, mc, -1))
