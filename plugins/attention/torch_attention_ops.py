@@ -7,6 +7,10 @@ from __future__ import annotations
 import torch
 
 _ROWS = 4  # GEMM row counts are padded to a multiple of this (see above)
+# a prompt chunk's GEMM has at least this many rows: MKL takes another kernel for fewer when the
+# head is wide (4 rows at head_dim 96-128, 4-12 at MLA's 576), so a prefix-cache hit's lone last
+# token would differ from the same row in a full prefill
+_MIN_PROMPT_ROWS = 16
 _CHUNK = 128  # prompt positions per GEMM: bounds the score matrix and skips most masked keys
 _KEY_BLOCK = 256  # keys per probability-times-value GEMM
 

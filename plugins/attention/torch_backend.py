@@ -11,7 +11,9 @@ softmax here, laid out so the results hold still (measured on this CPU's BLAS, a
 ``tests/attention/test_attention_invariance.py``):
 - a GEMM whose row count is a multiple of :data:`_ROWS` takes the same kernel whatever its size,
   and each output row depends only on its inputs' rows (1-3 rows take another kernel, and so do
-  5-7 and 9-11 when the batch has one matrix);
+  5-7 and 9-11 when the batch has one matrix), provided its alpha is 1 (the softmax scale goes
+  into the queries: see :meth:`TorchAttentionBackend._prompt`) and, for wide heads, it has at
+  least :data:`_MIN_PROMPT_ROWS` rows (a prompt chunk's are padded to that);
 - appending keys a row does not see (a ``-inf`` score) leaves its softmax as it was;
 - the probability-times-value sum does depend on the GEMM's inner size (the BLAS splits it
   differently), so keys are padded to whole blocks of :data:`_KEY_BLOCK` and the blocks' products
@@ -52,6 +54,7 @@ from llmkit.core.model.attention import (
 from llmkit.plugins.attention import cpu_attention
 from llmkit.plugins.attention.torch_attention_ops import (
     _CHUNK,
+    _MIN_PROMPT_ROWS,
     _blocks,
     _head_rows,
     _padded_slots,
@@ -169,12 +172,12 @@ class TorchAttentionBackend(AttentionBackend):
             ks, vs = self._keys_values(kbuf, vbuf, head_rows)
             ks, vs = ks.view(hkv, n, -1), vs.view(hkv, n, -1)
             m = r1 - r0
-            qg = q[r0:r1].float().reshape(m, hkv, g, -1).permute(1, 2, 0, 3).reshape(hkv, g * m, -1)
+            qg = (q[r0:r1].float() * self.scale).reshape(m, hkv, g, -1).permute(1, 2, 0, 3).reshape(hkv, g * m, -1)
             bias = torch.zeros(m, n, device=q.device)
             if window:
                 kpos = torch.arange(n, device=q.device)
                 bias.masked_fill_(kpos[None, :] <= pos[:, None] - window, float("-inf"))
-            scores = torch.baddbmm(bias.repeat(g, 1).unsqueeze(0), qg, ks.transpose(1, 2), alpha=self.scale)
+            scores = torch.baddbmm(bias.repeat(g, 1).unsqueeze(0), qg, ks.transpose(1, 2))
             row_sinks = None
             if sinks is not None:
                 row_sinks = sinks.float().view(hkv, g).repeat_interleave(m, dim=1).view(hkv, g * m, 1)
@@ -328,12 +331,12 @@ class TorchAttentionBackend(AttentionBackend):
         rows = _rows(g)
         ks, vs = self._keys_values(kbuf, vbuf, dec["rows"])
         n = ks.shape[0] // (b * hkv)
-        qg = q.reshape(b * hkv, g, -1)  # each KV head's query group as GEMM rows, zero rows below
+        qg = q.reshape(b * hkv, g, -1) * self.scale  # each KV head's query group as GEMM rows, zero rows below
         if rows > g:
             qg = torch.cat([qg, qg.new_zeros(b * hkv, rows - g, qg.shape[-1])], dim=1)
         bias = self._decode_bias(dec, window, md_extra)
-        # scale * q k^T + mask (0 or -inf) in one GEMM
-        scores = torch.baddbmm(bias, qg, ks.view(b * hkv, n, -1).transpose(1, 2), alpha=self.scale)
+        # (scale * q) k^T + mask (0 or -inf) in one GEMM (see _prompt: alpha stays 1)
+        scores = torch.baddbmm(bias, qg, ks.view(b * hkv, n, -1).transpose(1, 2))
         scores = scores.view(b, hkv, rows, n)
         if sinks is not None:
             sinks = torch.cat([sinks, sinks.new_zeros(hkv, rows - g)], dim=1) if rows > g else sinks
@@ -353,13 +356,17 @@ class TorchAttentionBackend(AttentionBackend):
         for c0 in range(0, m, _CHUNK):
             c1 = min(m, c0 + _CHUNK)
             mc, n = c1 - c0, _blocks(first + c1)  # keys past the chunk's last position are never seen
-            # [Hkv, G * mc, D]: rows (g, position); a short chunk gets zero query rows below it
-            qg = q[c0:c1].reshape(mc, hkv, g, -1).permute(1, 2, 0, 3).reshape(hkv, g * mc, -1)
-            rows = _rows(g * mc)
-            if rows > g * mc:
-                qg = torch.cat([qg, qg.new_zeros(hkv, rows - g * mc, qg.shape[-1])], dim=1)
+            # [Hkv, G * mc, D]: rows (g, position), times the scale; a short chunk gets zero query
+            # rows below it. The scale goes into the queries, not the GEMM's alpha: with alpha != 1
+            # and more than one thread, MKL computes a one-matrix GEMM (an MLA or MQA layer's one KV
+            # head) of few rows differently from a taller one (16-56 rows at 2 threads on AVX-512/AMX
+            # Xeons, more at more threads), so a row would depend on its chunk's length.
+            rows = max(_rows(g * mc), _MIN_PROMPT_ROWS)
+            qg = (q.new_zeros if rows > g * mc else q.new_empty)(hkv, rows, q.shape[-1])
+            rows_q = q[c0:c1].reshape(mc, hkv, g, -1).permute(1, 2, 0, 3)
+            torch.mul(rows_q, self.scale, out=qg[:, : g * mc].view(hkv, g, mc, -1))
             bias = self._prompt_bias(seq, first, c0, c1, n, rows, window, md_extra)
-            scores = torch.baddbmm(bias, qg, ks[:, :n].transpose(1, 2), alpha=self.scale)
+            scores = torch.baddbmm(bias, qg, ks[:, :n].transpose(1, 2))
             row_sinks = None
             if sinks is not None:
                 row_sinks = sinks.repeat_interleave(mc, dim=1)
