@@ -117,11 +117,6 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     async def _queue_full(request, exc):
         return error_response(str(exc), 429, code="rate_limit_exceeded")
 
-    @app.exception_handler(Exception)
-    async def _internal(request, exc):
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response(f"Internal server error: {type(exc).__name__}", 500)
-
     @app.post("/v1/chat/completions")
     async def chat(raw: HTTPRequest):
         body = parse_model(ChatCompletionRequest, await read_json(raw))
