@@ -110,6 +110,13 @@ class FakeEngineClient(QueueSlots):
         self.flushes = getattr(self, "flushes", 0) + 1
         return True
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Takes any adapter (the real engine reads and checks it); records what it was given."""
+        self.lora_loads = [*getattr(self, "lora_loads", []), (name, path)]
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass
 
