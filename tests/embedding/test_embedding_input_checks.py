@@ -131,8 +131,7 @@ def test_whitespace_the_tokenizer_drops_does_not_count(app):
         assert _post(http, "/v1/rerank", {"query": "column", "documents": [wide]}).status_code == 200
 
 
-def test_truncation_asked_for_takes_a_long_input(app):
-    if _kind(app) != "embed":
-        pytest.skip("truncate_prompt_tokens is an embeddings field")
+def test_truncation_asked_for_takes_a_long_input():
+    app = fake_embedding_app("embed")
     resp = _post(TestClient(app), "/v1/embeddings", {"input": "word " * 2000, "truncate_prompt_tokens": 16})
     assert resp.status_code == 200 and resp.json()["usage"]["prompt_tokens"] == 16
