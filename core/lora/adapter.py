@@ -36,6 +36,11 @@ FUSED_PARTS = {
 }
 # Adapters of these change the vocabulary side of the model, which is not adapted per row here.
 _REFUSED_TARGETS = ("embed_tokens", "lm_head", "wte", "embed_in", "embed_out")
+# The most one output of an adapted projection's delta may change by for an input whose entries
+# are at most 1 (bounded by scale x ||B||_inf x ||A||_inf). A trained adapter's bound is in the
+# tens to thousands; one far past this (weights of 1e18) overflows the activations to inf and NaN,
+# and the model generates nothing.
+MAX_DELTA = 1e6
 
 
 @dataclass
@@ -72,7 +77,7 @@ def check_config(cfg: dict, where: str, max_rank: int) -> tuple[int, float]:
         raise ValueError(f"{where}: peft_type '{cfg.get('peft_type')}' is not LORA")
     try:
         rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # (OverflowError: r Infinity)
         raise ValueError(f"{where}: adapter_config.json has no valid 'r'") from None
     if rank <= 0:
         raise ValueError(f"{where}: rank {rank} is not positive")
@@ -93,6 +98,8 @@ def check_config(cfg: dict, where: str, max_rank: int) -> tuple[int, float]:
         if any(t.endswith(r) for r in _REFUSED_TARGETS):
             raise ValueError(f"{where}: embedding and LM-head adapters ('{t}') are not supported")
     scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+    if not math.isfinite(scale):
+        raise ValueError(f"{where}: lora_alpha {cfg.get('lora_alpha')} makes the scale {scale}, not a finite number")
     return rank, scale
 
 
@@ -133,12 +140,16 @@ def build_adapter(
     """Read the adapter at ``path`` and fit it to ``layers`` (fused layer name -> its
     :class:`Linear`). Every problem is a ValueError naming the adapter; nothing is half built."""
     where = f"LoRA adapter '{name}' at '{path}'"
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise ValueError(f"{where}: not a directory")
-    rank, scale = check_config(read_adapter_config(root), where, max_rank)
+    try:  # the path is a client's (the load route): any OSError of reading it is its mistake
+        root = Path(path).expanduser()  # (RuntimeError: a ~user that does not exist)
+        if not root.is_dir():
+            raise ValueError(f"{where}: not a directory")
+        rank, scale = check_config(read_adapter_config(root), where, max_rank)
+        tensors = read_tensors(root, where)
+    except (OSError, RuntimeError) as exc:
+        raise ValueError(f"{where}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     pairs: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for key, t in read_tensors(root, where).items():
+    for key, t in tensors.items():
         try:
             owner, module, kind = _module_of(key)
         except ValueError as exc:
@@ -201,6 +212,17 @@ def _fuse(where, name, layer, parts: dict, rank: int, scale: float, dtype, devic
             )
         if not (torch.isfinite(pa).all() and torch.isfinite(pb).all()):
             raise ValueError(f"{where}: {name} part {part} holds NaN or infinite values")
+        # the whole part's bound, the same on every tensor-parallel rank (float64: no overflow)
+        bound = abs(scale) * pb.double().abs().sum(1).max().item() * pa.double().abs().sum(1).max().item()
+        if not bound <= MAX_DELTA:
+            raise ValueError(
+                f"{where}: {name} part {part}: its delta could reach {bound:.3g} for inputs at most 1 "
+                f"(scale {scale:.3g} x its largest B row x its largest A row; at most {MAX_DELTA:g}): "
+                "its outputs would overflow"
+            )
         a[i * rank : (i + 1) * rank] = pa[:, cols].float()
         b[dst : dst + hi - lo, i * rank : (i + 1) * rank] = pb[lo:hi].float() * scale
-    return a.to(device=device, dtype=dtype).contiguous(), b.to(device=device, dtype=dtype).contiguous()
+    a, b = a.to(dtype=dtype), b.to(dtype=dtype)  # the scale folded in, at the model's precision
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        raise ValueError(f"{where}: {name}: its weights times the scale {scale:.3g} are not finite in {dtype}")
+    return a.to(device=device).contiguous(), b.to(device=device).contiguous()

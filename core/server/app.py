@@ -14,10 +14,11 @@ from llmkit.core.engine.client import QueueFullError
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.server.access.keys import KeyRing, load_keys
 from llmkit.core.server.access.middleware import AccessMiddleware
+from llmkit.core.server.access.owners import principal
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError, error_response
 from llmkit.core.server.limits import BodyLimitMiddleware, install_error_handlers
-from llmkit.core.server.model_names import is_served, model_not_found
+from llmkit.core.server.model_names import is_served, listed_adapters, model_not_found
 from llmkit.core.server.openai.chat import create_chat_completion
 from llmkit.core.server.openai.completions import create_completion
 from llmkit.core.server.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -117,11 +118,6 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     async def _queue_full(request, exc):
         return error_response(str(exc), 429, code="rate_limit_exceeded")
 
-    @app.exception_handler(Exception)
-    async def _internal(request, exc):
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response(f"Internal server error: {type(exc).__name__}", 500)
-
     @app.post("/v1/chat/completions")
     async def chat(raw: HTTPRequest):
         body = parse_model(ChatCompletionRequest, await read_json(raw))
@@ -150,8 +146,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         return {**base, "id": name, "root": state.loras[name], "parent": base["id"]}
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card(), *(adapter_card(n) for n in list(state.loras))]}
+    async def models(raw: HTTPRequest):
+        listed = listed_adapters(state, principal(raw))
+        return {"object": "list", "data": [model_card(), *(adapter_card(n) for n in listed)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):

@@ -8,6 +8,7 @@ parsing), and a declared ``Content-Length`` over the cap is refused before any o
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmkit.core.server.errors import APIError, shaped_error
 
+log = logging.getLogger("llmkit")
 UPLOAD_PATH = "/v1/files"  # batch input files are larger than request bodies (OpenAI: 200 MB)
 
 
@@ -70,8 +72,49 @@ class BodyLimitMiddleware:
             await shaped_error(scope["path"], exc.message, 413, code=exc.code)(scope, receive, send)
 
 
+class InternalErrorMiddleware:
+    """An exception no handler took is logged and answered with a 500 in the API's shape, and
+    ends here, so the keep-alive connection it came on stays usable.
+
+    Starlette's own 500 handler (``ServerErrorMiddleware``) sends its response and then raises the
+    exception again, for the server to log; uvicorn, seeing an app raise after its response
+    started, closes the connection, and the client's next request on it failed with a reset. An
+    exception after the response started but before it ended (a stream cut short) still goes on:
+    that response cannot be completed, and a closed connection is how its client learns so."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = ended = False
+
+        async def tracking_send(message):
+            nonlocal started, ended
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("unhandled error on %s", scope["path"])
+            if ended:  # the client has its whole response: nothing to tell it
+                return
+            if started:
+                raise
+            resp = shaped_error(scope["path"], f"Internal server error: {type(exc).__name__}", 500)
+            await resp(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """FastAPI's own errors (404 unknown route, 405 wrong method, 422 validation) in the API's shape."""
+    """FastAPI's own errors (404 unknown route, 405 wrong method, 422 validation) and unhandled
+    exceptions (500) in the API's shape. Call it after the app's other middleware is added: the
+    500s' middleware goes outermost, so it answers for the others too."""
+    app.add_middleware(InternalErrorMiddleware)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):

@@ -9,7 +9,26 @@ is a model name too (vLLM's way), or SGLang's ``lora_path`` names it: the reques
 
 from __future__ import annotations
 
+from llmkit.core.server.access.owners import principal
 from llmkit.core.server.errors import APIError
+
+SHOWN_NAME_CHARS = 128  # of a requested name an error quotes (a client may send 10 KB of one)
+
+
+def shown(name) -> str:
+    """A requested name as an error quotes it: cut where it is long."""
+    name = str(name)
+    return name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "..."
+
+
+def listed_adapters(state, caller) -> list[str]:
+    """The loaded adapters listed to ``caller`` (a Principal; None: no HTTP caller, a batch line)
+    in /v1/models and in 404s: every one to an admin; to anyone else the ones the operator gave
+    (at start, or through /load_lora_adapter), not those the resolver loaded because some caller
+    named them (one tenant's adapter names are not another's to learn; naming one still works)."""
+    if caller is not None and caller.admin:
+        return list(state.loras)
+    return [n for n in state.loras if n not in state.resolved_loras]
 
 
 def served_names(options) -> tuple[str, ...]:
@@ -29,7 +48,7 @@ def model_not_found(options, name: str, adapters=()) -> APIError:
     served = ", ".join(f"`{n}`" for n in served_names(options))
     loras = f"; LoRA adapters: {', '.join(f'`{n}`' for n in adapters)}" if adapters else ""
     return APIError(
-        f"The model `{name}` does not exist. Served: {served}{loras} (add names with --served-model-name)",
+        f"The model `{shown(name)}` does not exist. Served: {served}{loras} (add names with --served-model-name)",
         status=404,
         param="model",
         code="model_not_found",
@@ -52,15 +71,16 @@ def _lora_path(body):
     return lora
 
 
-def adapter_of(state, body) -> str | None:
+def adapter_of(state, body, caller=None) -> str | None:
     """The LoRA adapter ``body`` asks for (by ``model``, or SGLang's ``lora_path``), None for the
-    base model; 404 ``model_not_found`` for a name that is neither served nor a loaded adapter."""
+    base model; 404 ``model_not_found`` for a name that is neither served nor a loaded adapter,
+    listing the adapters ``caller`` is shown (:func:`listed_adapters`)."""
     lora = _lora_path(body)
     if lora is not None:
         if not isinstance(lora, str) or lora not in state.loras:
-            loaded = ", ".join(f"`{n}`" for n in state.loras) or "none"
+            loaded = ", ".join(f"`{n}`" for n in listed_adapters(state, caller)) or "none"
             raise APIError(
-                f"The LoRA adapter `{lora}` is not loaded (loaded: {loaded})",
+                f"The LoRA adapter `{shown(lora)}` is not loaded (loaded: {loaded})",
                 status=404,
                 param="lora_path",
                 code="model_not_found",
@@ -70,7 +90,7 @@ def adapter_of(state, body) -> str | None:
         return None
     if body.model in state.loras:
         return body.model
-    raise model_not_found(state.options, body.model, list(state.loras))
+    raise model_not_found(state.options, body.model, listed_adapters(state, caller))
 
 
 def _requested(body) -> str | None:
@@ -80,11 +100,13 @@ def _requested(body) -> str | None:
     return body.model if "model" in body.model_fields_set and body.model is not None else None
 
 
-async def resolve_adapter(state, body) -> str | None:
-    """:func:`adapter_of`, after loading a named adapter through the resolver on first use (and
-    unloading the least recently used past ``--max-loaded-loras``)."""
+async def resolve_adapter(state, body, raw=None) -> str | None:
+    """:func:`adapter_of` for the caller of ``raw`` (the HTTP request; None for a batch line),
+    after loading a named adapter through the resolver on first use (and unloading the least
+    recently used past ``--max-loaded-loras``)."""
+    caller = principal(raw) if raw is not None else None
     try:
-        name = adapter_of(state, body)
+        name = adapter_of(state, body, caller)
     except APIError as exc:
         name = _requested(body)
         if state.lora_resolver is None or exc.status != 404 or name is None:
@@ -93,7 +115,7 @@ async def resolve_adapter(state, body) -> str | None:
 
         if not await load_resolved(state, name):
             raise
-        name = adapter_of(state, body)
+        name = adapter_of(state, body, caller)
     if name is not None and name in state.loras:
         state.loras[name] = state.loras.pop(name)  # most recently used last (the LRU order)
     return name

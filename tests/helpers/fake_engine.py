@@ -110,6 +110,13 @@ class FakeEngineClient(QueueSlots):
         self.flushes = getattr(self, "flushes", 0) + 1
         return True
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Takes any adapter (the real engine reads and checks it); records what it was given."""
+        self.lora_loads = [*getattr(self, "lora_loads", []), (name, path)]
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass
 
@@ -135,3 +142,83 @@ def fake_app(storage=None, **config):
         vocab_size=client.vocab_size,
     )
     return create_app(state, storage=storage)
+
+
+class FakeEmbedder:
+    """The :class:`~llmkit.core.embedding.engine.EmbeddingEngine` boundary with no model: every
+    input's vector is the same unit vector, every pair's score 0.5. ``kind`` is ``embed`` (a
+    bi-encoder) or ``score`` (a cross-encoder); ``inputs`` records what it was handed."""
+
+    def __init__(self, kind: str = "embed", max_input_tokens: int = 256) -> None:
+        self.kind = kind
+        self.max_input_tokens = max_input_tokens
+        self.dimensions = None
+        self.pair_template = None
+        self.draining = False
+        self.max_queued = 1024
+        self.inputs: list[list[int]] = []
+
+    def _done(self, value):
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        future.set_result(value)
+        return future
+
+    def embed(self, inputs, dimensions=None):
+        self.inputs += inputs
+        return self._done([[1.0] + [0.0] * 7 for _ in inputs])
+
+    def score(self, inputs, type_ids=None, activate=True):
+        self.inputs += inputs
+        return self._done([0.5] * len(inputs))
+
+    def alive(self) -> bool:
+        return True
+
+    def degraded(self) -> str | None:
+        return None
+
+    def progress_age(self) -> float:
+        return 0.0
+
+    def stats(self) -> dict:
+        return {}
+
+    async def flush_cache(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+@lru_cache(maxsize=1)
+def encoder_tokenizer():
+    """The packaged embedding model's tokenizer (all-MiniLM-L6-v2's WordPiece)."""
+    from transformers import AutoTokenizer
+
+    from llmkit.core.model.loader.embedded_encoder import embedded_encoder_dir
+
+    return AutoTokenizer.from_pretrained(str(embedded_encoder_dir()))
+
+
+def fake_embedding_app(kind: str = "embed", max_input_tokens: int = 256, **config):
+    """The real app of an embedding (``kind="embed"``) or reranking (``"score"``) server over a
+    :class:`FakeEmbedder`, with the packaged embedding model's tokenizer, as launch builds it."""
+    from llmkit.core.server.app import create_app
+    from llmkit.core.server.config import ServerConfig
+    from llmkit.core.server.state import ServerState
+
+    config.setdefault("served_model_aliases", ("m",))
+    tok = encoder_tokenizer()
+    embedder = FakeEmbedder(kind, max_input_tokens)
+    state = ServerState(
+        client=embedder,
+        tokenizer=tok,
+        chat_template=None,
+        options=ServerConfig(served_model_name="fake-encoder", is_embedding=True, warm_routes=False, **config),
+        max_context=max_input_tokens,
+        vocab_size=len(tok),
+        embedder=embedder,
+    )
+    return create_app(state)

@@ -126,6 +126,65 @@ def test_load_use_unload_and_bad_adapters(server, tmp_path):
     assert _complete(client, "a")[0]  # serving on
 
 
+def test_paths_the_server_cannot_read_are_400s(server):
+    """A path over NAME_MAX, one this process may not read (/proc/1/root without ptrace rights;
+    with them, a directory with no adapter in it) and a home that does not exist: a 400 naming
+    the adapter, never the stat's OSError as a 500."""
+    url, _ = server
+    for path, why in (
+        ("/tmp/" + "x" * 300, "File name too long"),
+        ("/proc/1/root", "LoRA adapter 'x'"),
+        ("~no-such-user-here/adapter", "LoRA adapter 'x'"),
+    ):
+        r = _post(url, "/load_lora_adapter", {"lora_name": "x", "lora_path": path})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "lora_path" and why in r.json()["error"]["message"], r.text
+    assert _complete(_client(url), "a")[0]  # serving on
+
+
+def _variant(src, dest, *, alpha=None, times=None):
+    """A copy of the adapter at ``src`` with ``lora_alpha`` set to the JSON text ``alpha``, or
+    every weight multiplied by ``times``."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    if alpha is not None:
+        cfg = json.loads((dest / "adapter_config.json").read_text())
+        cfg["lora_alpha"] = "ALPHA"
+        (dest / "adapter_config.json").write_text(json.dumps(cfg).replace('"ALPHA"', alpha))
+    if times is not None:
+        weights = dest / "adapter_model.safetensors"
+        save_file({k: t * times for k, t in load_file(str(weights)).items()}, str(weights))
+    return dest
+
+
+def test_adapters_whose_scaled_weights_are_not_finite_are_400s(server, tmp_path):
+    """lora_alpha 1e300 (finite, but not once folded into float weights), Infinity, NaN, and
+    weights of 1e18 (finite, but their delta overflows any activation): each a 400 at load naming
+    the problem, where they loaded with 200 and then generated empty text."""
+    url, root = server
+    client = _client(url)
+    for i, (kw, why) in enumerate(
+        (
+            ({"alpha": "1e300"}, "its delta could reach"),
+            ({"alpha": "Infinity"}, "not a finite number"),
+            ({"alpha": "NaN"}, "not a finite number"),
+            ({"times": 1e18}, "its delta could reach"),
+        )
+    ):
+        path = _variant(root / "c", tmp_path / f"v{i}", **kw)
+        r = _post(url, "/load_lora_adapter", {"lora_name": f"v{i}", "lora_path": str(path)})
+        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+    assert not {m.id for m in client.models.list().data} & {"v0", "v1", "v2", "v3"}
+    fine = _variant(root / "c", tmp_path / "fine", alpha="64")  # a large scale, finite deltas: served
+    assert _post(url, "/load_lora_adapter", {"lora_name": "fine", "lora_path": str(fine)}).status_code == 200
+    assert _complete(client, "fine")[0]
+    assert _post(url, "/unload_lora_adapter", {"lora_name": "fine"}).status_code == 200
+
+
 def test_streaming_equals_non_streaming(server):
     url, _ = server
     client = _client(url)

@@ -15,12 +15,14 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
+from llmkit.core.lora.resolver import plain_name
 from llmkit.core.server.access.owners import principal
 from llmkit.core.server.body import read_json
 from llmkit.core.server.errors import APIError
-from llmkit.core.server.model_names import is_served
+from llmkit.core.server.model_names import is_served, shown
 
 LOAD_TIMEOUT_S = 120.0
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX: a longer path names no file
 
 
 def _name(body: dict, field: str = "lora_name") -> str:
@@ -28,6 +30,28 @@ def _name(body: dict, field: str = "lora_name") -> str:
     if not isinstance(value, str) or not value.strip():
         raise APIError(f"'{field}' is required (a non-empty string)", param=field)
     return value.strip()
+
+
+def _new_name(body: dict) -> str:
+    """A name to load an adapter as: one plain path segment, as a --lora-dir lookup takes (the
+    name is a model name in every request, a metric label and a log line)."""
+    name = _name(body)
+    if not plain_name(name):
+        raise APIError(
+            f"'lora_name' `{shown(name)}` is not a plain name: at most 255 characters, without '/', '\\' "
+            "or NUL, not starting with '.'",
+            param="lora_name",
+        )
+    return name
+
+
+def _path(body: dict) -> str:
+    path = _name(body, "lora_path")
+    if len(path) > MAX_PATH_CHARS or "\0" in path:
+        raise APIError(
+            f"'lora_path' must be a path of at most {MAX_PATH_CHARS} characters, without NUL", param="lora_path"
+        )
+    return path
 
 
 def lora_router(state) -> APIRouter:
@@ -43,7 +67,7 @@ def lora_router(state) -> APIRouter:
         body = await read_json(raw)
         if not isinstance(body, dict):
             raise APIError("the body must be a JSON object with lora_name and lora_path")
-        name, path = _name(body), _name(body, "lora_path")
+        name, path = _new_name(body), _path(body)
         if is_served(state.options, name):
             raise APIError(f"'{name}' is the served model's name; give the adapter another", param="lora_name")
         if name in state.loras:
@@ -66,7 +90,7 @@ def lora_router(state) -> APIRouter:
         name = _name(body)
         if name not in state.loras:
             raise APIError(
-                f"The LoRA adapter `{name}` is not loaded", status=404, param="lora_name", code="model_not_found"
+                f"The LoRA adapter `{shown(name)}` is not loaded", status=404, param="lora_name", code="model_not_found"
             )
         path = state.loras.pop(name)  # new requests naming it are refused from now on
         try:

@@ -54,7 +54,7 @@ async def start_chat(
     """Check and start ``body``; its generation runs from now on (queue slots are held until each
     choice ends). ``http``: whether this serves an HTTP client (drained on shutdown, queue
     timeout); by default, whether there is a ``raw`` request (batch lines have none)."""
-    lora = await resolve_adapter(state, body)
+    lora = await resolve_adapter(state, body, raw)
     if "chat_template" in (body.model_extra or {}):  # templates are the operator's, never a request's
         raise APIError(
             "chat_template in a request is not supported; the server's template is set with --chat-template",

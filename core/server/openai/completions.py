@@ -58,7 +58,7 @@ async def _prompts(state: ServerState, body: CompletionRequest) -> list[tuple[st
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: HTTPRequest | None, priority: int = 0):
-    lora = await resolve_adapter(state, body)
+    lora = await resolve_adapter(state, body, raw)
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(
             "best_of is not supported (no server-side ranking): leave it out, or set it equal to n", param="best_of"

@@ -23,6 +23,7 @@ from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.model_names import check_model
 from llmkit.core.server.nullable import RequestModel
+from llmkit.core.server.prompts.prompt import check_prompt_size, check_unicode, token_chars
 
 
 class EmbeddingRequest(RequestModel):
@@ -58,6 +59,8 @@ def _inputs(raw) -> tuple[list[str] | None, list[list[int]] | None]:
         empty = next((i for i, t in enumerate(raw) if not t), None)
         if empty is not None:
             raise APIError(f"input[{empty}] is an empty string", param="input")
+        for t in raw:
+            check_unicode(t, "input")
         return raw, None
     if all(_is_ids(t) for t in raw):
         empty = next((i for i, t in enumerate(raw) if not t), None)
@@ -76,6 +79,9 @@ def _check(state, body: EmbeddingRequest, texts, ids) -> None:
         )
     if texts is not None and sum(map(len, texts)) > opts.max_prompt_size:
         raise APIError(f"the inputs are longer than {opts.max_prompt_size} characters (--max-prompt-size)")
+    if texts is not None and body.truncate_prompt_tokens is None:
+        for t in texts:  # one too long for the model is refused by its characters, untokenized
+            check_prompt_size(state, token_chars(state.tokenizer, t), "input")
     if ids is not None:
         bad = next((t for row in ids for t in row if not 0 <= t < state.vocab_size), None)
         if bad is not None:

@@ -27,6 +27,7 @@ from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.model_names import check_model
 from llmkit.core.server.nullable import RequestModel
+from llmkit.core.server.prompts.prompt import check_prompt_size, check_unicode, token_chars
 
 
 class RerankRequest(RequestModel):
@@ -50,6 +51,7 @@ def _text(value, param: str) -> str:
         raise APIError(f"'{param}' must be a string", param=param)
     if not value:
         raise APIError(f"'{param}' is an empty string", param=param)
+    check_unicode(value, param)
     return value
 
 
@@ -70,6 +72,7 @@ def _texts(value, param: str, *, objects: bool = False) -> list[str]:
             raise APIError(f"{param}[{i}] must be a string{shape}", param=param)
         if not item:
             raise APIError(f"{param}[{i}] is an empty string", param=param)
+        check_unicode(item, param)
         out.append(item)
     return out
 
@@ -90,11 +93,27 @@ def _check_lengths(ids: list[list[int]], limit: int, what: str) -> None:
         raise APIError(f"{what} {long} is {len(ids[long])} tokens; this model reads at most {limit} tokens")
 
 
-async def _pair_scores(state, queries: list[str], docs: list[str], activate: bool) -> tuple[list[float], int]:
-    """The scores of the pairs ``zip(queries, docs)`` and the tokens read."""
+def _check_chars(state, queries: list[str], docs: list[str], params: tuple[str, str]) -> None:
+    """Refuse, by its characters and untokenized, a text (a bi-encoder embeds each alone) or a
+    pair (a reranker reads both as one input) that the model's input limit cannot hold."""
+    chars = {t: token_chars(state.tokenizer, t) for t in dict.fromkeys(queries + docs)}
+    for q, d in zip(queries, docs):
+        if state.embedder.kind == "embed":
+            check_prompt_size(state, chars[q], params[0])
+            check_prompt_size(state, chars[d], params[1])
+        else:
+            check_prompt_size(state, chars[q] + chars[d], params[0] if chars[q] > chars[d] else params[1])
+
+
+async def _pair_scores(
+    state, queries: list[str], docs: list[str], activate: bool, params: tuple[str, str]
+) -> tuple[list[float], int]:
+    """The scores of the pairs ``zip(queries, docs)`` and the tokens read (``params``: the
+    fields the queries and the documents came in, named by a refusal)."""
     engine, tok = state.embedder, state.tokenizer
     if sum(map(len, queries)) + sum(map(len, docs)) > state.options.max_prompt_size:
         raise APIError(f"the texts are longer than {state.options.max_prompt_size} characters (--max-prompt-size)")
+    _check_chars(state, queries, docs, params)
     if engine.kind == "embed":  # a bi-encoder: the cosine of the two vectors
         unique = list(dict.fromkeys(queries + docs))
         ids = await asyncio.to_thread(lambda: tok(unique, add_special_tokens=True)["input_ids"])
@@ -141,7 +160,7 @@ async def rerank(state, body: RerankRequest) -> dict:
     if body.top_n < 0:
         raise APIError("'top_n' must be 0 (all) or more", param="top_n")
     _check_count(state, len(docs), "documents", "documents")
-    scores, tokens = await _pair_scores(state, [query] * len(docs), docs, body.use_activation)
+    scores, tokens = await _pair_scores(state, [query] * len(docs), docs, body.use_activation, ("query", "documents"))
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[: body.top_n or None]
     results = []
     for i in order:
@@ -168,7 +187,7 @@ async def score(state, body: ScoreRequest) -> dict:
             f"text_1 has {len(first)} texts and text_2 {len(second)}: pair them 1 to N or N to N", param="text_2"
         )
     _check_count(state, len(second), "pairs", "text_2")
-    scores, tokens = await _pair_scores(state, first, second, body.use_activation)
+    scores, tokens = await _pair_scores(state, first, second, body.use_activation, ("text_1", "text_2"))
     return {
         "id": f"score-{uuid.uuid4().hex}",
         "object": "list",

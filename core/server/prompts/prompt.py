@@ -24,6 +24,36 @@ def _chars_per_token(tokenizer) -> int:
     return max(1, min(longest, MAX_CHARS_PER_TOKEN))
 
 
+@lru_cache(maxsize=8)
+def _drops_whitespace(tokenizer) -> bool:
+    """Whether the tokenizer drops runs of whitespace (BERT's WordPiece; SentencePiece that
+    collapses them) instead of giving them tokens: a long run then tokenizes as one space does."""
+    try:
+        one, run = (tokenizer(f"a{gap}a", add_special_tokens=False)["input_ids"] for gap in (" ", " " * 256))
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot say: count every character
+        return False
+    return list(one) == list(run)
+
+
+def token_chars(tokenizer, text: str) -> int:
+    """The characters of ``text`` its tokens cover, as :func:`check_prompt_size` counts them: all
+    of them, less ASCII whitespace where the tokenizer drops it (else a text aligned with spaces
+    would count as longer than its tokens can be)."""
+    n = len(text)
+    if n and _drops_whitespace(tokenizer):
+        n -= sum(text.count(c) for c in " \t\n\r\f\v")
+    return n
+
+
+def check_unicode(text: str, param: str) -> None:
+    """A lone surrogate (JSON's ``"\\ud800"``) is no character UTF-8 can hold, and a tokenizer
+    raises a TypeError on it: a 400 naming the field, before anything reads the text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError("the text contains invalid Unicode (a lone surrogate)", param=param) from None
+
+
 def check_prompt_size(state, chars: int, param: str) -> None:
     """The cheap bound, checked on a character count before any rendering or tokenizing. The
     counting routes (/tokenize, count_tokens) take it too: past it the tokenizer's seconds of CPU
@@ -144,10 +174,7 @@ async def tokenize_text(
     at least one token (a text of only characters the tokenizer drops gives none, and the model
     cannot start from nothing); /tokenize and count_tokens pass False."""
     check_prompt_size(state, len(text), param)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise APIError("the text contains invalid Unicode (a lone surrogate)", param=param) from None
+    check_unicode(text, param)
     if len(text) < 2048:
         ids = state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
     else:

@@ -136,7 +136,7 @@ def responses_router(state, storage=None) -> APIRouter:
         body = parse_model(ResponsesRequest, await read_json(raw))
         from llmkit.core.server.model_names import resolve_adapter
 
-        await resolve_adapter(state, body)  # 404 before anything is stored (the chat request generates with it)
+        await resolve_adapter(state, body, raw)  # 404 before anything is stored (the chat request generates with it)
         if body.store or body.background:
             store.check_can_store()
         items = normalize_input(body)

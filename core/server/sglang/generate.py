@@ -209,7 +209,7 @@ def generate_router(state) -> APIRouter:
 
         started = time.monotonic()
         body = parse_model(GenerateRequest, await read_json(raw))
-        lora = await resolve_adapter(state, body)  # by model, or SGLang's lora_path
+        lora = await resolve_adapter(state, body, raw)  # by model, or SGLang's lora_path
         sp = body.sampling_params
         sps = [_sampling(d) for d in sp] if isinstance(sp, list) else [_sampling(sp or {})]
         for s in sps:  # field checks, before the prompts are tokenized

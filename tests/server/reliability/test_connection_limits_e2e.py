@@ -1,6 +1,7 @@
 """Connection limits on a real ``llmkit serve`` socket: slow-header connections are closed after
 --header-timeout (uvicorn alone keeps them for ever), idle keep-alive ones after
---keep-alive-timeout, and normal requests still work. Every wait is bounded."""
+--keep-alive-timeout, normal requests still work, and an error response (a 500 included) leaves
+its keep-alive connection usable. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ from server_utils import start_server, stop_server
 
 
 @pytest.fixture(scope="module")
-def url():
-    proc, base = start_server(["--batch-storage", "none", "--header-timeout", "1", "--keep-alive-timeout", "1"])
+def storage(tmp_path_factory):
+    return tmp_path_factory.mktemp("storage")
+
+
+@pytest.fixture(scope="module")
+def url(storage):
+    args = ["--file-storage-path", str(storage), "--header-timeout", "1", "--keep-alive-timeout", "1"]
+    proc, base = start_server(args)
     try:
         yield base
     finally:
@@ -118,3 +125,30 @@ def test_queue_timeout_is_503():
         assert out["r"].status_code == 200
     finally:
         stop_server(proc)
+
+
+def test_a_500_leaves_the_keep_alive_connection_usable(url, storage):
+    """A failure the server did not foresee (here the local storage's directory for uploads in
+    progress, removed under it) is a 500 in the OpenAI shape, and the client's next request on the
+    same connection is served: uvicorn closes a connection whose app raised after responding, so
+    the error must end in the app."""
+    import shutil
+
+    ports = []
+
+    def record(resp):  # the connection's local port, read while it is open
+        ports.append(resp.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+    with httpx.Client(base_url=url, timeout=30, event_hooks={"response": [record]}) as http:
+        assert http.get("/v1/models").status_code == 200
+        shutil.rmtree(storage / "tmp")
+        try:
+            failed = http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "batch"})
+        finally:
+            (storage / "tmp").mkdir(mode=0o700)
+        assert failed.status_code == 500, failed.text
+        error = failed.json()["error"]
+        assert error["type"] == "internal_server_error" and error["message"].startswith("Internal server error")
+        time.sleep(0.2)  # a close would have reached the client by now
+        assert http.get("/v1/models").status_code == 200
+    assert len(ports) == 3 and len(set(ports)) == 1, ports  # one connection throughout
