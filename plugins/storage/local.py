@@ -54,6 +54,9 @@ CREATE TABLE IF NOT EXISTS leases (batch_id TEXT PRIMARY KEY, holder TEXT, expir
 """
 
 
+WAL_WAIT_S = 10.0  # how long opening waits for another process's switch to WAL
+
+
 class LocalStorage(StorageBackend):
     """Files on disk under ``path``; records and results in SQLite next to them."""
 
@@ -70,9 +73,23 @@ class LocalStorage(StorageBackend):
         self._db = sqlite3.connect(self.root / "llmkit.sqlite3", check_same_thread=False, isolation_level=None)
         os.chmod(self.root / "llmkit.sqlite3", 0o600)
         # WAL with synchronous=NORMAL survives a killed process (not necessarily a power cut).
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._set_wal()
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+
+    def _set_wal(self) -> None:
+        """Switching to WAL takes an exclusive lock, and SQLite answers "database is locked" at once
+        (no busy wait) while another connection holds the file: two replicas started together on one
+        directory collided there. Retry for a bounded time."""
+        deadline = time.monotonic() + WAL_WAIT_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _blob_path(self, file_id: str) -> Path:
         path = self._blobs / check_file_id(file_id)

@@ -81,9 +81,14 @@ def test_dummy_engine_generates_reproducibly(config_only_dir):
 
 
 def test_unknown_load_format_lists_valid_ones(tmp_path):
-    # The model path does not exist: the format must be rejected before anything is loaded.
-    with pytest.raises(ValueError, match=r"unknown load format 'pt'.*auto, dummy"):
-        build_engine_parts(EngineConfig(model_path=str(tmp_path / "missing"), load_format="pt", device="cpu"))
+    from llmkit.core.refusals import check_configs
+    from llmkit.core.server.config import ServerConfig
+
+    # The model path does not exist: the format must be rejected before anything is looked at.
+    with pytest.raises(ValueError, match=r"unknown --load-format 'pt'.*auto, dummy"):
+        check_configs(
+            EngineConfig(model_path=str(tmp_path / "missing"), load_format="pt", device="cpu"), ServerConfig()
+        )
 
 
 def test_config_without_architectures_falls_back_to_model_type():

@@ -68,7 +68,7 @@ def test_sglangs_eagle_flags_set_the_chain_or_the_tree(models, reference):
     assert stats.draft_tokens > 3 * stats.verify_steps and stats.accept_length > 2.0  # trees, mostly kept
     for bad in (dict(speculative_eagle_topk=0), dict(speculative_num_steps=0)):
         with pytest.raises(ValueError, match="must be at least 1"):
-            start_engine(model_path=str(target), **bad, **spec)
+            _check(model_path=str(target), **bad, **spec)
 
 
 @pytest.mark.parametrize("topk", [1, 3])
@@ -111,12 +111,21 @@ def test_the_draft_model_runs_where_it_is_told(models, reference):
     got, stats = serve_prompts(target, speculative_draft_device="cpu", speculative_num_draft_tokens=3, **spec)
     assert got == reference and stats.accept_length > 2.0
     with pytest.raises(ValueError, match="use cpu, cuda or cuda:N"):
-        start_engine(model_path=str(target), speculative_draft_device="tpu:0", **spec)
+        _check(model_path=str(target), speculative_draft_device="tpu:0", **spec)
     with pytest.raises(ValueError, match="NGRAM has none of its own"):
-        start_engine(model_path=str(target), speculative_algorithm="NGRAM", speculative_draft_device="cpu")
+        _check(model_path=str(target), speculative_algorithm="NGRAM", speculative_draft_device="cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            start_engine(model_path=str(target), speculative_draft_device="cuda", **spec)
+            _check(model_path=str(target), speculative_draft_device="cuda", **spec)
+
+
+def _check(**engine):
+    """What llmkit serve and build_server refuse before loading (core/refusals.py)."""
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.refusals import check_configs
+    from llmkit.core.server.config import ServerConfig
+
+    check_configs(EngineConfig(**engine), ServerConfig())
 
 
 def test_a_tree_follows_the_draft_models_top_k_on_every_path(models):

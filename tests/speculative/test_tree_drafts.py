@@ -105,19 +105,21 @@ def test_a_kept_branch_off_the_main_chain_is_exact(reference, moves):
 
 
 def test_tree_drafts_are_refused_where_not_drafted(monkeypatch):
-    from llmkit.core.engine.stages import plan
+    import llmkit.core.plugins
+    from llmkit.core import refusals
     from llmkit.core.speculative.contract import Proposer
 
     for algorithm in ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "MTP"):
-        plan._check_tree_drafts(EngineConfig(speculative_algorithm=algorithm, speculative_eagle_topk=2))
+        refusals._check_speculative(EngineConfig(speculative_algorithm=algorithm, speculative_eagle_topk=2))
 
     class ChainOnly(Proposer):  # a third party's plugin that drafts chains
         def propose(self, req, max_tokens):
             return []
 
-    monkeypatch.setattr(plan, "registry", lambda: SimpleNamespace(speculative_algorithm=lambda name: ChainOnly))
+    fake = SimpleNamespace(speculative_algorithm=lambda name: ChainOnly)
+    monkeypatch.setattr(llmkit.core.plugins, "registry", lambda: fake)
     with pytest.raises(ValueError, match="LOOKAHEAD drafts one chain"):
-        plan._check_tree_drafts(EngineConfig(speculative_algorithm="LOOKAHEAD", speculative_eagle_topk=2))
+        refusals._check_speculative(EngineConfig(speculative_algorithm="LOOKAHEAD", speculative_eagle_topk=2))
     # FlashInfer reads a sequence's pages, not its slots one by one: a node's path does not fit them
     from llmkit.core.model.attention import TOKEN_SLOTS
     from llmkit.plugins.attention.flashinfer_backend import FlashInferAttentionBackend

@@ -246,7 +246,7 @@ def test_deterministic_rows_do_not_depend_on_their_batch(qtype, int8_kernel):
     assert torch.equal(layer(x[3:20], deterministic=True), layer(x, deterministic=True)[3:20])
 
 
-def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path):
+def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path, monkeypatch):
     from llmkit.core.engine.builder import native_gguf
     from llmkit.core.engine.config import EngineConfig
     from llmkit.core.model.loader.source import embedded_gguf_path
@@ -262,10 +262,17 @@ def test_native_precision_is_the_default_for_a_gguf_on_cpu(tmp_path):
     assert not native(load_format="dummy")
     assert not native(path=None)  # a safetensors checkpoint
     assert native(quantization="gguf")
+    # where it cannot be had, --quantization gguf is refused before anything loads (core/refusals.py)
+    from llmkit.core.refusals import check_configs
+    from llmkit.core.server.config import ServerConfig
+
+    (tmp_path / "config.json").write_text("{}")  # a safetensors checkpoint's directory
     with pytest.raises(ValueError, match="give a .gguf"):
-        native(path=None, quantization="gguf")
-    with pytest.raises(ValueError, match="CPU path"):
-        native(device=cuda, quantization="gguf")
+        check_configs(EngineConfig(model_path=str(tmp_path), quantization="gguf"), ServerConfig())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, as far as the checks see
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="CPU decode path"):
+        check_configs(EngineConfig(device="cuda", quantization="gguf"), ServerConfig())
 
 
 def test_weight_bytes_count_the_quantized_buffers(embedded_pair):
