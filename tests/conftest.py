@@ -60,6 +60,76 @@ class InProcessServer:
         return self.app.state.llmkit.client
 
 
+# The fast tier, for the edit-test loop (``python -m pytest -q -m "not slow"``, docs/testing.md),
+# leaves out the tests marked slow by hand and these modules, each of which took 8 s or more in all
+# (``--durations``, the quiet 2-core machine, 2026-12-07): servers of their own, spawned ranks and
+# replicas, kill -9 recoveries, Triton's interpreter. CI runs everything.
+SLOW_MODULES = frozenset(
+    {
+        "tests/attention/test_triton_attention.py",
+        "tests/attention/test_triton_engine_interpreted.py",
+        "tests/batches/test_batch_lease_e2e.py",
+        "tests/batches/test_batches_e2e.py",
+        "tests/cli/test_gateway_cmd.py",
+        "tests/engine/procs/test_data_parallel.py",
+        "tests/engine/procs/test_engine_process.py",
+        "tests/engine/procs/test_tensor_parallel.py",
+        "tests/engine/test_engine_consistency.py",
+        "tests/engine/test_overlap_schedule.py",
+        "tests/engine/test_scheduler.py",
+        "tests/grammar/test_grammar.py",
+        "tests/kvcache/test_kv_cache_dtype.py",
+        "tests/lora/test_lora_server.py",
+        "tests/lora/test_lora_tp.py",
+        "tests/lora/test_lora_vision.py",
+        "tests/model/moe/test_deepseek_v3.py",
+        "tests/model/moe/test_gpt_oss.py",
+        "tests/model/moe/test_moe_gguf.py",
+        "tests/model/moe/test_moe_serve_e2e.py",
+        "tests/model/moe/test_moe_tensor_parallel.py",
+        "tests/model/quant/test_int4_triton.py",
+        "tests/model/test_decode_kernel_count.py",
+        "tests/model/test_model_configs_bad_input.py",
+        "tests/model/test_reference_transformers.py",
+        "tests/model/test_triton_gemv.py",
+        "tests/multimodal/test_vision_server.py",
+        "tests/plugins/test_plugins.py",
+        "tests/server/reliability/test_connection_limits_e2e.py",
+        "tests/server/reliability/test_faults_e2e.py",
+        "tests/server/reliability/test_health_stall.py",
+        "tests/server/reliability/test_server_limits.py",
+        "tests/server/reliability/test_shutdown_e2e.py",
+        "tests/server/test_anthropic_api.py",
+        "tests/server/test_gateway_e2e.py",
+        "tests/server/test_gateway_register_e2e.py",
+        "tests/server/test_native_endpoints.py",
+        "tests/server/test_ownership_e2e.py",
+        "tests/server/test_responses_api.py",
+        "tests/server/test_seed_notebooks.py",
+        "tests/server/test_zero_token_prompts.py",
+        "tests/server/web/test_web_ui.py",
+        "tests/speculative/test_eagle.py",
+        "tests/speculative/test_eagle3.py",
+        "tests/speculative/test_mtp.py",
+        "tests/speculative/test_speculative_engine.py",
+        "tests/speculative/test_speculative_images.py",
+        "tests/speculative/test_speculative_procs.py",
+        "tests/speculative/test_speculative_serve.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    from pathlib import Path
+
+    missing = [m for m in SLOW_MODULES if not (Path(config.rootpath) / m).exists()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_MODULES names modules that are gone: {missing}")
+    for item in items:
+        if item.nodeid.split("::")[0] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     """A tiny random-weight Llama (seeded) saved as safetensors with the embedded tokenizer."""
