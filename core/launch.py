@@ -18,13 +18,6 @@ from llmkit.core.server.config import ServerConfig
 log = logging.getLogger("llmkit")
 
 
-def _sampling_defaults(setting: str, model_dir: Path) -> dict:
-    """The sampling defaults ``--generation-config`` selects (generation/sampling_defaults.py)."""
-    from llmkit.core.server.generation.sampling_defaults import load_sampling_defaults
-
-    return load_sampling_defaults(setting, model_dir)
-
-
 def build_server(engine_config: EngineConfig, config: ServerConfig, *, listening: bool = True):
     """Check the configs (``core/refusals.py``, as ``llmkit serve`` does), load the model, start the
     engine thread and return the FastAPI app (its ``state.llmkit`` is the :class:`ServerState`;
@@ -38,6 +31,7 @@ def build_checked_server(checked: Checked):
     from llmkit.core.lora.options import parse_lora_paths
     from llmkit.core.model.loader.hf_model_id import hf_model_id
     from llmkit.core.model.loader.source import EMBEDDED_NAME
+    from llmkit.core.server.generation.sampling_defaults import load_sampling_defaults
     from llmkit.core.server.prompts.chat_template import ChatTemplate
     from llmkit.core.server.state import ServerState
 
@@ -64,7 +58,7 @@ def build_checked_server(checked: Checked):
         options=config,
         max_context=client.max_context,
         vocab_size=client.vocab_size,
-        sampling_defaults=_sampling_defaults(config.generation_config, model_dir),
+        sampling_defaults=load_sampling_defaults(config.generation_config, model_dir),
         loras=dict(parse_lora_paths(engine_config.lora_paths)),  # the engine loaded them, or failed
     )
     state.mm, state.media = _multimodal(model_dir, tok, config)

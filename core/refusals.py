@@ -9,7 +9,6 @@ refusal is an :class:`OptionError` whose message names the flag and what to do.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def check_configs(engine: EngineConfig, server: ServerConfig, *, listening: bool
     _check_attention(engine.attention, device)
     _check_quantization(engine, device)
     _check_parallel(engine, device)
-    _check_lora(engine, server)
+    _check_lora(engine)
     _check_speculative(engine)
     from llmkit.core.embedding.recognition import embedding_model_dir
 
@@ -217,7 +216,7 @@ def _check_parallel(engine: EngineConfig, device: str) -> None:
             raise OptionError(f"--dp-size {dp} needs {dp} GPUs (one per replica); {visible} visible")
 
 
-def _check_lora(engine: EngineConfig, server: ServerConfig) -> None:
+def _check_lora(engine: EngineConfig) -> None:
     if not (engine.lora_paths or engine.lora_target_modules or engine.enable_lora):
         return
     from llmkit.core.lora.options import parse_lora_paths, target_set
@@ -271,7 +270,7 @@ def _refuse_generation_options(engine: EngineConfig, server: ServerConfig) -> No
         opt.flag
         for config in (engine, server)
         for f, opt in options(type(config))
-        if opt.generation_only and getattr(config, f.name) != _default(f)
+        if opt.generation_only and getattr(config, f.name) != f.default  # option() gives every field one
     ]
     if engine.quantization == "none":  # asks for nothing
         given.remove("--quantization")
@@ -281,7 +280,3 @@ def _refuse_generation_options(engine: EngineConfig, server: ServerConfig) -> No
             f"and does not decode; {', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
             "generation models only"
         )
-
-
-def _default(f: dataclasses.Field):
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
