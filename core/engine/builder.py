@@ -32,6 +32,8 @@ from llmkit.core.engine.stages.sizing import CUDA_MEM_FRACTION, TOKENS_PER_RUNNI
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import NoPrefixCache
 from llmkit.core.kvcache.radix_cache import RadixCache
+from llmkit.core.kvcache.state_pool import StatePool
+from llmkit.core.kvcache.state_radix_cache import StateRadixCache
 from llmkit.core.model import quantize
 from llmkit.core.model.loader.loaders import WeightSource, get_loader
 from llmkit.core.speculative.speculator import build_speculator
@@ -184,7 +186,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     head_dim, v_dim = model.kv_cache_dims
     page = config.page_size
     pool = KVCachePool(
-        num_layers=model.num_layers,
+        num_layers=model.num_kv_layers,
         num_pages=kv.tokens // page + 1,
         page_size=page,
         num_kv_heads=model.local_kv_heads,
@@ -194,8 +196,18 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         v_head_dim=v_dim,
     )
     req_pool = ReqToTokenPool(config.max_running_requests + 1, kv.max_context + page, plan.device)
-    cache = NoPrefixCache() if config.disable_radix_cache else RadixCache(pool)
+    states = None
+    specs = model.state_specs(plan.dtype)
+    if specs:  # a hybrid model: its state layers' slots, two a request row, and the cache's snapshots
+        if config.speculative_algorithm:
+            raise ValueError(f"{plan.arch} keeps recurrent state: --speculative-algorithm is not served on it yet")
+        states = StatePool(specs, config.max_running_requests + 1, kv.state_snapshots, plan.device)
+    if config.disable_radix_cache:
+        cache = NoPrefixCache()
+    else:
+        cache = RadixCache(pool) if states is None else StateRadixCache(pool, states)
     scheduler = Scheduler(config, pool, req_pool, cache, kv.max_context)
+    scheduler.states = states
     target_vocab = _gather_target_vocab(config, model, tp, leader, plan.dtype)
     if leader:  # rank 0 schedules: only it drafts
         draft = draft_device(config, plan.device)
@@ -232,6 +244,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         **extra,
     )
     runner = ModelRunner(model, attn, pool, req_pool, plan.device, config.enable_deterministic_inference)
+    runner.states = states
     proposer = scheduler.speculator.proposer if scheduler.speculator is not None else None
     layers = getattr(proposer, "feature_layers", None)
     if layers:  # a draft head that reads the target's hidden states (EAGLE-3)

@@ -165,6 +165,22 @@ class EngineConfig:
     disable_radix_cache: bool = _sched(
         False, "--disable-radix-cache", envvar="LLMKIT_DISABLE_RADIX_CACHE", help="Turn off prefix sharing."
     )
+    # Hybrid models (Qwen3.5's Gated DeltaNet layers): their recurrent state exists only where a
+    # request's computation stopped, so the prefix cache keeps snapshots of it (state_radix_cache.py)
+    state_snapshot_interval: int = _sched(
+        512,
+        "--state-snapshot-interval",
+        check=non_negative,
+        help="Hybrid models: a prompt's state is snapshotted for the prefix cache every this many tokens "
+        "(prefill chunks end there), besides at the prompt's end and when a request leaves; 0: only those.",
+    )
+    max_mamba_cache_size: int | None = _sched(
+        None,
+        "--max-mamba-cache-size",
+        check=at_least(1),
+        help="Hybrid models: state snapshots the prefix cache may keep (SGLang's name; default: "
+        "4 x --max-running-requests, on CUDA at most what a tenth of the KV budget holds).",
+    )
     enable_deterministic_inference: bool = _sched(
         False,
         "--enable-deterministic-inference",

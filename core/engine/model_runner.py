@@ -12,6 +12,7 @@ import torch
 from llmkit.core.engine.scheduler import ScheduledBatch
 from llmkit.core.engine.step_wire import StepBroadcaster, StepInputs
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
+from llmkit.core.kvcache.state_pool import StateBatch
 from llmkit.core.model.attention import AttentionBackend, AttentionMetadata
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.speculative.features import FeatureCapture
@@ -49,6 +50,7 @@ class ModelRunner:
         self.features: tuple[tuple[int, ...], object] | None = None
         self._captured: torch.Tensor | None = None
         self._moved: list[int] = []  # K/V moved since the last step, for the other ranks (flat pairs)
+        self.states = None  # a hybrid model's StatePool
 
     def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
@@ -221,13 +223,17 @@ class ModelRunner:
             mm = self.encoder.forward_inputs(inp.images, inp.rope, len(inp.ids), self.device)
         lora = bool(inp.loras) and self.lora.activate(inp.loras, inp.q_lens, self.device)
         capture = FeatureCapture(self.features[0]) if self.features is not None else None
-        graphed = mm is None and capture is None and not inp.tree_keys and self.graphs is not None
+        states = None
+        if self.states is not None:
+            starts = [kv - q for kv, q in zip(inp.kv_lens, inp.q_lens)]
+            states = StateBatch.build(self.states, md.req_rows, starts, self.device)
+        graphed = mm is None and capture is None and states is None and not inp.tree_keys and self.graphs is not None
         try:
             if graphed and (not lora or self.graphs.lora is not None) and self.graphs.can_run(md):
                 hidden = self.graphs.replay(input_ids, positions, md)  # (adapter rows: the graph's slots)
             else:
                 md = self.attn.prepare_metadata(md)
-                ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm, capture)
+                ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm, capture, states)
                 hidden = self.model(input_ids, positions, ctx)
                 if capture is not None:
                     self._captured = capture.features()
@@ -240,6 +246,8 @@ class ModelRunner:
             logits = self.model.compute_logits(rows, self.deterministic)
         else:
             logits = hidden.new_empty((0, 0))
+        if states is not None:  # the step succeeded: its written states become current
+            self.states.flip(md.req_rows)
         return logits, prompt
 
     @property

@@ -53,6 +53,8 @@ class Request:
     prefix_handle: Any = None
     prefix_len: int = 0  # leading tokens whose pages belong to the prefix cache
     own_pages: list[int] = field(default_factory=list)
+    # A hybrid model's state snapshots taken for the prefix cache: (position, snapshot slot)
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
     first_prefill_done: bool = False
     # A step that samples this request's next token is running and not yet read back (overlap
     # schedule): the scheduler already plans the step after it, one token further.

@@ -32,6 +32,23 @@ def engine_counters(engine) -> dict:
         "prefix_cache_queries": sched.prefix_cache_queries,
         "prefix_cache_hits": sched.prefix_cache_hits,
         **(engine.speculator.stats.as_dict() if engine.speculator is not None else {}),
+        **(state_counters(sched) if sched.states is not None else {}),
+    }
+
+
+def state_counters(sched) -> dict:
+    """A hybrid model's state slots: the running requests' (two each) and the snapshots held by
+    the prefix cache or by running requests until they leave."""
+    states = sched.states
+    held = sum(len(r.snapshots) for r in sched.running)
+    used = states.num_snapshots - states.num_free_snapshots
+    return {
+        "state_slots_running": 2 * len(sched.running),
+        "state_slots_total": 2 * states.rows,
+        "state_snapshots_total": states.num_snapshots,
+        "state_snapshots_cached": used - held,
+        "state_snapshots_in_use": used,
+        "state_slot_bytes": states.bytes_per_slot(),
     }
 
 

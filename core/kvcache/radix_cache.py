@@ -15,7 +15,7 @@ _clock = itertools.count()
 
 
 class _Node:
-    __slots__ = ("children", "parent", "key", "slots", "lock_ref", "last_access")
+    __slots__ = ("children", "parent", "key", "slots", "lock_ref", "last_access", "state")
 
     def __init__(self, parent: "_Node | None", key: tuple[int, ...], slots: torch.Tensor):
         self.children: dict[tuple[int, ...], _Node] = {}
@@ -24,6 +24,7 @@ class _Node:
         self.slots = slots  # KV slots of those tokens
         self.lock_ref = 0
         self.last_access = next(_clock)
+        self.state: int | None = None  # a hybrid model's state snapshot at this node's end (its slot)
 
 
 class RadixCache(PrefixCache):
@@ -138,10 +139,17 @@ class RadixCache(PrefixCache):
         return out
 
     def evict(self, num_pages):
+        return self._evict(lambda freed: freed >= num_pages)
+
+    def _dropped(self, node: _Node) -> None:
+        """Hook: ``node`` left the tree (its pages are freed already)."""
+
+    def _evict(self, done) -> int:
+        """Evict unlocked leaves, least recently used first, until ``done(pages freed)``."""
         freed = 0
         heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
-        while freed < num_pages and heap:
+        while not done(freed) and heap:
             _, _, node = heapq.heappop(heap)
             pages = node.slots[:: self.page] // self.page
             self.pool.free(pages.tolist())
@@ -150,6 +158,7 @@ class RadixCache(PrefixCache):
             self._evictable_tokens -= len(node.key)
             parent = node.parent
             del parent.children[node.key[: self.page]]
+            self._dropped(node)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed

@@ -27,6 +27,9 @@ class ForwardContext:
     # Set when a speculative proposer reads the target's hidden states (EAGLE-3): a
     # :class:`~llmkit.core.speculative.features.FeatureCapture` the layers' inputs are copied to.
     capture: object | None = None
+    # Set for a hybrid model: the state slots each sequence's state layers read and write
+    # (a :class:`~llmkit.core.kvcache.state_pool.StateBatch`).
+    states: object | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -80,6 +83,17 @@ class CausalLM(nn.Module, ABC):
     @property
     def num_layers(self) -> int:
         return int(self.config["num_hidden_layers"])
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers with K/V in the paged pool (a hybrid model's attention layers; every layer else)."""
+        return self.num_layers
+
+    def state_specs(self, dtype: torch.dtype) -> list | None:
+        """A hybrid model's state layers: per layer, the ``(shape, dtype)`` of each tensor a sequence
+        keeps there (``core/kvcache/state_pool.py``), in the order the layers index them; None
+        (the default): no state layers."""
+        return None
 
     @property
     def num_kv_heads(self) -> int:

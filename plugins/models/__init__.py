@@ -20,6 +20,13 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.qwen3_vl:Qwen3VLForConditionalGeneration",
         model_types=("qwen3_vl",),
     )
+    # hybrids: Gated DeltaNet layers with a recurrent state (core/kvcache/state_pool.py)
+    register("Qwen3_5ForCausalLM", "llmkit.plugins.models.qwen3_5:Qwen3_5ForCausalLM", model_types=("qwen3_5_text",))
+    register(
+        "Qwen3_5ForConditionalGeneration",
+        "llmkit.plugins.models.qwen3_5:Qwen3_5ForConditionalGeneration",
+        model_types=("qwen3_5",),
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

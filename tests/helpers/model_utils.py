@@ -55,6 +55,13 @@ def tiny_config(arch: str, **overrides):
         kw.update(topk_group=2, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=1.5)
         kw.update(topk_method="group_limited_greedy")
         return transformers.DeepseekV2Config(**{**common, **kw, **overrides})
+    if arch == "qwen3_5":
+        # hybrid: layers 0-2 Gated DeltaNet, 3 full attention (gated, rotary on a quarter of each head);
+        # 2 key heads serve 4 value heads
+        kw = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4)
+        kw.update(linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+        kw.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+        return transformers.Qwen3_5TextConfig(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.engine.config import EngineConfig
+from llmkit.core.kvcache.state_pool import state_bytes
 from llmkit.core.model import quantize
 
 
@@ -82,26 +83,44 @@ class KVSize:
     running: int
     bytes_per_token: int
     max_context: int
+    state_snapshots: int = 0  # a hybrid model's snapshot slots (its working slots: 2 a request row)
+    state_bytes: int = 0  # bytes of one state slot
+
+
+def snapshot_slots(config: EngineConfig, running: int) -> int:
+    """A hybrid model's snapshot slots: --max-mamba-cache-size, else 4 per running request."""
+    return config.max_mamba_cache_size or 4 * running
 
 
 def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
     """Stage 3: the KV pool's tokens and the running limit (agreed on across tensor-parallel ranks)."""
     max_context = int(config.context_length or plan.hf_config.get("max_position_embeddings", 4096))
-    n_kv, n_layers = model.local_kv_heads, model.num_layers
+    n_kv, n_layers = model.local_kv_heads, model.num_kv_layers
     head_dim, v_dim = model.kv_cache_dims
     # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
     bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * plan.kv_dtype.itemsize
+    specs = model.state_specs(plan.dtype)
+    slot_bytes = state_bytes(specs) if specs else 0
+    snapshots = 0
     if plan.device.type == "cuda":
         row_bytes = (max_context + config.page_size) * 8  # a request's row of the slot table (int64)
-        tokens, running = cuda_sizes(config, bytes_per_token, max_context, row_bytes, plan.device)
+        # a running request's two working state slots are part of its row's cost
+        tokens, running = cuda_sizes(config, bytes_per_token, max_context, row_bytes + 2 * slot_bytes, plan.device)
+        if specs:  # snapshots: at most a tenth of the pool's memory, unless asked for
+            snapshots = config.max_mamba_cache_size or min(
+                snapshot_slots(config, running), tokens * bytes_per_token // 10 // slot_bytes
+            )
+            tokens -= snapshots * slot_bytes // bytes_per_token
     else:
         weight_bytes = quantize.weight_bytes(model) if config.mem_fraction_static else 0
         tokens = cpu_pool_tokens(config, bytes_per_token, max_context, weight_bytes)
         running = config.max_running_requests or CPU_MAX_RUNNING
+        # (on the CPU a slot commits memory once used, as the pool's pages do)
+        snapshots = snapshot_slots(config, running) if specs else 0
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist
 
         agreed = torch.tensor([tokens], dtype=torch.int64)
         dist.broadcast(agreed, 0, group=tp.group)
         tokens = int(agreed.item())
-    return KVSize(tokens, running, bytes_per_token, max_context)
+    return KVSize(tokens, running, bytes_per_token, max_context, snapshots, slot_bytes)

@@ -1,0 +1,141 @@
+"""A Gated DeltaNet token mixer (Qwen3.5, Qwen3-Next): projections, the short convolution, the
+gated delta rule over the layer's state slots, the gated RMSNorm and the output projection.
+
+Its state per sequence is the convolution's last ``K - 1`` inputs and one ``[Dk, Dv]`` fp32 matrix
+per value head, read from and written to ``ctx.states`` (a
+:class:`~llmkit.core.kvcache.state_pool.StateBatch`). One-token rows (decode steps) run together
+in the recurrent form; a longer row (a prompt chunk) runs alone in the chunked form, from the state
+its request has so far (or none, at position 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmkit.core.model.hot_module import HotModule
+from llmkit.core.model.hybrid import causal_conv, gated_delta_rule
+from llmkit.core.model.linear import Linear
+
+
+class GatedRMSNorm(nn.Module):
+    """``weight * rmsnorm(x) * silu(z)``: the norm in fp32, scaled in ``x``'s dtype, gated in fp32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(x.dtype)
+        return (h * F.silu(z.float())).to(x.dtype)
+
+
+class GatedDeltaNet(HotModule):
+    """``state_id``: this layer's index among the model's state layers (its tensors in the pool)."""
+
+    def __init__(self, config: dict, state_id: int):
+        super().__init__()
+        self.state_id = state_id
+        hidden = config["hidden_size"]
+        self.num_k_heads = config["linear_num_key_heads"]
+        self.num_v_heads = config["linear_num_value_heads"]
+        self.head_k_dim = config["linear_key_head_dim"]
+        self.head_v_dim = config["linear_value_head_dim"]
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = config.get("linear_conv_kernel_dim", 4)
+        hv = self.num_v_heads
+        # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a as one product
+        self.in_proj = Linear(
+            hidden,
+            self.conv_dim + self.value_dim + 2 * hv,
+            parts=[(self.conv_dim, 1), (self.value_dim, 1), (hv, 1), (hv, 1)],
+        )
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, self.kernel), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.ones(hv), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(hv), requires_grad=False)
+        self.norm = GatedRMSNorm(self.head_v_dim, config.get("rms_norm_eps", 1e-6))
+        self.out_proj = Linear(self.value_dim, hidden)
+
+    def state_spec(self, dtype: torch.dtype):
+        """The conv state in the model's dtype (the inputs it keeps are), the recurrent one in fp32."""
+        return [
+            ((self.conv_dim, self.kernel - 1), dtype),
+            ((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32),
+        ]
+
+    def forward(self, x: torch.Tensor, rope, ctx) -> torch.Tensor:
+        det = ctx.deterministic
+        proj = self.in_proj(x, det)
+        mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+        beta = b.float().sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        core = self._mix(mixed, g, beta, ctx)  # [T, Hv, Dv]
+        out = self.norm(core.to(x.dtype).reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(out.reshape(x.shape[0], self.value_dim), det)
+
+    def _split_heads(self, mixed: torch.Tensor):
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        n = mixed.shape[0]
+        return (
+            q.reshape(n, self.num_k_heads, self.head_k_dim),
+            k.reshape(n, self.num_k_heads, self.head_k_dim),
+            v.reshape(n, self.num_v_heads, self.head_v_dim),
+        )
+
+    def _mix(self, mixed, g, beta, ctx) -> torch.Tensor:
+        states, md = ctx.states, ctx.metadata
+        conv_buf, rec_buf = states.pool.layers[self.state_id]
+        q_lens = md.q_lens
+        out = mixed.new_empty((mixed.shape[0], self.num_v_heads, self.head_v_dim), dtype=torch.float32)
+        starts = md.q_starts or [0, *_cumsum(q_lens)]
+        ones = [i for i, n in enumerate(q_lens) if n == 1]
+        if ones:  # every one-token row in one recurrent step
+            rows = torch.tensor([starts[i] for i in ones], device=mixed.device) if len(ones) < len(q_lens) else None
+            sel = (lambda t: t.index_select(0, rows)) if rows is not None else (lambda t: t)
+            idx = torch.tensor(ones, device=mixed.device) if rows is not None else None
+            r_slots = states.read if idx is None else states.read.index_select(0, idx)
+            w_slots = states.write if idx is None else states.write.index_select(0, idx)
+            conv_state = conv_buf.index_select(0, r_slots)
+            rec_state = rec_buf.index_select(0, r_slots)
+            fresh = [states.fresh[i] for i in ones]
+            if any(fresh):  # a one-token prompt: no state before it
+                keep = torch.tensor([not f for f in fresh], device=mixed.device)
+                conv_state = conv_state * keep.view(-1, 1, 1).to(conv_state.dtype)
+                rec_state = rec_state * keep.view(-1, 1, 1, 1).to(rec_state.dtype)
+            conv_out, conv_new = causal_conv.conv_step(sel(mixed), self.conv_weight, conv_state)
+            q, k, v = self._split_heads(conv_out)
+            o, rec_new = gated_delta_rule.recurrent(q, k, v, sel(g), sel(beta), rec_state)
+            conv_buf.index_copy_(0, w_slots, conv_new.to(conv_buf.dtype))
+            rec_buf.index_copy_(0, w_slots, rec_new)
+            if rows is None:
+                return o
+            out.index_copy_(0, rows, o)
+        for i, n in enumerate(q_lens):
+            if n == 1:
+                continue
+            a, b = starts[i], starts[i] + n
+            r, w = states.read[i : i + 1], states.write[i : i + 1]
+            fresh = states.fresh[i]
+            conv_state = None if fresh else conv_buf.index_select(0, r)[0]
+            rec_state = None if fresh else rec_buf.index_select(0, r)[0]
+            conv_out, conv_new = causal_conv.conv_prefill(mixed[a:b], self.conv_weight, conv_state)
+            q, k, v = self._split_heads(conv_out)
+            o, rec_new = gated_delta_rule.chunked(q, k, v, g[a:b], beta[a:b], rec_state)
+            conv_buf.index_copy_(0, w, conv_new.unsqueeze(0).to(conv_buf.dtype))
+            rec_buf.index_copy_(0, w, rec_new.unsqueeze(0))
+            out[a:b] = o
+        return out
+
+
+def _cumsum(xs):
+    total, out = 0, []
+    for x in xs:
+        total += x
+        out.append(total)
+    return out

@@ -1,0 +1,182 @@
+"""Qwen3.5, the first hybrid model: its Gated DeltaNet kernels against transformers' references,
+and the real engine's greedy output against transformers' ``generate`` with the state pool and the
+state-aware prefix cache in play: prompt chunks carrying state, a conversation's later turns
+resuming from snapshots, a prompt branching mid-prefill, requests batched together, aborts; every
+state slot is given back."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.model.hybrid import causal_conv, gated_delta_rule
+
+from model_utils import assert_same_as_generate, copy_embedded_tokenizer, save_tiny_model, start_engine
+
+# --- kernels ------------------------------------------------------------------------------------
+
+
+def test_gated_delta_rule_forms_match_transformers():
+    """The chunked form (150 tokens: two full chunks and a partial one, from a state) and the
+    recurrent form token by token both equal transformers' chunked reference, outputs and final
+    state; 2 key heads serve 4 value heads."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    torch.manual_seed(0)
+    T, Hk, Hv, D = 150, 2, 4, 16
+    q, k, v = torch.randn(T, Hk, D), torch.randn(T, Hk, D), torch.randn(T, Hv, D)
+    g, beta, s0 = -torch.rand(T, Hv), torch.rand(T, Hv), 0.1 * torch.randn(Hv, D, D)
+    ref, ref_state = torch_chunk_gated_delta_rule(
+        q[None],
+        k[None],
+        v[None],
+        g[None],
+        beta[None],
+        initial_state=s0[None],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    out, state = gated_delta_rule.chunked(q, k, v, g, beta, s0)
+    torch.testing.assert_close(out, ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, ref_state[0], atol=1e-5, rtol=1e-5)
+    state, outs = s0[None], []
+    for t in range(T):
+        o, state = gated_delta_rule.recurrent(
+            q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], state
+        )
+        outs.append(o)
+    torch.testing.assert_close(torch.cat(outs), ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state[0], ref_state[0], atol=1e-5, rtol=1e-5)
+
+
+def test_causal_conv_prefill_then_steps_match_one_pass():
+    """A prompt's convolution in two chunks and then token by token, carrying the state, equals
+    one pass over the whole sequence (transformers' causal_conv1d_fn)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn
+
+    torch.manual_seed(0)
+    T, C, K = 23, 12, 4
+    x, w = torch.randn(T, C), torch.randn(C, K)
+    ref = causal_conv1d_fn(x.t()[None], w, None, activation="silu")[0].t()
+    a, state = causal_conv.conv_prefill(x[:9], w, None)
+    b, state = causal_conv.conv_prefill(x[9:20], w, state)
+    rows, state = [a, b], state[None]
+    for t in range(20, T):
+        o, state = causal_conv.conv_step(x[t : t + 1], w, state)
+        rows.append(o)
+    torch.testing.assert_close(torch.cat(rows), ref, atol=1e-6, rtol=1e-6)
+
+
+# --- the engine -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
+    16, a state snapshot every 16 prompt tokens."""
+    path = tmp_path_factory.mktemp("qwen3_5")
+    ref = save_tiny_model("qwen3_5", path)
+    copy_embedded_tokenizer(path)
+    engine = start_engine(
+        model_path=str(path),
+        device="cpu",
+        page_size=4,
+        chunked_prefill_size=16,
+        max_total_tokens=2048,
+        state_snapshot_interval=16,
+        max_running_requests=8,
+    )
+    yield ref, engine
+    engine.shutdown()
+
+
+def _run(engine, prompts: list[list[int]], n: int, abort_after: dict | None = None) -> list[tuple[list[int], int]]:
+    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
+    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
+
+    def sink_for(i):
+        out = []
+
+        def sink(o):
+            out.extend(o.token_ids)
+            if abort_after and i in abort_after and len(out) >= abort_after[i]:
+                engine.abort(f"r{i}")
+            if o.finished:
+                results[i] = (list(out), o.cached_tokens)
+                done[i].set()
+
+        return sink
+
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
+        engine.submit(GenerateRequest(f"r{i}", ids, params), sink_for(i))
+    for ev in done:
+        assert ev.wait(300)
+    return results
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 37 + 11 * i) % 509 + 1 for i in range(n)]
+
+
+def _idle_states(engine) -> dict:
+    stats = engine.call(engine.stats).result(timeout=60)
+    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
+    return stats
+
+
+def test_greedy_matches_generate_batched(served):
+    """Four prompts of different lengths at once (prompt chunks beside decode rows in one step):
+    each one's output equals transformers' alone."""
+    ref, engine = served
+    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 70)]
+    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 12)):
+        assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
+    _idle_states(engine)
+
+
+def test_conversation_resumes_from_snapshots(served):
+    """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the state
+    snapshotted when turn 1 left (all of turn 1 but its last token), and equals ``generate``."""
+    ref, engine = served
+    turn1 = _prompt(5, 29)
+    ((out1, _),) = _run(engine, [turn1], 10)
+    assert_same_as_generate(ref, turn1, out1, "turn 1")
+    turn2 = turn1 + out1 + _prompt(6, 9)
+    ((out2, cached),) = _run(engine, [turn2], 10)
+    assert cached == (len(turn1) + len(out1) - 1) // 4 * 4  # (page-aligned; the last token never computed)
+    assert cached > len(turn1) - 4
+    assert_same_as_generate(ref, turn2, out2, "turn 2")
+
+
+def test_branch_mid_prefill_resumes_from_a_checkpoint(served):
+    """A prompt sharing the first 40 tokens of an earlier one resumes from the checkpoint at 32
+    (every 16 tokens) and equals ``generate``; the same prompt again resumes from its own end."""
+    ref, engine = served
+    base = _prompt(7, 60)
+    _run(engine, [base], 4)
+    branch = base[:40] + _prompt(8, 20)
+    ((out, cached),) = _run(engine, [branch], 8)
+    assert cached == 32
+    assert_same_as_generate(ref, branch, out, "branch")
+    ((again, cached),) = _run(engine, [branch], 8)
+    assert again == out and cached == (len(branch) - 1) // 4 * 4
+
+
+def test_aborts_give_every_slot_back(served):
+    """Requests aborted mid-prompt and mid-decode beside one that finishes: no state slot stays
+    with a request, and a flush empties the snapshots."""
+    ref, engine = served
+    prompts = [_prompt(9, 50), _prompt(10, 20), _prompt(11, 33)]
+    results = _run(engine, prompts, 20, abort_after={0: 0, 1: 3})
+    assert len(results[1][0]) < 20 and len(results[2][0]) == 20
+    assert_same_as_generate(ref, prompts[2], results[2][0], "the survivor")
+    stats = _idle_states(engine)
+    assert stats["state_snapshots_in_use"] == stats["state_snapshots_cached"] > 0
+    flushed = threading.Event()
+    engine.flush_cache(lambda ok: ok and flushed.set())
+    assert flushed.wait(60)
+    assert _idle_states(engine)["state_snapshots_in_use"] == 0
