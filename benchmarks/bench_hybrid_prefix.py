@@ -100,15 +100,20 @@ def main() -> None:
             args.preset_of[d.name] = preset
             on, off = trace(d, args, True), trace(d, args, False)
             rows.append((preset, on, off))
-            print(f"{preset}: reuse {on['reuse']:.1%}, last turn TTFT {on['ttft_last']:.3f} s cached vs "
-                  f"{off['ttft_last']:.3f} s uncached ({off['ttft_last'] / on['ttft_last']:.1f}x), "
-                  f"last prompt {on['last_prompt']} tokens", flush=True)
+            print(
+                f"{preset}: reuse {on['reuse']:.1%}, last turn TTFT {on['ttft_last']:.3f} s cached vs "
+                f"{off['ttft_last']:.3f} s uncached ({off['ttft_last'] / on['ttft_last']:.1f}x), "
+                f"last prompt {on['last_prompt']} tokens",
+                flush=True,
+            )
     (h, hon, hoff), (p, pon, _) = rows
     print(f"\n| model | prefix reuse | vs {p} | last-turn TTFT cache on / off | speed-up |")
     print("|---|---|---|---|---|")
     for name, on, off in rows:
-        print(f"| {name} | {on['reuse']:.1%} | {on['reuse'] / pon['reuse']:.2f} | "
-              f"{on['ttft_last']:.3f} / {off['ttft_last']:.3f} s | {off['ttft_last'] / on['ttft_last']:.1f}x |")
+        print(
+            f"| {name} | {on['reuse']:.1%} | {on['reuse'] / pon['reuse']:.2f} | "
+            f"{on['ttft_last']:.3f} / {off['ttft_last']:.3f} s | {off['ttft_last'] / on['ttft_last']:.1f}x |"
+        )
 
 
 if __name__ == "__main__":

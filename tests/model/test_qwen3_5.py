@@ -180,3 +180,88 @@ def test_aborts_give_every_slot_back(served):
     engine.flush_cache(lambda ok: ok and flushed.set())
     assert flushed.wait(60)
     assert _idle_states(engine)["state_snapshots_in_use"] == 0
+
+
+def test_a_step_failing_midway_leaves_states_as_they_were(served):
+    """A step that raises in the attention layer, after three DeltaNet layers wrote their states:
+    the engine runs its requests again one by one, and the others' outputs equal ``generate``
+    (their states were not advanced by the failed step); the culprit fails alone."""
+    ref, engine = served
+    mark = 509
+    good = [[t for t in _prompt(20 + i, 9 + 7 * i) if t != mark] for i in range(3)]
+    model = engine.runner.model
+    attention = model.layers[3].mixer
+    real_model, real_attn = model.forward, attention.forward
+    culprit = []
+
+    def model_forward(input_ids, positions, ctx):
+        culprit[:] = [bool((input_ids == mark).any())]
+        return real_model(input_ids, positions, ctx)
+
+    def attn_forward(x, rope, ctx):
+        if culprit[0]:
+            raise RuntimeError("injected fault after the state layers")
+        return real_attn(x, rope, ctx)
+
+    model.forward, attention.forward = model_forward, attn_forward
+    try:
+        outs = []
+        done = [threading.Event() for _ in range(4)]
+        for i, ids in enumerate([*good, [5, mark, 7, 9]]):
+            out = {"tokens": [], "error": None}
+            outs.append(out)
+
+            def sink(o, out=out, ev=done[i]):
+                out["tokens"] += o.token_ids
+                if o.finished:
+                    out["error"] = o.error
+                    ev.set()
+
+            params = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0)
+            engine.submit(GenerateRequest(f"iso-{i}", ids, params), sink)
+        for ev in done:
+            assert ev.wait(300)
+    finally:
+        del model.forward, attention.forward  # (the instance attributes: the class's methods again)
+    assert "injected fault" in outs[3]["error"] and not outs[3]["tokens"]
+    for ids, out in zip(good, outs):
+        assert out["error"] is None
+        assert_same_as_generate(ref, ids, out["tokens"], f"{len(ids)}-token prompt beside the culprit")
+    _idle_states(engine)
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
+def test_served_stream_equals_non_stream_and_reports_reuse(tmp_path):
+    """Through the real server and the openai client: a completion streamed equals it whole, the
+    follow-up turn reports its reused prompt tokens, and /get_server_info and /metrics count the
+    state slots (none running once idle)."""
+    import httpx
+    import openai
+
+    from model_utils import tiny_model_dir
+    from server_utils import start_server, stop_server
+
+    proc, url = start_server(["--model-path", str(tiny_model_dir(tmp_path, "qwen3_5")), "--max-running-requests", "4"])
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        prompt = "The hybrid model reads this prompt once. " * 2
+        whole = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0)
+        streamed = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
+        follow = client.completions.create(
+            model="m", prompt=prompt + whole.choices[0].text + " and then more", max_tokens=4, temperature=0
+        )
+        # (the tiny tokenizer spells generated ids differently when they come back as text, so the
+        # turn resumes from the checkpoint before the first prompt's last token)
+        reused = follow.usage.prompt_tokens_details.cached_tokens
+        assert whole.usage.prompt_tokens - 1 == reused
+        info = httpx.get(url + "/get_server_info", timeout=30).json()
+        stats = info.get("internal_states", [info])[0] if "internal_states" in info else info
+        text = repr(info)
+        assert "state_snapshots_cached" in text and "'state_slots_running': 0" in text, stats
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        assert "state_snapshots_cached" in metrics
+    finally:
+        stop_server(proc)
