@@ -79,3 +79,22 @@ def test_a_cancelled_request_is_dropped_before_the_next_forward():
     stats = engine.stats()
     assert stats["num_dropped_inputs"] == 36 and stats["num_waiting_inputs"] == 0
     assert gone.tokens == 4 * 2 and kept.tokens == 2 * 2  # what a rate limit charges: the tokens embedded
+
+
+def test_a_request_over_the_queue_bound_is_a_400_naming_the_flag():
+    """Never admissible, however long the client waits: a 400, not a 429 to retry forever."""
+    from fastapi.testclient import TestClient
+
+    from fake_engine import fake_embedding_app
+
+    for kind, path, over, under in (
+        ("embed", "/v1/embeddings", {"input": ["a"] * 5}, {"input": ["a"] * 4}),
+        # a bi-encoder scores by embedding each text once: the query and 4 documents are 5
+        ("embed", "/v1/score", {"text_1": "q", "text_2": list("abcd")}, {"text_1": "q", "text_2": list("abc")}),
+        ("score", "/v1/rerank", {"query": "q", "documents": list("abcde")}, {"query": "q", "documents": list("abcd")}),
+    ):
+        http = TestClient(fake_embedding_app(kind, max_queued_embedding_inputs=4))
+        r = http.post(path, json={"model": "m", **over})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large", (path, r.text)
+        assert "--max-queued-embedding-inputs" in r.json()["error"]["message"]
+        assert http.post(path, json={"model": "m", **under}).status_code == 200
