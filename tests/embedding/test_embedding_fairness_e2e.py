@@ -11,6 +11,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 import torch
 
@@ -135,3 +136,28 @@ def test_inputs_held_at_once_are_bounded_with_429_and_retry_after(srv):
         assert "--max-queued-embedding-inputs" in error["message"]
     _wait(srv, lambda s: s["num_waiting_inputs"] == 0)
     assert len(_embed(srv, SMALL)[0]) == 3  # room again once they are gone
+
+
+def test_tokens_per_minute_count_embedded_and_scored_tokens(srv):
+    """The probe: 15 requests of 202 tokens under a 300-token minute all got 200."""
+    text = " ".join(["word"] * 200)  # 202 tokens with [CLS] and [SEP]
+    tight = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=TIGHT, max_retries=0, timeout=60)
+    statuses, refused = [], None
+    for _ in range(4):
+        try:
+            assert tight.embeddings.create(model="m", input=text).usage.total_tokens == 202
+            statuses.append(200)
+        except openai.RateLimitError as exc:
+            statuses.append(429)
+            refused = exc
+    # admitted while the minute is not used up: the second overdraws it, the rest wait
+    assert statuses == [200, 200, 429, 429]
+    assert int(refused.response.headers["Retry-After"]) >= 1
+    assert refused.body["code"] == "rate_limit_exceeded" and "300 tokens per minute" in refused.body["message"]
+
+    http = srv.http()
+    score = {"model": "m", "text_1": text, "text_2": ["a b", "c d"]}  # 202 + 4 + 4 tokens read
+    got = [http.post("/v1/score", json=score, headers=_auth(TIGHT_SCORE)) for _ in range(3)]
+    assert [r.status_code for r in got] == [200, 200, 429]
+    assert got[0].json()["usage"]["total_tokens"] == 210 and got[2].headers["Retry-After"]
+    assert http.post("/v1/score", json=score, headers=_auth()).status_code == 200  # another key's own budget
