@@ -71,6 +71,7 @@ SLOW_MODULES = frozenset(
         "tests/batches/test_batch_lease_e2e.py",
         "tests/batches/test_batches_e2e.py",
         "tests/cli/test_gateway_cmd.py",
+        "tests/embedding/test_embedding_fairness_e2e.py",
         "tests/engine/procs/test_data_parallel.py",
         "tests/engine/procs/test_engine_process.py",
         "tests/engine/procs/test_tensor_parallel.py",

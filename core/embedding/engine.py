@@ -1,10 +1,13 @@
 """``EmbeddingEngine``: one worker thread that embeds (or, for a cross-encoder, scores) the inputs
 of concurrent requests together.
 
-Requests hand in token-id lists and get a future; the worker takes every input waiting, in arrival
-order, into forwards of at most ``max_batch_tokens`` padded tokens, so concurrent requests share
-forwards and a 2,048-input request does not hold the others back for one huge forward. Padding is
-masked, so a vector does not depend on its batch-mates beyond float noise.
+Requests hand in token-id lists and get a future; each forward holds at most ``max_batch_tokens``
+padded tokens, taken round-robin from the waiting requests, one input from each in turn: every
+request gets an equal share of every forward, so a one-input request is served within about one
+forward of another client's 2,048 inputs (in arrival order it waited for all of them: 50 s on a
+CPU). A request whose future was cancelled (its client went away) has its remaining inputs
+dropped before the next forward. Padding is masked, so a vector does not depend on its
+batch-mates beyond float noise.
 
 It stands where the generation engine's client stands for the server's plumbing (``/health``,
 the drain, ``/get_server_info``), with plain lists of floats crossing back, never tensors.
@@ -17,7 +20,7 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,11 +42,17 @@ class _Job:
     type_ids: list[list[int]] | None = None  # scores: each token's segment, where the model reads them
     activate: bool = True  # scores: the model's activation on the logit
     vectors: list = field(default_factory=list)  # the results (vectors or scores), by input
-    left: int = 0
+    left: int = 0  # inputs not finished
+    # The inputs by length (a forward then holds inputs of similar length, so attention pads
+    # little and more fit the budget), and how many of them forwards have taken
+    order: list[int] = field(default_factory=list)
+    taken: int = 0
 
     def __post_init__(self) -> None:
         self.vectors = [None] * len(self.inputs)
         self.left = len(self.inputs)
+        self.order = sorted(range(len(self.inputs)), key=lambda i: len(self.inputs[i]))
+        self.future.tokens = 0  # tokens embedded so far, read when the request is cut short
 
 
 class EmbeddingEngine:
@@ -76,10 +85,12 @@ class EmbeddingEngine:
         self.max_batch_tokens = max_batch_tokens
         self.draining = False  # set by the server on SIGTERM: new requests get 503
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._pending: deque[tuple[_Job, int]] = deque()  # (job, input index) not embedded yet
+        # Requests with inputs not taken yet, in round-robin order: the next forward starts at the left
+        self._waiting: deque[_Job] = deque()
         self._stopped = False
         self._busy_since: float | None = None  # when the current forward started (None: idle)
         self._embedded = 0
+        self._dropped = 0  # inputs of requests cut short (client gone) that were never embedded
         self._thread = threading.Thread(target=self._run, name="llmkit-embedding", daemon=True)
         if start:
             self._thread.start()
@@ -122,7 +133,7 @@ class EmbeddingEngine:
 
     def _run(self) -> None:
         while not self._stopped:
-            self._take_jobs(block=not self._pending)
+            self._take_jobs(block=not self._waiting)
             batch = self._next_batch()
             if not batch:
                 continue
@@ -133,8 +144,10 @@ class EmbeddingEngine:
             except Exception as exc:  # a failed forward fails its requests, not the server
                 log.exception("embedding forward failed")
                 for job, _ in batch:
-                    if not job.future.done():
+                    try:
                         job.future.set_exception(exc)
+                    except InvalidStateError:  # already cancelled or failed
+                        pass
             finally:
                 self._busy_since = None
 
@@ -144,27 +157,33 @@ class EmbeddingEngine:
             while True:
                 if job is None:  # shutdown
                     return
-                # A request's own inputs by length (requests stay in arrival order): its forwards
-                # then hold inputs of similar length, so attention pads little and more fit the budget.
-                order = sorted(range(len(job.inputs)), key=lambda i: len(job.inputs[i]))
-                self._pending.extend((job, i) for i in order)
+                self._waiting.append(job)
                 job = self._jobs.get_nowait()
         except queue.Empty:
             pass
 
     def _next_batch(self) -> list[tuple[_Job, int]]:
-        """The oldest waiting inputs whose padded size fits the token budget (one at least)."""
+        """Inputs whose padded size fits the token budget (one at least), one from each waiting
+        request in turn. The round-robin order carries over to the next forward, so no request
+        is served twice while another waits; a request already answered (cancelled: the client
+        went away; or failed) is dropped with its remaining inputs."""
         batch, longest = [], 0
-        while self._pending:
-            job, i = self._pending[0]
-            if job.future.done():  # cancelled (the client went away) or failed
-                self._pending.popleft()
+        while self._waiting:
+            job = self._waiting[0]
+            if job.future.done():
+                self._waiting.popleft()
+                self._dropped += len(job.order) - job.taken
                 continue
+            i = job.order[job.taken]
             n = max(longest, len(job.inputs[i]))
             if batch and n * (len(batch) + 1) > self.max_batch_tokens:
                 break
-            batch.append(self._pending.popleft())
+            self._waiting.popleft()
+            batch.append((job, i))
+            job.taken += 1
             longest = n
+            if job.taken < len(job.order):
+                self._waiting.append(job)
         return batch
 
     def _forward(self, batch: list[tuple[_Job, int]]) -> list:
@@ -189,13 +208,17 @@ class EmbeddingEngine:
         return v.tolist()
 
     def _finish(self, job: _Job, i: int, result) -> None:
+        self._embedded += 1
         if job.future.done():
             return
         job.vectors[i] = result
         job.left -= 1
-        self._embedded += 1
+        job.future.tokens += len(job.inputs[i])
         if job.left == 0:
-            job.future.set_result(job.vectors)
+            try:
+                job.future.set_result(job.vectors)
+            except InvalidStateError:  # cancelled from the event loop since the check above
+                pass
 
     # --- what the server's plumbing asks of an engine client ----------------------------------
 
@@ -220,8 +243,10 @@ class EmbeddingEngine:
     def stats(self) -> dict:
         return {
             "device": self.device,
-            "num_waiting_inputs": len(self._pending) + self._jobs.qsize(),
+            "num_waiting_inputs": sum(len(j.order) - j.taken for j in list(self._waiting))
+            + sum(len(j.inputs) for j in list(self._jobs.queue) if j is not None),
             "num_embedded_inputs": self._embedded,
+            "num_dropped_inputs": self._dropped,
         }
 
     def shutdown(self) -> None:

@@ -295,6 +295,15 @@ class ServerConfig:
         help="The most inputs one /v1/embeddings request (documents of a /v1/rerank, pairs of a "
         "/v1/score) may carry (OpenAI's cap: 2048).",
     )
+    max_queued_embedding_inputs: int = _embed(
+        8192,
+        "--max-queued-embedding-inputs",
+        envvar="LLMKIT_MAX_QUEUED_EMBEDDING_INPUTS",
+        check=at_least(1),
+        help="Inputs (documents, pairs) the /v1/embeddings, /v1/rerank and /v1/score requests may hold "
+        "at once, waiting or being embedded; beyond this new ones get 429 with Retry-After, and one "
+        "request with more is a 400.",
+    )
 
     # Images (vision-language models): where they may come from and how big (multimodal/media.py)
     allowed_media_domains: tuple[str, ...] = _media(

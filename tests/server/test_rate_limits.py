@@ -95,3 +95,24 @@ def test_limits_apply_without_keys_to_the_one_anonymous_caller():
     with TestClient(fake_app(rate_limit_rpm=1)) as http:
         assert http.get("/v1/models").status_code == 200
         assert http.get("/v1/models").status_code == 429
+
+
+def test_tokens_per_minute_count_embedding_rerank_and_score_tokens():
+    """Issue 52's probe: 15 /v1/embeddings requests of 202 tokens under a 300-token minute all
+    got 200. The tokens embedded or scored (the usage) now count, as generated ones do."""
+    from fake_engine import fake_embedding_app
+
+    text = " ".join(["word"] * 200)  # 202 tokens with [CLS] and [SEP]
+    calls = {
+        "embed": [("/v1/embeddings", {"model": "m", "input": text}), ("/v1/score", {"text_1": text, "text_2": "a"})],
+        "score": [("/v1/rerank", {"query": text, "documents": ["a"]}), ("/v1/score", {"text_1": text, "text_2": "a"})],
+    }
+    for kind, routes in calls.items():
+        for path, body in routes:
+            with TestClient(fake_embedding_app(kind, rate_limit_tpm=300)) as http:
+                got = [http.post(path, json=body) for _ in range(4)]
+                assert [r.status_code for r in got] == [200, 200, 429, 429], (kind, path)
+                assert got[0].json()["usage"]["total_tokens"] >= 202
+                r = got[2]
+                assert int(r.headers["Retry-After"]) >= 1 and r.json()["error"]["code"] == "rate_limit_exceeded"
+                assert "300 tokens per minute" in r.json()["error"]["message"]

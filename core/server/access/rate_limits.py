@@ -3,7 +3,8 @@
 A bucket holds up to a minute's allowance and refills continuously, so a key may burst its whole
 minute at once and then goes at the steady rate. Requests are counted when they arrive (every
 request the key makes, whatever the route). Tokens are counted when a generation finishes, as the
-engine reports them (prompt + completion tokens), since the answer's length is not known before:
+engine reports them (prompt + completion tokens), since the answer's length is not known before,
+and when an embedding, rerank or score request is answered (the tokens of its inputs):
 a request is admitted while the key's token bucket is not empty, so one long request may overdraw
 it, and the key's next requests wait until it has refilled.
 """

@@ -22,12 +22,15 @@ from typing import Any
 import torch
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
 
 from llmkit.core.server.body import parse_model, read_json
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.model_names import check_model
 from llmkit.core.server.nullable import RequestModel
+from llmkit.core.server.openai.embedder_calls import call_embedder
 from llmkit.core.server.prompts.prompt import check_prompt_size, check_unicode, token_chars
+from llmkit.core.server.streaming import watch_disconnect
 
 
 class RerankRequest(RequestModel):
@@ -106,7 +109,7 @@ def _check_chars(state, queries: list[str], docs: list[str], params: tuple[str, 
 
 
 async def _pair_scores(
-    state, queries: list[str], docs: list[str], activate: bool, params: tuple[str, str]
+    state, queries: list[str], docs: list[str], activate: bool, params: tuple[str, str], http: bool
 ) -> tuple[list[float], int]:
     """The scores of the pairs ``zip(queries, docs)`` and the tokens read (``params``: the
     fields the queries and the documents came in, named by a refusal)."""
@@ -118,7 +121,8 @@ async def _pair_scores(
         unique = list(dict.fromkeys(queries + docs))
         ids = await asyncio.to_thread(lambda: tok(unique, add_special_tokens=True)["input_ids"])
         _check_lengths(ids, engine.max_input_tokens, "text")
-        vectors = dict(zip(unique, torch.tensor(await asyncio.wrap_future(engine.embed(ids)))))
+        got = await call_embedder(state, ids, lambda: engine.embed(ids), http=http, param=params[1])
+        vectors = dict(zip(unique, torch.tensor(got)))
         a, b = torch.stack([vectors[q] for q in queries]), torch.stack([vectors[d] for d in docs])
         return torch.nn.functional.cosine_similarity(a, b, dim=1).tolist(), sum(map(len, ids))
     template = engine.pair_template
@@ -132,7 +136,7 @@ async def _pair_scores(
         ids = await asyncio.to_thread(lambda: tok(prompts, add_special_tokens=False)["input_ids"])
         types = None
     _check_lengths(ids, engine.max_input_tokens, "pair")
-    scores = await asyncio.wrap_future(engine.score(ids, types, activate))
+    scores = await call_embedder(state, ids, lambda: engine.score(ids, types, activate), http=http, param=params[1])
     return scores, sum(map(len, ids))
 
 
@@ -152,7 +156,7 @@ def _check_served(state, route: str, rerank: bool) -> None:
         )
 
 
-async def rerank(state, body: RerankRequest) -> dict:
+async def rerank(state, body: RerankRequest, http: bool = False) -> dict:
     _check_served(state, "/v1/rerank", rerank=True)
     check_model(state.options, body)
     query = _text(body.query, "query")
@@ -160,7 +164,9 @@ async def rerank(state, body: RerankRequest) -> dict:
     if body.top_n < 0:
         raise APIError("'top_n' must be 0 (all) or more", param="top_n")
     _check_count(state, len(docs), "documents", "documents")
-    scores, tokens = await _pair_scores(state, [query] * len(docs), docs, body.use_activation, ("query", "documents"))
+    scores, tokens = await _pair_scores(
+        state, [query] * len(docs), docs, body.use_activation, ("query", "documents"), http
+    )
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[: body.top_n or None]
     results = []
     for i in order:
@@ -176,7 +182,7 @@ async def rerank(state, body: RerankRequest) -> dict:
     }
 
 
-async def score(state, body: ScoreRequest) -> dict:
+async def score(state, body: ScoreRequest, http: bool = False) -> dict:
     _check_served(state, "/v1/score", rerank=False)
     check_model(state.options, body)
     first, second = _texts(body.text_1, "text_1"), _texts(body.text_2, "text_2")
@@ -187,7 +193,7 @@ async def score(state, body: ScoreRequest) -> dict:
             f"text_1 has {len(first)} texts and text_2 {len(second)}: pair them 1 to N or N to N", param="text_2"
         )
     _check_count(state, len(second), "pairs", "text_2")
-    scores, tokens = await _pair_scores(state, first, second, body.use_activation, ("text_1", "text_2"))
+    scores, tokens = await _pair_scores(state, first, second, body.use_activation, ("text_1", "text_2"), http)
     return {
         "id": f"score-{uuid.uuid4().hex}",
         "object": "list",
@@ -198,14 +204,21 @@ async def score(state, body: ScoreRequest) -> dict:
     }
 
 
+async def _json(body) -> Response:
+    return JSONResponse(await body)
+
+
 def scores_router(state) -> APIRouter:
     router = APIRouter()
 
+    # a client gone before its answer: cancelled, so the embedder drops its inputs not scored yet
     async def rerank_route(raw: HTTPRequest):
-        return await rerank(state, parse_model(RerankRequest, await read_json(raw)))
+        request = parse_model(RerankRequest, await read_json(raw))
+        return await watch_disconnect(raw, _json(rerank(state, request, http=True)))
 
     async def score_route(raw: HTTPRequest):
-        return await score(state, parse_model(ScoreRequest, await read_json(raw)))
+        request = parse_model(ScoreRequest, await read_json(raw))
+        return await watch_disconnect(raw, _json(score(state, request, http=True)))
 
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
         router.add_api_route(path, rerank_route, methods=["POST"])
