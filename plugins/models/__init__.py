@@ -27,6 +27,19 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.qwen3_5:Qwen3_5ForConditionalGeneration",
         model_types=("qwen3_5",),
     )
+    register(
+        "Qwen3_5MoeForCausalLM",
+        "llmkit.plugins.models.qwen3_5:Qwen3_5MoeForCausalLM",
+        model_types=("qwen3_5_moe_text",),
+    )
+    register(
+        "Qwen3_5MoeForConditionalGeneration",
+        "llmkit.plugins.models.qwen3_5:Qwen3_5MoeForConditionalGeneration",
+        model_types=("qwen3_5_moe",),
+    )
+    register(
+        "Qwen3NextForCausalLM", "llmkit.plugins.models.qwen3_next:Qwen3NextForCausalLM", model_types=("qwen3_next",)
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

@@ -1,178 +1,14 @@
-"""Qwen3.5 / Qwen3.6 (``Qwen3_5ForCausalLM``, and ``Qwen3_5ForConditionalGeneration``'s language
-model): a hybrid stack, three Gated DeltaNet layers to each full-attention one
-(``config.layer_types``).
-
-The attention layers are Qwen3's with a sigmoid output gate (``q_proj`` yields each head's query and
-gate side by side) and rotary embeddings on the first quarter of each head
-(``partial_rotary_factor``; M-RoPE's sections coincide for text). Every RMSNorm but the gated one
-scales by ``1 + weight``: the ones are added at load, so the shared norm kernels run them. Only the
-attention layers have K/V in the paged pool; the DeltaNet layers keep their state in the state pool
-(``core/kvcache/state_pool.py``).
-"""
+"""Qwen3.5 / Qwen3.6: ``Qwen3_5ForCausalLM`` and ``Qwen3_5MoeForCausalLM`` and the language models of
+their image-text checkpoints (``...ForConditionalGeneration``), a hybrid stack of three Gated
+DeltaNet layers to each gated full-attention one (``core/model/decoder/hybrid_stack.py``)."""
 
 from __future__ import annotations
 
-from typing import Iterable
-
-import torch
-from torch import nn
-
-from llmkit.core.model.causal_lm import ForwardContext
-from llmkit.core.model.decoder.stack import MLP, StackedLM, place_tensor
-from llmkit.core.model.hot_module import HotModule
-from llmkit.core.model.hybrid.gated_deltanet import GatedDeltaNet
-from llmkit.core.model.layers import RMSNorm, RotaryEmbedding
-from llmkit.core.model.linear import Linear, VocabEmbedding
-from llmkit.core.model.loader.source import materialize
-
-FULL, LINEAR = "full_attention", "linear_attention"
+from llmkit.core.model.decoder.hybrid_stack import HybridLM
 
 
-def layer_types(config: dict) -> list[str]:
-    n = int(config["num_hidden_layers"])
-    types = config.get("layer_types")
-    if types is None:  # every full_attention_interval-th layer is full attention
-        every = int(config.get("full_attention_interval", 4))
-        types = [FULL if (i + 1) % every == 0 else LINEAR for i in range(n)]
-    if len(types) != n or set(types) - {FULL, LINEAR}:
-        raise ValueError(f"layer_types must name {n} layers, each '{FULL}' or '{LINEAR}': {types}")
-    return list(types)
-
-
-class GatedAttention(HotModule):
-    """Full attention with per-head Q/K norms, partial rotary embeddings and a sigmoid output gate."""
-
-    def __init__(self, config: dict, kv_id: int, head_dim: int, rotary_dim: int):
-        super().__init__()
-        self.kv_id = kv_id
-        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        hidden, bias = config["hidden_size"], bool(config.get("attention_bias", False))
-        q, kv = heads * head_dim, kv_heads * head_dim
-        self.qkv_proj = Linear(
-            hidden, 2 * q + 2 * kv, bias=bias, parts=[(2 * q, heads), (kv, kv_heads), (kv, kv_heads)]
-        )
-        self.o_proj = Linear(q, hidden, bias=bias)
-        self.num_heads, self.num_kv_heads, self.head_dim, self.rotary_dim = heads, kv_heads, head_dim, rotary_dim
-        eps = config.get("rms_norm_eps", 1e-6)
-        self.q_norm, self.k_norm = RMSNorm(head_dim, eps), RMSNorm(head_dim, eps)
-
-    def _rotate(self, x, rope):
-        if self.rotary_dim == self.head_dim:
-            return RotaryEmbedding.rotate(x, rope)
-        r = self.rotary_dim
-        return torch.cat([RotaryEmbedding.rotate(x[..., :r].contiguous(), rope), x[..., r:]], dim=-1)
-
-    def forward(self, x, rope, ctx: ForwardContext):
-        det = ctx.deterministic
-        n, h, d = x.shape[0], self.num_heads, self.head_dim
-        q_gate, k, v = self.qkv_proj(x, det).split([2 * h * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
-        q_gate = q_gate.view(n, h, 2 * d)
-        q, gate = q_gate[..., :d], q_gate[..., d:].reshape(n, h * d)
-        q = self._rotate(self.q_norm(q.contiguous()), rope)
-        k = self._rotate(self.k_norm(k.reshape(n, self.num_kv_heads, d)), rope)
-        o = ctx.attn.forward(q, k, v.reshape(n, self.num_kv_heads, d), self.kv_id, ctx.metadata)
-        return self.o_proj(o.reshape(n, h * d) * torch.sigmoid(gate), det)
-
-
-class HybridBlock(HotModule):
-    """A pre-norm block whose token mixer is attention or a Gated DeltaNet (``self.mixer``)."""
-
-    def __init__(self, config: dict, mixer: nn.Module):
-        super().__init__()
-        hidden, eps = config["hidden_size"], config.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = RMSNorm(hidden, eps)
-        self.mixer = mixer
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.mlp = MLP(hidden, config["intermediate_size"], None)
-
-    def forward(self, x, residual, rope, ctx):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.mixer(h, rope, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h, ctx.deterministic), residual
-
-
-class Qwen3_5ForCausalLM(StackedLM):
-    supports_feature_capture = False
-
-    def __init__(self, config: dict, tp=None) -> None:
-        super().__init__(config, tp)
-        self.types = layer_types(config)
-        hidden = config["hidden_size"]
-        self.embed_tokens = VocabEmbedding(config["vocab_size"], hidden, self.tp)
-        rotary = int(self.head_dim * float(self._rope_params().get("partial_rotary_factor", 1.0)))
-        blocks, kv_id, state_id = [], 0, 0
-        for kind in self.types:
-            if kind == FULL:
-                mixer = GatedAttention(config, kv_id, self.head_dim, rotary)
-                kv_id += 1
-            else:
-                mixer = GatedDeltaNet(config, state_id)
-                state_id += 1
-            blocks.append(HybridBlock(config, mixer))
-        self.layers = nn.ModuleList(blocks)
-        self.finish_stack(config.get("rms_norm_eps", 1e-6), rotary)
-
-    def _rope_params(self) -> dict:
-        c = self.config
-        return {**(c.get("rope_scaling") or {}), **(c.get("rope_parameters") or {})}
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.types.count(FULL)
-
-    @property
-    def local_kv_heads(self) -> int:
-        return int(self.config["num_key_value_heads"])
-
-    @property
-    def local_heads(self) -> int:
-        return int(self.config["num_attention_heads"])
-
-    def state_specs(self, dtype: torch.dtype):
-        return [layer.mixer.state_spec(dtype) for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)]
-
-    # -- weights -----------------------------------------------------------------------------
-    _FUSED = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-        "in_proj_qkv": ("in_proj", 0),
-        "in_proj_z": ("in_proj", 1),
-        "in_proj_b": ("in_proj", 2),
-        "in_proj_a": ("in_proj", 3),
-    }
-    #: weights of the checkpoint this text model does not use: the vision tower (served without
-    #: images for now) and the multi-token-prediction head
-    _SKIP = ("visual.", "mtp.")
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self._native_plan = False
-        modules = dict(self.named_modules())
-        params = dict(self.named_parameters())
-        # (the LM head's parameters are its own; the checkpoint names one weight, untied)
-        expected = {"lm_head.weight" if p.startswith("lm_head.") else p for p in params}
-        loaded = {"lm_head.weight"} if self.tie else set()
-        for name, tensor in weights:
-            name = name.removeprefix("model.").removeprefix("language_model.")
-            if name.startswith(self._SKIP) or (self.tie and name == "lm_head.weight"):
-                continue
-            name = name.replace(".self_attn.", ".mixer.").replace(".linear_attn.", ".mixer.")
-            if name.endswith("mixer.conv1d.weight"):
-                name, tensor = name.replace("conv1d.weight", "conv_weight"), _conv_weight(tensor)
-            if _zero_centred(name):
-                tensor = materialize(tensor).float() + 1.0
-            owner, leaf, _ = place_tensor(self, modules, params, name, tensor, self._FUSED)
-            loaded.add(f"{owner}.{leaf}")
-        missing = sorted(p for p in expected if p not in loaded)
-        if missing:
-            raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
+class Qwen3_5ForCausalLM(HybridLM):
+    pass
 
 
 class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
@@ -180,11 +16,12 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
     refused as on any text model)."""
 
 
-def _conv_weight(t):
-    t = materialize(t)
-    return t.reshape(t.shape[0], t.shape[-1])
+class Qwen3_5MoeForCausalLM(HybridLM):
+    """Every layer's feed-forward a routed MoE with a gated shared expert."""
+
+    sparse_mlp = True
+    supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
 
 
-def _zero_centred(name: str) -> bool:
-    """The RMSNorms that scale by ``1 + weight`` (all but the DeltaNet's gated norm)."""
-    return name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight")) or name == "norm.weight"
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
+    """The image-text MoE checkpoint's language model (no vision tower yet)."""

@@ -62,6 +62,17 @@ def tiny_config(arch: str, **overrides):
         kw.update(linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
         kw.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
         return transformers.Qwen3_5TextConfig(**{**common, **kw, **overrides})
+    if arch in ("qwen3_5_moe", "qwen3_next"):
+        # as qwen3_5 (Qwen3-Next's DeltaNet projections fused per key head), every layer a routed
+        # MoE of 4 experts, top-2, with a gated shared expert
+        kw = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4)
+        kw.update(linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+        kw.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+        if arch == "qwen3_next":
+            kw.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+            return transformers.Qwen3NextConfig(**{**common, **kw, **overrides})
+        return transformers.Qwen3_5MoeTextConfig(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 

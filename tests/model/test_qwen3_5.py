@@ -138,6 +138,19 @@ def test_greedy_matches_generate_batched(served):
     _idle_states(engine)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5_moe", "qwen3_next"])
+def test_moe_families_greedy_matches_generate(tmp_path, arch):
+    """Qwen3.5-MoE and Qwen3-Next (DeltaNet projections fused per key head, regrouped at load):
+    routed experts with a gated shared expert on every layer; a prompt, then the same prompt
+    resumed from its snapshot, equal ``generate``."""
+    from model_utils import assert_greedy_matches_generate
+
+    ref = save_tiny_model(arch, tmp_path)
+    copy_embedded_tokenizer(tmp_path)
+    ids = _prompt(12, 40)
+    assert assert_greedy_matches_generate(ref, tmp_path, [ids, ids], n=10) == [0, 32]
+
+
 def test_conversation_resumes_from_snapshots(served):
     """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the state
     snapshotted when turn 1 left (all of turn 1 but its last token), and equals ``generate``."""
