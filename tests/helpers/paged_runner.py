@@ -27,7 +27,7 @@ class PagedRunner:
         cpu = torch.device("cpu")
         k_dim, v_dim = model.kv_cache_dims  # as the engine builder sizes the pool and the backend
         self.pool = KVCachePool(
-            num_layers=model.num_layers,
+            num_layers=model.num_kv_layers,
             num_pages=max_tokens // page_size + 2,
             page_size=page_size,
             num_kv_heads=model.local_kv_heads,
@@ -52,6 +52,14 @@ class PagedRunner:
         )
         self.seqs: dict[int, list[int]] = {}  # row -> pages
         self.lens: dict[int, int] = {}
+        # a hybrid model's state layers: two working slots a row, as the engine keeps them
+        specs = model.state_specs(torch.float32)
+        if specs:
+            from llmkit.core.kvcache.state_pool import StatePool
+
+            self.states = StatePool(specs, 8, 0, cpu)
+        else:
+            self.states = None
 
     def new_seq(self, share_from: int | None = None, shared_tokens: int = 0) -> int:
         """A new sequence row; with ``share_from``, its first ``shared_tokens`` (whole pages) reuse
@@ -87,6 +95,7 @@ class PagedRunner:
         for n in q_lens:
             starts.append(starts[-1] + n)
         positions, slots = [], []
+        first = [self.lens[row] for row, _ in batch]
         for row, ids in batch:
             positions.append(torch.arange(self.lens[row], self.lens[row] + len(ids)))
             slots.append(self._grow(row, len(ids)))
@@ -109,9 +118,16 @@ class PagedRunner:
         )
         md = self.attn.prepare_metadata(md)
         ids = torch.tensor([t for _, toks in batch for t in toks])
+        states = None
+        if self.states is not None:  # (a shared prefix has no state: hybrid tests share none)
+            from llmkit.core.kvcache.state_pool import StateBatch
+
+            states = StateBatch.build(self.states, md.req_rows, first, torch.device("cpu"))
         with torch.inference_mode():
-            hidden = self.model(ids, torch.cat(positions), ForwardContext(self.attn, md, lora, mm=mm))
+            hidden = self.model(ids, torch.cat(positions), ForwardContext(self.attn, md, lora, mm=mm, states=states))
             logits = self.model.compute_logits(hidden)
+        if states is not None:
+            self.states.flip(md.req_rows)
         return [logits[starts[i] : starts[i + 1]] for i in range(len(batch))]
 
 

@@ -21,7 +21,11 @@ GGUF_MODEL_TYPES = {
     "qwen3moe": ("qwen3_moe",),
     "gpt-oss": ("gpt_oss",),
     "deepseek2": ("deepseek_v2", "deepseek_v3"),
+    "qwen35": ("qwen3_5_text",),
+    "qwen35moe": ("qwen3_5_moe_text",),
+    "qwen3next": ("qwen3_next",),
 }
+QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
@@ -41,6 +45,24 @@ _LAYER_NAMES = {
 }
 # gpt-oss names a few of them differently
 _GPT_OSS_NAMES = {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm"}
+# The Qwen hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): Gated DeltaNet tensors, gated shared experts
+_QWEN_HYBRID_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_a": "linear_attn.A_log",
+    "ssm_dt": "linear_attn.dt_bias",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
 # DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
 # joined again in gguf_tensors)
 _DEEPSEEK_NAMES = {
@@ -74,10 +96,11 @@ def gguf_config(reader) -> dict:
     vocab = _field(reader, p + "vocab_size")
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    ffn = _field(reader, p + "feed_forward_length", _field(reader, p + "expert_feed_forward_length"))
     cfg = {
         "model_type": GGUF_MODEL_TYPES[arch][0],
         "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, p + "feed_forward_length")),
+        "intermediate_size": int(ffn),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_field(reader, p + "attention.head_count_kv", heads)),
@@ -116,6 +139,8 @@ def gguf_config(reader) -> dict:
             )
     if arch == "deepseek2":
         cfg.update(_deepseek_config(reader, p))
+    if arch in QWEN_HYBRID_ARCHS:
+        cfg.update(_qwen_hybrid_config(reader, p, cfg))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -127,6 +152,76 @@ def gguf_config(reader) -> dict:
             mlp_only_layers=[],
         )
     return cfg
+
+
+def _qwen_hybrid_config(reader, p: str, cfg: dict) -> dict:
+    """llama.cpp's qwen35 / qwen35moe / qwen3next metadata: the DeltaNet sizes as its ssm.* keys
+    (one head size for keys and values), the layer kinds as recurrent flags or an interval, the
+    rotary width as a dimension count."""
+    n = cfg["num_hidden_layers"]
+    recurrent = _field(reader, p + "attention.recurrent_layers")
+    if recurrent is None:
+        every = int(_field(reader, p + "full_attention_interval", 4))
+        recurrent = [(i + 1) % every != 0 for i in range(n)]
+    state = int(_field(reader, p + "ssm.state_size"))
+    rotary = int(_field(reader, p + "rope.dimension_count", cfg["head_dim"]))
+    out = {
+        "layer_types": ["linear_attention" if r else "full_attention" for r in list(recurrent)[:n]],
+        "linear_conv_kernel_dim": int(_field(reader, p + "ssm.conv_kernel")),
+        "linear_key_head_dim": state,
+        "linear_value_head_dim": state,
+        "linear_num_key_heads": int(_field(reader, p + "ssm.group_count")),
+        "linear_num_value_heads": int(_field(reader, p + "ssm.time_step_rank")),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": cfg["rope_theta"],
+            "partial_rotary_factor": rotary / cfg["head_dim"],
+        },
+    }
+    experts = _field(reader, p + "expert_count")
+    if experts:
+        out.update(
+            num_experts=int(experts),
+            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+            moe_intermediate_size=int(_field(reader, p + "expert_feed_forward_length")),
+            shared_expert_intermediate_size=int(_field(reader, p + "expert_shared_feed_forward_length", 0)),
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    return out
+
+
+def _untile_v_heads(w: np.ndarray, axis: int, num_k: int, per_k: int, head: int) -> np.ndarray:
+    """Invert llama.cpp's qwen35 reordering of value heads along ``axis``: it stores them tiled over
+    the key heads (v0 of every key head, then v1...) where the checkpoint groups them by key head."""
+    w = np.moveaxis(w, axis, 0)
+    rest = w.shape[1:]
+    w = w.reshape(per_k, num_k, head, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.ascontiguousarray(np.moveaxis(w, 0, axis))
+
+
+def _qwen_hybrid_tensor(kind: str, w: np.ndarray, config: dict, tiled: bool) -> np.ndarray:
+    """A qwen35 / qwen3next tensor back in the checkpoint's form: zero-centred norms less the one
+    llama.cpp added, ``A_log`` from ``-exp(A_log)``, and (``tiled``: qwen35's) value heads grouped."""
+    if kind in ("attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm"):
+        return w - 1.0
+    if kind == "ssm_a":
+        w = np.log(-w)
+    if not tiled or config["linear_num_value_heads"] == config["linear_num_key_heads"]:
+        return w
+    nk, dv = config["linear_num_key_heads"], config["linear_value_head_dim"]
+    per_k = config["linear_num_value_heads"] // nk
+    qk = 2 * nk * config["linear_key_head_dim"]
+    if kind in ("attn_qkv", "ssm_conv1d"):  # only the value rows (channels) move
+        return np.concatenate([w[:qk], _untile_v_heads(w[qk:], 0, nk, per_k, dv)])
+    if kind == "attn_gate":
+        return _untile_v_heads(w, 0, nk, per_k, dv)
+    if kind in ("ssm_beta", "ssm_alpha", "ssm_a", "ssm_dt"):
+        return _untile_v_heads(w, 0, nk, per_k, 1)
+    if kind == "ssm_out":
+        return _untile_v_heads(w, 1, nk, per_k, dv)
+    return w
 
 
 def _deepseek_config(reader, p: str) -> dict:
@@ -225,6 +320,9 @@ class _Converter:
         self.names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
         if config["model_type"] in ("deepseek_v2", "deepseek_v3"):
             self.names.update(_DEEPSEEK_NAMES)
+        self.hybrid = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+        if self.hybrid:
+            self.names.update(_QWEN_HYBRID_NAMES)
         self.split_kv_b: dict[str, dict[str, np.ndarray]] = {}  # layer -> attn_k_b / attn_v_b seen so far
 
     def kept(self, t) -> bool:
@@ -257,22 +355,28 @@ class _Converter:
             return hf, torch.from_numpy(w)
 
         name = t.name
+        if self.hybrid and not kept and name.startswith("blk."):
+            tiled = config["model_type"] != "qwen3_next"  # (qwen35's converter reorders value heads)
+            w = _qwen_hybrid_tensor(name.split(".")[2], w, config, tiled)
         if name == "token_embd.weight":
             hf = "model.embed_tokens.weight"
         elif name == "output_norm.weight":
             hf = "model.norm.weight"
+            if self.hybrid:
+                w = w - 1.0
         elif name == "output.weight":
             hf = "lm_head.weight"
         elif name.startswith("blk."):
-            _, idx, kind, suffix = name.split(".", 3)
+            _, idx, kind, *rest = name.split(".", 3)
+            suffix = rest[0] if rest else ""  # (llama.cpp's ssm_a has none)
             if kind in _EXPERT_NAMES:
                 for e in range(w.shape[0]):
                     yield out(f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
                 return
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
-            elif kind == "exp_probs_b":  # a bias without a weight: no suffix in HF's name
-                hf = f"model.layers.{idx}.{names[kind]}"
+            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and self.hybrid):
+                hf = f"model.layers.{idx}.{names[kind]}"  # (no suffix in HF's name)
             elif kind in ("attn_k_b", "attn_v_b"):
                 # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
                 halves = self.split_kv_b.setdefault(idx, {})
