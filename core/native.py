@@ -45,6 +45,11 @@ FLAGS = [
 # AVX-512 builds (and runs) only where the CPU has it; callers keep their other path elsewhere.
 ISAS = {
     "avx2": ([], ("avx2", "fma", "f16c")),
+    # plain loops the compiler vectorises 16 floats wide
+    "avx512": (
+        ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mprefer-vector-width=512"],
+        ("avx512f", "avx512vl", "avx512bw"),
+    ),
     "avx512vnni": (
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
         ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),

@@ -70,6 +70,36 @@ def test_causal_conv_prefill_then_steps_match_one_pass():
     torch.testing.assert_close(torch.cat(rows), ref, atol=1e-6, rtol=1e-6)
 
 
+def test_native_decode_step_matches_torch_forms():
+    """The C decode step (conv and recurrent rule, states slot to slot) equals the torch forms on
+    the same slots, fresh rows (no state yet) among them; 2 key heads serve 4 value heads."""
+    from llmkit.core.model.hybrid import gated_delta_cpu
+
+    if gated_delta_cpu.lib() is None:
+        pytest.skip("no native kernels here (no C compiler or AVX2)")
+    torch.manual_seed(0)
+    B, Hk, Hv, D, K = 5, 2, 4, 32, 4
+    C = 2 * Hk * D + Hv * D
+    conv, rec = torch.randn(2 * B, C, K - 1), 0.1 * torch.randn(2 * B, Hv, D, D)
+    mixed, w = torch.randn(B, C), torch.randn(C, K)
+    g, beta = -torch.rand(B, Hv), torch.rand(B, Hv)
+    read, write = torch.arange(B) * 2, torch.arange(B) * 2 + 1
+    fresh = [False, True, False, False, True]
+    keep = torch.tensor([not f for f in fresh], dtype=torch.float32)
+    conv_out, conv_new = causal_conv.conv_step(mixed, w, conv[read] * keep.view(-1, 1, 1))
+    q, k, v = conv_out.split([Hk * D, Hk * D, Hv * D], dim=1)
+    out, rec_new = gated_delta_rule.recurrent(
+        q.reshape(B, Hk, D), k.reshape(B, Hk, D), v.reshape(B, Hv, D), g, beta, rec[read] * keep.view(-1, 1, 1, 1)
+    )
+    flags = torch.tensor(fresh, dtype=torch.uint8)
+    ours_conv = gated_delta_cpu.conv_step(mixed, w, conv, read, write, flags)
+    ours = gated_delta_cpu.gated_delta_step(ours_conv, Hk * D, g, beta, rec, read, write, flags, Hk, Hv, D, D)
+    torch.testing.assert_close(ours_conv, conv_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(conv[write], conv_new)
+    torch.testing.assert_close(ours, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rec[write], rec_new, atol=1e-5, rtol=1e-5)
+
+
 # --- the engine -----------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.hot_module import HotModule
-from llmkit.core.model.hybrid import causal_conv, gated_delta_rule
+from llmkit.core.model.hybrid import causal_conv, gated_delta_cpu, gated_delta_rule
 from llmkit.core.model.linear import Linear
 
 
@@ -88,6 +88,43 @@ class GatedDeltaNet(HotModule):
             v.reshape(n, self.num_v_heads, self.head_v_dim),
         )
 
+    #: the C decode step where it builds (tests turn it off to compare with the torch forms)
+    native_step = True
+
+    def _recurrent_rows(self, mixed, g, beta, conv_buf, rec_buf, r_slots, w_slots, fresh: list[bool]):
+        """One token of each row: the conv and the recurrent rule from the read slots' states
+        (none where ``fresh``) into the write slots; the outputs ``[B, Hv, Dv]`` (fp32)."""
+        dk, dv = self.head_k_dim, self.head_v_dim
+        if self.native_step and gated_delta_cpu.usable(mixed, conv_buf, rec_buf, dk, dv, self.kernel):
+            flags = torch.tensor(fresh, dtype=torch.uint8)
+            conv_out = gated_delta_cpu.conv_step(mixed, self.conv_weight, conv_buf, r_slots, w_slots, flags)
+            return gated_delta_cpu.gated_delta_step(
+                conv_out,
+                self.key_dim,
+                g,
+                beta,
+                rec_buf,
+                r_slots,
+                w_slots,
+                flags,
+                self.num_k_heads,
+                self.num_v_heads,
+                dk,
+                dv,
+            )
+        conv_state = conv_buf.index_select(0, r_slots)
+        rec_state = rec_buf.index_select(0, r_slots)
+        if any(fresh):  # a one-token prompt: no state before it
+            keep = torch.tensor([not f for f in fresh], device=mixed.device)
+            conv_state = conv_state * keep.view(-1, 1, 1).to(conv_state.dtype)
+            rec_state = rec_state * keep.view(-1, 1, 1, 1).to(rec_state.dtype)
+        conv_out, conv_new = causal_conv.conv_step(mixed, self.conv_weight, conv_state)
+        q, k, v = self._split_heads(conv_out)
+        o, rec_new = gated_delta_rule.recurrent(q, k, v, g, beta, rec_state)
+        conv_buf.index_copy_(0, w_slots, conv_new.to(conv_buf.dtype))
+        rec_buf.index_copy_(0, w_slots, rec_new)
+        return o
+
     def _mix(self, mixed, g, beta, ctx) -> torch.Tensor:
         states, md = ctx.states, ctx.metadata
         conv_buf, rec_buf = states.pool.layers[self.state_id]
@@ -101,18 +138,8 @@ class GatedDeltaNet(HotModule):
             idx = torch.tensor(ones, device=mixed.device) if rows is not None else None
             r_slots = states.read if idx is None else states.read.index_select(0, idx)
             w_slots = states.write if idx is None else states.write.index_select(0, idx)
-            conv_state = conv_buf.index_select(0, r_slots)
-            rec_state = rec_buf.index_select(0, r_slots)
             fresh = [states.fresh[i] for i in ones]
-            if any(fresh):  # a one-token prompt: no state before it
-                keep = torch.tensor([not f for f in fresh], device=mixed.device)
-                conv_state = conv_state * keep.view(-1, 1, 1).to(conv_state.dtype)
-                rec_state = rec_state * keep.view(-1, 1, 1, 1).to(rec_state.dtype)
-            conv_out, conv_new = causal_conv.conv_step(sel(mixed), self.conv_weight, conv_state)
-            q, k, v = self._split_heads(conv_out)
-            o, rec_new = gated_delta_rule.recurrent(q, k, v, sel(g), sel(beta), rec_state)
-            conv_buf.index_copy_(0, w_slots, conv_new.to(conv_buf.dtype))
-            rec_buf.index_copy_(0, w_slots, rec_new)
+            o = self._recurrent_rows(sel(mixed), sel(g), sel(beta), conv_buf, rec_buf, r_slots, w_slots, fresh)
             if rows is None:
                 return o
             out.index_copy_(0, rows, o)
