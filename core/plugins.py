@@ -108,6 +108,18 @@ class Registry:
         return self._load("attention", name)
 
     def model(self, architecture: str) -> Any:
+        if architecture not in self._entries["model"]:
+            import difflib
+
+            # compared without the class suffix every causal LM shares
+            stem = {n.removesuffix("ForCausalLM"): n for n, e in self._entries["model"].items() if not e.meta.get("embedding")}
+            close = difflib.get_close_matches(architecture.removesuffix("ForCausalLM"), list(stem), n=1, cutoff=0.5)
+            near = [stem[c] for c in close]
+            raise PluginError(
+                f"architecture '{architecture}' is not served by llmkit"
+                + (f" (nearest supported: {near[0]})" if near else "")
+                + "; `llmkit plugins` lists the supported ones"
+            )
         return self._load("model", architecture)
 
     def reasoning_parser(self, name: str) -> Any:

@@ -100,6 +100,30 @@ def test_native_decode_step_matches_torch_forms():
     torch.testing.assert_close(rec[write], rec_new, atol=1e-5, rtol=1e-5)
 
 
+def test_unserved_architecture_and_mismatched_layer_table_are_named():
+    """An architecture llmkit does not serve names itself and the nearest supported one; a
+    checkpoint whose weights do not fit its layer table fails at load, naming the layer."""
+    from llmkit.core.plugins import PluginError, registry
+
+    with pytest.raises(PluginError, match=r"'Qwen3_6ForCausalLM' is not served.*nearest supported: Qwen3_5ForCausalLM"):
+        registry().model("Qwen3_6ForCausalLM")
+    with pytest.raises(PluginError, match=r"'NemotronHForCausalLM' is not served by llmkit; `llmkit plugins`"):
+        registry().model("NemotronHForCausalLM")
+
+
+def test_layer_table_that_disagrees_with_the_weights_names_the_layer(tmp_path):
+    import json
+
+    from model_utils import load_ours
+
+    save_tiny_model("qwen3_5", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["layer_types"][1] = "full_attention"  # its weights are a DeltaNet's
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KeyError, match=r"layers\.1\.mixer"):
+        load_ours(tmp_path)
+
+
 # --- the engine -----------------------------------------------------------------------------
 
 
