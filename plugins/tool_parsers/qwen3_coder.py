@@ -18,9 +18,9 @@ content can be long); other values are sent when they end.
 
 What models get wrong is tolerated as vLLM's and SGLang's parsers tolerate it: a missing
 ``</parameter>`` (the next ``<parameter=``, ``</function>`` or ``</tool_call>`` ends the value), a
-missing ``</function>`` or ``</tool_call>``, ``<function=`` without ``<tool_call>`` (only for a
-request tool's name), output cut off inside a call (the parameters written so far are kept, a
-partial closing tag is dropped, the object is closed). ``<tool_call>`` not followed by a known
+missing ``</function>`` or ``</tool_call>``, several functions in one block, ``<function=``
+without ``<tool_call>`` (only for a request tool's name), output cut off inside a call (the
+parameters written so far are kept, a partial closing tag is dropped, the object is closed). ``<tool_call>`` not followed by a known
 function stays content, tags included. Text between parameters is not part of a call and is
 dropped.
 """
@@ -138,13 +138,23 @@ class Qwen3CoderToolParser(StreamingToolParser):
             return self._to("value")
         if st == "value":
             return self._value()
-        # "after": </function> was read; an optional </tool_call>
+        # "after": </function> was read; another function in the same block, or </tool_call>
         if not self._skip_ws() and not self._final:
             return False
-        at = self._eat(TOOL_END)
+        at = self._at(FN_START)
+        if at:
+            return self._function_in_block(self._pos)
+        at = at if at is None else self._eat(TOOL_END)
         if at is None:
             return False
         return self._to("text")
+
+    def _function_in_block(self, at: int) -> bool:
+        """``<function=`` at ``at`` inside a ``<tool_call>`` block: read it as a wrapped call."""
+        self._hold(at)
+        self._pos = at + len(FN_START)
+        self._bare = False
+        return self._to("name")
 
     def _header_name(self) -> str | None:
         """Read ``NAME>`` at the cursor: the stripped name ("" when malformed), None to wait."""
@@ -183,9 +193,11 @@ class Qwen3CoderToolParser(StreamingToolParser):
         if m == FN_END:
             self._pos += len(m)
             return self._to("after")
+        if m == FN_START:  # the next function of the block: this one lacked </function>
+            return self._function_in_block(i)
         if m == TOOL_END:
             self._pos += len(m)
-        return self._to("text")  # a new call begins here: the last one lacked its closing tags
+        return self._to("text")  # a new block begins here: the last one lacked its closing tags
 
     def _value(self) -> bool:
         buf, pos = self._buf, self._pos

@@ -181,6 +181,22 @@ def test_missing_function_and_tool_call_end_tags():
     assert parse(text) == ("", [("get_weather", '{"city": "Paris"}')])
 
 
+def test_several_functions_in_one_block():
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+        "<function=get_time>\n</function>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n"
+        "<function=get_time>\n</tool_call>"  # write_file lacks </function>
+    )
+    expected = [
+        ("get_weather", '{"city": "Paris"}'),
+        ("get_time", "{}"),
+        ("write_file", '{"path": "a"}'),
+        ("get_time", "{}"),
+    ]
+    assert parse(text) == ("", expected)
+    assert parse(text, tools=[]) == ("", expected)  # inside a block, no request tool list is needed
+
+
 @pytest.mark.parametrize(
     "tail, expected",
     [
