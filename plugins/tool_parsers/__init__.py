@@ -11,6 +11,7 @@ _PARSERS = {
     "json_array": "mistral:JsonArrayToolParser",
     "deepseekv3": "deepseek:DeepSeekV3ToolParser",
     "kimi_k2": "kimi_k2:KimiK2ToolParser",
+    "qwen3_coder": "qwen3_coder:Qwen3CoderToolParser",
     "pythonic": "pythonic:PythonicToolParser",
     "gpt-oss": "gpt_oss:GptOssToolParser",
 }

@@ -80,6 +80,19 @@ def test_qwen3_template_prefilled_and_disabled():
     assert whole("qwen3", "Just an answer.", prompt_text=QWEN_PLAIN) == ("", "Just an answer.")
 
 
+@pytest.mark.parametrize("stream_reasoning", [True, False])
+def test_qwen35_template_opened_block_closed_by_the_model(stream_reasoning):
+    """Qwen3.5/3.6 templates prefill ``<think>\\n`` (thinking is on unless turned off), so the
+    output holds only the end tag; enable_thinking false renders an empty block instead."""
+    text = "The user greets me.\nI reply.\n</think>\n\nHello! 👋"
+    for chunks in ([text], chars(text)):
+        assert run("qwen3", chunks, prompt_text=QWEN_ON, stream_reasoning=stream_reasoning) == (
+            "The user greets me.\nI reply.",
+            "Hello! 👋",
+        )
+    assert run("qwen3", chars("Hello!"), prompt_text=QWEN_OFF, stream_reasoning=stream_reasoning) == ("", "Hello!")
+
+
 def test_literal_tags_inside_content_stay_content():
     text = "<think>r</think>Use </think> and <think> literally."
     assert run("qwen3", chars(text)) == ("r", "Use </think> and <think> literally.")

@@ -89,6 +89,12 @@ CASES = {
         '[get_weather(city="Paris", note=\'a } and " in a string\'), add(a=1, b=[2, 3])]',
         "",
     ),
+    "qwen3_coder": (
+        "Checking 天气 🌦.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        '<parameter=note>\na } and " in a string\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n'
+        "<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n[2, 3]\n</parameter>\n</function>\n</tool_call>",
+        "Checking 天气 🌦.",
+    ),
     "gpt-oss": (
         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
         + json.dumps(WEATHER)
@@ -108,6 +114,7 @@ def test_all_parsers_registered():
         "kimi_k2",
         "pythonic",
         "gpt-oss",
+        "qwen3_coder",
     }
     with pytest.raises(PluginError, match="hermes"):
         create_tool_parser("nope")
@@ -160,6 +167,9 @@ def test_real_formats(name, split):
         ("pythonic", "[1, 2, 3]"),
         ("pythonic", "[get_weather(x)]"),
         ("gpt-oss", "<|channel|>commentary to=functions.get_weather<|message|>not json<|call|>"),
+        ("qwen3_coder", "<tool_call>\n<function=rm_rf>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"),
+        ("qwen3_coder", "<tool_call>\nno function here\n</tool_call>"),
+        ("qwen3_coder", "<tool_call>\n<function=get_wea"),
     ],
 )
 def test_invalid_blocks_stay_content(name, text):
@@ -299,6 +309,11 @@ FRAGMENTS = [
     "commentary to=functions.add",
     "<|message|>",
     "<|call|>",
+    "<function=add>",
+    "<function=",
+    "<parameter=a>",
+    "</parameter>",
+    "</function>",
     " ",
     "\n",
     "答",

@@ -88,6 +88,7 @@ WEATHER = {
     [
         ("hermes", "auto", "<tool_call>"),
         ("pythonic", None, "function_name(argument=value"),
+        ("qwen3_coder", "auto", "<function=<function-name>>\n<parameter=<parameter-name>>"),  # a plugin's call_format
         (None, "required", '[{"name": <function-name>, "parameters"'),
         (None, "auto", None),
     ],

@@ -66,7 +66,7 @@ def call_format(parser_name: str) -> str:
     try:
         from llmkit.core.plugins import registry
 
-        fmt = getattr(registry().load("tool_parser", parser_name), "call_format", None)
+        fmt = getattr(registry().tool_parser(parser_name), "call_format", None)
     except Exception:  # an unloadable plugin fails elsewhere with a clear message
         fmt = None
     return fmt if isinstance(fmt, str) else GENERIC_FORMAT
