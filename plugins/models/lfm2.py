@@ -142,6 +142,8 @@ class Lfm2ForCausalLM(StackedLM):
         _, idx, rest = name.split(".", 2)
         if rest in _COMMON:
             return f"layers.{idx}.{_COMMON[rest]}"
+        if int(idx) >= len(self.types):
+            raise ValueError(f"the checkpoint has weights of layer {idx}, the config {len(self.types)} layers")
         kind = self.types[int(idx)]
         if rest in _BY_KIND[kind]:
             return f"layers.{idx}.{_BY_KIND[kind][rest]}"
