@@ -40,6 +40,8 @@ def llmkit_register_models(register):
     register(
         "Qwen3NextForCausalLM", "llmkit.plugins.models.qwen3_next:Qwen3NextForCausalLM", model_types=("qwen3_next",)
     )
+    # hybrid: gated short convolutions, their last inputs as state
+    register("Lfm2ForCausalLM", "llmkit.plugins.models.lfm2:Lfm2ForCausalLM", model_types=("lfm2",))
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

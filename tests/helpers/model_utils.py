@@ -73,6 +73,15 @@ def tiny_config(arch: str, **overrides):
             kw.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
             return transformers.Qwen3NextConfig(**{**common, **kw, **overrides})
         return transformers.Qwen3_5MoeTextConfig(**{**common, **kw, **overrides})
+    if arch == "lfm2":
+        # hybrid: conv, conv, attention, conv, attention (Q/K norms, 2 KV heads for 4); kernel 3;
+        # tied embeddings; the feed-forward width adjusted as LFM2's: 2/3 of 128 is 85, times 1.5
+        # is 127, rounded up to a multiple of 32: 128
+        kw = dict(num_hidden_layers=5, layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])
+        kw.update(conv_L_cache=3, norm_eps=1e-5, tie_word_embeddings=True, block_multiple_of=32)
+        kw.update(block_ffn_dim_multiplier=1.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        base = {k: v for k, v in common.items() if k != "rms_norm_eps"}
+        return transformers.Lfm2Config(**{**base, **kw, **overrides})
     raise ValueError(arch)
 
 

@@ -24,6 +24,7 @@ GGUF_MODEL_TYPES = {
     "qwen35": ("qwen3_5_text",),
     "qwen35moe": ("qwen3_5_moe_text",),
     "qwen3next": ("qwen3_next",),
+    "lfm2": ("lfm2",),
 }
 QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -63,6 +64,22 @@ _QWEN_HYBRID_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# LFM2: its short convolutions (one GGUF kind, ``shortconv``, for the three tensors), its attention
+# and feed-forward under LFM2's own HF names; ``token_embd_norm`` is its final norm (see gguf_tensors)
+_LFM2_NAMES = {
+    "shortconv": "conv",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.out_proj",
+    "attn_q_norm": "self_attn.q_layernorm",
+    "attn_k_norm": "self_attn.k_layernorm",
+    "attn_norm": "operator_norm",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "feed_forward.w1",
+    "ffn_up": "feed_forward.w3",
+    "ffn_down": "feed_forward.w2",
+}
 # DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
 # joined again in gguf_tensors)
 _DEEPSEEK_NAMES = {
@@ -97,13 +114,15 @@ def gguf_config(reader) -> dict:
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     ffn = _field(reader, p + "feed_forward_length", _field(reader, p + "expert_feed_forward_length"))
+    kv_heads = _field(reader, p + "attention.head_count_kv", heads)  # (LFM2: one a layer, 0 for a conv)
+    per_layer_kv = kv_heads if isinstance(kv_heads, list) else None
     cfg = {
         "model_type": GGUF_MODEL_TYPES[arch][0],
         "hidden_size": hidden,
         "intermediate_size": int(ffn),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_field(reader, p + "attention.head_count_kv", heads)),
+        "num_key_value_heads": int(max(per_layer_kv)) if per_layer_kv else int(kv_heads),
         "head_dim": int(_field(reader, p + "attention.key_length", hidden // heads)),
         "max_position_embeddings": int(_field(reader, p + "context_length", 2048)),
         "rms_norm_eps": float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
@@ -141,6 +160,8 @@ def gguf_config(reader) -> dict:
         cfg.update(_deepseek_config(reader, p))
     if arch in QWEN_HYBRID_ARCHS:
         cfg.update(_qwen_hybrid_config(reader, p, cfg))
+    if arch == "lfm2":
+        cfg.update(_lfm2_config(reader, p, cfg, per_layer_kv))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -190,6 +211,19 @@ def _qwen_hybrid_config(reader, p: str, cfg: dict) -> dict:
             mlp_only_layers=[],
         )
     return out
+
+
+def _lfm2_config(reader, p: str, cfg: dict, per_layer_kv: list | None) -> dict:
+    """llama.cpp's lfm2 metadata: a layer without KV heads is a short convolution; the kernel is
+    ``shortconv.l_cache``; the feed-forward width is stored already adjusted (the adjustment off)."""
+    n = cfg["num_hidden_layers"]
+    kv = per_layer_kv if per_layer_kv else [cfg["num_key_value_heads"]] * n
+    return {
+        "layer_types": ["full_attention" if h else "conv" for h in kv[:n]],
+        "conv_L_cache": int(_field(reader, p + "shortconv.l_cache")),
+        "norm_eps": cfg["rms_norm_eps"],
+        "block_auto_adjust_ff_dim": False,
+    }
 
 
 def _untile_v_heads(w: np.ndarray, axis: int, num_k: int, per_k: int, head: int) -> np.ndarray:
@@ -320,6 +354,9 @@ class _Converter:
         self.names = {**_LAYER_NAMES, **(_GPT_OSS_NAMES if config["model_type"] == "gpt_oss" else {})}
         if config["model_type"] in ("deepseek_v2", "deepseek_v3"):
             self.names.update(_DEEPSEEK_NAMES)
+        self.lfm2 = config["model_type"] == "lfm2"
+        if self.lfm2:
+            self.names.update(_LFM2_NAMES)
         self.hybrid = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
         if self.hybrid:
             self.names.update(_QWEN_HYBRID_NAMES)
@@ -360,6 +397,8 @@ class _Converter:
             w = _qwen_hybrid_tensor(name.split(".")[2], w, config, tiled)
         if name == "token_embd.weight":
             hf = "model.embed_tokens.weight"
+        elif name == "token_embd_norm.weight" and self.lfm2:  # (llama.cpp's name for its final norm)
+            hf = "model.embedding_norm.weight"
         elif name == "output_norm.weight":
             hf = "model.norm.weight"
             if self.hybrid:
@@ -408,7 +447,13 @@ def _block_kind(name: str) -> str:
 def _served(name: str) -> bool:
     """Whether the GGUF tensor ``name`` is one :func:`gguf_tensors` keeps quantized when it can."""
     kind = _block_kind(name)
-    return _hf_name(name) is not None or kind in _EXPERT_NAMES or kind in _DEEPSEEK_NAMES or kind in _GPT_OSS_NAMES
+    return (
+        _hf_name(name) is not None
+        or kind in _EXPERT_NAMES
+        or kind in _DEEPSEEK_NAMES
+        or kind in _GPT_OSS_NAMES
+        or kind in _LFM2_NAMES
+    )
 
 
 # Expert tensor types served dequantized at native precision: gpt-oss's MXFP4 experts (an E2M1

@@ -1,0 +1,245 @@
+"""LFM2: gated short convolutions (their state the convolution's last inputs, no recurrent matrix)
+beside grouped-query attention, through the same state pool and state-aware prefix cache as the
+Qwen hybrids. The conv kernel against transformers'; the real engine's greedy output against
+transformers' ``generate`` (prompts batched, chunked, a conversation resumed from a snapshot); a
+GGUF written the way llama.cpp's converter writes one, loaded and compared logit for logit; a
+layer table that disagrees with the weights fails naming the layer."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+from llmkit.core.model.hybrid import causal_conv
+
+from model_utils import assert_same_as_generate, copy_embedded_tokenizer, save_tiny_model, start_engine
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 37 + 11 * i) % 509 + 1 for i in range(n)]
+
+
+def test_short_conv_prefill_then_steps_match_one_pass():
+    """Without the SiLU, with a bias: a sequence's convolution in two chunks and then token by
+    token, carrying the state, equals transformers' one pass (causal_conv1d_fn, no activation)."""
+    from transformers.models.lfm2.modeling_lfm2 import causal_conv1d_fn
+
+    torch.manual_seed(0)
+    T, C, K = 17, 8, 3
+    x, w, b = torch.randn(T, C), torch.randn(C, K), torch.randn(C)
+    ref = causal_conv1d_fn(x.t()[None], w, b, activation=None)[0].t()
+    a, state = causal_conv.conv_prefill(x[:2], w, None, b, silu=False)  # (shorter than the kernel)
+    c, state = causal_conv.conv_prefill(x[2:12], w, state, b, silu=False)
+    rows, state = [a, c], state[None]
+    for t in range(12, T):
+        o, state = causal_conv.conv_step(x[t : t + 1], w, state, b, silu=False)
+        rows.append(o)
+    torch.testing.assert_close(torch.cat(rows), ref, atol=1e-6, rtol=1e-6)
+
+
+# --- the engine -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
+    16, a state snapshot every 16 prompt tokens."""
+    path = tmp_path_factory.mktemp("lfm2")
+    ref = save_tiny_model("lfm2", path)
+    copy_embedded_tokenizer(path)
+    engine = start_engine(
+        model_path=str(path),
+        device="cpu",
+        page_size=4,
+        chunked_prefill_size=16,
+        max_total_tokens=2048,
+        state_snapshot_interval=16,
+        max_running_requests=8,
+    )
+    yield ref, engine
+    engine.shutdown()
+
+
+def _run(engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
+    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
+    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
+
+    def sink_for(i):
+        out = []
+
+        def sink(o):
+            out.extend(o.token_ids)
+            if o.finished:
+                results[i] = (list(out), o.cached_tokens)
+                done[i].set()
+
+        return sink
+
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
+        engine.submit(GenerateRequest(f"lfm2-{i}", ids, params), sink_for(i))
+    for ev in done:
+        assert ev.wait(300)
+    return results
+
+
+def _assert_idle(engine) -> None:
+    stats = engine.call(engine.stats).result(timeout=60)
+    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
+
+
+def test_greedy_matches_generate_batched(served):
+    """Four prompts of different lengths at once (a one-token prompt and 16-token chunks beside
+    decode rows in one step): each one's output equals transformers' alone; no state slot stays
+    taken."""
+    ref, engine = served
+    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 50)]
+    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 10)):
+        assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
+    _assert_idle(engine)
+
+
+def test_conversation_resumes_from_snapshot(served):
+    """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the conv states
+    snapshotted when turn 1 left, and equals ``generate``."""
+    ref, engine = served
+    turn1 = _prompt(5, 29)
+    ((out1, _),) = _run(engine, [turn1], 8)
+    assert_same_as_generate(ref, turn1, out1, "turn 1")
+    turn2 = turn1 + out1 + _prompt(6, 9)
+    ((out2, cached),) = _run(engine, [turn2], 8)
+    assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0  # (page-aligned; the last token never computed)
+    assert_same_as_generate(ref, turn2, out2, "turn 2")
+    _assert_idle(engine)
+
+
+def test_one_token_prompt_starts_from_zeros_on_a_used_row(served):
+    """A one-token prompt on a request row whose slots hold an earlier request's conv states (a
+    decode-shaped step, its row marked fresh) reads zeros, not them."""
+    ref, engine = served
+    _run(engine, [_prompt(8, 23)], 3)
+    ((out, _),) = _run(engine, [[17]], 6)
+    assert_same_as_generate(ref, [17], out, "one-token prompt")
+    _assert_idle(engine)
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def test_layer_table_disagreeing_with_weights_names_the_layer(tmp_path):
+    """A config whose layer 1 says attention over a checkpoint whose layer 1 is a convolution."""
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model.loader.source import iter_safetensors
+    from llmkit.plugins.models.lfm2 import Lfm2ForCausalLM
+
+    ref = save_tiny_model("lfm2", tmp_path)
+    config = ref.config.to_dict()
+    config["layer_types"] = ["conv", "full_attention", "full_attention", "conv", "full_attention"]
+    model = build_model(Lfm2ForCausalLM, config, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="layer 1 is 'full_attention'.*'conv' weight"):
+        model.load_weights(iter_safetensors(tmp_path))
+
+
+def test_feed_forward_width_as_transformers():
+    """The adjusted width: rounded only with a multiplier (as transformers' Lfm2MLP), the
+    ``block_ff_dim`` alias winning, no adjustment when turned off."""
+    from llmkit.plugins.models.lfm2 import feed_forward_width
+
+    base = dict(block_ff_dim=12288, block_multiple_of=256, block_ffn_dim_multiplier=1.0)
+    assert feed_forward_width(base) == 8192  # LFM2-1.2B
+    assert feed_forward_width({**base, "intermediate_size": 99}) == 8192
+    assert feed_forward_width({**base, "block_ffn_dim_multiplier": None, "block_ff_dim": 100}) == 66
+    assert feed_forward_width({**base, "block_auto_adjust_ff_dim": False}) == 12288
+
+
+# --- GGUF -----------------------------------------------------------------------------------
+
+_GGUF_NAMES = {
+    "operator_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "feed_forward.w1": "ffn_gate",
+    "feed_forward.w3": "ffn_up",
+    "feed_forward.w2": "ffn_down",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_output",
+    "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm",
+    "conv.in_proj": "shortconv.in_proj",
+    "conv.out_proj": "shortconv.out_proj",
+}
+
+
+def _write_gguf(ref, path) -> None:
+    """As llama.cpp's converter: KV heads per layer (0 for a convolution), the adjusted
+    feed-forward width, the final norm as ``token_embd_norm``, the conv weight squeezed to
+    ``[C, L]``, no ``output`` tensor for tied embeddings."""
+    gguf = pytest.importorskip("gguf")
+    cfg = ref.config
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(ref.model.layers[0].feed_forward.w1.weight.shape[0])
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv([cfg.num_key_value_heads if t != "conv" else 0 for t in cfg.layer_types])
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_shortconv_l_cache(cfg.conv_L_cache)
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+
+    def add(name, t):
+        w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    add("token_embd_norm.weight", sd["model.embedding_norm.weight"])
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for hf, g in _GGUF_NAMES.items():
+            if p + hf + ".weight" in sd:
+                add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"])
+        if p + "conv.conv.weight" in sd:
+            add(f"blk.{i}.shortconv.conv.weight", sd[p + "conv.conv.weight"].squeeze(1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_matches_transformers(tmp_path):
+    """The GGUF's config names the same layers and width; its prefill (in two chunks) and decode
+    logits equal transformers' on the same weights."""
+    gguf = pytest.importorskip("gguf")
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model import quantize
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.plugins import registry
+
+    from paged_runner import PagedRunner
+
+    ref = save_tiny_model("lfm2", tmp_path / "hf")
+    _write_gguf(ref, tmp_path / "tiny.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    config = gguf_config(reader)
+    assert config["layer_types"] == list(ref.config.layer_types) and config["tie_word_embeddings"]
+    model_cls = registry().model(registry().architecture_for_model_type(config["model_type"]))
+    model = build_model(model_cls, config, torch.device("cpu"), torch.float32)
+    assert model.config["intermediate_size"] == ref.model.layers[0].feed_forward.w1.weight.shape[0]
+    model.load_weights(gguf_tensors(reader, config))
+    quantize.finalize_weights(model)
+    ids = _prompt(7, 30)
+    runner = PagedRunner(model, 4)
+    row = runner.new_seq()
+    (head,) = runner.step([(row, ids[:13])])
+    (tail,) = runner.step([(row, ids[13:])])
+    (decode,) = runner.step([(row, [7])])
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids + [7]])).logits[0]
+    torch.testing.assert_close(torch.cat([head, tail]), logits[:-1], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(decode[0], logits[-1], atol=2e-4, rtol=2e-4)
