@@ -114,10 +114,11 @@ class GatedDeltaNet(HotModule):
             )
         conv_state = conv_buf.index_select(0, r_slots)
         rec_state = rec_buf.index_select(0, r_slots)
-        if any(fresh):  # a one-token prompt: no state before it
+        if any(fresh):  # a one-token prompt: no state before it (where, not a product: a slot
+            # never written may hold NaN)
             keep = torch.tensor([not f for f in fresh], device=mixed.device)
-            conv_state = conv_state * keep.view(-1, 1, 1).to(conv_state.dtype)
-            rec_state = rec_state * keep.view(-1, 1, 1, 1).to(rec_state.dtype)
+            conv_state = torch.where(keep.view(-1, 1, 1), conv_state, 0.0)
+            rec_state = torch.where(keep.view(-1, 1, 1, 1), rec_state, 0.0)
         conv_out, conv_new = causal_conv.conv_step(mixed, self.conv_weight, conv_state)
         q, k, v = self._split_heads(conv_out)
         o, rec_new = gated_delta_rule.recurrent(q, k, v, g, beta, rec_state)
