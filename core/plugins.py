@@ -112,7 +112,11 @@ class Registry:
             import difflib
 
             # compared without the class suffix every causal LM shares
-            stem = {n.removesuffix("ForCausalLM"): n for n, e in self._entries["model"].items() if not e.meta.get("embedding")}
+            stem = {
+                n.removesuffix("ForCausalLM"): n
+                for n, e in self._entries["model"].items()
+                if not e.meta.get("embedding")
+            }
             close = difflib.get_close_matches(architecture.removesuffix("ForCausalLM"), list(stem), n=1, cutoff=0.5)
             near = [stem[c] for c in close]
             raise PluginError(

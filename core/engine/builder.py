@@ -254,6 +254,8 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
 
         runner.broadcaster = StepBroadcaster(tp)
         req_pool.write_log = []
+        if states is not None:
+            states.copy_log = []
     return scheduler, runner
 
 

@@ -266,6 +266,8 @@ class ModelRunner:
             if self.lora is not None:  # adapters no request here holds: the other ranks drop them
                 inp.lora_freed = self.lora.take_freed()
             inp.kv_moves, self._moved = self._moved, []
+            if self.states is not None:
+                inp.state_copies = self.states.take_copy_log()
             try:
                 self.broadcaster.send(inp, self.req_pool.take_write_log())
                 logits, prompt = self.execute(inp)

@@ -40,7 +40,7 @@ import torch
 from llmkit.core.model.parallel import TPGroup
 
 OP_STEP, OP_STOP, OP_LORA_LOAD, OP_HEARTBEAT = 1, 2, 3, 4
-_HEADER = 11
+_HEADER = 12
 # Idle seconds before rank 0 sends a heartbeat: a dead peer is found this soon while idle, for one
 # small broadcast per interval.
 HEARTBEAT_INTERVAL_S = float(os.environ.get("LLMKIT_TP_HEARTBEAT_S", 5))
@@ -105,6 +105,9 @@ class StepInputs:
     # K/V that rank 0 moved since the last step (a tree's kept nodes, see core/speculative/verify.py):
     # flat (source slot, destination slot) pairs the other ranks move too before this forward
     kv_moves: list[int] = field(default_factory=list)
+    # A hybrid model's state copies rank 0 made since the last step (snapshots taken and restored,
+    # see core/kvcache/state_pool.py): flat (source slot, destination slot) pairs
+    state_copies: list[int] = field(default_factory=list)
 
 
 class StepBroadcaster:
@@ -141,7 +144,7 @@ class StepBroadcaster:
             torch.tensor(
                 [x for r in inp.prompt_ranges for x in r] + [x for w in writes for x in (w[0], w[1], len(w[2]))]
             ),
-            torch.tensor(tree + inp.kv_moves, dtype=torch.int64),
+            torch.tensor(tree + inp.kv_moves + inp.state_copies, dtype=torch.int64),
             *slots,
         ]
         payload = torch.cat([t.to(torch.int64) for t in flat])
@@ -158,6 +161,7 @@ class StepBroadcaster:
                 len(inp.lora_freed),
                 len(tree),
                 len(inp.kv_moves),
+                len(inp.state_copies),
             ],
             dtype=torch.int64,
         )
@@ -213,7 +217,7 @@ def receive_step(
     while True:
         work = dist.broadcast(header, 0, group=tp.group, async_op=True)
         _wait(work, timeout_s, "no step or heartbeat from tensor-parallel rank 0")
-        op, t, b, s, p, w, n, n_lora, n_freed, n_tree, n_moves = header.tolist()
+        op, t, b, s, p, w, n, n_lora, n_freed, n_tree, n_moves, n_copies = header.tolist()
         if op != OP_HEARTBEAT:
             break
     if op == OP_STOP:
@@ -223,9 +227,11 @@ def receive_step(
     if op == OP_LORA_LOAD:
         msg = json.loads(bytes(payload.tolist()).decode())
         return LoRALoad(msg["name"], msg["path"], t)
-    sizes = [t, t, b, b, b, b, s, n_lora, n_freed, 2 * p, 3 * w, n_tree, n_moves]
+    sizes = [t, t, b, b, b, b, s, n_lora, n_freed, 2 * p, 3 * w, n_tree, n_moves, n_copies]
     parts = payload.split(sizes + [n - sum(sizes)])
-    ids, pos, q_lens, kv_lens, rows, decoding, sample, loras, freed, prompt, write_hdr, tree, moves, slots = parts
+    ids, pos, q_lens, kv_lens, rows, decoding, sample, loras, freed, prompt, write_hdr, tree, moves, copies, slots = (
+        parts
+    )
     flat_prompt = prompt.tolist()
     inp = StepInputs(
         ids=ids.tolist(),
@@ -239,6 +245,7 @@ def receive_step(
         loras=loras.tolist(),
         lora_freed=freed.tolist(),
         kv_moves=moves.tolist(),
+        state_copies=copies.tolist(),
     )
     flat, i = tree.tolist(), 0
     while i < len(flat):  # (sequence, first column, count, columns...)

@@ -37,6 +37,9 @@ class StatePool:
             for spec in specs
         ]
         self._bank = [0] * rows
+        # Under tensor parallelism rank 0 logs its copies (flat source, destination pairs) for the
+        # other ranks to make before the next step; their banks flip as rank 0's do.
+        self.copy_log: list[int] | None = None
         self._free = list(range(self.num_slots - 1, 2 * rows - 1, -1))  # snapshot slots, a stack
 
     # -- working slots ----------------------------------------------------------------------
@@ -75,9 +78,20 @@ class StatePool:
         self._free.append(slot)
 
     def copy(self, src: int, dst: int) -> None:
+        if self.copy_log is not None:
+            self.copy_log += [src, dst]
         for tensors in self.layers:
             for t in tensors:
                 t[dst].copy_(t[src])
+
+    def take_copy_log(self) -> list[int]:
+        log, self.copy_log = self.copy_log or [], []
+        return log
+
+    def copy_pairs(self, pairs: list[int]) -> None:
+        """Make rank 0's logged copies (flat source, destination pairs), in order."""
+        for i in range(0, len(pairs), 2):
+            self.copy(pairs[i], pairs[i + 1])
 
     def bytes_per_slot(self) -> int:
         return state_bytes(self.specs)

@@ -153,6 +153,8 @@ def run_follower(config: EngineConfig, rank: int) -> int:
                 req_pool.write(row, start, slots)
             if inp.kv_moves:  # a tree's kept nodes: moved on rank 0 when it verified them
                 runner.move_kv(inp.kv_moves)
+            if inp.state_copies:  # a hybrid model's snapshots, taken or restored on rank 0
+                runner.states.copy_pairs(inp.state_copies)
             if inp.lora_freed:
                 runner.lora.release(inp.lora_freed)
             if inp.loras:

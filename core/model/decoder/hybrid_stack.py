@@ -46,17 +46,25 @@ class GatedAttention(HotModule):
     """Full attention with per-head Q/K norms, partial rotary embeddings and a sigmoid output gate;
     ``kv_id``: its index among the model's attention layers (its K/V in the pool)."""
 
-    def __init__(self, config: dict, kv_id: int, head_dim: int, rotary_dim: int):
+    def __init__(self, config: dict, kv_id: int, head_dim: int, rotary_dim: int, tp=None):
         super().__init__()
         self.kv_id = kv_id
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         hidden, bias = config["hidden_size"], bool(config.get("attention_bias", False))
         q, kv = heads * head_dim, kv_heads * head_dim
         self.qkv_proj = Linear(
-            hidden, 2 * q + 2 * kv, bias=bias, parts=[(2 * q, heads), (kv, kv_heads), (kv, kv_heads)]
+            hidden,
+            2 * q + 2 * kv,
+            bias=bias,
+            parallel="column",
+            parts=[(2 * q, heads), (kv, kv_heads), (kv, kv_heads)],
+            tp=tp,
         )
-        self.o_proj = Linear(q, hidden, bias=bias)
-        self.num_heads, self.num_kv_heads, self.head_dim, self.rotary_dim = heads, kv_heads, head_dim, rotary_dim
+        self.o_proj = Linear(q, hidden, bias=bias, parallel="row", in_units=heads, tp=tp)
+        # this rank's heads
+        self.num_heads = heads * self.o_proj.local_in // q
+        self.num_kv_heads = (self.qkv_proj.local_out - 2 * self.num_heads * head_dim) // (2 * head_dim)
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim
         eps = config.get("rms_norm_eps", 1e-6)
         self.q_norm, self.k_norm = RMSNorm(head_dim, eps), RMSNorm(head_dim, eps)
 
@@ -101,21 +109,25 @@ class HybridBlock(HotModule):
 
 
 _FUSED = {
+    "in_proj_q": ("in_proj", 0),
+    "in_proj_k": ("in_proj", 1),
+    "in_proj_v": ("in_proj", 2),
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
     "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
-    "in_proj_qkv": ("in_proj", 0),
-    "in_proj_z": ("in_proj", 1),
-    "in_proj_b": ("in_proj", 2),
-    "in_proj_a": ("in_proj", 3),
+    "in_proj_z": ("in_proj", 3),
+    "in_proj_b": ("in_proj", 4),
+    "in_proj_a": ("in_proj", 5),
 }
+_DELTANET_PARAMS = ("mixer.conv1d.weight", "mixer.dt_bias", "mixer.A_log")
 _EXPERT_PROJ = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}  # (moe.GATE, UP, DOWN)
 
 
 class HybridLM(StackedLM):
     supports_feature_capture = False
+    supports_tp = True
     #: the feed-forward of a layer: False for every layer dense; True: sparse where the config's
     #: ``num_experts``, ``decoder_sparse_step`` and ``mlp_only_layers`` say (a shared-expert MoE)
     sparse_mlp = False
@@ -133,10 +145,10 @@ class HybridLM(StackedLM):
         blocks, kv_id, state_id = [], 0, 0
         for i, kind in enumerate(self.types):
             if kind == FULL:
-                mixer = GatedAttention(config, kv_id, self.head_dim, rotary)
+                mixer = GatedAttention(config, kv_id, self.head_dim, rotary, self.tp)
                 kv_id += 1
             else:
-                mixer = GatedDeltaNet(config, state_id)
+                mixer = GatedDeltaNet(config, state_id, self.tp)
                 state_id += 1
             blocks.append(HybridBlock(config, mixer, self.build_mlp(i)))
         self.layers = nn.ModuleList(blocks)
@@ -152,20 +164,23 @@ class HybridLM(StackedLM):
             and layer_id not in (c.get("mlp_only_layers") or [])
             and (layer_id + 1) % step == 0
         ):
-            return SharedExpertMoE(c)
-        return MLP(c["hidden_size"], c["intermediate_size"], None)
+            return SharedExpertMoE(c, self.tp)
+        return MLP(c["hidden_size"], c["intermediate_size"], self.tp)
 
     @property
     def num_kv_layers(self) -> int:
         return self.types.count(FULL)
 
+    def _attention(self) -> GatedAttention:
+        return next(layer.mixer for layer in self.layers if isinstance(layer.mixer, GatedAttention))
+
     @property
     def local_kv_heads(self) -> int:
-        return int(self.config["num_key_value_heads"])
+        return self._attention().num_kv_heads
 
     @property
     def local_heads(self) -> int:
-        return int(self.config["num_attention_heads"])
+        return self._attention().num_heads
 
     def state_specs(self, dtype: torch.dtype):
         return [layer.mixer.state_spec(dtype) for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)]
@@ -188,13 +203,22 @@ class HybridLM(StackedLM):
             if name.startswith(self.skipped) or (self.tie and name == "lm_head.weight"):
                 continue
             name = name.replace(".self_attn.", ".mixer.").replace(".linear_attn.", ".mixer.")
-            for name, tensor in self.convert(name, tensor):
+            for name, tensor in _split_qkv(self.convert(name, tensor), self.config):
                 if ".mlp.experts." in name:
                     self._load_expert(modules, name, tensor)
                     continue
-                if name.endswith("mixer.conv1d.weight"):
-                    name, tensor = name.replace("conv1d.weight", "conv_weight"), _conv_weight(tensor)
-                elif _zero_centred(name):
+                if name.endswith(_DELTANET_PARAMS):  # (this rank's channels or heads of them)
+                    owner, leaf = name.removesuffix(".weight").rsplit(".", 1)
+                    leaf = "conv_weight" if leaf == "conv1d" else leaf
+                    if not isinstance(modules.get(owner), GatedDeltaNet):
+                        raise KeyError(
+                            f"unexpected weight '{raw}' for {type(self).__name__}: a DeltaNet's, on a layer the "
+                            "config's layer_types makes full attention"
+                        )
+                    modules[owner].load_param(leaf, materialize(tensor))
+                    loaded.add(f"{owner}.{leaf}")
+                    continue
+                if _zero_centred(name):
                     tensor = materialize(tensor).float() + 1.0
                 owner, leaf, _ = place_tensor(self, modules, params, name, tensor, _FUSED)
                 loaded.add(f"{owner}.{leaf}")
@@ -226,9 +250,19 @@ class HybridLM(StackedLM):
             raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
 
 
-def _conv_weight(t):
-    t = materialize(t)
-    return t.reshape(t.shape[0], t.shape[-1])
+def _split_qkv(tensors, config: dict):
+    """A DeltaNet's ``in_proj_qkv`` as its query, key and value rows (three parts of the fused
+    projection, each split by heads under tensor parallelism); the other tensors as they come."""
+    for name, tensor in tensors:
+        if not name.endswith("in_proj_qkv.weight"):
+            yield name, tensor
+            continue
+        key = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+        t = materialize(tensor)
+        base = name[: -len("in_proj_qkv.weight")]
+        yield base + "in_proj_q.weight", t[:key]
+        yield base + "in_proj_k.weight", t[key : 2 * key]
+        yield base + "in_proj_v.weight", t[2 * key :]
 
 
 def _zero_centred(name: str) -> bool:

@@ -37,30 +37,55 @@ class GatedRMSNorm(nn.Module):
 class GatedDeltaNet(HotModule):
     """``state_id``: this layer's index among the model's state layers (its tensors in the pool)."""
 
-    def __init__(self, config: dict, state_id: int):
+    def __init__(self, config: dict, state_id: int, tp=None):
         super().__init__()
         self.state_id = state_id
         hidden = config["hidden_size"]
-        self.num_k_heads = config["linear_num_key_heads"]
-        self.num_v_heads = config["linear_num_value_heads"]
-        self.head_k_dim = config["linear_key_head_dim"]
-        self.head_v_dim = config["linear_value_head_dim"]
-        self.key_dim = self.num_k_heads * self.head_k_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.conv_dim = 2 * self.key_dim + self.value_dim
+        nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        self.head_k_dim = dk = config["linear_key_head_dim"]
+        self.head_v_dim = dv = config["linear_value_head_dim"]
         self.kernel = config.get("linear_conv_kernel_dim", 4)
-        hv = self.num_v_heads
-        # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a as one product
+        # Under tensor parallelism each rank takes whole key heads with the value heads they serve
+        # (grouped by key head in the checkpoint), in every projection, the convolution's channels,
+        # the decays and the state; out_proj sums the ranks' parts.
+        # in_proj_qkv (split into its q, k, v rows at load), in_proj_z, in_proj_b, in_proj_a: one product
         self.in_proj = Linear(
             hidden,
-            self.conv_dim + self.value_dim + 2 * hv,
-            parts=[(self.conv_dim, 1), (self.value_dim, 1), (hv, 1), (hv, 1)],
+            2 * nk * dk + 2 * nv * dv + 2 * nv,
+            parallel="column",
+            parts=[(nk * dk, nk), (nk * dk, nk), (nv * dv, nv), (nv * dv, nv), (nv, nv), (nv, nv)],
+            tp=tp,
         )
+        self.out_proj = Linear(nv * dv, hidden, parallel="row", in_units=nv, tp=tp)
+        self.num_v_heads = hv = self.out_proj.local_in // dv  # this rank's
+        self.num_k_heads = nk * hv // nv
+        self.key_dim, self.value_dim = self.num_k_heads * dk, hv * dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        # this rank's channels of the checkpoint's [q, k, v] convolution, and its value heads
+        rank = 0 if tp is None else tp.rank
+        k0, v0 = rank * self.key_dim, rank * self.value_dim
+        full_key = nk * dk
+        self._conv_rows = torch.cat(
+            [
+                torch.arange(k0, k0 + self.key_dim),
+                torch.arange(full_key + k0, full_key + k0 + self.key_dim),
+                torch.arange(2 * full_key + v0, 2 * full_key + v0 + self.value_dim),
+            ]
+        )
+        self._heads = slice(rank * hv, (rank + 1) * hv)
         self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, self.kernel), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.ones(hv), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(hv), requires_grad=False)
-        self.norm = GatedRMSNorm(self.head_v_dim, config.get("rms_norm_eps", 1e-6))
-        self.out_proj = Linear(self.value_dim, hidden)
+        self.norm = GatedRMSNorm(dv, config.get("rms_norm_eps", 1e-6))
+
+    def load_param(self, leaf: str, tensor: torch.Tensor) -> None:
+        """The checkpoint's whole ``conv_weight`` ([channels, K] or [channels, 1, K]), ``dt_bias`` or
+        ``A_log``: this rank's channels or heads of it."""
+        if leaf == "conv_weight":
+            t = tensor.reshape(tensor.shape[0], tensor.shape[-1])
+            self.conv_weight.data.copy_(t.index_select(0, self._conv_rows))
+        else:
+            getattr(self, leaf).data.copy_(tensor[self._heads])
 
     def state_spec(self, dtype: torch.dtype):
         """The conv state in the model's dtype (the inputs it keeps are), the recurrent one in fp32."""

@@ -1,5 +1,6 @@
 """The new families sharded over two tensor-parallel ranks (gloo on CPU, one process per rank):
-attention heads (and gpt-oss's per-head sinks, MLA's up-projections) split by heads, every
+attention heads (and gpt-oss's per-head sinks, MLA's up-projections, the hybrids' DeltaNet key heads
+with their value heads, convolution channels and states) split by heads, every
 expert's channels split with one all-reduce, the vocabulary split in embedding and LM head; each
 rank's logits equal transformers' on the whole model."""
 
@@ -51,7 +52,7 @@ def _rank(rank: int, size: int, init: str, model_dir: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5", "qwen3_next"])
 def test_two_ranks_match_transformers(tmp_path, arch):
     model_dir = tmp_path / "model"
     ref = save_tiny_model(arch, model_dir)
@@ -69,10 +70,12 @@ def test_two_ranks_match_transformers(tmp_path, arch):
     for out in outs:
         got = torch.load(out)
         assert got["heads"] == 2  # half of the 4 query heads on each rank
-        assert torch.allclose(got["logits"], full, atol=1e-4, rtol=1e-4), (got["logits"] - full).abs().max()
+        # (Qwen3-Next's fp32 routed experts differ from transformers' by ~4e-4 on one rank already)
+        tol = 1e-3 if arch == "qwen3_next" else 1e-4
+        assert torch.allclose(got["logits"], full, atol=tol, rtol=tol), (got["logits"] - full).abs().max()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5"])
 def test_served_tp2_equals_tp1(tmp_path, arch):
     """``llmkit serve --tp-size 2`` (ranks in their own processes, each reading its slices of the
     checkpoint lazily) answers a batch of requests as TP=1 does: same tokens, same logprobs."""
@@ -104,7 +107,9 @@ def test_served_tp2_equals_tp1(tmp_path, arch):
     for extra in (["--tp-size", "2"], []):
         proc, url = start_server([*common, *extra])
         try:
-            results.append(asyncio.run(complete(url)))
+            # the same prompts again: served from the prefix cache (a hybrid's from state snapshots,
+            # copied on every rank)
+            results.append(asyncio.run(complete(url)) + asyncio.run(complete(url)))
         finally:
             stop_server(proc)
     for a, b in zip(*results):
