@@ -80,8 +80,10 @@ def tensor_plan(c: dict) -> list[tuple[str, tuple[int, ...], str]]:
             plan += [
                 (b + "attn_qkv.weight", (conv, h), "q8"),
                 (b + "attn_gate.weight", (nv * dv, h), "q8"),
-                (b + "ssm_beta.weight", (nv, h), "q8"),
-                (b + "ssm_alpha.weight", (nv, h), "q8"),
+                # (F32, as llama.cpp's quantizer leaves them: llama.cpp's AMX Q8_0 matmul crashed on
+                # these 16-row matrices on an AMX CPU)
+                (b + "ssm_beta.weight", (nv, h), "small"),
+                (b + "ssm_alpha.weight", (nv, h), "small"),
                 (b + "ssm_conv1d.weight", (conv, c["linear_conv_kernel_dim"]), "conv"),
                 (b + "ssm_a", (nv,), "a"),
                 (b + "ssm_dt.bias", (nv,), "zeros"),
@@ -166,6 +168,8 @@ def write_gguf(c: dict, path: Path, seed: int = 0) -> None:
                 w.write_tensor_data(np.zeros(shape, dtype=np.float32))
             elif kind == "a":
                 w.write_tensor_data(-rng.uniform(0.5, 2.0, shape).astype(np.float32))
+            elif kind == "small":
+                w.write_tensor_data((rng.standard_normal(shape) / shape[1] ** 0.5).astype(np.float32))
             else:
                 w.write_tensor_data((rng.standard_normal(shape) * 0.3).astype(np.float32))
         w.close()

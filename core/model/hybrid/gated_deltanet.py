@@ -16,6 +16,7 @@ from torch import nn
 
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid import causal_conv, gated_delta_cpu, gated_delta_rule
+from llmkit.core.model.layers import FUSED_ON_CUDA
 from llmkit.core.model.linear import Linear
 
 
@@ -113,13 +114,33 @@ class GatedDeltaNet(HotModule):
             v.reshape(n, self.num_v_heads, self.head_v_dim),
         )
 
-    #: the C decode step where it builds (tests turn it off to compare with the torch forms)
+    #: the fused decode step (C on the CPU where it builds, Triton on CUDA); tests turn it off to
+    #: compare with the torch forms
     native_step = True
 
     def _recurrent_rows(self, mixed, g, beta, conv_buf, rec_buf, r_slots, w_slots, fresh: list[bool]):
         """One token of each row: the conv and the recurrent rule from the read slots' states
         (none where ``fresh``) into the write slots; the outputs ``[B, Hv, Dv]`` (fp32)."""
         dk, dv = self.head_k_dim, self.head_v_dim
+        if self.native_step and mixed.is_cuda and FUSED_ON_CUDA and dk & (dk - 1) == 0:
+            from llmkit.core.model.hybrid import triton_gated_delta as tgd
+
+            flags = torch.tensor(fresh, dtype=torch.uint8).to(mixed.device)
+            conv_out = tgd.conv_step(mixed, self.conv_weight, conv_buf, r_slots, w_slots, flags)
+            return tgd.gated_delta_step(
+                conv_out,
+                self.key_dim,
+                g,
+                beta,
+                rec_buf,
+                r_slots,
+                w_slots,
+                flags,
+                self.num_k_heads,
+                self.num_v_heads,
+                dk,
+                dv,
+            )
         if self.native_step and gated_delta_cpu.usable(mixed, conv_buf, rec_buf, dk, dv, self.kernel):
             flags = torch.tensor(fresh, dtype=torch.uint8)
             conv_out = gated_delta_cpu.conv_step(mixed, self.conv_weight, conv_buf, r_slots, w_slots, flags)
