@@ -60,7 +60,8 @@ if has tests; then
     timeout 200 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -rfEs ${TESTS_K:+-k "$TESTS_K"} \
         tests/attention/test_triton_attention.py tests/model/quant/test_int4_triton.py tests/model/moe/test_fused_moe_triton.py \
         tests/kvcache/test_kv_cache_dtype.py tests/engine/test_cuda_graph.py tests/lora/test_lora_sgmv_triton.py \
-        $(ls tests/model/test_fused_ops.py tests/model/test_triton_gemv.py tests/model/test_gemv_choice.py 2>/dev/null) \
+        $(ls tests/model/test_fused_ops.py tests/model/test_triton_gemv.py tests/model/test_gemv_choice.py \
+            tests/model/test_hybrid_triton.py 2>/dev/null) \
         > "$L/gpu_tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -25
 fi
@@ -117,6 +118,8 @@ if has http; then
         serve_and_bench llama-3.1-8b llama8b "" 1:500 100:500
         stamp "HTTP: qwen2.5-0.5b"
         serve_and_bench qwen2.5-0.5b qwen05 "" 1:500
+        stamp "HTTP: qwen3.6-27b-like (hybrid: Gated DeltaNet layers, the state cache)"
+        serve_and_bench qwen3.6-27b-like qwen36 "" 1:500 16:500
     fi
 fi
 if has modes; then  # the engine in the server's process (a thread) against its own process
