@@ -217,13 +217,14 @@ class Qwen2_5_VisionTower(nn.Module):
 # The model
 
 
-def mrope_axis(section: list[int], head_dim: int, interleaved: bool = False) -> torch.Tensor:
+def mrope_axis(section: list[int], rotary_dim: int, interleaved: bool = False) -> torch.Tensor:
     """Per rotary column (cos2/sin2 are ``[cos, cos]`` wide) the position axis (0 t, 1 h, 2 w)
     its frequency reads: contiguous bands (Qwen2-VL, Qwen2.5-VL) or, ``interleaved`` (Qwen3-VL),
-    t h w t h w ... over the first ``3 * section[1]`` / ``3 * section[2]`` frequencies."""
-    half = head_dim // 2
+    t h w t h w ... over the first ``3 * section[1]`` / ``3 * section[2]`` frequencies.
+    ``rotary_dim``: the rotated width (the head's, or its first part under partial rotary)."""
+    half = rotary_dim // 2
     if sum(section) != half:
-        raise ValueError(f"mrope_section {section} does not cover head_dim / 2 = {half}")
+        raise ValueError(f"mrope_section {section} does not cover the rotary width / 2 = {half}")
     if interleaved:
         j = torch.arange(half)
         axis = torch.zeros(half, dtype=torch.long)
@@ -247,7 +248,8 @@ class QwenVLMixin(VisionLanguageModel):
         config = text_config(config)
         super().__init__(config, tp)
         self.visual = self.vision_tower(config["vision_config"])
-        axis = mrope_axis(_mrope_section(config), self.head_dim, self.mrope_interleaved)
+        # the sections cover the rotated width: Qwen3.5 rotates only the first part of each head
+        axis = mrope_axis(_mrope_section(config), self.rotary.cos2.shape[-1], self.mrope_interleaved)
         self.register_buffer("mrope_axis", axis, persistent=False)
 
     # --- language model -----------------------------------------------------------------------
