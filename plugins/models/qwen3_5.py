@@ -1,19 +1,23 @@
-"""Qwen3.5 / Qwen3.6: ``Qwen3_5ForCausalLM`` and ``Qwen3_5MoeForCausalLM`` and the language models of
-their image-text checkpoints (``...ForConditionalGeneration``), a hybrid stack of three Gated
-DeltaNet layers to each gated full-attention one (``core/model/decoder/hybrid_stack.py``)."""
+"""Qwen3.5 / Qwen3.6: ``Qwen3_5ForCausalLM`` and ``Qwen3_5MoeForCausalLM``, a hybrid stack of three
+Gated DeltaNet layers to each gated full-attention one (``core/model/decoder/hybrid_stack.py``), and
+their image-text checkpoints (``...ForConditionalGeneration``): images in, text out.
+
+Images take Qwen3-VL's path (``qwen2_5_vl.py``'s image rows, processor and checkpoint layouts): the
+vision tower is Qwen3-VL's without DeepStack (``qwen3_vl.Qwen3VisionTower`` with no
+``deepstack_visual_indexes``), and the gated attention layers rotate by interleaved M-RoPE over the
+rotated part of each head (``mrope_section`` sums to a quarter of head_dim: 64 of 256). DeltaNet
+layers take no positions; image tokens attend causally, so a prefill chunk may end inside an image.
+"""
 
 from __future__ import annotations
 
 from llmkit.core.model.decoder.hybrid_stack import HybridLM
+from llmkit.plugins.models.qwen2_5_vl import QwenVLMixin
+from llmkit.plugins.models.qwen3_vl import Qwen3VisionTower
 
 
 class Qwen3_5ForCausalLM(HybridLM):
     pass
-
-
-class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
-    """The image-text checkpoint's language model (its vision tower is not served yet: images are
-    refused as on any text model)."""
 
 
 class Qwen3_5MoeForCausalLM(HybridLM):
@@ -23,5 +27,17 @@ class Qwen3_5MoeForCausalLM(HybridLM):
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
 
 
-class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
-    """The image-text MoE checkpoint's language model (no vision tower yet)."""
+class _Qwen3_5Vision(QwenVLMixin):
+    """The vision tower and interleaved M-RoPE on either decoder (listed before it)."""
+
+    vision_tower = Qwen3VisionTower
+    mrope_interleaved = True
+    skipped = ("mtp.",)  # the vision tower is loaded here; the multi-token-prediction head is not used
+
+
+class Qwen3_5ForConditionalGeneration(_Qwen3_5Vision, Qwen3_5ForCausalLM):
+    pass
+
+
+class Qwen3_5MoeForConditionalGeneration(_Qwen3_5Vision, Qwen3_5MoeForCausalLM):
+    pass

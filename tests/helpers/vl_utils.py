@@ -208,6 +208,73 @@ def save_tiny_qwen3_vl(path):
     return _save_servable(model, path, patch=16)
 
 
+def tiny_qwen3_5_vl_config(moe: bool = False):
+    """Qwen3.5 (``moe``: Qwen3.5-MoE) image-text: layers 0-2 Gated DeltaNet, 3 gated attention
+    rotating a quarter of each head (16 of 64 channels) by interleaved M-RoPE; Qwen3-VL's tower
+    without DeepStack."""
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
+
+    ids = dict(bos_token_id=SPECIAL["<|endoftext|>"], eos_token_id=SPECIAL["<|im_end|>"])
+    text = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        # 8 frequencies (as 32 of 256): t h w t h w t h, as [11, 11, 10] lays out the real ones
+        rope_parameters=dict(
+            rope_type="default",
+            rope_theta=10000000.0,
+            partial_rotary_factor=0.25,
+            mrope_section=[3, 3, 2],
+            mrope_interleaved=True,
+        ),
+        **ids,
+    )
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        num_position_embeddings=36,
+    )
+    return (Qwen3_5MoeConfig if moe else Qwen3_5Config)(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE_TOKEN_ID,
+        video_token_id=SPECIAL["<|video_pad|>"],
+        vision_start_token_id=SPECIAL["<|vision_start|>"],
+        vision_end_token_id=SPECIAL["<|vision_end|>"],
+        tie_word_embeddings=False,
+        **ids,
+    )
+
+
+def save_tiny_qwen3_5_vl(path, moe: bool = False):
+    """As :func:`save_tiny_qwen2_5_vl`, a Qwen3.5 (``moe``: Qwen3.5-MoE) image-text model."""
+    import transformers
+
+    torch.manual_seed(0)
+    cls = transformers.Qwen3_5MoeForConditionalGeneration if moe else transformers.Qwen3_5ForConditionalGeneration
+    return _save_servable(cls(tiny_qwen3_5_vl_config(moe)), path, patch=16)
+
+
 def _save_servable(model, path, patch: int):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 

@@ -131,8 +131,8 @@ class HybridLM(StackedLM):
     #: the feed-forward of a layer: False for every layer dense; True: sparse where the config's
     #: ``num_experts``, ``decoder_sparse_step`` and ``mlp_only_layers`` say (a shared-expert MoE)
     sparse_mlp = False
-    #: checkpoint weights this text model does not use: a vision tower (served without images for
-    #: now) and the multi-token-prediction head
+    #: checkpoint weights this text model does not use: a vision tower (an image-text checkpoint
+    #: served as text; ``qwen3_5.py``'s image-text classes load it) and the multi-token-prediction head
     skipped = ("visual.", "mtp.")
 
     def __init__(self, config: dict, tp=None) -> None:
