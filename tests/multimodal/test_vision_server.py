@@ -21,10 +21,11 @@ from vl_utils import data_url, png_b64
 
 FAMILIES = []
 try:
-    from vl_utils import save_tiny_qwen2_5_vl, save_tiny_qwen3_vl
+    from vl_utils import save_tiny_qwen2_5_vl, save_tiny_qwen3_5_vl, save_tiny_qwen3_vl
 
     FAMILIES.append(("qwen2_5_vl", save_tiny_qwen2_5_vl))
     FAMILIES.append(("qwen3_vl", save_tiny_qwen3_vl))
+    FAMILIES.append(("qwen3_5_vl", save_tiny_qwen3_5_vl))  # hybrid: DeltaNet states beside the images
 except ImportError:  # pragma: no cover - the fixture builder lives beside the model plugin
     pass
 try:
@@ -251,7 +252,7 @@ def test_generate_image_data(vl):
     assert info.status_code == 200 and rendered["count"] < info.json()["count"]
     # /generate with the raw prompt: the placeholder written once, the image as bare base64
     qwen = "<|vision_start|><|image_pad|><|vision_end|>"
-    ph = {"qwen2_5_vl": qwen, "qwen3_vl": qwen, "gemma3": "<start_of_image>"}[vl[0]]
+    ph = "<start_of_image>" if vl[0] == "gemma3" else qwen
     body = {"text": f"{ph}Look.", "image_data": png_b64(RED), "sampling_params": {"max_new_tokens": 4}}
     r = httpx.post(url + "/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
