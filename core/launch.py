@@ -61,7 +61,7 @@ def build_checked_server(checked: Checked):
         sampling_defaults=load_sampling_defaults(config.generation_config, model_dir),
         loras=dict(parse_lora_paths(engine_config.lora_paths)),  # the engine loaded them, or failed
     )
-    state.mm, state.media = _multimodal(model_dir, tok, config)
+    state.mm, state.media = _multimodal(model_dir, tok, config, engine_config.tp_size)
     from llmkit.core.server.lora.resolver import open_resolver
 
     state.lora_resolver = open_resolver(config, storage)
@@ -77,8 +77,10 @@ def build_checked_server(checked: Checked):
     return _app(state, shutdown, services, routers, storage)
 
 
-def _multimodal(model_dir: Path, tokenizer, config: ServerConfig):
-    """A vision-language model's processor (None for a text model) and the media policy."""
+def _multimodal(model_dir: Path, tokenizer, config: ServerConfig, tp_size: int = 1):
+    """A vision-language model's processor (None for a text model, or one the engine serves as
+    text: ``plan.model_class``) and the media policy."""
+    from llmkit.core.engine.stages.plan import model_class
     from llmkit.core.model.loader.source import load_config
     from llmkit.core.multimodal.media import MediaPolicy
 
@@ -95,7 +97,7 @@ def _multimodal(model_dir: Path, tokenizer, config: ServerConfig):
     hf = load_config(Path(model_dir))
     arch = (hf.get("architectures") or [None])[0]
     try:
-        cls = registry().model(arch) if arch else None
+        cls = model_class(hf, tp_size) if arch else None
     except Exception:  # the engine resolved the model by its model_type: not a vision one
         cls = None
     if not getattr(cls, "multimodal", False):

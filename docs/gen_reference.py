@@ -101,9 +101,9 @@ def models_page() -> str:
         types = entry.meta.get("model_types", ())
         serves = "scores" if entry.meta.get("scores") else "embeddings" if entry.meta.get("embedding") else "text"
         archs = sorted({a for t in types for a in gguf.get(t, ())})
+        tp = "yes" if getattr(cls, "supports_tp", False) else "text only" if getattr(cls, "text_model", None) else "no"
         out.append(
-            f"| `{name}` | {', '.join(f'`{t}`' for t in types)} | {serves} | "
-            f"{'yes' if getattr(cls, 'supports_tp', False) else 'no'} | "
+            f"| `{name}` | {', '.join(f'`{t}`' for t in types)} | {serves} | {tp} | "
             f"{'yes' if getattr(cls, 'multimodal', False) else 'no'} | {', '.join(f'`{a}`' for a in archs)} |"
         )
     return "\n".join(out) + "\n"

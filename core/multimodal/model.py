@@ -15,6 +15,9 @@ class VisionLanguageModel:
     ``ctx.mm`` (:class:`~llmkit.core.multimodal.forward.MultimodalForward`) when set."""
 
     multimodal = True
+    #: the class serving the checkpoint's language model alone (images refused): what tensor
+    #: parallelism runs for a model whose vision tower is not sharded; None: refused there
+    text_model: type | None = None
 
     @classmethod
     @abstractmethod

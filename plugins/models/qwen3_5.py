@@ -36,8 +36,8 @@ class _Qwen3_5Vision(QwenVLMixin):
 
 
 class Qwen3_5ForConditionalGeneration(_Qwen3_5Vision, Qwen3_5ForCausalLM):
-    pass
+    text_model = Qwen3_5ForCausalLM  # under --tp-size N: the tower is not sharded, images refused
 
 
 class Qwen3_5MoeForConditionalGeneration(_Qwen3_5Vision, Qwen3_5MoeForCausalLM):
-    pass
+    text_model = Qwen3_5MoeForCausalLM

@@ -151,3 +151,50 @@ def test_engine_greedy_matches_generate_and_resumes_past_the_image(vl):
         assert cached > inputs.spans[1][0] + inputs.spans[1][1]  # past the second image
     finally:
         engine.shutdown()
+
+
+# --- tensor parallelism: the language model alone -------------------------------------------------
+
+
+def test_tensor_parallel_resolves_to_the_language_model(vl):
+    """The vision tower is not sharded: under ``--tp-size N`` the image-text checkpoint is served
+    as its text model (as before it took images) and the server builds no image processor."""
+    from llmkit.core.engine.stages.plan import model_class
+    from llmkit.core.launch import _multimodal
+    from llmkit.core.model.loader.source import load_config
+    from llmkit.core.server.config import ServerConfig
+    from llmkit.plugins.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+
+    config = load_config(vl["path"])
+    assert model_class(config) is Qwen3_5ForConditionalGeneration
+    assert model_class(config, tp_size=2) is Qwen3_5ForCausalLM
+    assert _multimodal(vl["path"], vl["tok"], ServerConfig())[0] is not None
+    assert _multimodal(vl["path"], vl["tok"], ServerConfig(), tp_size=2)[0] is None
+
+
+@pytest.mark.slow  # two ranks in processes of their own
+def test_served_tp2_answers_text_and_refuses_images(vl):
+    """``llmkit serve --tp-size 2`` on the image-text checkpoint: a text prompt's greedy tokens
+    equal transformers' ``generate``; an image is a 400 naming the part."""
+    import openai
+
+    from server_utils import start_server, stop_server
+    from vl_utils import data_url
+
+    ids = [(29 * j) % 500 + 3 for j in range(20)]
+    with torch.no_grad():
+        want = vl["ref"].generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    proc, url = start_server(["--model-path", str(vl["path"]), "--tp-size", "2", "--batch-storage", "none"])
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        r = client.completions.create(
+            model="m", prompt=ids, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert r.choices[0].text == vl["tok"].decode(want[0, len(ids) :])
+        image = {"type": "image_url", "image_url": {"url": data_url(vl["images"][0])}}
+        with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[0\]"):
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": [image, {"type": "text", "text": "hi"}]}], max_tokens=2
+            )
+    finally:
+        stop_server(proc)

@@ -132,10 +132,9 @@ class Followers:
 def _check_model_shards(config: EngineConfig) -> None:
     """Refuse a model without tensor parallelism here, from its config alone, before any rank
     starts: otherwise each rank refuses it while building, and the first to die is reported."""
-    from llmkit.core.engine.stages.plan import architecture_of
+    from llmkit.core.engine.stages.plan import model_class
     from llmkit.core.model.loader.source import load_config, resolve_model_dir
-    from llmkit.core.plugins import registry
 
-    arch = architecture_of(load_config(resolve_model_dir(config.model_path, weights=False)))
-    if not registry().model(arch).supports_tp:
-        raise ValueError(f"{arch} does not support tensor parallelism (--tp-size {config.tp_size})")
+    cls = model_class(load_config(resolve_model_dir(config.model_path, weights=False)), config.tp_size)
+    if not cls.supports_tp:
+        raise ValueError(f"{cls.__name__} does not support tensor parallelism (--tp-size {config.tp_size})")

@@ -99,6 +99,16 @@ def architecture_of(hf_config: dict) -> str:
     return arch
 
 
+def model_class(hf_config: dict, tp_size: int = 1):
+    """The model plugin serving ``hf_config``. Under tensor parallelism an image-text model whose
+    vision tower is not sharded is served as its language model alone (its ``text_model``, images
+    refused), as it was before it took images, rather than not at all."""
+    cls = registry().model(architecture_of(hf_config))
+    if tp_size > 1 and not cls.supports_tp and getattr(cls, "text_model", None) is not None:
+        return cls.text_model
+    return cls
+
+
 NATIVE_GGUF_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 
 
@@ -168,7 +178,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
         native = False
         model_dir = resolve_model_dir(config.model_path)
     arch = architecture_of(hf_config)
-    model_cls = registry().model(arch)
+    model_cls = model_class(hf_config, config.tp_size)
     # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the
     # others an unsupported one fails here, before the model is built.
     int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
