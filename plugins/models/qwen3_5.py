@@ -5,8 +5,9 @@ their image-text checkpoints (``...ForConditionalGeneration``): images in, text 
 Images take Qwen3-VL's path (``qwen2_5_vl.py``'s image rows, processor and checkpoint layouts): the
 vision tower is Qwen3-VL's without DeepStack (``qwen3_vl.Qwen3VisionTower`` with no
 ``deepstack_visual_indexes``), and the gated attention layers rotate by interleaved M-RoPE over the
-rotated part of each head (``mrope_section`` sums to a quarter of head_dim: 64 of 256). DeltaNet
-layers take no positions; image tokens attend causally, so a prefill chunk may end inside an image.
+rotated part of each head (a quarter of head_dim, 64 of 256 channels: ``mrope_section`` covers its
+32 frequencies). DeltaNet layers take no positions; image tokens attend causally, so a prefill chunk
+may end inside an image. Under tensor parallelism the language model is served alone (``text_model``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 DeepStack), the processor's positions, the logits of prompts with zero, one and two images through
 the paged KV path with the DeltaNet layers' state slots (interleaved M-RoPE over the rotated quarter
 of each head, a prefill split inside an image, decode steps at ``p + rope_delta``), the MoE model,
-and the real engine's greedy output, resumed from the prefix cache past an image."""
+the real engine's greedy output, resumed from the prefix cache past an image, and ``--tp-size 2``
+serving the language model alone."""
 
 from __future__ import annotations
 
