@@ -320,7 +320,10 @@ class ServerConfig:
         16, "--max-images-per-request", check=non_negative, help="The most images one request may carry."
     )
     media_fetch_timeout: float = _media(
-        10.0, "--media-fetch-timeout", check=positive, help="Seconds to fetch one image URL."
+        10.0,
+        "--media-fetch-timeout",
+        check=positive,
+        help="Seconds to fetch one image URL, in all: connecting, redirects and the whole body.",
     )
 
     # Not options: set at launch, or OpenAI's own caps.

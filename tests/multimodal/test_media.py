@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import http.server
 import io
-import threading
+import os
+import time
 
 import pytest
+from image_hosts import ImageHost
 from PIL import Image
 
-from llmkit.core.multimodal.media import MediaError, MediaPolicy, decode_image, image_bytes
+from llmkit.core.multimodal.fetch import image_bytes
+from llmkit.core.multimodal.media import MediaError, MediaPolicy, decode_image
 
 
 def png(w=8, h=6, color=(200, 10, 10), mode="RGB") -> bytes:
@@ -29,51 +32,32 @@ def data_url(raw: bytes, mime="image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(raw).decode()
 
 
+def get(source: str, policy: MediaPolicy, bare_base64: bool = False) -> bytes:
+    return asyncio.run(image_bytes(source, policy, bare_base64))
+
+
 @pytest.fixture(scope="module")
-def image_host():
-    """A local HTTP server: /img.png, /big.png (over the cap), a same-host and an other-host redirect."""
-    body = png()
+def hosts():
+    """Two image hosts on loopback: the second is another port of the same host."""
+    first, second = ImageHost(png(), drip_interval=0.5), ImageHost(png())
+    first.other_port = second.port
+    yield first, second
+    first.close()
+    second.close()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            port = self.server.server_address[1]
-            if self.path == "/img.png":
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            elif self.path == "/same":
-                self.send_response(302)
-                self.send_header("Location", "/img.png")
-                self.end_headers()
-            elif self.path == "/other":
-                self.send_response(302)
-                self.send_header("Location", f"http://localhost:{port}/img.png")
-                self.end_headers()
-            elif self.path == "/big.png":
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"\0" * 5000)
-            else:
-                self.send_response(404)
-                self.end_headers()
 
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+@pytest.fixture
+def image_host(hosts):
+    return hosts[0].url
 
 
 def test_data_url_and_bare_base64_decode():
     raw = png(5, 4)
-    im = decode_image(image_bytes(data_url(raw), MediaPolicy()), MediaPolicy())
+    im = decode_image(get(data_url(raw), MediaPolicy()), MediaPolicy())
     assert im.size == (5, 4) and im.mode == "RGB" and im.getpixel((0, 0)) == (200, 10, 10)
-    assert image_bytes(base64.b64encode(raw).decode(), MediaPolicy(), bare_base64=True) == raw
+    assert get(base64.b64encode(raw).decode(), MediaPolicy(), bare_base64=True) == raw
     with pytest.raises(MediaError, match="must be data:"):
-        image_bytes(base64.b64encode(raw).decode(), MediaPolicy())  # a bare string is not a URL
+        get(base64.b64encode(raw).decode(), MediaPolicy())  # a bare string is not a URL
 
 
 def test_transparency_is_composited_on_white():
@@ -96,9 +80,9 @@ def test_bad_images_are_refused(raw, match):
 
 def test_bad_base64_and_non_base64_data_urls():
     with pytest.raises(MediaError, match="not valid base64"):
-        image_bytes("data:image/png;base64,@@@@", MediaPolicy())
+        get("data:image/png;base64,@@@@", MediaPolicy())
     with pytest.raises(MediaError, match="must be base64"):
-        image_bytes("data:image/png,rawbytes", MediaPolicy())
+        get("data:image/png,rawbytes", MediaPolicy())
 
 
 def test_decompression_bomb_is_refused_before_decoding():
@@ -112,18 +96,18 @@ def test_decompression_bomb_is_refused_before_decoding():
 
 def test_byte_cap():
     with pytest.raises(MediaError, match="larger than"):
-        image_bytes(data_url(png(64, 64, (1, 2, 3))), MediaPolicy(max_bytes=50))
+        get(data_url(png(64, 64, (1, 2, 3))), MediaPolicy(max_bytes=50))
 
 
 def test_urls_are_not_fetched_by_default(image_host):
     with pytest.raises(MediaError, match="--allowed-media-domains"):
-        image_bytes(image_host + "/img.png", MediaPolicy())
+        get(image_host + "/img.png", MediaPolicy())
 
 
 def test_listed_loopback_literal_is_fetched(image_host):
     policy = MediaPolicy(allowed_domains=("127.0.0.1",))
-    assert decode_image(image_bytes(image_host + "/img.png", policy), policy).size == (8, 6)
-    assert image_bytes(image_host + "/same", policy) == png()  # a redirect within the host
+    assert decode_image(get(image_host + "/img.png", policy), policy).size == (8, 6)
+    assert get(image_host + "/same", policy) == png()  # a redirect within the host
 
 
 def test_a_domain_resolving_to_loopback_is_refused(image_host):
@@ -131,15 +115,15 @@ def test_a_domain_resolving_to_loopback_is_refused(image_host):
     # listed as a domain, but its address is loopback: only the literal itself may be private
     policy = MediaPolicy(allowed_domains=("localhost.localdomain", "127.0.0.1"))
     with pytest.raises(MediaError):
-        image_bytes(f"http://localhost.localdomain:{port}/img.png", policy)
+        get(f"http://localhost.localdomain:{port}/img.png", policy)
 
 
 def test_redirect_to_another_host_and_oversized_body(image_host):
     policy = MediaPolicy(allowed_domains=("127.0.0.1", "localhost"))
     with pytest.raises(MediaError, match="another host"):
-        image_bytes(image_host + "/other", policy)
+        get(image_host + "/other", policy)
     with pytest.raises(MediaError, match="larger than"):
-        image_bytes(image_host + "/big.png", MediaPolicy(allowed_domains=("127.0.0.1",), max_bytes=1000))
+        get(image_host + "/big.png", MediaPolicy(allowed_domains=("127.0.0.1",), max_bytes=1000))
 
 
 def test_file_urls_only_below_the_allowed_path(tmp_path):
@@ -149,9 +133,74 @@ def test_file_urls_only_below_the_allowed_path(tmp_path):
     (tmp_path / "secret.png").write_bytes(png())
     (inside / "link.png").symlink_to(tmp_path / "secret.png")
     with pytest.raises(MediaError, match="allowed-local-media-path"):
-        image_bytes(f"file://{inside}/a.png", MediaPolicy())
+        get(f"file://{inside}/a.png", MediaPolicy())
     policy = MediaPolicy(allowed_local_path=str(inside))
-    assert image_bytes(f"file://{inside}/a.png", policy) == png()
+    assert get(f"file://{inside}/a.png", policy) == png()
     for escape in (f"file://{inside}/../secret.png", f"file://{inside}/link.png"):
         with pytest.raises(MediaError, match="outside"):
-            image_bytes(escape, policy)
+            get(escape, policy)
+
+
+# --- issue 52: the fetch deadline, file kinds, redirects, the checked address, proxies --------
+
+
+def test_the_fetch_timeout_bounds_the_whole_fetch(image_host):
+    """A body dripping a byte every 0.5 s never trips a per-read timeout of 1 s; the deadline is
+    for the whole fetch."""
+    timeout = 1.0
+    policy = MediaPolicy(allowed_domains=("127.0.0.1",), timeout=timeout)
+    start = time.monotonic()
+    with pytest.raises(MediaError, match="longer than 1 s"):
+        get(image_host + "/drip.png", policy)
+    assert (time.monotonic() - start) / timeout < 2.5
+
+
+def test_a_fifo_under_the_allowed_path_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "pipe.png")  # no writer: opening it for reading would wait for ever
+    policy = MediaPolicy(allowed_local_path=str(tmp_path))
+    start = time.monotonic()
+    with pytest.raises(MediaError, match="no regular file"):
+        get(f"file://{tmp_path}/pipe.png", policy)
+    assert time.monotonic() - start < 5
+    with pytest.raises(MediaError, match="no regular file"):
+        get(f"file://{tmp_path}", policy)  # a directory
+
+
+def test_a_redirect_to_another_port_of_the_host_is_refused(image_host):
+    policy = MediaPolicy(allowed_domains=("127.0.0.1",))
+    with pytest.raises(MediaError, match="another host, port or scheme"):
+        get(image_host + "/port", policy)
+
+
+def test_proxy_variables_do_not_apply(image_host, monkeypatch):
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # the discard port: nothing listens
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert get(image_host + "/img.png", MediaPolicy(allowed_domains=("127.0.0.1",))) == png()
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(hosts, monkeypatch):
+    """DNS rebinding: the name answers an allowed address to the check and another one to a
+    second lookup. Only one lookup is made, and the connection goes to the checked address with
+    the name in the Host header."""
+    import ipaddress
+    import socket
+
+    host = hosts[0]
+    answers = ["127.0.0.1", "127.0.0.3"]  # the second: nothing listens there
+    real = socket.getaddrinfo
+
+    def getaddrinfo(name, port, *a, **kw):
+        if name != "images.test":
+            return real(name, port, *a, **kw)
+        addr = answers.pop(0) if len(answers) > 1 else answers[0]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (addr, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    # the check sees an allowed address: loopback stands in for a public one here
+    monkeypatch.setattr(ipaddress.IPv4Address, "is_global", property(lambda self: True))
+    url = f"http://images.test:{host.port}/img.png"
+    assert get(url, MediaPolicy(allowed_domains=("images.test",))) == png()
+    assert host.hosts[-1] == f"images.test:{host.port}"
+    assert answers == ["127.0.0.3"]  # one lookup
