@@ -141,7 +141,7 @@ def test_file_urls_only_below_the_allowed_path(tmp_path):
             get(escape, policy)
 
 
-# --- issue 52: the fetch deadline, file kinds, redirects, the checked address, proxies --------
+# --- issue 52: the fetch deadline, file kinds, redirects, the checked address, proxies ---------
 
 
 def test_the_fetch_timeout_bounds_the_whole_fetch(image_host):
@@ -204,3 +204,46 @@ def test_the_connection_goes_to_the_address_that_was_checked(hosts, monkeypatch)
     assert get(url, MediaPolicy(allowed_domains=("images.test",))) == png()
     assert host.hosts[-1] == f"images.test:{host.port}"
     assert answers == ["127.0.0.3"]  # one lookup
+
+
+def test_a_png_over_the_pixel_cap_is_refused_before_decoding():
+    buf = io.BytesIO()
+    Image.new("RGB", (6300, 6300), (9, 9, 9)).save(buf, format="PNG")
+    assert len(buf.getvalue()) < 200_000
+    start = time.monotonic()
+    with pytest.raises(MediaError, match="6300x6300: more than"):
+        decode_image(buf.getvalue(), MediaPolicy())  # the default cap: 16 Mi pixels
+    assert time.monotonic() - start < 1
+
+
+def test_large_images_decode_at_the_size_the_model_uses():
+    """A JPEG decodes at a reduced scale (draft); a PNG is reduced by whole factors before it is
+    converted; neither below the processor's size."""
+    want = lambda w, h: (448, 448)  # noqa: E731
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 3000), (200, 10, 10)).save(buf, format="JPEG")
+    im = decode_image(buf.getvalue(), MediaPolicy(), want)
+    assert im.mode == "RGB" and (448, 448) <= im.size <= (1000, 750)
+    buf = io.BytesIO()
+    Image.new("P", (4000, 3000)).save(buf, format="PNG")
+    im = decode_image(buf.getvalue(), MediaPolicy(), want)
+    assert im.mode == "RGB" and im.size == (4000 // 8, 3000 // 6)
+    # the JPEG's cap is on what is decoded: 16 Mi pixels declared, 1/8 of each side drafted
+    buf = io.BytesIO()
+    Image.new("L", (8000, 6000)).save(buf, format="JPEG")
+    assert decode_image(buf.getvalue(), MediaPolicy(max_pixels=1_000_000), want).size == (1000 // 2, 750)
+    with pytest.raises(MediaError, match="pixels"):
+        decode_image(buf.getvalue(), MediaPolicy(max_pixels=1_000_000))  # no target: full size
+
+
+def test_the_default_pixel_cap_follows_the_model():
+    import dataclasses
+    import types
+
+    from llmkit.core.launch import media_policy
+    from llmkit.core.server.config import ServerConfig
+
+    qwen = types.SimpleNamespace(max_pixels=12_845_056)  # Qwen2.5-VL's processor
+    assert media_policy(ServerConfig()).max_pixels == 16 << 20  # a text model, or one that keeps less
+    assert media_policy(ServerConfig(), qwen).max_pixels == 2 * 12_845_056
+    assert media_policy(dataclasses.replace(ServerConfig(), max_image_pixels=5), qwen).max_pixels == 5

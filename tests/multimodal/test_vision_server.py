@@ -374,3 +374,16 @@ def test_a_fifo_under_the_allowed_path_is_a_400_at_once(vl):
     assert isinstance(err, openai.BadRequestError) and "no regular file" in err.body["message"], err
     assert elapsed < FETCH_TIMEOUT
     assert chat(url, [user("still serving", RED)]).choices[0].message.content is not None
+
+
+def test_an_image_over_the_default_pixel_cap_is_a_400_before_decoding(vl):
+    """6300 x 6300 of one colour is a few KB of PNG; the default cap (twice the model's most
+    pixels, at least 16 Mi) refuses it from its header, at once."""
+    one_family(vl)
+    _, url, _, _ = vl
+    huge = Image.new("RGB", (6300, 6300), (9, 9, 9))
+    elapsed, err = timed(chat, url, image_part(data_url(huge)))
+    assert isinstance(err, openai.BadRequestError), err
+    assert "6300x6300: more than 16777216 pixels" in err.body["message"]
+    assert err.body["param"] == "messages[0].content[0].image_url"
+    assert elapsed < 5  # decoding it whole takes seconds and 160 MB

@@ -8,7 +8,15 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from llmkit.core.multimodal.fetch import image_bytes
-from llmkit.core.multimodal.media import MediaError, MediaPolicy, decode_image, inline_bytes, is_inline
+from llmkit.core.multimodal.media import (
+    TRIM_PIXELS,
+    MediaError,
+    MediaPolicy,
+    decode_image,
+    inline_bytes,
+    is_inline,
+    release_memory,
+)
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.length_limit import check_prompt_fits
 
@@ -63,7 +71,11 @@ async def load_images(sources: list[tuple[str, str, bool]], policy: MediaPolicy,
 
         def decode():
             raw = inline_bytes(source, policy, bare) if data is None else data
-            return processor.preprocess(decode_image(raw, policy))
+            image = decode_image(raw, policy, processor.target_size)
+            item = processor.preprocess(image)
+            if image.width * image.height >= TRIM_PIXELS // 4:  # the processor's float copies of it
+                release_memory()
+            return item
 
         return await asyncio.get_running_loop().run_in_executor(_POOL, decode)
 
