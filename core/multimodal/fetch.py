@@ -60,7 +60,7 @@ async def _addresses(host: str, port: int, policy: MediaPolicy) -> list[str]:
         literal = ipaddress.ip_address(host)
     except ValueError:
         return await _resolve(host, port, local_ok=listed and host == "localhost")
-    if not (literal.is_global or listed):
+    if not (_public(literal) or listed):
         raise MediaError(f"the image URL's address {literal} is not public")
     return [str(literal)]
 
@@ -73,13 +73,29 @@ async def _resolve(host: str, port: int, local_ok: bool) -> list[str]:
     out: list[str] = []
     for info in infos:
         addr = ipaddress.ip_address(info[4][0].split("%")[0])
-        if not (addr.is_global or local_ok):
+        if not (_public(addr) or local_ok):
             raise MediaError(f"the image URL's host '{host}' resolves to a non-public address ({addr})")
         if str(addr) not in out:
             out.append(str(addr))
     if not out:
         raise MediaError(f"the image URL's host '{host}' does not resolve")
     return out
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _public(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Global, judged by the IPv4 address inside an IPv6 one that carries one: ``2002::/16``
+    (6to4) and ``64:ff9b::/96`` (NAT64) count as global themselves, yet ``64:ff9b::a9fe:a9fe``
+    reaches 169.254.169.254 through a NAT64 gateway."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        inner = addr.ipv4_mapped or addr.sixtofour
+        if inner is None and addr in _NAT64:
+            inner = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+        if inner is not None:
+            return inner.is_global
+    return addr.is_global
 
 
 def _check_url(url: str, policy: MediaPolicy) -> urllib.parse.SplitResult:

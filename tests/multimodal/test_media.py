@@ -247,3 +247,14 @@ def test_the_default_pixel_cap_follows_the_model():
     assert media_policy(ServerConfig()).max_pixels == 16 << 20  # a text model, or one that keeps less
     assert media_policy(ServerConfig(), qwen).max_pixels == 2 * 12_845_056
     assert media_policy(dataclasses.replace(ServerConfig(), max_image_pixels=5), qwen).max_pixels == 5
+
+
+def test_ipv6_addresses_are_judged_by_the_ipv4_address_they_carry():
+    import ipaddress
+
+    from llmkit.core.multimodal.fetch import _public
+
+    for inside in ("64:ff9b::a9fe:a9fe", "2002:7f00:1::", "::ffff:10.0.0.1"):  # NAT64, 6to4, mapped
+        assert not _public(ipaddress.ip_address(inside)), inside
+    for public in ("64:ff9b::808:808", "2002:808:808::", "2606:4700::1111", "8.8.8.8"):
+        assert _public(ipaddress.ip_address(public)), public
