@@ -146,16 +146,16 @@ async def _get(client, url: str, parts: urllib.parse.SplitResult, policy: MediaP
     ``(b"", location)`` for a redirect."""
     import httpx
 
-    scheme, host, port = _origin(parts)
-    addresses = await _addresses(host, port, policy)
+    port = _origin(parts)[2]
     target = httpx.URL(url)
-    host_header = parts.netloc.rpartition("@")[2]  # as the URL wrote it (brackets, port)
+    name = target.raw_host.decode("ascii").rstrip(".")  # IDNA-encoded, as DNS, Host and SNI want it
+    addresses = await _addresses(name, port, policy)
     for i, addr in enumerate(addresses):
         request = client.build_request(
             "GET",
             target.copy_with(host=addr),
-            headers={"Host": host_header},
-            extensions={"sni_hostname": parts.hostname},
+            headers={"Host": target.netloc.decode("ascii")},  # the name (and port), not the address
+            extensions={"sni_hostname": name},
         )
         try:
             resp = await client.send(request, stream=True)

@@ -180,30 +180,111 @@ def test_proxy_variables_do_not_apply(image_host, monkeypatch):
     assert get(image_host + "/img.png", MediaPolicy(allowed_domains=("127.0.0.1",))) == png()
 
 
-def test_the_connection_goes_to_the_address_that_was_checked(hosts, monkeypatch):
-    """DNS rebinding: the name answers an allowed address to the check and another one to a
-    second lookup. Only one lookup is made, and the connection goes to the checked address with
-    the name in the Host header."""
+def resolve_as(monkeypatch, name: str, answers: list[str]) -> list[str]:
+    """``name`` resolves to ``answers[0]``, the next lookup to ``answers[1]``, and so on (the last
+    repeats); its addresses count as public: loopback stands in for a public host here. Returns
+    the answers not given yet."""
     import ipaddress
     import socket
 
-    host = hosts[0]
-    answers = ["127.0.0.1", "127.0.0.3"]  # the second: nothing listens there
     real = socket.getaddrinfo
 
-    def getaddrinfo(name, port, *a, **kw):
-        if name != "images.test":
-            return real(name, port, *a, **kw)
+    def getaddrinfo(host, port, *a, **kw):
+        if host != name:
+            return real(host, port, *a, **kw)
         addr = answers.pop(0) if len(answers) > 1 else answers[0]
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (addr, port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    # the check sees an allowed address: loopback stands in for a public one here
     monkeypatch.setattr(ipaddress.IPv4Address, "is_global", property(lambda self: True))
+    return answers
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(hosts, monkeypatch):
+    """DNS rebinding: the name answers an allowed address to the check and another one to a
+    second lookup. Only one lookup is made, and the connection goes to the checked address with
+    the name in the Host header."""
+    host = hosts[0]
+    left = resolve_as(monkeypatch, "images.test", ["127.0.0.1", "127.0.0.3"])  # nothing listens on .3
     url = f"http://images.test:{host.port}/img.png"
     assert get(url, MediaPolicy(allowed_domains=("images.test",))) == png()
     assert host.hosts[-1] == f"images.test:{host.port}"
-    assert answers == ["127.0.0.3"]  # one lookup
+    assert left == ["127.0.0.3"]  # one lookup
+
+
+def test_https_to_the_checked_address_keeps_the_name_for_sni_and_the_certificate(monkeypatch, tmp_path):
+    """Connecting to an address, not the name: TLS still sends the name (SNI) and checks the
+    certificate against it, so a certificate for the name is accepted and one for another is not."""
+    import datetime
+    import http.server
+    import ssl
+    import threading
+
+    import httpx
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "images.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("images.test")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(pem)
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    sni: list[str | None] = []
+    server_ctx.sni_callback = lambda sock, server_name, ctx: sni.append(server_name)
+    body = png()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.socket = server_ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    trusting = ssl.create_default_context(cadata=pem.decode())
+
+    class Client(httpx.AsyncClient):  # the image fetch, trusting this test's certificate
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "verify": trusting})
+
+    monkeypatch.setattr(httpx, "AsyncClient", Client)
+    port = srv.server_address[1]
+    try:
+        resolve_as(monkeypatch, "images.test", ["127.0.0.1"])
+        policy = MediaPolicy(allowed_domains=("images.test", "other.test"), timeout=5)
+        assert get(f"https://images.test:{port}/img.png", policy) == body
+        assert sni == ["images.test"]
+        resolve_as(monkeypatch, "other.test", ["127.0.0.1"])  # the same server, another name
+        with pytest.raises(MediaError, match="ConnectError"):  # its certificate is not for it
+            get(f"https://other.test:{port}/img.png", policy)
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_a_png_over_the_pixel_cap_is_refused_before_decoding():
