@@ -5,7 +5,7 @@
 One request's worth of single-colour PNGs of ``--size`` x ``--size`` (a few KB each) go through
 ``load_images`` in-process with a Qwen2-VL processor keeping at most ``--max-pixels`` (50176: the
 tests' tiny Qwen; 12845056: Qwen2.5-VL's own). Prints seconds per request, the process's RSS
-before and after (what stays resident) and its peak. ``--full`` decodes at full size (no target
+before (after a warm-up with small images) and after (what stays resident) and its peak. ``--full`` decodes at full size (no target
 size), as before images were reduced toward the processor's size.
 """
 
@@ -48,6 +48,10 @@ def main() -> None:
     Image.new("RGB", (args.size, args.size), (9, 9, 9)).save(buf, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     policy = MediaPolicy(max_images=args.images, max_pixels=args.size * args.size)
+    small = io.BytesIO()
+    Image.new("RGB", (64, 64), (9, 9, 9)).save(small, format="PNG")
+    warm = "data:image/png;base64," + base64.b64encode(small.getvalue()).decode()
+    asyncio.run(load_images([(warm, "p", False)] * 4, policy, proc, "p"))  # imports, threads
     before, start = rss_mb(), time.monotonic()
     for _ in range(args.rounds):
         asyncio.run(load_images([(url, "p", False)] * args.images, policy, proc, "p"))
