@@ -115,10 +115,10 @@ def decode_image(
 ):
     """An RGB ``PIL.Image`` from encoded bytes, within the pixel cap.
 
-    ``target_size(width, height)`` is the size the model's processor will resize the image to: a
-    JPEG is decoded at the smallest of 1/2, 1/4 or 1/8 scale that still covers it (``draft``), and
-    any image larger than twice that on a side is reduced by whole factors (box averages) before
-    converting, so the processor never sees, nor copies to floats, a full-size camera image."""
+    ``target_size(width, height)`` is the size the model's processor will resize the image to. The
+    image is brought down toward twice that size, never below: a JPEG decoded at 1/2, 1/4 or 1/8
+    scale (``draft``), any image reduced by whole factors (box averages) before converting, so the
+    processor never sees, nor copies to floats, a full-size camera image."""
     from PIL import Image, UnidentifiedImageError
 
     if len(data) > policy.max_bytes:
@@ -131,6 +131,8 @@ def decode_image(
                 raise MediaError(f"image format {im.format} is not supported ({', '.join(FORMATS)})")
             w, h = im.size
             want = target_size(w, h) if target_size is not None and w > 0 and h > 0 else None
+            if want:  # keep twice the size: the processor's resize from there is as from the whole
+                want = (2 * want[0], 2 * want[1])  # image (PIL's thumbnail uses this reducing_gap)
             if im.format == "JPEG" and want:
                 im.draft("RGB", want)  # the header's size becomes the scaled one: that is what is decoded
             dw, dh = im.size
