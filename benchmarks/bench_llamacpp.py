@@ -44,9 +44,23 @@ LLAMA_CPP_PYTHON = "0.3.36"
 BUILD_DIR = Path(os.environ.get("LLMKIT_LLAMACPP_DIR", "/work/.cache/llama.cpp"))
 
 
+def _has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+# On a CPU with AMX, llama.cpp's AMX matmul (which GGML_NATIVE turns on there) crashed on a qwen35
+# GGUF's Q8_0 weights (SIGSEGV in ggml_backend_amx_mul_mat, 2026-12-07): it is built without AMX
+# there, into a build directory of its own (AVX-512 VNNI kernels instead).
+_NO_AMX = _has_amx()
+_BUILD_NAME = "build-noamx" if _NO_AMX else "build"
+
+
 def llama_server_binary() -> Path:
     """The built ``llama-server``; builds it first if absent."""
-    exe = BUILD_DIR / "build" / "bin" / "llama-server"
+    exe = BUILD_DIR / _BUILD_NAME / "bin" / "llama-server"
     if exe.exists():
         return exe
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
@@ -74,7 +88,8 @@ def llama_server_binary() -> Path:
             (top,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(top / "vendor" / "llama.cpp", src)
-    build = BUILD_DIR / "build"
+    build = BUILD_DIR / _BUILD_NAME
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     subprocess.run(
         [
             "cmake",
@@ -93,6 +108,7 @@ def llama_server_binary() -> Path:
             "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DBUILD_SHARED_LIBS=OFF",
+            *([f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"] if _NO_AMX else []),
         ],
         check=True,
     )

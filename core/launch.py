@@ -82,27 +82,36 @@ def _multimodal(model_dir: Path, tokenizer, config: ServerConfig, tp_size: int =
     text: ``plan.model_class``) and the media policy."""
     from llmkit.core.engine.stages.plan import model_class
     from llmkit.core.model.loader.source import load_config
-    from llmkit.core.multimodal.media import MediaPolicy
 
-    policy = MediaPolicy(
+    processor = None
+    if (Path(model_dir) / "config.json").exists():
+        hf = load_config(Path(model_dir))
+        arch = (hf.get("architectures") or [None])[0]
+        try:
+            cls = model_class(hf, tp_size) if arch else None
+        except Exception:  # the engine resolved the model by its model_type: not a vision one
+            cls = None
+        if getattr(cls, "multimodal", False):
+            processor = cls.processor(str(model_dir), hf, tokenizer)
+    return processor, media_policy(config, processor)
+
+
+def media_policy(config: ServerConfig, processor=None):
+    """The image policy of ``config``; the pixel cap, unless given, twice what ``processor`` keeps
+    (at least 16 Mi pixels: a 4K screenshot or a 12 MP photo of a model that keeps fewer)."""
+    from llmkit.core.multimodal.media import DEFAULT_MAX_PIXELS, MediaPolicy
+
+    max_pixels = config.max_image_pixels
+    if max_pixels is None:
+        max_pixels = max(DEFAULT_MAX_PIXELS, 2 * (getattr(processor, "max_pixels", None) or 0))
+    return MediaPolicy(
         allowed_domains=tuple(config.allowed_media_domains),
         allowed_local_path=config.allowed_local_media_path,
         max_bytes=config.max_image_bytes,
-        max_pixels=config.max_image_pixels,
+        max_pixels=max_pixels,
         max_images=config.max_images_per_request,
         timeout=config.media_fetch_timeout,
     )
-    if not (Path(model_dir) / "config.json").exists():
-        return None, policy
-    hf = load_config(Path(model_dir))
-    arch = (hf.get("architectures") or [None])[0]
-    try:
-        cls = model_class(hf, tp_size) if arch else None
-    except Exception:  # the engine resolved the model by its model_type: not a vision one
-        cls = None
-    if not getattr(cls, "multimodal", False):
-        return None, policy
-    return cls.processor(str(model_dir), hf, tokenizer), policy
 
 
 def _app(state, shutdown, services, routers, storage):

@@ -17,6 +17,9 @@ class MultimodalProcessor(ABC):
     placeholder_id: int
     #: the text of that token, for prompts written by hand (``/generate`` with ``image_data``)
     placeholder_text: str
+    #: the most pixels :meth:`preprocess` keeps of one image (None: not known); the default
+    #: ``--max-image-pixels`` follows it
+    max_pixels: int | None = None
 
     @abstractmethod
     def preprocess(self, image) -> ImageItem:
@@ -27,3 +30,8 @@ class MultimodalProcessor(ABC):
         """``ids`` with the i-th placeholder replaced by ``items[i]``'s tokens (real token ids:
         the engine swaps in pseudo-ids), and where each image sits. Raises ``ValueError`` when the
         prompt's placeholders and the images differ in number."""
+
+    def target_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """The ``(width, height)`` :meth:`preprocess` resizes a ``width`` x ``height`` image to, so
+        a large image is decoded and reduced toward it first; None: decoded at its full size."""
+        return None

@@ -319,17 +319,22 @@ class ServerConfig:
     max_image_bytes: int = _media(
         20 << 20, "--max-image-bytes", check=at_least(1), help="The largest encoded image accepted."
     )
-    max_image_pixels: int = _media(
-        40_000_000,
+    max_image_pixels: int | None = _media(
+        None,
         "--max-image-pixels",
         check=at_least(1),
-        help="The most pixels (width x height) an image may declare.",
+        help="The most pixels (width x height) an image may decode at; a JPEG decodes at up to 1/8 "
+        "scale when the model uses it smaller (default: twice the most the model's processor keeps, "
+        "at least 16 Mi, 4096 x 4096).",
     )
     max_images_per_request: int = _media(
         16, "--max-images-per-request", check=non_negative, help="The most images one request may carry."
     )
     media_fetch_timeout: float = _media(
-        10.0, "--media-fetch-timeout", check=positive, help="Seconds to fetch one image URL."
+        10.0,
+        "--media-fetch-timeout",
+        check=positive,
+        help="Seconds to fetch one image URL, in all: connecting, redirects and the whole body.",
     )
 
     # Not options: set at launch, or OpenAI's own caps.

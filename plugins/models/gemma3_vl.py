@@ -128,6 +128,12 @@ class Gemma3Processor(MultimodalProcessor):
         self.soft_id = int(config.get("image_token_index", config.get("image_token_id", 262_144)))
         self.placeholder_text = tokenizer.convert_ids_to_tokens(self.placeholder_id)
         self._newline_ids: dict[int, int] = {}  # token id -> its number of newlines (tokens of only "\n")
+        size = getattr(image_processor, "size", None) or {}
+        self._size = (int(size.get("width") or 896), int(size.get("height") or 896))  # every image, resized
+        self.max_pixels = self._size[0] * self._size[1]
+
+    def target_size(self, width: int, height: int) -> tuple[int, int] | None:
+        return self._size if getattr(self.image_processor, "do_resize", True) else None
 
     def preprocess(self, image) -> ImageItem:
         out = self.image_processor(images=[image.convert("RGB")], do_pan_and_scan=False, return_tensors="pt")

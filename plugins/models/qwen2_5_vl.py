@@ -340,6 +340,28 @@ class QwenVLProcessor(MultimodalProcessor):
         if tokenizer is not None:
             text = tokenizer.convert_ids_to_tokens(self.placeholder_id)
         self.placeholder_text = text or "<|image_pad|>"
+        # transformers 5 keeps the pixel range in size (longest_edge: max_pixels), 4 as attributes
+        size = getattr(image_processor, "size", None) or {}
+        self._pixel_range = (
+            int(size.get("shortest_edge") or getattr(image_processor, "min_pixels", 56 * 56)),
+            int(size.get("longest_edge") or getattr(image_processor, "max_pixels", 28 * 28 * 1280)),
+        )
+        self.max_pixels = self._pixel_range[1]
+
+    def target_size(self, width: int, height: int) -> tuple[int, int] | None:
+        ip = self.image_processor
+        if not getattr(ip, "do_resize", True):
+            return None
+        try:
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+        except ImportError:  # transformers 4
+            from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+        factor = int(getattr(ip, "patch_size", 14)) * int(getattr(ip, "merge_size", self.merge))
+        try:
+            h, w = smart_resize(height, width, factor, *self._pixel_range)
+        except ValueError:  # an aspect ratio it refuses: preprocess says so
+            return None
+        return w, h
 
     def preprocess(self, image) -> ImageItem:
         out = self.image_processor(images=[image], return_tensors="pt")

@@ -249,6 +249,30 @@ def test_aborts_give_every_slot_back(served):
     assert _idle_states(engine)["state_snapshots_in_use"] == 0
 
 
+def test_preempted_requests_resume_from_their_snapshots(tmp_path):
+    """A pool too small for four requests at once: the scheduler preempts some (their K/V and a
+    snapshot of their state go to the prefix cache) and resumes them later from it; every output
+    equals ``generate`` and no state slot stays with a request."""
+    ref = save_tiny_model("qwen3_5", tmp_path)
+    copy_embedded_tokenizer(tmp_path)
+    engine = start_engine(
+        model_path=str(tmp_path),
+        device="cpu",
+        page_size=4,
+        chunked_prefill_size=64,
+        max_total_tokens=160,
+        max_running_requests=4,
+    )
+    try:
+        prompts = [_prompt(30 + i, 30 + 3 * i) for i in range(4)]
+        for ids, (ours, _) in zip(prompts, _run(engine, prompts, 14)):
+            assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
+        stats = _idle_states(engine)
+        assert stats["preemptions"] > 0
+    finally:
+        engine.shutdown()
+
+
 def test_a_step_failing_midway_leaves_states_as_they_were(served):
     """A step that raises in the attention layer, after three DeltaNet layers wrote their states:
     the engine runs its requests again one by one, and the others' outputs equal ``generate``

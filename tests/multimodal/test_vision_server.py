@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import http.server
 import json
-import threading
+import os
 import time
 
 import anthropic
 import httpx
 import openai
 import pytest
+from image_hosts import ImageHost
 from PIL import Image
 
 from server_utils import start_server, stop_server
@@ -51,23 +51,14 @@ def user(text: str, *images: Image.Image) -> dict:
 
 @pytest.fixture(scope="module")
 def media_host():
-    """A local image server (127.0.0.1), which the server under test allows explicitly."""
-    body = base64.b64decode(png_b64(RED))
+    """A local image server (127.0.0.1), which the server under test allows explicitly:
+    ``/img.png`` at once, ``/drip.png`` a byte every 0.5 s."""
+    host = ImageHost(base64.b64decode(png_b64(RED)), drip_interval=0.5)
+    yield host
+    host.close()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/red.png" else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+FETCH_TIMEOUT = 2.0  # --media-fetch-timeout of the servers here
 
 
 @pytest.fixture(scope="module", params=[f[0] for f in FAMILIES] or ["none"])
@@ -77,12 +68,17 @@ def vl(request, tmp_path_factory):
     build = dict(FAMILIES)[request.param]
     root = tmp_path_factory.mktemp(request.param)
     model = build(root / "model")
+    (root / "media").mkdir()
     proc, url = start_server(
         [
             "--model-path",
             str(root / "model"),
             "--allowed-media-domains",
             "127.0.0.1",
+            "--media-fetch-timeout",
+            str(FETCH_TIMEOUT),
+            "--allowed-local-media-path",
+            str(root / "media"),
             "--max-images-per-request",
             "3",
             "--chunked-prefill-size",
@@ -270,7 +266,7 @@ def test_url_policy(vl, media_host):
             {
                 "role": "user",
                 "content": [
-                    {"type": "image_url", "image_url": {"url": media_host + "/red.png"}},
+                    {"type": "image_url", "image_url": {"url": media_host.url + "/img.png"}},
                     {"type": "text", "text": "Look."},
                 ],
             }
@@ -317,3 +313,78 @@ def test_batch_lines_take_images(vl):
     assert b.status == "completed", b
     out = json.loads(c.files.content(b.output_file_id).text.splitlines()[0])
     assert out["response"]["body"]["choices"][0]["message"]["content"] == want
+
+
+# --- issue 52: fetches apart from decoding, under one deadline; file kinds --------------------
+
+
+def one_family(vl) -> None:
+    """Fetching and decoding are the same code for every family: checked on the first only."""
+    if vl[0] != FAMILIES[0][0]:
+        pytest.skip("the media pipeline is the same for every family")
+
+
+def image_part(url: str) -> list[dict]:
+    return [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "x"}]}
+    ]
+
+
+def timed(fn, *a) -> tuple[float, object]:
+    start = time.monotonic()
+    try:
+        out = fn(*a)
+    except openai.APIError as exc:
+        out = exc
+    return time.monotonic() - start, out
+
+
+def test_slow_urls_hit_one_deadline_and_never_delay_inline_images(vl, media_host):
+    """Six URLs dripping a byte every 0.5 s (more than the 4 media threads): each is a 400 at the
+    fetch deadline, and a request whose image is a data: URL, sent while they drip, takes about
+    what it takes alone."""
+    one_family(vl)
+    _, url, _, _ = vl
+    inline = [user("Look.", RED)]
+    chat(url, inline)
+    alone = min(timed(chat, url, inline)[0] for _ in range(3))
+    seen = len(media_host.hosts)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        drips = [pool.submit(timed, chat, url, image_part(media_host.url + "/drip.png")) for _ in range(6)]
+        deadline = time.monotonic() + 30
+        while len(media_host.hosts) < seen + 6 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until all six are being fetched
+        assert len(media_host.hosts) >= seen + 6
+        during, r = timed(chat, url, inline)
+        assert not isinstance(r, Exception), r
+        results = [f.result() for f in drips]
+    for elapsed, err in results:
+        assert isinstance(err, openai.BadRequestError), err
+        assert f"longer than {FETCH_TIMEOUT:g} s" in err.body["message"]
+        assert elapsed / FETCH_TIMEOUT < 3
+    assert during < max(5 * alone, FETCH_TIMEOUT / 2), (during, alone)
+
+
+def test_a_fifo_under_the_allowed_path_is_a_400_at_once(vl):
+    one_family(vl)
+    _, url, _, path = vl
+    fifo = path.parent / "media" / "pipe.png"
+    if not fifo.exists():
+        os.mkfifo(fifo)  # no writer: opening it to read would wait for ever
+    elapsed, err = timed(chat, url, image_part(f"file://{fifo}"))
+    assert isinstance(err, openai.BadRequestError) and "no regular file" in err.body["message"], err
+    assert elapsed < FETCH_TIMEOUT
+    assert chat(url, [user("still serving", RED)]).choices[0].message.content is not None
+
+
+def test_an_image_over_the_default_pixel_cap_is_a_400_before_decoding(vl):
+    """6300 x 6300 of one colour is a few KB of PNG; the default cap (twice the model's most
+    pixels, at least 16 Mi) refuses it from its header, at once."""
+    one_family(vl)
+    _, url, _, _ = vl
+    huge = Image.new("RGB", (6300, 6300), (9, 9, 9))
+    elapsed, err = timed(chat, url, image_part(data_url(huge)))
+    assert isinstance(err, openai.BadRequestError), err
+    assert "6300x6300: more than 16777216 pixels" in err.body["message"]
+    assert err.body["param"] == "messages[0].content[0].image_url"
+    assert elapsed < 5  # decoding it whole takes seconds and 160 MB

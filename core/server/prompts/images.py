@@ -7,11 +7,21 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from llmkit.core.multimodal.media import MediaError, MediaPolicy, decode_image, image_bytes
+from llmkit.core.multimodal.fetch import image_bytes
+from llmkit.core.multimodal.media import (
+    TRIM_PIXELS,
+    MediaError,
+    MediaPolicy,
+    decode_image,
+    inline_bytes,
+    is_inline,
+    release_memory,
+)
 from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.length_limit import check_prompt_fits
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmkit-media")  # decoding off the event loop
+# decoding off the event loop; fetching never runs here (it waits on the event loop)
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmkit-media")
 
 
 def chat_images(body) -> list[tuple[str, str, bool]]:
@@ -54,13 +64,22 @@ async def load_images(sources: list[tuple[str, str, bool]], policy: MediaPolicy,
             param=param,
         )
 
-    def one(source: str, bare: bool):
-        image = decode_image(image_bytes(source, policy, bare), policy)
-        return processor.preprocess(image)
+    async def one(source: str, bare: bool):
+        # fetches wait on the event loop, never in a media thread: those only decode, so images
+        # in the request itself never queue behind other requests' slow URLs
+        data = None if is_inline(source, bare) else await image_bytes(source, policy, bare)
 
-    loop = asyncio.get_running_loop()
-    futures = [loop.run_in_executor(_POOL, one, src, bare) for src, _, bare in sources]
-    results = await asyncio.gather(*futures, return_exceptions=True)
+        def decode():
+            raw = inline_bytes(source, policy, bare) if data is None else data
+            image = decode_image(raw, policy, processor.target_size)
+            item = processor.preprocess(image)
+            if image.width * image.height >= TRIM_PIXELS // 4:  # the processor's float copies of it
+                release_memory()
+            return item
+
+        return await asyncio.get_running_loop().run_in_executor(_POOL, decode)
+
+    results = await asyncio.gather(*(one(src, bare) for src, _, bare in sources), return_exceptions=True)
     for (_, param, _), res in zip(sources, results):
         if isinstance(res, MediaError):
             raise APIError(f"{param}: {res}", param=param)
