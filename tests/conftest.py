@@ -93,6 +93,7 @@ SLOW_MODULES = frozenset(
         "tests/model/test_hybrid_triton.py",
         "tests/model/test_model_configs_bad_input.py",
         "tests/model/test_qwen3_5.py",
+        "tests/model/test_qwen3_5_vl.py",
         "tests/model/test_reference_transformers.py",
         "tests/model/test_triton_gemv.py",
         "tests/multimodal/test_vision_server.py",
