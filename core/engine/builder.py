@@ -199,8 +199,10 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     states = None
     specs = model.state_specs(plan.dtype)
     if specs:  # a hybrid model: its state layers' slots, two a request row, and the cache's snapshots
-        if config.speculative_algorithm:
-            raise ValueError(f"{plan.arch} keeps recurrent state: --speculative-algorithm is not served on it yet")
+        if config.speculative_algorithm and (config.speculative_eagle_topk or 1) > 1:
+            raise ValueError(
+                f"{plan.arch} keeps recurrent state: tree drafts (--speculative-eagle-topk > 1) are not served on it"
+            )
         states = StatePool(specs, config.max_running_requests + 1, kv.state_snapshots, plan.device)
     if config.disable_radix_cache:
         cache = NoPrefixCache()

@@ -390,7 +390,8 @@ class Scheduler:
                 seg.req.first_prefill_done = True
         if self.states is not None:
             for seg in batch.segments:
-                self._checkpoint(seg.req)
+                if not seg.draft:  # (a drafted step's state waits for its verification)
+                    self._checkpoint(seg.req)
 
     # -- hybrid models' state snapshots --------------------------------------------------------
     def _prompt_mark(self, req: Request) -> int:

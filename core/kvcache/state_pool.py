@@ -57,6 +57,13 @@ class StatePool:
         for r in rows:
             bank[r] ^= 1
 
+    def unflip(self, row: int) -> None:
+        """Make the state before the last step current again (speculative decoding: the step ran
+        draft tokens that were rejected; the step before left it intact in the other slot)."""
+        self._bank[row] ^= 1
+        if self.copy_log is not None:
+            self.copy_log += [-1, row]
+
     # -- snapshots ----------------------------------------------------------------------------
     @property
     def num_free_snapshots(self) -> int:
@@ -89,9 +96,13 @@ class StatePool:
         return log
 
     def copy_pairs(self, pairs: list[int]) -> None:
-        """Make rank 0's logged copies (flat source, destination pairs), in order."""
+        """Make rank 0's logged copies (flat source, destination pairs; source -1: an
+        :meth:`unflip` of the row in destination), in order."""
         for i in range(0, len(pairs), 2):
-            self.copy(pairs[i], pairs[i + 1])
+            if pairs[i] < 0:
+                self._bank[pairs[i + 1]] ^= 1
+            else:
+                self.copy(pairs[i], pairs[i + 1])
 
     def bytes_per_slot(self) -> int:
         return state_bytes(self.specs)

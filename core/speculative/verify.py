@@ -27,11 +27,19 @@ def verify_draft(engine, seg, logits) -> int:
     req.inflight = False
     base = seg.start + 1  # K/V are in the pool up to here; each kept draft token adds one
     emitted = accepted = 0
+    # A hybrid model's state layers ran every draft token: unless all are kept, the state is the one
+    # before the step (still in the other working slot) and the kept tokens are computed again with
+    # the next step; until it is known, a request ending here leaves with that state.
+    states = engine.scheduler.states
+    if states is not None:
+        states.unflip(req.req_pool_idx)
+        base = seg.start
     node = -1  # the row sampled next: node + 1 (the root's row first)
     while True:
         if engine.output.get(req.rid) is None:
             break  # ended: an abort
-        req.num_computed = base + accepted  # so a request ending here caches exactly its valid K/V
+        # so a request ending here caches exactly its valid K/V (a hybrid's: none of this step's)
+        req.num_computed = base + (accepted if states is None else 0)
         tokens, lps = engine.sampler.sample(logits[node + 1 : node + 2], [req])
         if 0 in engine.sampler.failed:
             engine.fail(req, engine.sampler.failed[0])
@@ -50,5 +58,8 @@ def verify_draft(engine, seg, logits) -> int:
         if nxt != accepted - 1:  # a tree node off the main chain: its K/V to the position it now holds
             engine.runner.move_kv_column(req.req_pool_idx, seg.start + 1 + nxt, seg.start + accepted)
         node = nxt
+    if states is not None and accepted == len(draft) and engine.output.get(req.rid) is not None:
+        states.unflip(req.req_pool_idx)  # every draft token kept: the step's state is the request's
+        req.num_computed = seg.start + 1 + accepted
     engine.speculator.record(req, len(draft), accepted, None if tree is None else max(tree.depths()))
     return emitted

@@ -273,6 +273,60 @@ def test_preempted_requests_resume_from_their_snapshots(tmp_path):
         engine.shutdown()
 
 
+def test_speculation_leaves_outputs_unchanged(tmp_path):
+    """Speculative decoding on a hybrid model: a verify step runs the draft tokens through the state
+    layers too; where some are rejected the request keeps the state from before the step (the other
+    working slot) and computes the kept tokens again with its next step. The drafts here are
+    ``generate``'s own tokens, every other one with its third token wrong (so both full and partial
+    acceptance happen on each request); outputs equal ``generate``, and a later turn still resumes
+    from a snapshot."""
+    import torch
+
+    ref = save_tiny_model("qwen3_5", tmp_path)
+    copy_embedded_tokenizer(tmp_path)
+    engine = start_engine(
+        model_path=str(tmp_path),
+        device="cpu",
+        page_size=1,
+        chunked_prefill_size=64,
+        max_total_tokens=2048,
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=4,
+        state_snapshot_interval=16,
+    )
+    prompts = [_prompt(40, 9), _prompt(41, 25), _prompt(42, 3)]
+    n = 24
+    expected = {}
+    with torch.no_grad():
+        for i, ids in enumerate(prompts):
+            gen = ref.generate(torch.tensor([ids]), max_new_tokens=n + 4, min_new_tokens=n + 4, do_sample=False)
+            expected[f"r{i}"] = gen[0, len(ids) :].tolist()
+    calls = {"n": 0}
+
+    def propose(req, max_tokens):
+        calls["n"] += 1
+        draft = expected[req.rid][len(req.output_ids) : len(req.output_ids) + max_tokens]
+        if calls["n"] % 2 and len(draft) > 2:
+            draft = [*draft[:2], (draft[2] + 1) % 512, *draft[3:]]
+        return draft
+
+    engine.scheduler.speculator.proposer.propose = propose
+    try:
+        outs = _run(engine, prompts, n)
+        for i, (ids, (ours, _)) in enumerate(zip(prompts, outs)):
+            assert ours == expected[f"r{i}"][:n], f"request {i}"
+        stats = _idle_states(engine)
+        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+        turn2 = prompts[1] + outs[1][0] + _prompt(43, 5)
+        calls["n"] = -(10**6)  # (the proposer: no drafts for this one)
+        engine.scheduler.speculator.proposer.propose = lambda req, k: []
+        ((again, cached),) = _run(engine, [turn2], 8)
+        assert cached == len(turn2) - 6 and again
+        assert_same_as_generate(ref, turn2, again, "the next turn")
+    finally:
+        engine.shutdown()
+
+
 def test_a_step_failing_midway_leaves_states_as_they_were(served):
     """A step that raises in the attention layer, after three DeltaNet layers wrote their states:
     the engine runs its requests again one by one, and the others' outputs equal ``generate``
