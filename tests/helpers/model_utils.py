@@ -82,6 +82,14 @@ def tiny_config(arch: str, **overrides):
         kw.update(block_ffn_dim_multiplier=1.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         base = {k: v for k, v in common.items() if k != "rms_norm_eps"}
         return transformers.Lfm2Config(**{**base, **kw, **overrides})
+    if arch == "nemotron_h":
+        # hybrid: Mamba2, attention (no rotary), Mamba2, ReLU² MLP, attention; 8 Mamba heads in 2
+        # groups of B/C, SSD chunks of 8 tokens (the tests' prompts span several); kernel 4
+        kw = dict(layers_block_type=["linear_attention", "full_attention", "linear_attention", "mlp", "full_attention"])
+        kw.update(head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4)
+        kw.update(chunk_size=8, layer_norm_epsilon=1e-5, use_conv_bias=True)
+        base = {k: v for k, v in common.items() if k not in ("rms_norm_eps", "num_hidden_layers")}
+        return transformers.NemotronHConfig(**{**base, **kw, **overrides})
     raise ValueError(arch)
 
 
@@ -98,6 +106,8 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
                 p.normal_(0, 0.2)
             elif arch == "gpt_oss" and "norm" not in name:  # biases and sinks start at ~0: make them count
                 p.normal_(0, 1.0 if name.endswith("sinks") else 0.2)
+            elif arch == "nemotron_h" and name.endswith(("dt_bias", ".D")):  # time steps that decay the state
+                p.normal_(0, 1.0)
         if arch == "deepseek_v3":  # the routing bias is a buffer, zero at init
             for layer in model.model.layers:
                 if hasattr(layer.mlp, "gate"):

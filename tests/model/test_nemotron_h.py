@@ -7,9 +7,15 @@ fails naming the layer."""
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.hybrid import ssd
+
+from model_utils import assert_same_as_generate, copy_embedded_tokenizer, save_tiny_model, start_engine
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -82,3 +88,112 @@ def test_recurrent_matches_transformers_and_continues_the_chunked_form():
         rows.append(o)
     torch.testing.assert_close(torch.cat(rows), whole[10:], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(s[0], s_whole, atol=1e-4, rtol=1e-4)
+
+
+# --- the engine -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
+    16 (two SSD chunks of 8 each), a state snapshot every 16 prompt tokens."""
+    path = tmp_path_factory.mktemp("nemotron_h")
+    ref = save_tiny_model("nemotron_h", path)
+    copy_embedded_tokenizer(path)
+    engine = start_engine(
+        model_path=str(path),
+        device="cpu",
+        page_size=4,
+        chunked_prefill_size=16,
+        max_total_tokens=2048,
+        state_snapshot_interval=16,
+        max_running_requests=8,
+    )
+    yield ref, engine
+    engine.shutdown()
+
+
+def _run(engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
+    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
+    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
+
+    def sink_for(i):
+        out = []
+
+        def sink(o):
+            out.extend(o.token_ids)
+            if o.finished:
+                results[i] = (list(out), o.cached_tokens)
+                done[i].set()
+
+        return sink
+
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
+        engine.submit(GenerateRequest(f"nemotron-h-{i}", ids, params), sink_for(i))
+    for ev in done:
+        assert ev.wait(300)
+    return results
+
+
+def _assert_idle(engine) -> None:
+    stats = engine.call(engine.stats).result(timeout=60)
+    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
+
+
+def test_greedy_matches_generate_batched(served):
+    """Four prompts of different lengths at once (a one-token prompt and 16-token chunks beside
+    decode rows in one step): each one's output equals transformers' alone; no state slot stays
+    taken."""
+    ref, engine = served
+    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 50)]
+    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 10)):
+        assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
+    _assert_idle(engine)
+
+
+def test_conversation_resumes_from_snapshot(served):
+    """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the conv and SSM
+    states snapshotted when turn 1 left, and equals ``generate``."""
+    ref, engine = served
+    turn1 = _prompt(5, 29)
+    ((out1, _),) = _run(engine, [turn1], 8)
+    assert_same_as_generate(ref, turn1, out1, "turn 1")
+    turn2 = turn1 + out1 + _prompt(6, 9)
+    ((out2, cached),) = _run(engine, [turn2], 8)
+    assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0  # (page-aligned; the last token never computed)
+    assert_same_as_generate(ref, turn2, out2, "turn 2")
+    _assert_idle(engine)
+
+
+def test_one_token_prompt_starts_from_zeros_on_a_used_row(served):
+    """A one-token prompt on a request row whose slots hold an earlier request's states (a
+    decode-shaped step, its row marked fresh) reads zeros, not them."""
+    ref, engine = served
+    _run(engine, [_prompt(8, 23)], 3)
+    ((out, _),) = _run(engine, [[17]], 6)
+    assert_same_as_generate(ref, [17], out, "one-token prompt")
+    _assert_idle(engine)
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def test_layer_pattern_disagreeing_with_weights_names_the_layer(tmp_path):
+    """A config whose layer 1 says Mamba2 over a checkpoint whose layer 1 is attention."""
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model.loader.source import iter_safetensors
+    from llmkit.plugins.models.nemotron_h import NemotronHForCausalLM
+
+    save_tiny_model("nemotron_h", tmp_path)
+    config = {"hybrid_override_pattern": "MMM-*", **_config_dict(tmp_path)}
+    config.pop("layers_block_type")
+    model = build_model(NemotronHForCausalLM, config, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="layer 1 is 'mamba'.*'attention' weight"):
+        model.load_weights(iter_safetensors(tmp_path))
+
+
+def _config_dict(path) -> dict:
+    from llmkit.core.model.loader.source import load_config
+
+    return load_config(path)
