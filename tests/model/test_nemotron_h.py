@@ -197,3 +197,105 @@ def _config_dict(path) -> dict:
     from llmkit.core.model.loader.source import load_config
 
     return load_config(path)
+
+
+# --- GGUF -----------------------------------------------------------------------------------
+
+_GGUF_NAMES = {
+    "norm": "attn_norm",
+    "mixer.in_proj": "ssm_in",
+    "mixer.out_proj": "ssm_out",
+    "mixer.q_proj": "attn_q",
+    "mixer.k_proj": "attn_k",
+    "mixer.v_proj": "attn_v",
+    "mixer.o_proj": "attn_output",
+    "mixer.up_proj": "ffn_up",
+    "mixer.down_proj": "ffn_down",
+}
+
+
+def _write_gguf(ref, path) -> None:
+    """As llama.cpp's converter: KV heads and feed-forward widths per layer (0 where a layer has
+    none: a layer with neither is Mamba2), the Mamba2 sizes as ssm.* keys, the conv weight squeezed
+    to ``[C, K]``, ``A`` as ``-exp(A_log)`` and ``D`` as ``[heads, 1]``, the grouped norm's weight
+    as ``[groups, channels / groups]``, ``dt_bias`` as ``ssm_dt.bias``."""
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    cfg = ref.config
+    types = cfg.layers_block_type
+    w = gguf.GGUFWriter(str(path), "nemotron_h")
+    w.add_block_count(len(types))
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length([cfg.intermediate_size if t == "mlp" else 0 for t in types])
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv([cfg.num_key_value_heads if t == "full_attention" else 0 for t in types])
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_inner_size(cfg.mamba_num_heads * cfg.mamba_head_dim)
+    w.add_ssm_state_size(cfg.ssm_state_size)
+    w.add_ssm_time_step_rank(cfg.mamba_num_heads)
+    w.add_ssm_group_count(cfg.n_groups)
+    w.add_layer_norm_rms_eps(cfg.layer_norm_epsilon)
+    w.add_vocab_size(cfg.vocab_size)
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+
+    def add(name, t):
+        w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+
+    add("token_embd.weight", sd["model.embeddings.weight"])
+    add("output_norm.weight", sd["model.norm_f.weight"])
+    add("output.weight", sd["lm_head.weight"])
+    for i in range(len(types)):
+        p = f"model.layers.{i}."
+        for hf, g in _GGUF_NAMES.items():
+            if p + hf + ".weight" in sd:
+                add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"])
+        if types[i] != "linear_attention":
+            continue
+        m = p + "mixer."
+        add(f"blk.{i}.ssm_conv1d.weight", sd[m + "conv1d.weight"].squeeze(1))
+        add(f"blk.{i}.ssm_conv1d.bias", sd[m + "conv1d.bias"])
+        add(f"blk.{i}.ssm_dt.bias", sd[m + "dt_bias"])
+        add(f"blk.{i}.ssm_a", (-np.exp(sd[m + "A_log"])).reshape(-1, 1))
+        add(f"blk.{i}.ssm_d", sd[m + "D"].reshape(-1, 1))
+        add(f"blk.{i}.ssm_norm.weight", sd[m + "norm.weight"].reshape(cfg.n_groups, -1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_matches_transformers(tmp_path):
+    """The GGUF's config names the same layer pattern and Mamba2 sizes; its prefill (in two chunks,
+    the SSD chunks of 8 inside them) and decode logits equal transformers' on the same weights."""
+    gguf = pytest.importorskip("gguf")
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model import quantize
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.plugins import registry
+
+    from paged_runner import PagedRunner
+
+    ref = save_tiny_model("nemotron_h", tmp_path / "hf")
+    _write_gguf(ref, tmp_path / "tiny.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    config = gguf_config(reader)
+    assert config["hybrid_override_pattern"] == ref.config.hybrid_override_pattern
+    assert (config["n_groups"], config["mamba_head_dim"]) == (ref.config.n_groups, ref.config.mamba_head_dim)
+    model_cls = registry().model(registry().architecture_for_model_type(config["model_type"]))
+    config["chunk_size"] = ref.config.chunk_size  # (not in the GGUF: the result does not depend on it)
+    model = build_model(model_cls, config, torch.device("cpu"), torch.float32)
+    model.load_weights(gguf_tensors(reader, config))
+    quantize.finalize_weights(model)
+    ids = _prompt(7, 30)
+    runner = PagedRunner(model, 4)
+    row = runner.new_seq()
+    (head,) = runner.step([(row, ids[:13])])
+    (tail,) = runner.step([(row, ids[13:])])
+    (decode,) = runner.step([(row, [7])])
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids + [7]])).logits[0]
+    torch.testing.assert_close(torch.cat([head, tail]), logits[:-1], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(decode[0], logits[-1], atol=2e-4, rtol=2e-4)

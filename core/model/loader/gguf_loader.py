@@ -25,6 +25,7 @@ GGUF_MODEL_TYPES = {
     "qwen35moe": ("qwen3_5_moe_text",),
     "qwen3next": ("qwen3_next",),
     "lfm2": ("lfm2",),
+    "nemotron_h": ("nemotron_h",),
 }
 QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -80,6 +81,24 @@ _LFM2_NAMES = {
     "ffn_up": "feed_forward.w3",
     "ffn_down": "feed_forward.w2",
 }
+# Nemotron-H: one norm and one mixer a block (Mamba2, attention or the ReLU² MLP), under its HF
+# names; ssm_a / ssm_d / ssm_dt have no suffix in HF's names (see _nemotron_h_tensor)
+_NEMOTRON_H_NAMES = {
+    "attn_norm": "norm",
+    "ssm_in": "mixer.in_proj",
+    "ssm_conv1d": "mixer.conv1d",
+    "ssm_dt": "mixer.dt_bias",
+    "ssm_a": "mixer.A_log",
+    "ssm_d": "mixer.D",
+    "ssm_norm": "mixer.norm",
+    "ssm_out": "mixer.out_proj",
+    "attn_q": "mixer.q_proj",
+    "attn_k": "mixer.k_proj",
+    "attn_v": "mixer.v_proj",
+    "attn_output": "mixer.o_proj",
+    "ffn_up": "mixer.up_proj",
+    "ffn_down": "mixer.down_proj",
+}
 # DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
 # joined again in gguf_tensors)
 _DEEPSEEK_NAMES = {
@@ -108,7 +127,8 @@ def gguf_config(reader) -> dict:
         raise ValueError(f"GGUF architecture '{arch}' is not supported; supported: {sorted(GGUF_MODEL_TYPES)}")
     p = f"{arch}."
     names = {t.name for t in reader.tensors}
-    heads = int(_field(reader, p + "attention.head_count"))
+    heads = _field(reader, p + "attention.head_count")
+    heads = int(max(heads) if isinstance(heads, list) else heads)
     hidden = int(_field(reader, p + "embedding_length"))
     vocab = _field(reader, p + "vocab_size")
     if vocab is None:
@@ -116,10 +136,11 @@ def gguf_config(reader) -> dict:
     ffn = _field(reader, p + "feed_forward_length", _field(reader, p + "expert_feed_forward_length"))
     kv_heads = _field(reader, p + "attention.head_count_kv", heads)  # (LFM2: one a layer, 0 for a conv)
     per_layer_kv = kv_heads if isinstance(kv_heads, list) else None
+    per_layer_ffn = ffn if isinstance(ffn, list) else None  # (Nemotron-H: 0 but for its MLP layers)
     cfg = {
         "model_type": GGUF_MODEL_TYPES[arch][0],
         "hidden_size": hidden,
-        "intermediate_size": int(ffn),
+        "intermediate_size": int(max(ffn)) if per_layer_ffn else int(ffn),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(max(per_layer_kv)) if per_layer_kv else int(kv_heads),
@@ -162,6 +183,8 @@ def gguf_config(reader) -> dict:
         cfg.update(_qwen_hybrid_config(reader, p, cfg))
     if arch == "lfm2":
         cfg.update(_lfm2_config(reader, p, cfg, per_layer_kv))
+    if arch == "nemotron_h":
+        cfg.update(_nemotron_h_config(reader, p, cfg, per_layer_kv, per_layer_ffn, names))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -224,6 +247,37 @@ def _lfm2_config(reader, p: str, cfg: dict, per_layer_kv: list | None) -> dict:
         "norm_eps": cfg["rms_norm_eps"],
         "block_auto_adjust_ff_dim": False,
     }
+
+
+def _nemotron_h_config(reader, p: str, cfg: dict, per_layer_kv, per_layer_ffn, names: set) -> dict:
+    """llama.cpp's nemotron_h metadata: a layer with KV heads is attention, one with a feed-forward
+    width the MLP, any other Mamba2 (as llama.cpp tells them); the Mamba2 sizes as its ssm.* keys
+    (``time_step_rank``: the heads, ``inner_size``: heads x head size)."""
+    n = cfg["num_hidden_layers"]
+    kv = per_layer_kv or [cfg["num_key_value_heads"]] * n
+    ffn = per_layer_ffn or [0] * n
+    heads = int(_field(reader, p + "ssm.time_step_rank"))
+    return {
+        "hybrid_override_pattern": "".join("*" if kv[i] else "-" if ffn[i] else "M" for i in range(n)),
+        "mamba_num_heads": heads,
+        "mamba_head_dim": int(_field(reader, p + "ssm.inner_size")) // heads,
+        "ssm_state_size": int(_field(reader, p + "ssm.state_size")),
+        "n_groups": int(_field(reader, p + "ssm.group_count")),
+        "conv_kernel": int(_field(reader, p + "ssm.conv_kernel")),
+        "use_conv_bias": any(t.endswith(".ssm_conv1d.bias") for t in names),
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+        "mlp_hidden_act": "relu2",
+    }
+
+
+def _nemotron_h_tensor(kind: str, w: np.ndarray) -> np.ndarray:
+    """A nemotron_h tensor back in the checkpoint's form: ``A_log`` from ``-exp(A_log)``, and ``A``,
+    ``D`` and the grouped norm's weight (``[heads, 1]``, ``[groups, channels / groups]``) flat."""
+    if kind == "ssm_a":
+        return np.log(-w).reshape(-1)
+    if kind in ("ssm_d", "ssm_norm"):
+        return w.reshape(-1)
+    return w
 
 
 def _untile_v_heads(w: np.ndarray, axis: int, num_k: int, per_k: int, head: int) -> np.ndarray:
@@ -357,6 +411,9 @@ class _Converter:
         self.lfm2 = config["model_type"] == "lfm2"
         if self.lfm2:
             self.names.update(_LFM2_NAMES)
+        self.nemotron_h = config["model_type"] == "nemotron_h"
+        if self.nemotron_h:
+            self.names.update(_NEMOTRON_H_NAMES)
         self.hybrid = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
         if self.hybrid:
             self.names.update(_QWEN_HYBRID_NAMES)
@@ -395,6 +452,8 @@ class _Converter:
         if self.hybrid and not kept and name.startswith("blk."):
             tiled = config["model_type"] != "qwen3_next"  # (qwen35's converter reorders value heads)
             w = _qwen_hybrid_tensor(name.split(".")[2], w, config, tiled)
+        elif self.nemotron_h and not kept and name.startswith("blk."):
+            w = _nemotron_h_tensor(name.split(".")[2], w)
         if name == "token_embd.weight":
             hf = "model.embed_tokens.weight"
         elif name == "token_embd_norm.weight" and self.lfm2:  # (llama.cpp's name for its final norm)
@@ -414,8 +473,10 @@ class _Converter:
                 return
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
-            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and self.hybrid):
+            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and (self.hybrid or self.nemotron_h)):
                 hf = f"model.layers.{idx}.{names[kind]}"  # (no suffix in HF's name)
+            elif kind == "ssm_d" and self.nemotron_h:
+                hf = f"model.layers.{idx}.{names[kind]}"
             elif kind in ("attn_k_b", "attn_v_b"):
                 # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
                 halves = self.split_kv_b.setdefault(idx, {})
@@ -453,6 +514,7 @@ def _served(name: str) -> bool:
         or kind in _DEEPSEEK_NAMES
         or kind in _GPT_OSS_NAMES
         or kind in _LFM2_NAMES
+        or kind in _NEMOTRON_H_NAMES
     )
 
 
