@@ -11,6 +11,7 @@ import math
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.decoder.stack import StackedLM, expected_weights, place_tensor
@@ -19,6 +20,7 @@ from llmkit.core.model.hybrid.mamba2 import Mamba2
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear, VocabEmbedding
 from llmkit.core.model.loader.source import materialize
+from llmkit.core.model.moe import DOWN, UP, FusedExperts, grouped_topk
 
 MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
 #: the layer kinds' names in ``layers_block_type`` (transformers' and NVIDIA's own) as pattern letters
@@ -110,7 +112,60 @@ class ReluSquaredMLP(HotModule):
 
     def forward(self, x, rope, ctx):
         det = ctx.deterministic
-        return self.down_proj(torch.relu(self.up_proj(x, det)).square(), det)
+        return self.down_proj(relu_squared(self.up_proj(x, det)), det)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x).square()
+
+
+class Router(nn.Module):
+    """The MoE router's fp32 weight and its selection bias (checkpoint names ``gate.weight``,
+    ``gate.e_score_correction_bias``)."""
+
+    def __init__(self, experts: int, hidden: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(experts, hidden), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(experts), requires_grad=False)
+
+
+class NemotronHMoE(HotModule):
+    """Routed ReLU² experts and a shared one: sigmoid scores, experts chosen by score plus the
+    correction bias within the best ``topk_group`` of ``n_group`` groups (DeepSeek-V3's routing),
+    weights renormalised (``norm_topk_prob``) and scaled by ``routed_scaling_factor``. With a
+    ``moe_latent_size`` the routed experts work in a smaller space, projected in and out."""
+
+    def __init__(self, c: dict):
+        super().__init__()
+        hidden, e = c["hidden_size"], int(c["n_routed_experts"])
+        self.top_k = int(c["num_experts_per_tok"])
+        self.n_group, self.topk_group = int(c.get("n_group", 1)), int(c.get("topk_group", 1))
+        self.renormalize, self.scale = bool(c.get("norm_topk_prob", True)), float(c.get("routed_scaling_factor", 1.0))
+        latent, bias = c.get("moe_latent_size"), bool(c.get("mlp_bias", False))
+        inner = int(latent or hidden)
+        self.gate = Router(e, hidden)
+        self.experts = FusedExperts(e, inner, int(c["moe_intermediate_size"]), activation=relu_squared, gated=False)
+        self.shared_experts = ReluSquaredMLP(hidden, int(c["moe_shared_expert_intermediate_size"]), bias)
+        self.fc1_latent_proj = Linear(hidden, inner, bias=bias) if latent else None
+        self.fc2_latent_proj = Linear(inner, hidden, bias=bias) if latent else None
+
+    def forward(self, x, rope, ctx):
+        det = ctx.deterministic
+        logits = F.linear(x.float(), self.gate.weight.float())
+        weights, ids = grouped_topk(
+            logits,
+            self.top_k,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            renormalize=self.renormalize,
+            correction_bias=self.gate.e_score_correction_bias,
+            scale=self.scale,
+        )
+        h = x if self.fc1_latent_proj is None else self.fc1_latent_proj(x, det)
+        out = self.experts(h, weights, ids, det)
+        if self.fc2_latent_proj is not None:
+            out = self.fc2_latent_proj(out, det)
+        return out + self.shared_experts(x, rope, ctx)
 
 
 class NemotronHBlock(HotModule):
@@ -166,7 +221,8 @@ class NemotronHForCausalLM(StackedLM):
             elif kind == MLP:
                 mixer = ReluSquaredMLP(hidden, config["intermediate_size"], bool(config.get("mlp_bias", False)))
             else:
-                raise ValueError("Nemotron-H: MoE layers ('E' in the pattern) are not served yet")
+                mixer = NemotronHMoE(config)
+                self.supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
             blocks.append(NemotronHBlock(hidden, eps, mixer))
         self.layers = nn.ModuleList(blocks)
         self.finish_stack(eps, self.head_dim)
@@ -247,11 +303,28 @@ class NemotronHForCausalLM(StackedLM):
             if name.startswith("mtp.") or (self.tie and name == "lm_head.weight"):
                 continue  # (the multi-token-prediction head is not served)
             name = self._our_name(name)
+            if ".mixer.experts." in name:
+                self._load_expert(modules, name, tensor)
+                continue
             if name.endswith("mixer.conv_weight"):  # [C, 1, K] (a GGUF's squeezed: [C, K])
                 t = materialize(tensor)
                 tensor = t.reshape(t.shape[0], t.shape[-1])
             owner, leaf, part = place_tensor(self, modules, params, name, tensor, _FUSED)
             loaded.add((f"{owner}.{leaf}", part))
-        missing = sorted({p for p, part in expected_weights(self) if (p, part) not in loaded})
+        expected = {(p, part) for p, part in expected_weights(self) if ".experts." not in p}
+        missing = sorted({p for p, part in expected if (p, part) not in loaded})
+        for mname, module in modules.items():
+            if isinstance(module, FusedExperts):
+                missing += [f"{mname}.{m}" for m in module.missing()]
         if missing:
             raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
+
+    def _load_expert(self, modules: dict, name: str, tensor) -> None:
+        """``layers.N.mixer.experts.{e}.up_proj.weight`` / ``...down_proj.weight`` (per expert)."""
+        head, rest = name.split(".experts.", 1)
+        parts = rest.split(".")
+        owner = modules.get(head + ".experts")
+        projs = {"up_proj": UP, "down_proj": DOWN}
+        if not isinstance(owner, FusedExperts) or len(parts) != 3 or parts[1] not in projs:
+            raise KeyError(f"unexpected weight '{name}' for {type(self).__name__}")
+        owner.load(tensor, int(parts[0]), projs[parts[1]])

@@ -83,9 +83,12 @@ def tiny_config(arch: str, **overrides):
         base = {k: v for k, v in common.items() if k != "rms_norm_eps"}
         return transformers.Lfm2Config(**{**base, **kw, **overrides})
     if arch == "nemotron_h":
-        # hybrid: Mamba2, attention (no rotary), Mamba2, ReLU² MLP, attention; 8 Mamba heads in 2
-        # groups of B/C, SSD chunks of 8 tokens (the tests' prompts span several); kernel 4
-        kw = dict(layers_block_type=["linear_attention", "full_attention", "linear_attention", "mlp", "full_attention"])
+        # hybrid: Mamba2, attention (no rotary), Mamba2, ReLU² MLP, MoE, attention; 8 Mamba heads in
+        # 2 groups of B/C, SSD chunks of 8 tokens (the tests' prompts span several); kernel 4; the
+        # MoE: 4 ReLU² experts in 2 groups (top-2 of the best group), a shared expert, scaled by 2.5
+        types = ["linear_attention", "full_attention", "linear_attention", "mlp", "moe", "full_attention"]
+        kw = dict(layers_block_type=types, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        kw.update(moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.5)
         kw.update(head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4)
         kw.update(chunk_size=8, layer_norm_epsilon=1e-5, use_conv_bias=True)
         base = {k: v for k, v in common.items() if k not in ("rms_norm_eps", "num_hidden_layers")}
@@ -112,6 +115,10 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
             for layer in model.model.layers:
                 if hasattr(layer.mlp, "gate"):
                     layer.mlp.gate.e_score_correction_bias.normal_(0, 0.5)
+        if arch == "nemotron_h":  # (as DeepSeek-V3's)
+            for layer in model.model.layers:
+                if hasattr(layer.mixer, "gate"):
+                    layer.mixer.gate.e_score_correction_bias.normal_(0, 0.5)
     # small shards: loading must walk a sharded checkpoint
     model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
     return model.eval()

@@ -1,9 +1,10 @@
 """Nemotron-H: Mamba2 layers (their state the convolution's last inputs and an fp32 SSM matrix per
-head) beside attention without rotary embeddings and ReLU² feed-forwards, through the same state
-pool and state-aware prefix cache as the other hybrids. The SSD kernels against transformers'
-torch forms; the real engine's greedy output against transformers' ``generate`` (prompts batched,
-chunked, a conversation resumed from a snapshot); a layer pattern that disagrees with the weights
-fails naming the layer."""
+head) beside attention without rotary embeddings, ReLU² feed-forwards and a MoE of ReLU² experts,
+through the same state pool and state-aware prefix cache as the other hybrids. The SSD kernels
+against transformers' torch forms; the real engine's greedy output against transformers'
+``generate`` (prompts batched, chunked, a conversation resumed from a snapshot); a GGUF written the
+way llama.cpp's converter writes one, compared logit for logit; a layer pattern that disagrees with
+the weights fails naming the layer."""
 
 from __future__ import annotations
 
@@ -186,7 +187,7 @@ def test_layer_pattern_disagreeing_with_weights_names_the_layer(tmp_path):
     from llmkit.plugins.models.nemotron_h import NemotronHForCausalLM
 
     save_tiny_model("nemotron_h", tmp_path)
-    config = {"hybrid_override_pattern": "MMM-*", **_config_dict(tmp_path)}
+    config = {"hybrid_override_pattern": "MMM-E*", **_config_dict(tmp_path)}
     config.pop("layers_block_type")
     model = build_model(NemotronHForCausalLM, config, torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="layer 1 is 'mamba'.*'attention' weight"):
@@ -278,7 +279,8 @@ def test_gguf_matches_transformers(tmp_path):
 
     from paged_runner import PagedRunner
 
-    ref = save_tiny_model("nemotron_h", tmp_path / "hf")
+    dense = ["linear_attention", "full_attention", "linear_attention", "mlp", "full_attention"]
+    ref = save_tiny_model("nemotron_h", tmp_path / "hf", layers_block_type=dense)  # (MoE: nemotron_h_moe)
     _write_gguf(ref, tmp_path / "tiny.gguf")
     reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
     config = gguf_config(reader)
