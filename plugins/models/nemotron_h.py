@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmkit.core.model.decoder.nope_attention import NoPEAttention
 from llmkit.core.model.decoder.stack import StackedLM, expected_weights, place_tensor
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid.mamba2 import Mamba2
@@ -79,27 +80,6 @@ def _dt_limit(c: dict) -> tuple[float, float]:
     lo, hi = c.get("time_step_limit") or (0.0, math.inf)
     unwrap = lambda v: float(v["__float__"]) if isinstance(v, dict) else float(v)  # noqa: E731
     return unwrap(lo), unwrap(hi)
-
-
-class PlainAttention(HotModule):
-    """Grouped-query attention with no positional embedding (Nemotron-H's attention layers rely on
-    the Mamba2 layers for order); ``kv_id``: its index among the attention layers."""
-
-    def __init__(self, config: dict, kv_id: int, head_dim: int):
-        super().__init__()
-        self.kv_id = kv_id
-        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        hidden, bias = config["hidden_size"], bool(config.get("attention_bias", False))
-        q, kv = heads * head_dim, kv_heads * head_dim
-        self.qkv_proj = Linear(hidden, q + 2 * kv, bias=bias, parts=[(q, heads), (kv, kv_heads), (kv, kv_heads)])
-        self.o_proj = Linear(q, hidden, bias=bias)
-        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, head_dim
-
-    def forward(self, x, rope, ctx):
-        n, h, d, hkv = x.shape[0], self.num_heads, self.head_dim, self.num_kv_heads
-        q, k, v = self.qkv_proj(x, ctx.deterministic).split([h * d, hkv * d, hkv * d], dim=-1)
-        o = ctx.attn.forward(q.reshape(n, h, d), k.reshape(n, hkv, d), v.reshape(n, hkv, d), self.kv_id, ctx.metadata)
-        return self.o_proj(o.reshape(n, h * d), ctx.deterministic)
 
 
 class ReluSquaredMLP(HotModule):
@@ -213,7 +193,7 @@ class NemotronHForCausalLM(StackedLM):
         blocks, kv_id, state_id = [], 0, 0
         for kind in self.pattern:
             if kind == ATTENTION:  # kv_id / state_id: its index among the layers of its kind
-                mixer = PlainAttention(config, kv_id, self.head_dim)
+                mixer = NoPEAttention(config, kv_id, self.head_dim)
                 kv_id += 1
             elif kind == MAMBA:
                 mixer = self._mamba(config, state_id)
