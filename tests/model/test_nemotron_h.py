@@ -184,7 +184,7 @@ def test_layer_pattern_disagreeing_with_weights_names_the_layer(tmp_path):
     """A config whose layer 1 says Mamba2 over a checkpoint whose layer 1 is attention."""
     from llmkit.core.engine.builder import build_model
     from llmkit.core.model.loader.source import iter_safetensors
-    from llmkit.plugins.models.nemotron_h import NemotronHForCausalLM
+    from llmkit.plugins.models.mamba2.nemotron_h import NemotronHForCausalLM
 
     save_tiny_model("nemotron_h", tmp_path)
     config = {"hybrid_override_pattern": "MMM-E*", **_config_dict(tmp_path)}

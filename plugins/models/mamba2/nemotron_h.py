@@ -69,9 +69,9 @@ def nemotron_h_config(config: dict) -> dict:
     c["head_dim"] = int(
         c.get("head_dim") or c.get("attention_head_dim") or c["hidden_size"] // c["num_attention_heads"]
     )
-    act = c.get("mlp_hidden_act", "relu2")
-    if act != "relu2":
-        raise ValueError(f"Nemotron-H: mlp_hidden_act {act!r} is not served (relu2 is)")
+    for key, served in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
+        if c.get(key, served) != served:
+            raise ValueError(f"Nemotron-H: {key} {c[key]!r} is not served ({served} is)")
     return c
 
 
