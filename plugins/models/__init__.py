@@ -48,6 +48,11 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.mamba2.nemotron_h:NemotronHForCausalLM",
         model_types=("nemotron_h",),
     )
+    register(
+        "GraniteMoeHybridForCausalLM",
+        "llmkit.plugins.models.mamba2.granite_hybrid:GraniteMoeHybridForCausalLM",
+        model_types=("granitemoehybrid",),
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

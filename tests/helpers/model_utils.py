@@ -93,6 +93,16 @@ def tiny_config(arch: str, **overrides):
         kw.update(chunk_size=8, layer_norm_epsilon=1e-5, use_conv_bias=True)
         base = {k: v for k, v in common.items() if k not in ("rms_norm_eps", "num_hidden_layers")}
         return transformers.NemotronHConfig(**{**base, **kw, **overrides})
+    if arch == "granitemoehybrid":
+        # hybrid: Mamba2, attention (rotary), Mamba2, Mamba2; 8 Mamba heads in 2 groups, SSD chunks
+        # of 8; every layer a routed MoE (4 SwiGLU experts, top-2) plus a shared expert; Granite's
+        # multipliers away from 1
+        kw = dict(num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "mamba"], intermediate_size=32)
+        kw.update(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4)
+        kw.update(mamba_chunk_size=8, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48)
+        kw.update(position_embedding_type="rope", rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
+        return transformers.GraniteMoeHybridConfig(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 
@@ -109,7 +119,9 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
                 p.normal_(0, 0.2)
             elif arch == "gpt_oss" and "norm" not in name:  # biases and sinks start at ~0: make them count
                 p.normal_(0, 1.0 if name.endswith("sinks") else 0.2)
-            elif arch == "nemotron_h" and name.endswith(("dt_bias", ".D")):  # time steps that decay the state
+            elif arch in ("nemotron_h", "granitemoehybrid") and name.endswith(
+                ("dt_bias", ".D")
+            ):  # time steps that decay the state
                 p.normal_(0, 1.0)
         if arch == "deepseek_v3":  # the routing bias is a buffer, zero at init
             for layer in model.model.layers:
