@@ -219,16 +219,28 @@ def _write_gguf(ref, path) -> None:
     """As llama.cpp's converter: KV heads and feed-forward widths per layer (0 where a layer has
     none: a layer with neither is Mamba2), the Mamba2 sizes as ssm.* keys, the conv weight squeezed
     to ``[C, K]``, ``A`` as ``-exp(A_log)`` and ``D`` as ``[heads, 1]``, the grouped norm's weight
-    as ``[groups, channels / groups]``, ``dt_bias`` as ``ssm_dt.bias``."""
+    as ``[groups, channels / groups]``, ``dt_bias`` as ``ssm_dt.bias``. With MoE layers the
+    architecture is ``nemotron_h_moe``: their width is the experts', the experts stacked."""
     gguf = pytest.importorskip("gguf")
     np = pytest.importorskip("numpy")
     cfg = ref.config
     types = cfg.layers_block_type
-    w = gguf.GGUFWriter(str(path), "nemotron_h")
+    moe = "moe" in types
+    w = gguf.GGUFWriter(str(path), "nemotron_h_moe" if moe else "nemotron_h")
     w.add_block_count(len(types))
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length([cfg.intermediate_size if t == "mlp" else 0 for t in types])
+    widths = {"mlp": cfg.intermediate_size, "moe": cfg.moe_intermediate_size}
+    w.add_feed_forward_length([widths.get(t, 0) for t in types])
+    if moe:
+        w.add_expert_count(cfg.n_routed_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(cfg.moe_shared_expert_intermediate_size)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_expert_group_count(cfg.n_group)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv([cfg.num_key_value_heads if t == "full_attention" else 0 for t in types])
     w.add_key_length(cfg.head_dim)
@@ -253,9 +265,16 @@ def _write_gguf(ref, path) -> None:
         for hf, g in _GGUF_NAMES.items():
             if p + hf + ".weight" in sd:
                 add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"])
+        m = p + "mixer."
+        if types[i] == "moe":
+            add(f"blk.{i}.ffn_gate_inp.weight", sd[m + "gate.weight"])
+            add(f"blk.{i}.exp_probs_b.bias", sd[m + "gate.e_score_correction_bias"])
+            add(f"blk.{i}.ffn_up_exps.weight", sd[m + "experts.up_proj"])
+            add(f"blk.{i}.ffn_down_exps.weight", sd[m + "experts.down_proj"])
+            add(f"blk.{i}.ffn_up_shexp.weight", sd[m + "shared_experts.up_proj.weight"])
+            add(f"blk.{i}.ffn_down_shexp.weight", sd[m + "shared_experts.down_proj.weight"])
         if types[i] != "linear_attention":
             continue
-        m = p + "mixer."
         add(f"blk.{i}.ssm_conv1d.weight", sd[m + "conv1d.weight"].squeeze(1))
         add(f"blk.{i}.ssm_conv1d.bias", sd[m + "conv1d.bias"])
         add(f"blk.{i}.ssm_dt.bias", sd[m + "dt_bias"])
@@ -268,9 +287,15 @@ def _write_gguf(ref, path) -> None:
     w.close()
 
 
-def test_gguf_matches_transformers(tmp_path):
+_DENSE = ["linear_attention", "full_attention", "linear_attention", "mlp", "full_attention"]
+_MOE = ["linear_attention", "full_attention", "linear_attention", "moe", "full_attention"]
+
+
+@pytest.mark.parametrize("types", [_DENSE, _MOE], ids=["nemotron_h", "nemotron_h_moe"])
+def test_gguf_matches_transformers(tmp_path, types):
     """The GGUF's config names the same layer pattern and Mamba2 sizes; its prefill (in two chunks,
-    the SSD chunks of 8 inside them) and decode logits equal transformers' on the same weights."""
+    the SSD chunks of 8 inside them) and decode logits equal transformers' on the same weights.
+    (The MoE routes over one group: the converter keeps the group count, not the groups chosen.)"""
     gguf = pytest.importorskip("gguf")
     from llmkit.core.engine.builder import build_model
     from llmkit.core.model import quantize
@@ -279,8 +304,7 @@ def test_gguf_matches_transformers(tmp_path):
 
     from paged_runner import PagedRunner
 
-    dense = ["linear_attention", "full_attention", "linear_attention", "mlp", "full_attention"]
-    ref = save_tiny_model("nemotron_h", tmp_path / "hf", layers_block_type=dense)  # (MoE: nemotron_h_moe)
+    ref = save_tiny_model("nemotron_h", tmp_path / "hf", layers_block_type=types, n_group=1, topk_group=1)
     _write_gguf(ref, tmp_path / "tiny.gguf")
     reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
     config = gguf_config(reader)

@@ -26,6 +26,7 @@ GGUF_MODEL_TYPES = {
     "qwen3next": ("qwen3_next",),
     "lfm2": ("lfm2",),
     "nemotron_h": ("nemotron_h",),
+    "nemotron_h_moe": ("nemotron_h",),
 }
 QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -98,6 +99,14 @@ _NEMOTRON_H_NAMES = {
     "attn_output": "mixer.o_proj",
     "ffn_up": "mixer.up_proj",
     "ffn_down": "mixer.down_proj",
+    # nemotron_h_moe: the router, its selection bias, the shared expert, the latent projections
+    # (the stacked experts go through _EXPERT_NAMES)
+    "ffn_gate_inp": "mixer.gate",
+    "exp_probs_b": "mixer.gate.e_score_correction_bias",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj",
+    "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj",
+    "ffn_latent_up": "mixer.fc2_latent_proj",
 }
 # DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
 # joined again in gguf_tensors)
@@ -183,7 +192,7 @@ def gguf_config(reader) -> dict:
         cfg.update(_qwen_hybrid_config(reader, p, cfg))
     if arch == "lfm2":
         cfg.update(_lfm2_config(reader, p, cfg, per_layer_kv))
-    if arch == "nemotron_h":
+    if arch in ("nemotron_h", "nemotron_h_moe"):
         cfg.update(_nemotron_h_config(reader, p, cfg, per_layer_kv, per_layer_ffn, names))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
@@ -250,15 +259,36 @@ def _lfm2_config(reader, p: str, cfg: dict, per_layer_kv: list | None) -> dict:
 
 
 def _nemotron_h_config(reader, p: str, cfg: dict, per_layer_kv, per_layer_ffn, names: set) -> dict:
-    """llama.cpp's nemotron_h metadata: a layer with KV heads is attention, one with a feed-forward
-    width the MLP, any other Mamba2 (as llama.cpp tells them); the Mamba2 sizes as its ssm.* keys
-    (``time_step_rank``: the heads, ``inner_size``: heads x head size)."""
+    """llama.cpp's nemotron_h / nemotron_h_moe metadata: a layer with KV heads is attention, one with
+    a feed-forward width the MLP (the MoE in nemotron_h_moe), any other Mamba2 (as llama.cpp tells
+    them); the Mamba2 sizes as its ssm.* keys (``time_step_rank``: the heads, ``inner_size``: heads x
+    head size); the MoE's as its expert_* keys (no group limit unless ``expert_group_used_count``
+    says one: the converter writes only the group count)."""
     n = cfg["num_hidden_layers"]
     kv = per_layer_kv or [cfg["num_key_value_heads"]] * n
     ffn = per_layer_ffn or [0] * n
     heads = int(_field(reader, p + "ssm.time_step_rank"))
+    experts = _field(reader, p + "expert_count")
+    ff = "E" if experts else "-"
+    moe = {}
+    if experts:
+        width = _field(reader, p + "expert_feed_forward_length")
+        groups = int(_field(reader, p + "expert_group_count", 1) or 1)
+        latent = _field(reader, p + "moe_latent_size")
+        moe = {
+            "n_routed_experts": int(experts),
+            "num_experts_per_tok": int(_field(reader, p + "expert_used_count")),
+            "moe_intermediate_size": int(max(width) if isinstance(width, list) else width),
+            "moe_shared_expert_intermediate_size": int(_field(reader, p + "expert_shared_feed_forward_length")),
+            "norm_topk_prob": bool(_field(reader, p + "expert_weights_norm", True)),
+            "routed_scaling_factor": float(_field(reader, p + "expert_weights_scale", 1.0)),
+            "n_group": groups,
+            "topk_group": int(_field(reader, p + "expert_group_used_count", groups) or groups),
+            "moe_latent_size": int(latent) if latent else None,
+        }
     return {
-        "hybrid_override_pattern": "".join("*" if kv[i] else "-" if ffn[i] else "M" for i in range(n)),
+        **moe,
+        "hybrid_override_pattern": "".join("*" if kv[i] else ff if ffn[i] else "M" for i in range(n)),
         "mamba_num_heads": heads,
         "mamba_head_dim": int(_field(reader, p + "ssm.inner_size")) // heads,
         "ssm_state_size": int(_field(reader, p + "ssm.state_size")),
@@ -468,8 +498,9 @@ class _Converter:
             _, idx, kind, *rest = name.split(".", 3)
             suffix = rest[0] if rest else ""  # (llama.cpp's ssm_a has none)
             if kind in _EXPERT_NAMES:
+                block = "mixer" if self.nemotron_h else "mlp"  # (Nemotron-H's MoE is its block's mixer)
                 for e in range(w.shape[0]):
-                    yield out(f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
+                    yield out(f"model.layers.{idx}.{block}.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
                 return
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
