@@ -114,8 +114,9 @@ def served(tmp_path_factory):
     engine.shutdown()
 
 
-def _run(engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
-    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
+def _run(engine, prompts: list[list[int]], n: int, abort_after: dict | None = None) -> list[tuple[list[int], int]]:
+    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens (``abort_after``:
+    prompt index -> the output length at which it is aborted)."""
     results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
 
     def sink_for(i):
@@ -123,6 +124,8 @@ def _run(engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]
 
         def sink(o):
             out.extend(o.token_ids)
+            if abort_after and i in abort_after and len(out) >= abort_after[i]:
+                engine.abort(f"nemotron-h-{i}")
             if o.finished:
                 results[i] = (list(out), o.cached_tokens)
                 done[i].set()
@@ -174,6 +177,70 @@ def test_one_token_prompt_starts_from_zeros_on_a_used_row(served):
     _run(engine, [_prompt(8, 23)], 3)
     ((out, _),) = _run(engine, [[17]], 6)
     assert_same_as_generate(ref, [17], out, "one-token prompt")
+    _assert_idle(engine)
+
+
+def test_aborts_give_every_slot_back(served):
+    """Requests aborted mid-prompt and mid-decode beside one that finishes: no state slot stays
+    with a request, and a flush empties the snapshots."""
+    ref, engine = served
+    prompts = [_prompt(9, 50), _prompt(10, 20), _prompt(11, 33)]
+    results = _run(engine, prompts, 20, abort_after={0: 0, 1: 3})
+    assert len(results[1][0]) < 20 and len(results[2][0]) == 20
+    assert_same_as_generate(ref, prompts[2], results[2][0], "the survivor")
+    _assert_idle(engine)
+    flushed = threading.Event()
+    engine.flush_cache(lambda ok: ok and flushed.set())
+    assert flushed.wait(60)
+    assert engine.call(engine.stats).result(timeout=60)["state_snapshots_in_use"] == 0
+
+
+def test_a_step_failing_midway_leaves_states_as_they_were(served):
+    """A step that raises in the last attention layer, after both Mamba2 layers wrote their states:
+    the engine runs its requests again one by one, and the others' outputs equal ``generate``
+    (a Mamba2 layer writes only its write slots, so their states were not advanced); the culprit
+    fails alone."""
+    ref, engine = served
+    mark = 509
+    good = [[t for t in _prompt(20 + i, 9 + 7 * i) if t != mark] for i in range(3)]
+    model = engine.runner.model
+    attention = model.layers[5].mixer
+    real_model, real_attn = model.forward, attention.forward
+    culprit = []
+
+    def model_forward(input_ids, positions, ctx):
+        culprit[:] = [bool((input_ids == mark).any())]
+        return real_model(input_ids, positions, ctx)
+
+    def attn_forward(x, rope, ctx):
+        if culprit[0]:
+            raise RuntimeError("injected fault after the state layers")
+        return real_attn(x, rope, ctx)
+
+    model.forward, attention.forward = model_forward, attn_forward
+    try:
+        outs = []
+        done = [threading.Event() for _ in range(4)]
+        for i, ids in enumerate([*good, [5, mark, 7, 9]]):
+            out = {"tokens": [], "error": None}
+            outs.append(out)
+
+            def sink(o, out=out, ev=done[i]):
+                out["tokens"] += o.token_ids
+                if o.finished:
+                    out["error"] = o.error
+                    ev.set()
+
+            params = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0)
+            engine.submit(GenerateRequest(f"iso-{i}", ids, params), sink)
+        for ev in done:
+            assert ev.wait(300)
+    finally:
+        del model.forward, attention.forward  # (the instance attributes: the class's methods again)
+    assert "injected fault" in outs[3]["error"] and not outs[3]["tokens"]
+    for ids, out in zip(good, outs):
+        assert out["error"] is None
+        assert_same_as_generate(ref, ids, out["tokens"], f"{len(ids)}-token prompt beside the culprit")
     _assert_idle(engine)
 
 
