@@ -27,6 +27,7 @@ GGUF_MODEL_TYPES = {
     "lfm2": ("lfm2",),
     "nemotron_h": ("nemotron_h",),
     "nemotron_h_moe": ("nemotron_h",),
+    "granitehybrid": ("granitemoehybrid",),
 }
 QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -83,7 +84,7 @@ _LFM2_NAMES = {
     "ffn_down": "feed_forward.w2",
 }
 # Nemotron-H: one norm and one mixer a block (Mamba2, attention or the ReLU² MLP), under its HF
-# names; ssm_a / ssm_d / ssm_dt have no suffix in HF's names (see _nemotron_h_tensor)
+# names; ssm_a / ssm_d / ssm_dt have no suffix in HF's names (see _mamba2_tensor)
 _NEMOTRON_H_NAMES = {
     "attn_norm": "norm",
     "ssm_in": "mixer.in_proj",
@@ -107,6 +108,18 @@ _NEMOTRON_H_NAMES = {
     "ffn_down_shexp": "mixer.shared_experts.down_proj",
     "ffn_latent_down": "mixer.fc1_latent_proj",
     "ffn_latent_up": "mixer.fc2_latent_proj",
+}
+# Granite 4.0-H: Mamba2 tensors as Nemotron-H's (see _mamba2_tensor), the MoE's router and shared
+# expert (a dense model's feed-forward, ffn_gate/up/down, is its shared expert too)
+_GRANITE_HYBRID_NAMES = {
+    **{k: v.replace("mixer.", "mamba.") for k, v in _NEMOTRON_H_NAMES.items() if k.startswith("ssm_")},
+    "ffn_gate_inp": "block_sparse_moe.router.layer",
+    "ffn_gate_shexp": "shared_mlp.gate_proj",
+    "ffn_up_shexp": "shared_mlp.up_proj",
+    "ffn_down_shexp": "shared_mlp.down_proj",
+    "ffn_gate": "shared_mlp.gate_proj",
+    "ffn_up": "shared_mlp.up_proj",
+    "ffn_down": "shared_mlp.down_proj",
 }
 # DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
 # joined again in gguf_tensors)
@@ -194,6 +207,8 @@ def gguf_config(reader) -> dict:
         cfg.update(_lfm2_config(reader, p, cfg, per_layer_kv))
     if arch in ("nemotron_h", "nemotron_h_moe"):
         cfg.update(_nemotron_h_config(reader, p, cfg, per_layer_kv, per_layer_ffn, names))
+    if arch == "granitehybrid":
+        cfg.update(_granite_hybrid_config(reader, p, cfg, per_layer_kv, names))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -300,8 +315,44 @@ def _nemotron_h_config(reader, p: str, cfg: dict, per_layer_kv, per_layer_ffn, n
     }
 
 
-def _nemotron_h_tensor(kind: str, w: np.ndarray) -> np.ndarray:
-    """A nemotron_h tensor back in the checkpoint's form: ``A_log`` from ``-exp(A_log)``, and ``A``,
+def _granite_hybrid_config(reader, p: str, cfg: dict, per_layer_kv, names: set) -> dict:
+    """llama.cpp's granitehybrid metadata: a layer with KV heads is attention, any other Mamba2; rope
+    only where ``rope.scaling.finetuned`` says so (its default true, as llama.cpp reads it; the
+    converter writes false for Granite 4.0-H); Granite's four multipliers as its scale keys; the
+    experts' width as the feed-forward length, the shared expert's as the shared one (a dense
+    model's: the feed-forward length)."""
+    n = cfg["num_hidden_layers"]
+    kv = per_layer_kv or [cfg["num_key_value_heads"]] * n
+    heads, inner = int(_field(reader, p + "ssm.time_step_rank")), int(_field(reader, p + "ssm.inner_size"))
+    experts = int(_field(reader, p + "expert_count", 0) or 0)
+    out = {
+        "layer_types": ["attention" if kv[i] else "mamba" for i in range(n)],
+        "mamba_n_heads": heads,
+        "mamba_d_head": inner // heads,
+        "mamba_expand": inner // cfg["hidden_size"],
+        "mamba_d_state": int(_field(reader, p + "ssm.state_size")),
+        "mamba_n_groups": int(_field(reader, p + "ssm.group_count")),
+        "mamba_d_conv": int(_field(reader, p + "ssm.conv_kernel")),
+        "mamba_conv_bias": any(t.endswith(".ssm_conv1d.bias") for t in names),
+        "position_embedding_type": "rope" if _field(reader, p + "rope.scaling.finetuned", True) else "nope",
+        "embedding_multiplier": float(_field(reader, p + "embedding_scale", 1.0)),
+        "residual_multiplier": float(_field(reader, p + "residual_scale", 1.0)),
+        "logits_scaling": float(_field(reader, p + "logit_scale", 1.0)),
+        "num_local_experts": experts,
+        "shared_intermediate_size": int(
+            _field(reader, p + "expert_shared_feed_forward_length", cfg["intermediate_size"])
+        ),
+    }
+    scale = _field(reader, p + "attention.scale")
+    if scale:
+        out["attention_multiplier"] = float(scale)
+    if experts:
+        out["num_experts_per_tok"] = int(_field(reader, p + "expert_used_count"))
+    return out
+
+
+def _mamba2_tensor(kind: str, w: np.ndarray) -> np.ndarray:
+    """A Mamba2 tensor (nemotron_h, granitehybrid) back in the checkpoint's form: ``A_log`` from ``-exp(A_log)``, and ``A``,
     ``D`` and the grouped norm's weight (``[heads, 1]``, ``[groups, channels / groups]``) flat."""
     if kind == "ssm_a":
         return np.log(-w).reshape(-1)
@@ -444,6 +495,10 @@ class _Converter:
         self.nemotron_h = config["model_type"] == "nemotron_h"
         if self.nemotron_h:
             self.names.update(_NEMOTRON_H_NAMES)
+        self.granite = config["model_type"] == "granitemoehybrid"
+        if self.granite:
+            self.names.update(_GRANITE_HYBRID_NAMES)
+        self.mamba2 = self.nemotron_h or self.granite  # (A, D, the grouped norm: _mamba2_tensor)
         self.hybrid = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
         if self.hybrid:
             self.names.update(_QWEN_HYBRID_NAMES)
@@ -462,7 +517,8 @@ class _Converter:
         from llmkit.core.model.quant.gguf_quant import GGUFTensor
 
         config, names = self.config, self.names
-        permute = config["model_type"] == "llama"
+        # (llama.cpp permutes Granite's Q/K rows too, whether or not it rotates them)
+        permute = config["model_type"] in ("llama", "granitemoehybrid")
         shape = [int(x) for x in reversed(t.shape)]
         kept = self.kept(t)
         if kept:
@@ -482,8 +538,8 @@ class _Converter:
         if self.hybrid and not kept and name.startswith("blk."):
             tiled = config["model_type"] != "qwen3_next"  # (qwen35's converter reorders value heads)
             w = _qwen_hybrid_tensor(name.split(".")[2], w, config, tiled)
-        elif self.nemotron_h and not kept and name.startswith("blk."):
-            w = _nemotron_h_tensor(name.split(".")[2], w)
+        elif self.mamba2 and not kept and name.startswith("blk."):
+            w = _mamba2_tensor(name.split(".")[2], w)
         if name == "token_embd.weight":
             hf = "model.embed_tokens.weight"
         elif name == "token_embd_norm.weight" and self.lfm2:  # (llama.cpp's name for its final norm)
@@ -498,15 +554,16 @@ class _Converter:
             _, idx, kind, *rest = name.split(".", 3)
             suffix = rest[0] if rest else ""  # (llama.cpp's ssm_a has none)
             if kind in _EXPERT_NAMES:
-                block = "mixer" if self.nemotron_h else "mlp"  # (Nemotron-H's MoE is its block's mixer)
+                # (Nemotron-H's MoE is its block's mixer; Granite's stacks them as one tensor in HF)
+                block = "mixer" if self.nemotron_h else "block_sparse_moe" if self.granite else "mlp"
                 for e in range(w.shape[0]):
                     yield out(f"model.layers.{idx}.{block}.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
                 return
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
-            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and (self.hybrid or self.nemotron_h)):
+            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and (self.hybrid or self.mamba2)):
                 hf = f"model.layers.{idx}.{names[kind]}"  # (no suffix in HF's name)
-            elif kind == "ssm_d" and self.nemotron_h:
+            elif kind == "ssm_d" and self.mamba2:
                 hf = f"model.layers.{idx}.{names[kind]}"
             elif kind in ("attn_k_b", "attn_v_b"):
                 # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
@@ -546,6 +603,7 @@ def _served(name: str) -> bool:
         or kind in _GPT_OSS_NAMES
         or kind in _LFM2_NAMES
         or kind in _NEMOTRON_H_NAMES
+        or kind in _GRANITE_HYBRID_NAMES
     )
 
 

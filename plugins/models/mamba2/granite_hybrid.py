@@ -103,8 +103,16 @@ _RENAMES = {
     "block_sparse_moe.router.layer.": "feed_forward.router.",
     "shared_mlp.input_linear.": "feed_forward.shared_mlp.input_linear.",  # (split at load)
     "shared_mlp.output_linear.": "feed_forward.shared_mlp.down_proj.",
+    "shared_mlp.": "feed_forward.shared_mlp.",  # (a GGUF's gate_proj / up_proj / down_proj)
 }
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_EXPERT_PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
 
 
 class GraniteMoeHybridForCausalLM(StackedLM):
@@ -215,7 +223,7 @@ class GraniteMoeHybridForCausalLM(StackedLM):
             if self.tie and name == "lm_head.weight":
                 continue
             name = self._our_name(name)
-            if name.endswith((".block_sparse_moe.input_linear.weight", ".block_sparse_moe.output_linear.weight")):
+            if ".block_sparse_moe." in name and ".router." not in name:
                 self._load_experts(modules, name, tensor)
                 continue
             if name.endswith(".shared_mlp.input_linear.weight"):  # [gate rows; up rows], one tensor
@@ -240,11 +248,16 @@ class GraniteMoeHybridForCausalLM(StackedLM):
 
     def _load_experts(self, modules: dict, name: str, tensor) -> None:
         """``block_sparse_moe.input_linear.weight`` (``[E, 2I, H]``: each expert's gate rows, then its
-        up rows) and ``...output_linear.weight`` (``[E, H, I]``)."""
-        head = name.split(".block_sparse_moe.", 1)[0]
+        up rows) and ``...output_linear.weight`` (``[E, H, I]``), or a GGUF's per expert
+        ``block_sparse_moe.experts.{e}.gate_proj.weight`` (``up_proj``, ``down_proj``)."""
+        head, rest = name.split(".block_sparse_moe.", 1)
         owner = modules.get(head + ".feed_forward.experts")
         if not isinstance(owner, FusedExperts):
             raise KeyError(f"unexpected weight '{name}' for {type(self).__name__} (a dense config)")
+        parts = rest.split(".")
+        if len(parts) == 4 and parts[0] == "experts" and parts[2] in _EXPERT_PROJ:
+            owner.load(tensor, int(parts[1]), _EXPERT_PROJ[parts[2]])
+            return
         t = materialize(tensor)
         if name.endswith("output_linear.weight"):
             owner.load_stacked(t, DOWN)
