@@ -60,10 +60,12 @@ def chunked(x, dt, A, B, C, D, state: torch.Tensor | None, chunk: int = CHUNK):
 def recurrent(x, dt, A, B, C, D, state: torch.Tensor):
     """One token of each of R sequences: ``x [R, H, P]``, ``dt [R, H]``, ``B, C [R, G, N]``,
     ``state [R, H, P, N]`` fp32. Returns the outputs ``[R, H, P]`` (fp32) and the new states."""
-    H = x.shape[1]
+    R, H, P = x.shape
+    N = B.shape[-1]
     xf, dt = x.float(), dt.float()
     Bh, Ch = _heads(B.float(), H), _heads(C.float(), H)  # [R, H, N]
-    decay = (dt * A.float()).exp()[..., None, None]
-    S = state.float() * decay + (dt.unsqueeze(-1) * xf).unsqueeze(-1) * Bh.unsqueeze(-2)
-    y = (S * Ch.unsqueeze(-2)).sum(-1) + D.float().view(1, H, 1) * xf
+    S = state.float() * (dt * A.float()).exp()[..., None, None]  # (a new tensor: the caller's stays)
+    # the rank-one update in place and C as a product: a decode step is bound by passes over the states
+    S.view(R * H, P, N).baddbmm_((dt.unsqueeze(-1) * xf).reshape(R * H, P, 1), Bh.reshape(R * H, 1, N))
+    y = torch.matmul(S, Ch.unsqueeze(-1)).squeeze(-1) + D.float().view(1, H, 1) * xf
     return y, S
