@@ -91,6 +91,36 @@ def test_recurrent_matches_transformers_and_continues_the_chunked_form():
     torch.testing.assert_close(s[0], s_whole, atol=1e-4, rtol=1e-4)
 
 
+def test_native_decode_step_matches_torch_forms():
+    """The C decode step (conv with bias and SiLU, the recurrent scan, states slot to slot) equals
+    the torch forms on the same slots, fresh rows (no state yet) among them; 3 groups of B/C."""
+    from llmkit.core.model.hybrid import causal_conv, mamba2_cpu
+
+    if mamba2_cpu.lib() is None:
+        pytest.skip("no native kernels here (no C compiler or AVX2)")
+    torch.manual_seed(0)
+    R, H, P, G, N, K = 5, 6, 8, 3, 16, 4
+    C = H * P + 2 * G * N
+    conv, ssm = torch.randn(2 * R, C, K - 1), torch.randn(2 * R, H, P, N)
+    xbc, w, bias = torch.randn(R, C), torch.randn(C, K), torch.randn(C)
+    dt, A, D = torch.rand(R, H), -torch.rand(H) - 0.1, torch.randn(H)
+    read, write = torch.arange(R) * 2, torch.arange(R) * 2 + 1
+    fresh = [False, True, False, False, True]
+    keep = torch.tensor([not f for f in fresh])
+    conv_out, conv_new = causal_conv.conv_step(xbc, w, torch.where(keep.view(-1, 1, 1), conv[read], 0.0), bias)
+    x, B, Cm = conv_out.split([H * P, G * N, G * N], dim=1)
+    shape = (R, G, N)
+    state = torch.where(keep.view(-1, 1, 1, 1), ssm[read], 0.0)
+    y, ssm_new = ssd.recurrent(x.reshape(R, H, P), dt, A, B.reshape(shape), Cm.reshape(shape), D, state)
+    flags = torch.tensor(fresh, dtype=torch.uint8)
+    ours_conv = mamba2_cpu.conv_step(xbc, w, bias, conv, read, write, flags)
+    ours = mamba2_cpu.ssd_step(ours_conv, dt, A, D, ssm, read, write, flags, H, P, N, G)
+    torch.testing.assert_close(ours_conv, conv_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(conv[write], conv_new)
+    torch.testing.assert_close(ours, y, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ssm[write], ssm_new, atol=1e-5, rtol=1e-5)
+
+
 # --- the engine -----------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.hot_module import HotModule
-from llmkit.core.model.hybrid import causal_conv, ssd
+from llmkit.core.model.hybrid import causal_conv, mamba2_cpu, ssd
 from llmkit.core.model.linear import Linear
 
 
@@ -103,9 +103,18 @@ class Mamba2(HotModule):
     def _scan_args(self):
         return -self.A_log.float().exp(), self.D
 
+    #: the C decode step where it builds (tests turn it off to compare with the torch forms)
+    native_step = True
+
     def _recurrent_rows(self, xbc, dt, conv_buf, ssm_buf, r_slots, w_slots, fresh: list[bool]):
         """One token of each row: the conv and the recurrent scan from the read slots' states
         (none where ``fresh``) into the write slots; the outputs ``[R, H, P]`` (fp32)."""
+        if self.native_step and mamba2_cpu.usable(xbc, conv_buf, ssm_buf, self.kernel):
+            flags = torch.tensor(fresh, dtype=torch.uint8)
+            conv_out = mamba2_cpu.conv_step(xbc, self.conv_weight, self.conv_bias, conv_buf, r_slots, w_slots, flags)
+            A, D = self._scan_args()
+            dims = (self.heads, self.head_dim, self.state_size, self.groups)
+            return mamba2_cpu.ssd_step(conv_out, dt, A, D, ssm_buf, r_slots, w_slots, flags, *dims)
         conv_state = conv_buf.index_select(0, r_slots)
         ssm_state = ssm_buf.index_select(0, r_slots)
         if any(fresh):  # a one-token prompt: no state before it (where, not a product: a slot
