@@ -100,13 +100,15 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
 
 
 class Router(nn.Module):
-    """The MoE router's fp32 weight and its selection bias (checkpoint names ``gate.weight``,
-    ``gate.e_score_correction_bias``)."""
+    """The MoE router's weight and its selection bias (checkpoint names ``gate.weight``,
+    ``gate.e_score_correction_bias``), fp32 whatever the model's dtype, as transformers keeps them:
+    near ties between experts must route as they do there."""
 
     def __init__(self, experts: int, hidden: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(experts, hidden), requires_grad=False)
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(experts), requires_grad=False)
+        f32 = dict(dtype=torch.float32)
+        self.weight = nn.Parameter(torch.zeros(experts, hidden, **f32), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(experts, **f32), requires_grad=False)
 
 
 class NemotronHMoE(HotModule):
@@ -131,7 +133,7 @@ class NemotronHMoE(HotModule):
 
     def forward(self, x, rope, ctx):
         det = ctx.deterministic
-        logits = F.linear(x.float(), self.gate.weight.float())
+        logits = F.linear(x.float(), self.gate.weight)
         weights, ids = grouped_topk(
             logits,
             self.top_k,
