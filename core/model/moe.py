@@ -98,6 +98,8 @@ class FusedExperts(nn.Module):
 
     ``activation`` maps the ``[N, 2I_local]`` gate/up output to ``[N, I_local]`` (SiLU-and-mul by
     default; gpt-oss passes its clamped SwiGLU, whose gate/up rows it de-interleaves at load).
+    ``gated=False``: experts with an up projection and no gate (Nemotron-H's ReLU² experts):
+    ``w13`` holds the up rows alone, ``[E, I_local, H]``, and ``activation`` maps them in place.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class FusedExperts(nn.Module):
         bias: bool = False,
         tp: TPGroup | None = None,
         activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul,
+        gated: bool = True,
     ) -> None:
         super().__init__()
         self.tp = tp or SINGLE
@@ -116,11 +119,12 @@ class FusedExperts(nn.Module):
         lo, hi = self.tp.units(intermediate, "the experts' intermediate size")
         self._cols = slice(lo, hi)
         self.local_inter = hi - lo
-        self.activation = activation
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local_inter, hidden), requires_grad=False)
+        self.activation, self.gated = activation, gated
+        rows = (2 if gated else 1) * self.local_inter
+        self.w13 = nn.Parameter(torch.empty(num_experts, rows, hidden), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local_inter), requires_grad=False)
         if bias:
-            self.b13 = nn.Parameter(torch.zeros(num_experts, 2 * self.local_inter), requires_grad=False)
+            self.b13 = nn.Parameter(torch.zeros(num_experts, rows), requires_grad=False)
             self.b2 = nn.Parameter(torch.zeros(num_experts, hidden), requires_grad=False)
         else:
             self.b13 = self.b2 = None
@@ -146,11 +150,13 @@ class FusedExperts(nn.Module):
         """Load one expert's full checkpoint ``gate``/``up`` (``[I, H]``, or bias ``[I]``) or
         ``down`` (``[H, I]``, or bias ``[H]``) tensor, keeping this rank's channels. A weight that
         arrives quantized (a GGUF block tensor) turns the experts quantized."""
+        if proj == GATE and not self.gated:
+            raise KeyError("these experts have no gate projection")
         if len(tensor.shape) == 2 and hasattr(tensor, "weight_format") and not self.quantized:
             self.set_format(tensor.weight_format(self))
         if len(tensor.shape) == 2 and self.quantized:
             layer = self._layer(expert, DOWN if proj == DOWN else GATE, tensor)
-            layer.load(tensor, 1 if proj == UP else 0)  # the layer slices its rank's rows / columns
+            layer.load(tensor, 1 if proj == UP and self.gated else 0)  # (it slices its rank's rows / columns)
             self._loaded.add((expert, proj, "weight"))
             self._finish(expert)
             return
@@ -158,7 +164,7 @@ class FusedExperts(nn.Module):
         li = self.local_inter
         kind = "bias" if t.dim() == 1 else "weight"
         if proj in (GATE, UP):
-            dst = slice(0, li) if proj == GATE else slice(li, 2 * li)
+            dst = slice(li, 2 * li) if proj == UP and self.gated else slice(0, li)
             if kind == "bias":
                 self.b13.data[expert, dst].copy_(t[self._cols])
             else:
@@ -187,7 +193,7 @@ class FusedExperts(nn.Module):
         if fmt.name == "dense" or self.quantized:
             return
         if filled:
-            self._loaded |= {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
+            self._loaded |= {(e, p, "weight") for e in range(self.num_experts) for p in (*self._in_projs(), DOWN)}
         if self._device.type != "cpu":
             # (the fused Triton MoE kernel multiplies the batched dense weights; quantized experts
             # have no GPU path, though dense layers' int4 runs on CUDA through int4_triton)
@@ -208,7 +214,7 @@ class FusedExperts(nn.Module):
                 if proj == DOWN:
                     local, rows = w2.data[e], slice(0, self.hidden)
                 else:
-                    rows = slice(0, li) if proj == GATE else slice(li, 2 * li)
+                    rows = slice(li, 2 * li) if proj == UP and self.gated else slice(0, li)
                     local = w13.data[e, rows]
                 layer.format.load(layer, local, rows, slice(0, local.shape[0]), slice(0, layer.local_in))
             self._finish(e)
@@ -225,7 +231,8 @@ class FusedExperts(nn.Module):
             inter, h = self.intermediate, self.hidden
             if i == 0:
                 fmt = fmt.for_features(h)
-                layer = Linear(h, 2 * inter, parallel="column", parts=[(inter, inter)] * 2, tp=self.tp, fmt=fmt)
+                parts = [(inter, inter)] * (2 if self.gated else 1)
+                layer = Linear(h, len(parts) * inter, parallel="column", parts=parts, tp=self.tp, fmt=fmt)
             else:
                 fmt = fmt.for_features(self.local_inter)
                 layer = Linear(inter, h, parallel="row", in_units=inter, tp=self.tp, fmt=fmt)
@@ -236,7 +243,7 @@ class FusedExperts(nn.Module):
         """Pack an expert's layers once their rows are all in: only one expert's staging (the
         unpacked values) is resident at a time, never the whole fp32 block."""
         g13, g2 = self._layers[expert]
-        if g13 is not None and {(expert, GATE, "weight"), (expert, UP, "weight")} <= self._loaded:
+        if g13 is not None and {(expert, p, "weight") for p in self._in_projs()} <= self._loaded:
             g13.finalize()
         if g2 is not None and (expert, DOWN, "weight") in self._loaded:
             g2.finalize()
@@ -265,11 +272,15 @@ class FusedExperts(nn.Module):
 
     def missing(self) -> list[str]:
         """Names (``expert.proj.kind``) of the tensors not loaded yet."""
-        want = {(e, p, "weight") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
+        projs = (*self._in_projs(), DOWN)
+        want = {(e, p, "weight") for e in range(self.num_experts) for p in projs}
         if self.b13 is not None:
-            want |= {(e, p, "bias") for e in range(self.num_experts) for p in (GATE, UP, DOWN)}
+            want |= {(e, p, "bias") for e in range(self.num_experts) for p in projs}
         names = ("gate_proj", "up_proj", "down_proj")
         return sorted(f"{e}.{names[p]}.{k}" for e, p, k in want - self._loaded)
+
+    def _in_projs(self) -> tuple[int, ...]:
+        return (GATE, UP) if self.gated else (UP,)
 
     # --- execution ---------------------------------------------------------------------------
 

@@ -42,6 +42,17 @@ def llmkit_register_models(register):
     )
     # hybrid: gated short convolutions, their last inputs as state
     register("Lfm2ForCausalLM", "llmkit.plugins.models.lfm2:Lfm2ForCausalLM", model_types=("lfm2",))
+    # hybrid: Mamba2 layers (a conv state and an SSM matrix per head) beside attention and ReLU² MLPs
+    register(
+        "NemotronHForCausalLM",
+        "llmkit.plugins.models.mamba2.nemotron_h:NemotronHForCausalLM",
+        model_types=("nemotron_h",),
+    )
+    register(
+        "GraniteMoeHybridForCausalLM",
+        "llmkit.plugins.models.mamba2.granite_hybrid:GraniteMoeHybridForCausalLM",
+        model_types=("granitemoehybrid",),
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.hybrid_stack import HybridBlock
-from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM, place_tensor
+from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM, expected_weights, place_tensor
 from llmkit.core.model.hybrid.short_conv import ShortConv
-from llmkit.core.model.linear import Linear, VocabEmbedding
+from llmkit.core.model.linear import VocabEmbedding
 from llmkit.core.model.loader.source import materialize
 
 FULL, CONV = "full_attention", "conv"
@@ -170,19 +170,6 @@ class Lfm2ForCausalLM(StackedLM):
                 tensor = t.reshape(t.shape[0], t.shape[-1])
             owner, leaf, part = place_tensor(self, modules, params, name, tensor, _FUSED)
             loaded.add((f"{owner}.{leaf}", part))
-        missing = sorted({p for p, part in self._expected() if (p, part) not in loaded})
+        missing = sorted({p for p, part in expected_weights(self) if (p, part) not in loaded})
         if missing:
             raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
-
-    def _expected(self) -> set[tuple[str, int]]:
-        """Every (parameter, part) a checkpoint must give: each part of a fused projection."""
-        modules, out = dict(self.named_modules()), set()
-        for p in dict(self.named_parameters()):
-            if p.startswith("lm_head."):
-                out.add(("lm_head.weight", 0))
-                continue
-            owner, leaf = p.rsplit(".", 1)
-            module = modules[owner]
-            parts = len(module._row_map) if isinstance(module, Linear) and leaf in ("weight", "bias") else 1
-            out |= {(p, i) for i in range(parts)}
-        return out

@@ -82,6 +82,27 @@ def tiny_config(arch: str, **overrides):
         kw.update(block_ffn_dim_multiplier=1.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         base = {k: v for k, v in common.items() if k != "rms_norm_eps"}
         return transformers.Lfm2Config(**{**base, **kw, **overrides})
+    if arch == "nemotron_h":
+        # hybrid: Mamba2, attention (no rotary), Mamba2, ReLU² MLP, MoE, attention; 8 Mamba heads in
+        # 2 groups of B/C, SSD chunks of 8 tokens (the tests' prompts span several); kernel 4; the
+        # MoE: 4 ReLU² experts in 2 groups (top-2 of the best group), a shared expert, scaled by 2.5
+        types = ["linear_attention", "full_attention", "linear_attention", "mlp", "moe", "full_attention"]
+        kw = dict(layers_block_type=types, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        kw.update(moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.5)
+        kw.update(head_dim=16, mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4)
+        kw.update(chunk_size=8, layer_norm_epsilon=1e-5, use_conv_bias=True)
+        base = {k: v for k, v in common.items() if k not in ("rms_norm_eps", "num_hidden_layers")}
+        return transformers.NemotronHConfig(**{**base, **kw, **overrides})
+    if arch == "granitemoehybrid":
+        # hybrid: Mamba2, attention (rotary), Mamba2, Mamba2; 8 Mamba heads in 2 groups, SSD chunks
+        # of 8; every layer a routed MoE (4 SwiGLU experts, top-2) plus a shared expert; Granite's
+        # multipliers away from 1
+        kw = dict(num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "mamba"], intermediate_size=32)
+        kw.update(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4)
+        kw.update(mamba_chunk_size=8, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48)
+        kw.update(position_embedding_type="rope", rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        kw.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
+        return transformers.GraniteMoeHybridConfig(**{**common, **kw, **overrides})
     raise ValueError(arch)
 
 
@@ -98,10 +119,18 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
                 p.normal_(0, 0.2)
             elif arch == "gpt_oss" and "norm" not in name:  # biases and sinks start at ~0: make them count
                 p.normal_(0, 1.0 if name.endswith("sinks") else 0.2)
+            elif arch in ("nemotron_h", "granitemoehybrid") and name.endswith(
+                ("dt_bias", ".D")
+            ):  # time steps that decay the state
+                p.normal_(0, 1.0)
         if arch == "deepseek_v3":  # the routing bias is a buffer, zero at init
             for layer in model.model.layers:
                 if hasattr(layer.mlp, "gate"):
                     layer.mlp.gate.e_score_correction_bias.normal_(0, 0.5)
+        if arch == "nemotron_h":  # (as DeepSeek-V3's)
+            for layer in model.model.layers:
+                if hasattr(layer.mixer, "gate"):
+                    layer.mixer.gate.e_score_correction_bias.normal_(0, 0.5)
     # small shards: loading must walk a sharded checkpoint
     model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
     return model.eval()

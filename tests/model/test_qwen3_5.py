@@ -107,8 +107,8 @@ def test_unserved_architecture_and_mismatched_layer_table_are_named():
 
     with pytest.raises(PluginError, match=r"'Qwen3_6ForCausalLM' is not served.*nearest supported: Qwen3_5ForCausalLM"):
         registry().model("Qwen3_6ForCausalLM")
-    with pytest.raises(PluginError, match=r"'NemotronHForCausalLM' is not served by llmkit; `llmkit plugins`"):
-        registry().model("NemotronHForCausalLM")
+    with pytest.raises(PluginError, match=r"'FalconH1ForCausalLM' is not served by llmkit; `llmkit plugins`"):
+        registry().model("FalconH1ForCausalLM")
 
 
 def test_layer_table_that_disagrees_with_the_weights_names_the_layer(tmp_path):

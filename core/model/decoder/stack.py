@@ -360,3 +360,18 @@ def place_tensor(model, modules: dict, params: dict, name: str, tensor, fused: d
     else:
         raise KeyError(f"unexpected weight '{name}' for {type(model).__name__}")
     return owner, leaf, part
+
+
+def expected_weights(model: nn.Module) -> set[tuple[str, int]]:
+    """Every (parameter, part) a checkpoint must give ``model``: each part of a fused projection
+    (its ``(module.leaf, part)`` pairs as :func:`place_tensor` returns them), the LM head once."""
+    modules, out = dict(model.named_modules()), set()
+    for p in dict(model.named_parameters()):
+        if p.startswith("lm_head."):
+            out.add(("lm_head.weight", 0))
+            continue
+        owner, leaf = p.rsplit(".", 1)
+        module = modules[owner]
+        parts = len(module._row_map) if isinstance(module, Linear) and leaf in ("weight", "bias") else 1
+        out |= {(p, i) for i in range(parts)}
+    return out

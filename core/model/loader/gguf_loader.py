@@ -25,6 +25,9 @@ GGUF_MODEL_TYPES = {
     "qwen35moe": ("qwen3_5_moe_text",),
     "qwen3next": ("qwen3_next",),
     "lfm2": ("lfm2",),
+    "nemotron_h": ("nemotron_h",),
+    "nemotron_h_moe": ("nemotron_h",),
+    "granitehybrid": ("granitemoehybrid",),
 }
 QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -80,6 +83,44 @@ _LFM2_NAMES = {
     "ffn_up": "feed_forward.w3",
     "ffn_down": "feed_forward.w2",
 }
+# Nemotron-H: one norm and one mixer a block (Mamba2, attention or the ReLU² MLP), under its HF
+# names; ssm_a / ssm_d / ssm_dt have no suffix in HF's names (see _mamba2_tensor)
+_NEMOTRON_H_NAMES = {
+    "attn_norm": "norm",
+    "ssm_in": "mixer.in_proj",
+    "ssm_conv1d": "mixer.conv1d",
+    "ssm_dt": "mixer.dt_bias",
+    "ssm_a": "mixer.A_log",
+    "ssm_d": "mixer.D",
+    "ssm_norm": "mixer.norm",
+    "ssm_out": "mixer.out_proj",
+    "attn_q": "mixer.q_proj",
+    "attn_k": "mixer.k_proj",
+    "attn_v": "mixer.v_proj",
+    "attn_output": "mixer.o_proj",
+    "ffn_up": "mixer.up_proj",
+    "ffn_down": "mixer.down_proj",
+    # nemotron_h_moe: the router, its selection bias, the shared expert, the latent projections
+    # (the stacked experts go through _EXPERT_NAMES)
+    "ffn_gate_inp": "mixer.gate",
+    "exp_probs_b": "mixer.gate.e_score_correction_bias",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj",
+    "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj",
+    "ffn_latent_up": "mixer.fc2_latent_proj",
+}
+# Granite 4.0-H: Mamba2 tensors as Nemotron-H's (see _mamba2_tensor), the MoE's router and shared
+# expert (a dense model's feed-forward, ffn_gate/up/down, is its shared expert too)
+_GRANITE_HYBRID_NAMES = {
+    **{k: v.replace("mixer.", "mamba.") for k, v in _NEMOTRON_H_NAMES.items() if k.startswith("ssm_")},
+    "ffn_gate_inp": "block_sparse_moe.router.layer",
+    "ffn_gate_shexp": "shared_mlp.gate_proj",
+    "ffn_up_shexp": "shared_mlp.up_proj",
+    "ffn_down_shexp": "shared_mlp.down_proj",
+    "ffn_gate": "shared_mlp.gate_proj",
+    "ffn_up": "shared_mlp.up_proj",
+    "ffn_down": "shared_mlp.down_proj",
+}
 # DeepSeek's MLA and shared experts (attn_k_b / attn_v_b, llama.cpp's split of kv_b_proj, are
 # joined again in gguf_tensors)
 _DEEPSEEK_NAMES = {
@@ -108,7 +149,8 @@ def gguf_config(reader) -> dict:
         raise ValueError(f"GGUF architecture '{arch}' is not supported; supported: {sorted(GGUF_MODEL_TYPES)}")
     p = f"{arch}."
     names = {t.name for t in reader.tensors}
-    heads = int(_field(reader, p + "attention.head_count"))
+    heads = _field(reader, p + "attention.head_count")
+    heads = int(max(heads) if isinstance(heads, list) else heads)
     hidden = int(_field(reader, p + "embedding_length"))
     vocab = _field(reader, p + "vocab_size")
     if vocab is None:
@@ -116,10 +158,11 @@ def gguf_config(reader) -> dict:
     ffn = _field(reader, p + "feed_forward_length", _field(reader, p + "expert_feed_forward_length"))
     kv_heads = _field(reader, p + "attention.head_count_kv", heads)  # (LFM2: one a layer, 0 for a conv)
     per_layer_kv = kv_heads if isinstance(kv_heads, list) else None
+    per_layer_ffn = ffn if isinstance(ffn, list) else None  # (Nemotron-H: 0 but for its MLP layers)
     cfg = {
         "model_type": GGUF_MODEL_TYPES[arch][0],
         "hidden_size": hidden,
-        "intermediate_size": int(ffn),
+        "intermediate_size": int(max(ffn)) if per_layer_ffn else int(ffn),
         "num_hidden_layers": int(_field(reader, p + "block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(max(per_layer_kv)) if per_layer_kv else int(kv_heads),
@@ -162,6 +205,10 @@ def gguf_config(reader) -> dict:
         cfg.update(_qwen_hybrid_config(reader, p, cfg))
     if arch == "lfm2":
         cfg.update(_lfm2_config(reader, p, cfg, per_layer_kv))
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        cfg.update(_nemotron_h_config(reader, p, cfg, per_layer_kv, per_layer_ffn, names))
+    if arch == "granitehybrid":
+        cfg.update(_granite_hybrid_config(reader, p, cfg, per_layer_kv, names))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -224,6 +271,94 @@ def _lfm2_config(reader, p: str, cfg: dict, per_layer_kv: list | None) -> dict:
         "norm_eps": cfg["rms_norm_eps"],
         "block_auto_adjust_ff_dim": False,
     }
+
+
+def _nemotron_h_config(reader, p: str, cfg: dict, per_layer_kv, per_layer_ffn, names: set) -> dict:
+    """llama.cpp's nemotron_h / nemotron_h_moe metadata: a layer with KV heads is attention, one with
+    a feed-forward width the MLP (the MoE in nemotron_h_moe), any other Mamba2 (as llama.cpp tells
+    them); the Mamba2 sizes as its ssm.* keys (``time_step_rank``: the heads, ``inner_size``: heads x
+    head size); the MoE's as its expert_* keys (no group limit unless ``expert_group_used_count``
+    says one: the converter writes only the group count)."""
+    n = cfg["num_hidden_layers"]
+    kv = per_layer_kv or [cfg["num_key_value_heads"]] * n
+    ffn = per_layer_ffn or [0] * n
+    heads = int(_field(reader, p + "ssm.time_step_rank"))
+    experts = _field(reader, p + "expert_count")
+    ff = "E" if experts else "-"
+    moe = {}
+    if experts:
+        width = _field(reader, p + "expert_feed_forward_length")
+        groups = int(_field(reader, p + "expert_group_count", 1) or 1)
+        latent = _field(reader, p + "moe_latent_size")
+        moe = {
+            "n_routed_experts": int(experts),
+            "num_experts_per_tok": int(_field(reader, p + "expert_used_count")),
+            "moe_intermediate_size": int(max(width) if isinstance(width, list) else width),
+            "moe_shared_expert_intermediate_size": int(_field(reader, p + "expert_shared_feed_forward_length")),
+            "norm_topk_prob": bool(_field(reader, p + "expert_weights_norm", True)),
+            "routed_scaling_factor": float(_field(reader, p + "expert_weights_scale", 1.0)),
+            "n_group": groups,
+            "topk_group": int(_field(reader, p + "expert_group_used_count", groups) or groups),
+            "moe_latent_size": int(latent) if latent else None,
+        }
+    return {
+        **moe,
+        "hybrid_override_pattern": "".join("*" if kv[i] else ff if ffn[i] else "M" for i in range(n)),
+        "mamba_num_heads": heads,
+        "mamba_head_dim": int(_field(reader, p + "ssm.inner_size")) // heads,
+        "ssm_state_size": int(_field(reader, p + "ssm.state_size")),
+        "n_groups": int(_field(reader, p + "ssm.group_count")),
+        "conv_kernel": int(_field(reader, p + "ssm.conv_kernel")),
+        "use_conv_bias": any(t.endswith(".ssm_conv1d.bias") for t in names),
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+        "mlp_hidden_act": "relu2",
+    }
+
+
+def _granite_hybrid_config(reader, p: str, cfg: dict, per_layer_kv, names: set) -> dict:
+    """llama.cpp's granitehybrid metadata: a layer with KV heads is attention, any other Mamba2; rope
+    only where ``rope.scaling.finetuned`` says so (its default true, as llama.cpp reads it; the
+    converter writes false for Granite 4.0-H); Granite's four multipliers as its scale keys; the
+    experts' width as the feed-forward length, the shared expert's as the shared one (a dense
+    model's: the feed-forward length)."""
+    n = cfg["num_hidden_layers"]
+    kv = per_layer_kv or [cfg["num_key_value_heads"]] * n
+    heads, inner = int(_field(reader, p + "ssm.time_step_rank")), int(_field(reader, p + "ssm.inner_size"))
+    experts = int(_field(reader, p + "expert_count", 0) or 0)
+    out = {
+        "layer_types": ["attention" if kv[i] else "mamba" for i in range(n)],
+        "mamba_n_heads": heads,
+        "mamba_d_head": inner // heads,
+        "mamba_expand": inner // cfg["hidden_size"],
+        "mamba_d_state": int(_field(reader, p + "ssm.state_size")),
+        "mamba_n_groups": int(_field(reader, p + "ssm.group_count")),
+        "mamba_d_conv": int(_field(reader, p + "ssm.conv_kernel")),
+        "mamba_conv_bias": any(t.endswith(".ssm_conv1d.bias") for t in names),
+        "position_embedding_type": "rope" if _field(reader, p + "rope.scaling.finetuned", True) else "nope",
+        "embedding_multiplier": float(_field(reader, p + "embedding_scale", 1.0)),
+        "residual_multiplier": float(_field(reader, p + "residual_scale", 1.0)),
+        "logits_scaling": float(_field(reader, p + "logit_scale", 1.0)),
+        "num_local_experts": experts,
+        "shared_intermediate_size": int(
+            _field(reader, p + "expert_shared_feed_forward_length", cfg["intermediate_size"])
+        ),
+    }
+    scale = _field(reader, p + "attention.scale")
+    if scale:
+        out["attention_multiplier"] = float(scale)
+    if experts:
+        out["num_experts_per_tok"] = int(_field(reader, p + "expert_used_count"))
+    return out
+
+
+def _mamba2_tensor(kind: str, w: np.ndarray) -> np.ndarray:
+    """A Mamba2 tensor (nemotron_h, granitehybrid) back in the checkpoint's form: ``A_log`` from ``-exp(A_log)``, and ``A``,
+    ``D`` and the grouped norm's weight (``[heads, 1]``, ``[groups, channels / groups]``) flat."""
+    if kind == "ssm_a":
+        return np.log(-w).reshape(-1)
+    if kind in ("ssm_d", "ssm_norm"):
+        return w.reshape(-1)
+    return w
 
 
 def _untile_v_heads(w: np.ndarray, axis: int, num_k: int, per_k: int, head: int) -> np.ndarray:
@@ -357,6 +492,13 @@ class _Converter:
         self.lfm2 = config["model_type"] == "lfm2"
         if self.lfm2:
             self.names.update(_LFM2_NAMES)
+        self.nemotron_h = config["model_type"] == "nemotron_h"
+        if self.nemotron_h:
+            self.names.update(_NEMOTRON_H_NAMES)
+        self.granite = config["model_type"] == "granitemoehybrid"
+        if self.granite:
+            self.names.update(_GRANITE_HYBRID_NAMES)
+        self.mamba2 = self.nemotron_h or self.granite  # (A, D, the grouped norm: _mamba2_tensor)
         self.hybrid = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
         if self.hybrid:
             self.names.update(_QWEN_HYBRID_NAMES)
@@ -375,7 +517,8 @@ class _Converter:
         from llmkit.core.model.quant.gguf_quant import GGUFTensor
 
         config, names = self.config, self.names
-        permute = config["model_type"] == "llama"
+        # (llama.cpp permutes Granite's Q/K rows too, whether or not it rotates them)
+        permute = config["model_type"] in ("llama", "granitemoehybrid")
         shape = [int(x) for x in reversed(t.shape)]
         kept = self.kept(t)
         if kept:
@@ -395,6 +538,8 @@ class _Converter:
         if self.hybrid and not kept and name.startswith("blk."):
             tiled = config["model_type"] != "qwen3_next"  # (qwen35's converter reorders value heads)
             w = _qwen_hybrid_tensor(name.split(".")[2], w, config, tiled)
+        elif self.mamba2 and not kept and name.startswith("blk."):
+            w = _mamba2_tensor(name.split(".")[2], w)
         if name == "token_embd.weight":
             hf = "model.embed_tokens.weight"
         elif name == "token_embd_norm.weight" and self.lfm2:  # (llama.cpp's name for its final norm)
@@ -409,13 +554,17 @@ class _Converter:
             _, idx, kind, *rest = name.split(".", 3)
             suffix = rest[0] if rest else ""  # (llama.cpp's ssm_a has none)
             if kind in _EXPERT_NAMES:
+                # (Nemotron-H's MoE is its block's mixer; Granite's stacks them as one tensor in HF)
+                block = "mixer" if self.nemotron_h else "block_sparse_moe" if self.granite else "mlp"
                 for e in range(w.shape[0]):
-                    yield out(f"model.layers.{idx}.mlp.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
+                    yield out(f"model.layers.{idx}.{block}.experts.{e}.{_EXPERT_NAMES[kind]}.{suffix}", w[e])
                 return
             if kind == "attn_sinks":  # one logit per head, no ".weight" in HF's name
                 hf = f"model.layers.{idx}.self_attn.sinks"
-            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and self.hybrid):
+            elif kind == "exp_probs_b" or (kind in ("ssm_a", "ssm_dt") and (self.hybrid or self.mamba2)):
                 hf = f"model.layers.{idx}.{names[kind]}"  # (no suffix in HF's name)
+            elif kind == "ssm_d" and self.mamba2:
+                hf = f"model.layers.{idx}.{names[kind]}"
             elif kind in ("attn_k_b", "attn_v_b"):
                 # k_b [heads, kv_lora_rank, nope] (kv_b_proj's K rows, transposed), v_b [heads, v, rank]
                 halves = self.split_kv_b.setdefault(idx, {})
@@ -453,6 +602,8 @@ def _served(name: str) -> bool:
         or kind in _DEEPSEEK_NAMES
         or kind in _GPT_OSS_NAMES
         or kind in _LFM2_NAMES
+        or kind in _NEMOTRON_H_NAMES
+        or kind in _GRANITE_HYBRID_NAMES
     )
 
 

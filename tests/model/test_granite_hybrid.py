@@ -1,0 +1,252 @@
+"""Granite 4.0-H: the Mamba2 state layer of Nemotron-H under Granite's block (two norms, a mixer
+then a routed SwiGLU MoE beside a shared expert, each branch scaled by ``residual_multiplier``),
+its embedding, attention and logit multipliers, rotary or unrotated attention. The real engine's
+greedy output against transformers' ``generate`` (prompts batched, chunked, a conversation resumed
+from a snapshot); the dense, unrotated variant logit for logit; a layer table that disagrees with
+the weights fails naming the layer."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from llmkit.core.engine.messages import GenerateRequest, SamplingParams
+
+from model_utils import assert_same_as_generate, copy_embedded_tokenizer, load_ours, save_tiny_model, start_engine
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 37 + 11 * i) % 509 + 1 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
+    16 (two SSD chunks of 8 each), a state snapshot every 16 prompt tokens."""
+    path = tmp_path_factory.mktemp("granite_hybrid")
+    ref = save_tiny_model("granitemoehybrid", path)
+    copy_embedded_tokenizer(path)
+    engine = start_engine(
+        model_path=str(path),
+        device="cpu",
+        page_size=4,
+        chunked_prefill_size=16,
+        max_total_tokens=2048,
+        state_snapshot_interval=16,
+        max_running_requests=8,
+    )
+    yield ref, engine
+    engine.shutdown()
+
+
+def _run(engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
+    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
+    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
+
+    def sink_for(i):
+        out = []
+
+        def sink(o):
+            out.extend(o.token_ids)
+            if o.finished:
+                results[i] = (list(out), o.cached_tokens)
+                done[i].set()
+
+        return sink
+
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
+        engine.submit(GenerateRequest(f"granite-h-{i}", ids, params), sink_for(i))
+    for ev in done:
+        assert ev.wait(300)
+    return results
+
+
+def _assert_idle(engine) -> None:
+    stats = engine.call(engine.stats).result(timeout=60)
+    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
+
+
+def test_greedy_matches_generate_batched(served):
+    """Four prompts of different lengths at once (a one-token prompt and 16-token chunks beside
+    decode rows in one step): each one's output equals transformers' alone; no state slot stays
+    taken."""
+    ref, engine = served
+    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 50)]
+    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 10)):
+        assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
+    _assert_idle(engine)
+
+
+def test_conversation_resumes_from_snapshot(served):
+    """Turn 2 resumes from the states snapshotted when turn 1 left, and equals ``generate``."""
+    ref, engine = served
+    turn1 = _prompt(5, 29)
+    ((out1, _),) = _run(engine, [turn1], 8)
+    assert_same_as_generate(ref, turn1, out1, "turn 1")
+    turn2 = turn1 + out1 + _prompt(6, 9)
+    ((out2, cached),) = _run(engine, [turn2], 8)
+    assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0  # (page-aligned; the last token never computed)
+    assert_same_as_generate(ref, turn2, out2, "turn 2")
+    _assert_idle(engine)
+
+
+def test_dense_unrotated_variant_matches_transformers(tmp_path):
+    """``num_local_experts: 0`` (the shared expert alone) and ``position_embedding_type: nope``:
+    prefill in two chunks and a decode step equal transformers' logits."""
+    from paged_runner import PagedRunner
+
+    ref = save_tiny_model("granitemoehybrid", tmp_path, position_embedding_type="nope", num_local_experts=0)
+    model = load_ours(tmp_path)
+    ids = _prompt(7, 30)
+    runner = PagedRunner(model, 4)
+    row = runner.new_seq()
+    (head,) = runner.step([(row, ids[:13])])
+    (tail,) = runner.step([(row, ids[13:])])
+    (decode,) = runner.step([(row, [7])])
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids + [7]])).logits[0]
+    torch.testing.assert_close(torch.cat([head, tail]), logits[:-1], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(decode[0], logits[-1], atol=2e-4, rtol=2e-4)
+
+
+def test_layer_table_disagreeing_with_weights_names_the_layer(tmp_path):
+    """A config whose layer 1 says Mamba2 over a checkpoint whose layer 1 is attention."""
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
+    from llmkit.plugins.models.mamba2.granite_hybrid import GraniteMoeHybridForCausalLM
+
+    save_tiny_model("granitemoehybrid", tmp_path)
+    config = {**load_config(tmp_path), "layer_types": ["mamba"] * 4}
+    model = build_model(GraniteMoeHybridForCausalLM, config, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="layer 1 is 'mamba'.*'attention' weight"):
+        model.load_weights(iter_safetensors(tmp_path))
+
+
+# --- GGUF -----------------------------------------------------------------------------------
+
+
+def _permute(w, heads: int):
+    """llama.cpp's Q/K row order (its converter's permute: halves to interleaved pairs)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(ref, path) -> None:
+    """As llama.cpp's converter writes a Granite 4.0-H: ``granitehybrid``, KV heads per layer (0
+    for Mamba2), rope off (``rope.scaling.finetuned`` false), the four multipliers as scale keys,
+    Q/K rows permuted, the Mamba2 tensors as for Nemotron-H, the stacked gate/up experts split, the
+    shared expert's ``input_linear`` split into gate and up (``ffn_*_shexp``, or ``ffn_*`` without
+    experts)."""
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    cfg = ref.config
+    types, experts = cfg.layer_types, cfg.num_local_experts
+    w = gguf.GGUFWriter(str(path), "granitehybrid")
+    w.add_block_count(len(types))
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size if experts else cfg.shared_intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv([cfg.num_key_value_heads if t == "full_attention" else 0 for t in types])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_attention_scale(cfg.attention_multiplier)
+    w.add_embedding_scale(cfg.embedding_multiplier)
+    w.add_residual_scale(cfg.residual_multiplier)
+    w.add_logit_scale(cfg.logits_scaling)
+    w.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_ssm_conv_kernel(cfg.mamba_d_conv)
+    w.add_ssm_state_size(cfg.mamba_d_state)
+    w.add_ssm_group_count(cfg.mamba_n_groups)
+    w.add_ssm_inner_size(cfg.mamba_n_heads * cfg.mamba_d_head)
+    w.add_ssm_time_step_rank(cfg.mamba_n_heads)
+    w.add_rope_scaling_finetuned(False)
+    sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
+
+    def add(name, t):
+        w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    add("output_norm.weight", sd["model.norm.weight"])
+    add("output.weight", sd["lm_head.weight"])
+    for i, kind in enumerate(types):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
+        add(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        gate, up = np.split(sd[p + "shared_mlp.input_linear.weight"], 2)
+        shexp = "_shexp" if experts else ""
+        add(b + f"ffn_gate{shexp}.weight", gate)
+        add(b + f"ffn_up{shexp}.weight", up)
+        add(b + f"ffn_down{shexp}.weight", sd[p + "shared_mlp.output_linear.weight"])
+        if experts:
+            add(b + "ffn_gate_inp.weight", sd[p + "block_sparse_moe.router.weight"])
+            gate_up = sd[p + "block_sparse_moe.experts.gate_up_proj"]
+            add(b + "ffn_gate_exps.weight", gate_up[:, : cfg.intermediate_size])
+            add(b + "ffn_up_exps.weight", gate_up[:, cfg.intermediate_size :])
+            add(b + "ffn_down_exps.weight", sd[p + "block_sparse_moe.experts.down_proj"])
+        if kind == "full_attention":
+            a = p + "self_attn."
+            add(b + "attn_q.weight", _permute(sd[a + "q_proj.weight"], cfg.num_attention_heads))
+            add(b + "attn_k.weight", _permute(sd[a + "k_proj.weight"], cfg.num_key_value_heads))
+            add(b + "attn_v.weight", sd[a + "v_proj.weight"])
+            add(b + "attn_output.weight", sd[a + "o_proj.weight"])
+            continue
+        m = p + "mamba."
+        add(b + "ssm_in.weight", sd[m + "in_proj.weight"])
+        add(b + "ssm_out.weight", sd[m + "out_proj.weight"])
+        add(b + "ssm_conv1d.weight", sd[m + "conv1d.weight"].squeeze(1))
+        add(b + "ssm_conv1d.bias", sd[m + "conv1d.bias"])
+        add(b + "ssm_dt.bias", sd[m + "dt_bias"])
+        add(b + "ssm_a", (-np.exp(sd[m + "A_log"])).reshape(-1, 1))
+        add(b + "ssm_d", sd[m + "D"].reshape(-1, 1))
+        add(b + "ssm_norm.weight", sd[m + "norm.weight"].reshape(cfg.mamba_n_groups, -1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("experts", [4, 0], ids=["moe", "dense"])
+def test_gguf_matches_transformers(tmp_path, experts):
+    """The GGUF's config names the same layers, sizes and multipliers; its prefill (in two chunks)
+    and decode logits equal transformers' on the same (unrotated, as the converter leaves a
+    Granite 4.0-H) weights."""
+    gguf = pytest.importorskip("gguf")
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model import quantize
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.plugins import registry
+
+    from paged_runner import PagedRunner
+
+    hf = dict(position_embedding_type="nope", num_local_experts=experts)
+    ref = save_tiny_model("granitemoehybrid", tmp_path / "hf", **hf)
+    _write_gguf(ref, tmp_path / "tiny.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    config = gguf_config(reader)
+    assert config["layer_types"] == ["mamba", "attention", "mamba", "mamba"]
+    assert config["position_embedding_type"] == "nope" and config["logits_scaling"] == ref.config.logits_scaling
+    config["mamba_chunk_size"] = ref.config.mamba_chunk_size  # (not in the GGUF)
+    model_cls = registry().model(registry().architecture_for_model_type(config["model_type"]))
+    model = build_model(model_cls, config, torch.device("cpu"), torch.float32)
+    model.load_weights(gguf_tensors(reader, config))
+    quantize.finalize_weights(model)
+    attn = ref.model.layers[1].self_attn  # Q/K rows back in the checkpoint's order (unrotated, the
+    # logits would not tell: the same permutation of Q and K leaves every product as it was)
+    qk = torch.cat([attn.q_proj.weight, attn.k_proj.weight])
+    torch.testing.assert_close(model.layers[1].mixer.qkv_proj.weight[: qk.shape[0]], qk.detach())
+    ids = _prompt(7, 30)
+    runner = PagedRunner(model, 4)
+    row = runner.new_seq()
+    (head,) = runner.step([(row, ids[:13])])
+    (tail,) = runner.step([(row, ids[13:])])
+    (decode,) = runner.step([(row, [7])])
+    with torch.no_grad():
+        logits = ref(torch.tensor([ids + [7]])).logits[0]
+    torch.testing.assert_close(torch.cat([head, tail]), logits[:-1], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(decode[0], logits[-1], atol=2e-4, rtol=2e-4)
