@@ -7,20 +7,14 @@ layer table that disagrees with the weights fails naming the layer."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
+from hybrid_utils import idle_states, prompt, run_prompts, served_engine
 
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.hybrid import causal_conv
 
-from model_utils import assert_same_as_generate, copy_embedded_tokenizer, save_tiny_model, start_engine
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    return [(seed * 37 + 11 * i) % 509 + 1 for i in range(n)]
+from model_utils import assert_same_as_generate, save_tiny_model
 
 
 def test_short_conv_prefill_then_steps_match_one_pass():
@@ -46,50 +40,10 @@ def test_short_conv_prefill_then_steps_match_one_pass():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
-    16, a state snapshot every 16 prompt tokens."""
-    path = tmp_path_factory.mktemp("lfm2")
-    ref = save_tiny_model("lfm2", path)
-    copy_embedded_tokenizer(path)
-    engine = start_engine(
-        model_path=str(path),
-        device="cpu",
-        page_size=4,
-        chunked_prefill_size=16,
-        max_total_tokens=2048,
-        state_snapshot_interval=16,
-        max_running_requests=8,
-    )
+    """transformers' model and an engine on its checkpoint (hybrid_utils.served_engine)."""
+    ref, engine = served_engine("lfm2", tmp_path_factory.mktemp("lfm2"))
     yield ref, engine
     engine.shutdown()
-
-
-def _run(engine, prompts: list[list[int]], n: int) -> list[tuple[list[int], int]]:
-    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
-    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
-
-    def sink_for(i):
-        out = []
-
-        def sink(o):
-            out.extend(o.token_ids)
-            if o.finished:
-                results[i] = (list(out), o.cached_tokens)
-                done[i].set()
-
-        return sink
-
-    for i, ids in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
-        engine.submit(GenerateRequest(f"lfm2-{i}", ids, params), sink_for(i))
-    for ev in done:
-        assert ev.wait(300)
-    return results
-
-
-def _assert_idle(engine) -> None:
-    stats = engine.call(engine.stats).result(timeout=60)
-    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
 
 
 def test_greedy_matches_generate_batched(served):
@@ -97,34 +51,34 @@ def test_greedy_matches_generate_batched(served):
     decode rows in one step): each one's output equals transformers' alone; no state slot stays
     taken."""
     ref, engine = served
-    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 50)]
-    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 10)):
+    prompts = [prompt(1, 5), prompt(2, 37), prompt(3, 1), prompt(4, 50)]
+    for ids, (ours, _) in zip(prompts, run_prompts(engine, prompts, 10)):
         assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
-    _assert_idle(engine)
+    idle_states(engine)
 
 
 def test_conversation_resumes_from_snapshot(served):
     """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the conv states
     snapshotted when turn 1 left, and equals ``generate``."""
     ref, engine = served
-    turn1 = _prompt(5, 29)
-    ((out1, _),) = _run(engine, [turn1], 8)
+    turn1 = prompt(5, 29)
+    ((out1, _),) = run_prompts(engine, [turn1], 8)
     assert_same_as_generate(ref, turn1, out1, "turn 1")
-    turn2 = turn1 + out1 + _prompt(6, 9)
-    ((out2, cached),) = _run(engine, [turn2], 8)
+    turn2 = turn1 + out1 + prompt(6, 9)
+    ((out2, cached),) = run_prompts(engine, [turn2], 8)
     assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0  # (page-aligned; the last token never computed)
     assert_same_as_generate(ref, turn2, out2, "turn 2")
-    _assert_idle(engine)
+    idle_states(engine)
 
 
 def test_one_token_prompt_starts_from_zeros_on_a_used_row(served):
     """A one-token prompt on a request row whose slots hold an earlier request's conv states (a
     decode-shaped step, its row marked fresh) reads zeros, not them."""
     ref, engine = served
-    _run(engine, [_prompt(8, 23)], 3)
-    ((out, _),) = _run(engine, [[17]], 6)
+    run_prompts(engine, [prompt(8, 23)], 3)
+    ((out, _),) = run_prompts(engine, [[17]], 6)
     assert_same_as_generate(ref, [17], out, "one-token prompt")
-    _assert_idle(engine)
+    idle_states(engine)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -233,7 +187,7 @@ def test_gguf_matches_transformers(tmp_path):
     assert model.config["intermediate_size"] == ref.model.layers[0].feed_forward.w1.weight.shape[0]
     model.load_weights(gguf_tensors(reader, config))
     quantize.finalize_weights(model)
-    ids = _prompt(7, 30)
+    ids = prompt(7, 30)
     runner = PagedRunner(model, 4)
     row = runner.new_seq()
     (head,) = runner.step([(row, ids[:13])])

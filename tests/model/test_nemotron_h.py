@@ -12,15 +12,11 @@ import threading
 
 import pytest
 import torch
+from hybrid_utils import check_step_failing_midway, idle_states, prompt, run_prompts, served_engine
 
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.hybrid import ssd
 
-from model_utils import assert_same_as_generate, copy_embedded_tokenizer, save_tiny_model, start_engine
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    return [(seed * 37 + 11 * i) % 509 + 1 for i in range(n)]
+from model_utils import assert_same_as_generate, save_tiny_model
 
 
 def _scan_inputs(T: int, R: int = 1, H: int = 6, P: int = 4, G: int = 3, N: int = 5):
@@ -126,53 +122,10 @@ def test_native_decode_step_matches_torch_forms():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
-    16 (two SSD chunks of 8 each), a state snapshot every 16 prompt tokens."""
-    path = tmp_path_factory.mktemp("nemotron_h")
-    ref = save_tiny_model("nemotron_h", path)
-    copy_embedded_tokenizer(path)
-    engine = start_engine(
-        model_path=str(path),
-        device="cpu",
-        page_size=4,
-        chunked_prefill_size=16,
-        max_total_tokens=2048,
-        state_snapshot_interval=16,
-        max_running_requests=8,
-    )
+    """transformers' model and an engine on its checkpoint (hybrid_utils.served_engine)."""
+    ref, engine = served_engine("nemotron_h", tmp_path_factory.mktemp("nemotron_h"))
     yield ref, engine
     engine.shutdown()
-
-
-def _run(engine, prompts: list[list[int]], n: int, abort_after: dict | None = None) -> list[tuple[list[int], int]]:
-    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens (``abort_after``:
-    prompt index -> the output length at which it is aborted)."""
-    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
-
-    def sink_for(i):
-        out = []
-
-        def sink(o):
-            out.extend(o.token_ids)
-            if abort_after and i in abort_after and len(out) >= abort_after[i]:
-                engine.abort(f"nemotron-h-{i}")
-            if o.finished:
-                results[i] = (list(out), o.cached_tokens)
-                done[i].set()
-
-        return sink
-
-    for i, ids in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
-        engine.submit(GenerateRequest(f"nemotron-h-{i}", ids, params), sink_for(i))
-    for ev in done:
-        assert ev.wait(300)
-    return results
-
-
-def _assert_idle(engine) -> None:
-    stats = engine.call(engine.stats).result(timeout=60)
-    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
 
 
 def test_greedy_matches_generate_batched(served):
@@ -180,45 +133,45 @@ def test_greedy_matches_generate_batched(served):
     decode rows in one step): each one's output equals transformers' alone; no state slot stays
     taken."""
     ref, engine = served
-    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 50)]
-    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 10)):
+    prompts = [prompt(1, 5), prompt(2, 37), prompt(3, 1), prompt(4, 50)]
+    for ids, (ours, _) in zip(prompts, run_prompts(engine, prompts, 10)):
         assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
-    _assert_idle(engine)
+    idle_states(engine)
 
 
 def test_conversation_resumes_from_snapshot(served):
     """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the conv and SSM
     states snapshotted when turn 1 left, and equals ``generate``."""
     ref, engine = served
-    turn1 = _prompt(5, 29)
-    ((out1, _),) = _run(engine, [turn1], 8)
+    turn1 = prompt(5, 29)
+    ((out1, _),) = run_prompts(engine, [turn1], 8)
     assert_same_as_generate(ref, turn1, out1, "turn 1")
-    turn2 = turn1 + out1 + _prompt(6, 9)
-    ((out2, cached),) = _run(engine, [turn2], 8)
+    turn2 = turn1 + out1 + prompt(6, 9)
+    ((out2, cached),) = run_prompts(engine, [turn2], 8)
     assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0  # (page-aligned; the last token never computed)
     assert_same_as_generate(ref, turn2, out2, "turn 2")
-    _assert_idle(engine)
+    idle_states(engine)
 
 
 def test_one_token_prompt_starts_from_zeros_on_a_used_row(served):
     """A one-token prompt on a request row whose slots hold an earlier request's states (a
     decode-shaped step, its row marked fresh) reads zeros, not them."""
     ref, engine = served
-    _run(engine, [_prompt(8, 23)], 3)
-    ((out, _),) = _run(engine, [[17]], 6)
+    run_prompts(engine, [prompt(8, 23)], 3)
+    ((out, _),) = run_prompts(engine, [[17]], 6)
     assert_same_as_generate(ref, [17], out, "one-token prompt")
-    _assert_idle(engine)
+    idle_states(engine)
 
 
 def test_aborts_give_every_slot_back(served):
     """Requests aborted mid-prompt and mid-decode beside one that finishes: no state slot stays
     with a request, and a flush empties the snapshots."""
     ref, engine = served
-    prompts = [_prompt(9, 50), _prompt(10, 20), _prompt(11, 33)]
-    results = _run(engine, prompts, 20, abort_after={0: 0, 1: 3})
+    prompts = [prompt(9, 50), prompt(10, 20), prompt(11, 33)]
+    results = run_prompts(engine, prompts, 20, abort_after={0: 0, 1: 3})
     assert len(results[1][0]) < 20 and len(results[2][0]) == 20
     assert_same_as_generate(ref, prompts[2], results[2][0], "the survivor")
-    _assert_idle(engine)
+    idle_states(engine)
     flushed = threading.Event()
     engine.flush_cache(lambda ok: ok and flushed.set())
     assert flushed.wait(60)
@@ -226,52 +179,9 @@ def test_aborts_give_every_slot_back(served):
 
 
 def test_a_step_failing_midway_leaves_states_as_they_were(served):
-    """A step that raises in the last attention layer, after both Mamba2 layers wrote their states:
-    the engine runs its requests again one by one, and the others' outputs equal ``generate``
-    (a Mamba2 layer writes only its write slots, so their states were not advanced); the culprit
-    fails alone."""
+    """A step that raises in the last attention layer, after both Mamba2 layers wrote their states."""
     ref, engine = served
-    mark = 509
-    good = [[t for t in _prompt(20 + i, 9 + 7 * i) if t != mark] for i in range(3)]
-    model = engine.runner.model
-    attention = model.layers[5].mixer
-    real_model, real_attn = model.forward, attention.forward
-    culprit = []
-
-    def model_forward(input_ids, positions, ctx):
-        culprit[:] = [bool((input_ids == mark).any())]
-        return real_model(input_ids, positions, ctx)
-
-    def attn_forward(x, rope, ctx):
-        if culprit[0]:
-            raise RuntimeError("injected fault after the state layers")
-        return real_attn(x, rope, ctx)
-
-    model.forward, attention.forward = model_forward, attn_forward
-    try:
-        outs = []
-        done = [threading.Event() for _ in range(4)]
-        for i, ids in enumerate([*good, [5, mark, 7, 9]]):
-            out = {"tokens": [], "error": None}
-            outs.append(out)
-
-            def sink(o, out=out, ev=done[i]):
-                out["tokens"] += o.token_ids
-                if o.finished:
-                    out["error"] = o.error
-                    ev.set()
-
-            params = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0)
-            engine.submit(GenerateRequest(f"iso-{i}", ids, params), sink)
-        for ev in done:
-            assert ev.wait(300)
-    finally:
-        del model.forward, attention.forward  # (the instance attributes: the class's methods again)
-    assert "injected fault" in outs[3]["error"] and not outs[3]["tokens"]
-    for ids, out in zip(good, outs):
-        assert out["error"] is None
-        assert_same_as_generate(ref, ids, out["tokens"], f"{len(ids)}-token prompt beside the culprit")
-    _assert_idle(engine)
+    check_step_failing_midway(ref, engine, engine.runner.model.layers[5].mixer)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -412,7 +322,7 @@ def test_gguf_matches_transformers(tmp_path, types):
     model = build_model(model_cls, config, torch.device("cpu"), torch.float32)
     model.load_weights(gguf_tensors(reader, config))
     quantize.finalize_weights(model)
-    ids = _prompt(7, 30)
+    ids = prompt(7, 30)
     runner = PagedRunner(model, 4)
     row = runner.new_seq()
     (head,) = runner.step([(row, ids[:13])])

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 import torch
+from hybrid_utils import check_step_failing_midway, idle_states, prompt, run_prompts, served_engine
 
-from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 from llmkit.core.model.hybrid import causal_conv, gated_delta_rule
 
 from model_utils import assert_same_as_generate, copy_embedded_tokenizer, save_tiny_model, start_engine
@@ -129,67 +129,20 @@ def test_layer_table_that_disagrees_with_the_weights_names_the_layer(tmp_path):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """transformers' model and an engine on its checkpoint: pages of 4 tokens, prompt chunks of
-    16, a state snapshot every 16 prompt tokens."""
-    path = tmp_path_factory.mktemp("qwen3_5")
-    ref = save_tiny_model("qwen3_5", path)
-    copy_embedded_tokenizer(path)
-    engine = start_engine(
-        model_path=str(path),
-        device="cpu",
-        page_size=4,
-        chunked_prefill_size=16,
-        max_total_tokens=2048,
-        state_snapshot_interval=16,
-        max_running_requests=8,
-    )
+    """transformers' model and an engine on its checkpoint (hybrid_utils.served_engine)."""
+    ref, engine = served_engine("qwen3_5", tmp_path_factory.mktemp("qwen3_5"))
     yield ref, engine
     engine.shutdown()
-
-
-def _run(engine, prompts: list[list[int]], n: int, abort_after: dict | None = None) -> list[tuple[list[int], int]]:
-    """Submit every prompt at once; each one's greedy tokens and cached prompt tokens."""
-    results, done = [None] * len(prompts), [threading.Event() for _ in prompts]
-
-    def sink_for(i):
-        out = []
-
-        def sink(o):
-            out.extend(o.token_ids)
-            if abort_after and i in abort_after and len(out) >= abort_after[i]:
-                engine.abort(f"r{i}")
-            if o.finished:
-                results[i] = (list(out), o.cached_tokens)
-                done[i].set()
-
-        return sink
-
-    for i, ids in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=0)
-        engine.submit(GenerateRequest(f"r{i}", ids, params), sink_for(i))
-    for ev in done:
-        assert ev.wait(300)
-    return results
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    return [(seed * 37 + 11 * i) % 509 + 1 for i in range(n)]
-
-
-def _idle_states(engine) -> dict:
-    stats = engine.call(engine.stats).result(timeout=60)
-    assert stats["state_slots_running"] == 0 and stats["num_running_reqs"] == 0
-    return stats
 
 
 def test_greedy_matches_generate_batched(served):
     """Four prompts of different lengths at once (prompt chunks beside decode rows in one step):
     each one's output equals transformers' alone."""
     ref, engine = served
-    prompts = [_prompt(1, 5), _prompt(2, 37), _prompt(3, 1), _prompt(4, 70)]
-    for ids, (ours, _) in zip(prompts, _run(engine, prompts, 12)):
+    prompts = [prompt(1, 5), prompt(2, 37), prompt(3, 1), prompt(4, 70)]
+    for ids, (ours, _) in zip(prompts, run_prompts(engine, prompts, 12)):
         assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
-    _idle_states(engine)
+    idle_states(engine)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_moe", "qwen3_next"])
@@ -201,7 +154,7 @@ def test_moe_families_greedy_matches_generate(tmp_path, arch):
 
     ref = save_tiny_model(arch, tmp_path)
     copy_embedded_tokenizer(tmp_path)
-    ids = _prompt(12, 40)
+    ids = prompt(12, 40)
     assert assert_greedy_matches_generate(ref, tmp_path, [ids, ids], n=10) == [0, 32]
 
 
@@ -209,11 +162,11 @@ def test_conversation_resumes_from_snapshots(served):
     """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the state
     snapshotted when turn 1 left (all of turn 1 but its last token), and equals ``generate``."""
     ref, engine = served
-    turn1 = _prompt(5, 29)
-    ((out1, _),) = _run(engine, [turn1], 10)
+    turn1 = prompt(5, 29)
+    ((out1, _),) = run_prompts(engine, [turn1], 10)
     assert_same_as_generate(ref, turn1, out1, "turn 1")
-    turn2 = turn1 + out1 + _prompt(6, 9)
-    ((out2, cached),) = _run(engine, [turn2], 10)
+    turn2 = turn1 + out1 + prompt(6, 9)
+    ((out2, cached),) = run_prompts(engine, [turn2], 10)
     assert cached == (len(turn1) + len(out1) - 1) // 4 * 4  # (page-aligned; the last token never computed)
     assert cached > len(turn1) - 4
     assert_same_as_generate(ref, turn2, out2, "turn 2")
@@ -223,13 +176,13 @@ def test_branch_mid_prefill_resumes_from_a_checkpoint(served):
     """A prompt sharing the first 40 tokens of an earlier one resumes from the checkpoint at 32
     (every 16 tokens) and equals ``generate``; the same prompt again resumes from its own end."""
     ref, engine = served
-    base = _prompt(7, 60)
-    _run(engine, [base], 4)
-    branch = base[:40] + _prompt(8, 20)
-    ((out, cached),) = _run(engine, [branch], 8)
+    base = prompt(7, 60)
+    run_prompts(engine, [base], 4)
+    branch = base[:40] + prompt(8, 20)
+    ((out, cached),) = run_prompts(engine, [branch], 8)
     assert cached == 32
     assert_same_as_generate(ref, branch, out, "branch")
-    ((again, cached),) = _run(engine, [branch], 8)
+    ((again, cached),) = run_prompts(engine, [branch], 8)
     assert again == out and cached == (len(branch) - 1) // 4 * 4
 
 
@@ -237,16 +190,16 @@ def test_aborts_give_every_slot_back(served):
     """Requests aborted mid-prompt and mid-decode beside one that finishes: no state slot stays
     with a request, and a flush empties the snapshots."""
     ref, engine = served
-    prompts = [_prompt(9, 50), _prompt(10, 20), _prompt(11, 33)]
-    results = _run(engine, prompts, 20, abort_after={0: 0, 1: 3})
+    prompts = [prompt(9, 50), prompt(10, 20), prompt(11, 33)]
+    results = run_prompts(engine, prompts, 20, abort_after={0: 0, 1: 3})
     assert len(results[1][0]) < 20 and len(results[2][0]) == 20
     assert_same_as_generate(ref, prompts[2], results[2][0], "the survivor")
-    stats = _idle_states(engine)
+    stats = idle_states(engine)
     assert stats["state_snapshots_in_use"] == stats["state_snapshots_cached"] > 0
     flushed = threading.Event()
     engine.flush_cache(lambda ok: ok and flushed.set())
     assert flushed.wait(60)
-    assert _idle_states(engine)["state_snapshots_in_use"] == 0
+    assert idle_states(engine)["state_snapshots_in_use"] == 0
 
 
 def test_preempted_requests_resume_from_their_snapshots(tmp_path):
@@ -264,10 +217,10 @@ def test_preempted_requests_resume_from_their_snapshots(tmp_path):
         max_running_requests=4,
     )
     try:
-        prompts = [_prompt(30 + i, 30 + 3 * i) for i in range(4)]
-        for ids, (ours, _) in zip(prompts, _run(engine, prompts, 14)):
+        prompts = [prompt(30 + i, 30 + 3 * i) for i in range(4)]
+        for ids, (ours, _) in zip(prompts, run_prompts(engine, prompts, 14)):
             assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
-        stats = _idle_states(engine)
+        stats = idle_states(engine)
         assert stats["preemptions"] > 0
     finally:
         engine.shutdown()
@@ -294,7 +247,7 @@ def test_speculation_leaves_outputs_unchanged(tmp_path):
         speculative_num_draft_tokens=4,
         state_snapshot_interval=16,
     )
-    prompts = [_prompt(40, 9), _prompt(41, 25), _prompt(42, 3)]
+    prompts = [prompt(40, 9), prompt(41, 25), prompt(42, 3)]
     n = 24
     expected = {}
     with torch.no_grad():
@@ -312,15 +265,15 @@ def test_speculation_leaves_outputs_unchanged(tmp_path):
 
     engine.scheduler.speculator.proposer.propose = propose
     try:
-        outs = _run(engine, prompts, n)
+        outs = run_prompts(engine, prompts, n)
         for i, (ids, (ours, _)) in enumerate(zip(prompts, outs)):
             assert ours == expected[f"r{i}"][:n], f"request {i}"
-        stats = _idle_states(engine)
+        stats = idle_states(engine)
         assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
-        turn2 = prompts[1] + outs[1][0] + _prompt(43, 5)
+        turn2 = prompts[1] + outs[1][0] + prompt(43, 5)
         calls["n"] = -(10**6)  # (the proposer: no drafts for this one)
         engine.scheduler.speculator.proposer.propose = lambda req, k: []
-        ((again, cached),) = _run(engine, [turn2], 8)
+        ((again, cached),) = run_prompts(engine, [turn2], 8)
         assert cached == len(turn2) - 6 and again
         assert_same_as_generate(ref, turn2, again, "the next turn")
     finally:
@@ -328,51 +281,9 @@ def test_speculation_leaves_outputs_unchanged(tmp_path):
 
 
 def test_a_step_failing_midway_leaves_states_as_they_were(served):
-    """A step that raises in the attention layer, after three DeltaNet layers wrote their states:
-    the engine runs its requests again one by one, and the others' outputs equal ``generate``
-    (their states were not advanced by the failed step); the culprit fails alone."""
+    """A step that raises in the attention layer after three DeltaNet layers wrote their states."""
     ref, engine = served
-    mark = 509
-    good = [[t for t in _prompt(20 + i, 9 + 7 * i) if t != mark] for i in range(3)]
-    model = engine.runner.model
-    attention = model.layers[3].mixer
-    real_model, real_attn = model.forward, attention.forward
-    culprit = []
-
-    def model_forward(input_ids, positions, ctx):
-        culprit[:] = [bool((input_ids == mark).any())]
-        return real_model(input_ids, positions, ctx)
-
-    def attn_forward(x, rope, ctx):
-        if culprit[0]:
-            raise RuntimeError("injected fault after the state layers")
-        return real_attn(x, rope, ctx)
-
-    model.forward, attention.forward = model_forward, attn_forward
-    try:
-        outs = []
-        done = [threading.Event() for _ in range(4)]
-        for i, ids in enumerate([*good, [5, mark, 7, 9]]):
-            out = {"tokens": [], "error": None}
-            outs.append(out)
-
-            def sink(o, out=out, ev=done[i]):
-                out["tokens"] += o.token_ids
-                if o.finished:
-                    out["error"] = o.error
-                    ev.set()
-
-            params = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0)
-            engine.submit(GenerateRequest(f"iso-{i}", ids, params), sink)
-        for ev in done:
-            assert ev.wait(300)
-    finally:
-        del model.forward, attention.forward  # (the instance attributes: the class's methods again)
-    assert "injected fault" in outs[3]["error"] and not outs[3]["tokens"]
-    for ids, out in zip(good, outs):
-        assert out["error"] is None
-        assert_same_as_generate(ref, ids, out["tokens"], f"{len(ids)}-token prompt beside the culprit")
-    _idle_states(engine)
+    check_step_failing_midway(ref, engine, engine.runner.model.layers[3].mixer)
 
 
 # --- the server -----------------------------------------------------------------------------
