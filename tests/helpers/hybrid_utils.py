@@ -103,3 +103,34 @@ def check_step_failing_midway(ref, engine, attention) -> None:
         assert out["error"] is None
         assert_same_as_generate(ref, ids, out["tokens"], f"{len(ids)}-token prompt beside the culprit")
     idle_states(engine)
+
+
+def check_batched(ref, engine) -> None:
+    """Four prompts of different lengths at once (a one-token prompt and 16-token chunks beside
+    decode rows in one step): each one's output equals transformers' alone; no slot stays taken."""
+    prompts = [prompt(1, 5), prompt(2, 37), prompt(3, 1), prompt(4, 50)]
+    for ids, (ours, _) in zip(prompts, run_prompts(engine, prompts, 10)):
+        assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
+    idle_states(engine)
+
+
+def check_conversation(ref, engine) -> None:
+    """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the states
+    snapshotted when turn 1 left (all of it but its last token, page-aligned), equal to ``generate``."""
+    turn1 = prompt(5, 29)
+    ((out1, _),) = run_prompts(engine, [turn1], 8)
+    assert_same_as_generate(ref, turn1, out1, "turn 1")
+    turn2 = turn1 + out1 + prompt(6, 9)
+    ((out2, cached),) = run_prompts(engine, [turn2], 8)
+    assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0
+    assert_same_as_generate(ref, turn2, out2, "turn 2")
+    idle_states(engine)
+
+
+def check_one_token_prompt(ref, engine) -> None:
+    """A one-token prompt on a request row whose slots hold an earlier request's states (a
+    decode-shaped step, its row marked fresh) reads zeros, not them."""
+    run_prompts(engine, [prompt(8, 23)], 3)
+    ((out, _),) = run_prompts(engine, [[17]], 6)
+    assert_same_as_generate(ref, [17], out, "one-token prompt")
+    idle_states(engine)

@@ -10,11 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hybrid_utils import idle_states, prompt, run_prompts, served_engine
+from hybrid_utils import (
+    check_batched,
+    check_conversation,
+    check_one_token_prompt,
+    prompt,
+    served_engine,
+)
 
 from llmkit.core.model.hybrid import causal_conv
 
-from model_utils import assert_same_as_generate, save_tiny_model
+from model_utils import save_tiny_model
 
 
 def test_short_conv_prefill_then_steps_match_one_pass():
@@ -47,38 +53,15 @@ def served(tmp_path_factory):
 
 
 def test_greedy_matches_generate_batched(served):
-    """Four prompts of different lengths at once (a one-token prompt and 16-token chunks beside
-    decode rows in one step): each one's output equals transformers' alone; no state slot stays
-    taken."""
-    ref, engine = served
-    prompts = [prompt(1, 5), prompt(2, 37), prompt(3, 1), prompt(4, 50)]
-    for ids, (ours, _) in zip(prompts, run_prompts(engine, prompts, 10)):
-        assert_same_as_generate(ref, ids, ours, f"{len(ids)}-token prompt")
-    idle_states(engine)
+    check_batched(*served)
 
 
 def test_conversation_resumes_from_snapshot(served):
-    """Turn 2 sends turn 1's prompt, its answer and a new message: it resumes from the conv states
-    snapshotted when turn 1 left, and equals ``generate``."""
-    ref, engine = served
-    turn1 = prompt(5, 29)
-    ((out1, _),) = run_prompts(engine, [turn1], 8)
-    assert_same_as_generate(ref, turn1, out1, "turn 1")
-    turn2 = turn1 + out1 + prompt(6, 9)
-    ((out2, cached),) = run_prompts(engine, [turn2], 8)
-    assert cached == (len(turn1) + len(out1) - 1) // 4 * 4 > 0  # (page-aligned; the last token never computed)
-    assert_same_as_generate(ref, turn2, out2, "turn 2")
-    idle_states(engine)
+    check_conversation(*served)
 
 
 def test_one_token_prompt_starts_from_zeros_on_a_used_row(served):
-    """A one-token prompt on a request row whose slots hold an earlier request's conv states (a
-    decode-shaped step, its row marked fresh) reads zeros, not them."""
-    ref, engine = served
-    run_prompts(engine, [prompt(8, 23)], 3)
-    ((out, _),) = run_prompts(engine, [[17]], 6)
-    assert_same_as_generate(ref, [17], out, "one-token prompt")
-    idle_states(engine)
+    check_one_token_prompt(*served)
 
 
 # --- loading --------------------------------------------------------------------------------
