@@ -95,11 +95,34 @@ def gguf_name(a) -> str:
     return f"llama-h{a.hidden}-l{a.layers}-a{a.heads}-kv{a.kv_heads}-i{a.intermediate}-v{a.vocab}-q4_0.gguf"
 
 
+def add_borrowed_tokenizer(w, base, vocab: int) -> None:
+    """The ``tokenizer.*`` keys of GGUF reader ``base`` into writer ``w``, its tokens padded with
+    ``<|pad_N|>`` to ``vocab``."""
+    import gguf
+    from gguf import GGUFValueType
+
+    pad = vocab - len(base.fields["tokenizer.ggml.tokens"].contents())
+    for key, field in base.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        val = field.contents()
+        if key == "tokenizer.ggml.tokens":
+            val = list(val) + [f"<|pad_{n}|>" for n in range(pad)]
+        elif key == "tokenizer.ggml.token_type":
+            val = list(val) + [int(gguf.TokenType.NORMAL)] * pad
+        elif key == "tokenizer.ggml.scores":
+            val = list(val) + [0.0] * pad
+        if field.types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(key, val, GGUFValueType.ARRAY, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, val, field.types[0])
+
+
 def write_gguf(a, path: Path) -> None:
     """Write the random GGUF to ``path`` tensor by tensor (one tensor in memory at a time), via a
     temporary file renamed at the end."""
     import gguf
-    from gguf import GGMLQuantizationType, GGUFValueType
+    from gguf import GGMLQuantizationType
 
     from llmkit.core.model.loader.source import embedded_gguf_path
 
@@ -124,21 +147,7 @@ def write_gguf(a, path: Path) -> None:
     w.add_vocab_size(a.vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    pad = a.vocab - len(tokens)
-    for key, field in base.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        val = field.contents()
-        if key == "tokenizer.ggml.tokens":
-            val = list(val) + [f"<|pad_{n}|>" for n in range(pad)]
-        elif key == "tokenizer.ggml.token_type":
-            val = list(val) + [int(gguf.TokenType.NORMAL)] * pad
-        elif key == "tokenizer.ggml.scores":
-            val = list(val) + [0.0] * pad
-        if field.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(key, val, GGUFValueType.ARRAY, sub_type=field.types[-1])
-        else:
-            w.add_key_value(key, val, field.types[0])
+    add_borrowed_tokenizer(w, base, a.vocab)
     plan = tensor_plan(a)
     for name, shape, kind in plan:
         if kind == "f32":

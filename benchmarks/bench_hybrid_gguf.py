@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_8b_gguf import PROMPT, measure, start_llmkit, timed_request  # noqa: E402
+from bench_8b_gguf import PROMPT, add_borrowed_tokenizer, measure, start_llmkit, timed_request  # noqa: E402
 from gpu_presets import PRESETS  # noqa: E402
 
 Q8_0_BLOCK = 34  # bytes per 32 weights: an fp16 scale and 32 int8
@@ -60,7 +59,12 @@ def tensor_plan(c: dict) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape as rows x cols, kind) of every tensor: ``q8`` matrices, ``ones``, ``a`` (the
     decays), ``zeros``, ``conv`` (small random F32)."""
     h, hd = c["hidden_size"], c["head_dim"]
-    nk, nv, dk, dv = c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+    nk, nv, dk, dv = (
+        c["linear_num_key_heads"],
+        c["linear_num_value_heads"],
+        c["linear_key_head_dim"],
+        c["linear_value_head_dim"],
+    )
     conv = 2 * nk * dk + nv * dv
     plan = [("token_embd.weight", (c["vocab_size"], h), "q8"), ("output_norm.weight", (h,), "ones")]
     for i, kind in enumerate(c["layer_types"]):
@@ -98,12 +102,11 @@ def tensor_plan(c: dict) -> list[tuple[str, tuple[int, ...], str]]:
 
 def write_gguf(c: dict, path: Path, seed: int = 0) -> None:
     import gguf
-    from gguf import GGMLQuantizationType, GGUFValueType
+    from gguf import GGMLQuantizationType
 
     from llmkit.core.model.loader.source import embedded_gguf_path
 
     base = gguf.GGUFReader(str(embedded_gguf_path()))
-    tokens = base.fields["tokenizer.ggml.tokens"].contents()
     arch = "qwen35"
     w = gguf.GGUFWriter(None, arch)
     w.add_name(f"random Qwen3.5-shaped {path.stem}")
@@ -129,27 +132,15 @@ def write_gguf(c: dict, path: Path, seed: int = 0) -> None:
     w.add_vocab_size(c["vocab_size"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    pad = c["vocab_size"] - len(tokens)
-    for key, field in base.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        val = field.contents()
-        if key == "tokenizer.ggml.tokens":
-            val = list(val) + [f"<|pad_{n}|>" for n in range(pad)]
-        elif key == "tokenizer.ggml.token_type":
-            val = list(val) + [int(gguf.TokenType.NORMAL)] * pad
-        elif key == "tokenizer.ggml.scores":
-            val = list(val) + [0.0] * pad
-        if field.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(key, val, GGUFValueType.ARRAY, sub_type=field.types[-1])
-        else:
-            w.add_key_value(key, val, field.types[0])
+    add_borrowed_tokenizer(w, base, c["vocab_size"])
     plan = tensor_plan(c)
     for name, shape, kind in plan:
         if kind == "q8":
             rows, cols = shape
             nbytes = rows * cols // 32 * Q8_0_BLOCK
-            w.add_tensor_info(name, (rows, cols // 32 * Q8_0_BLOCK), np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType.Q8_0)
+            w.add_tensor_info(
+                name, (rows, cols // 32 * Q8_0_BLOCK), np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType.Q8_0
+            )
         else:
             w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
     rng = np.random.default_rng(seed)
@@ -249,7 +240,9 @@ def main() -> None:
 
             def start(on_start):
                 ctx = 1024 * a.concurrency
-                return start_llama_server(path, a.threads, slots=a.concurrency, ctx=ctx, timeout=a.load_timeout, on_start=on_start)
+                return start_llama_server(
+                    path, a.threads, slots=a.concurrency, ctx=ctx, timeout=a.load_timeout, on_start=on_start
+                )
 
             def stop(proc):
                 proc.terminate()
@@ -287,7 +280,9 @@ def main() -> None:
         r1 = f"{ours / lc:.2f}x" if ours and lc else "-"
         r2 = f"{ours / tf:.2f}x" if ours and tf else "-"
         print(f"| {title} | {fmt(ours)} | {fmt(lc)} | {r1} | {fmt(tf)} | {r2} |")
-    print(f"{a.rounds} rounds, {a.threads} threads, {path.name}, llmkit flags {' '.join(a.serve_args)}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(
+        f"{a.rounds} rounds, {a.threads} threads, {path.name}, llmkit flags {' '.join(a.serve_args)}, {time.strftime('%Y-%m-%d %H:%M')}"
+    )
 
 
 if __name__ == "__main__":

@@ -375,3 +375,16 @@ def expected_weights(model: nn.Module) -> set[tuple[str, int]]:
         parts = len(module._row_map) if isinstance(module, Linear) and leaf in ("weight", "bias") else 1
         out |= {(p, i) for i in range(parts)}
     return out
+
+
+def check_loaded(model: nn.Module, loaded: set[tuple[str, int]]) -> None:
+    """Raise naming the first weights :func:`expected_weights` wants that ``loaded`` lacks (experts
+    are checked by their :class:`~llmkit.core.model.moe.FusedExperts`, which count their own)."""
+    from llmkit.core.model.moe import FusedExperts
+
+    missing = sorted({p for p, part in expected_weights(model) if ".experts." not in p and (p, part) not in loaded})
+    for name, module in model.named_modules():
+        if isinstance(module, FusedExperts):
+            missing += [f"{name}.{m}" for m in module.missing()]
+    if missing:
+        raise KeyError(f"checkpoint is missing weights: {missing[:5]}")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmkit.core.model.decoder.nope_attention import NoPEAttention
-from llmkit.core.model.decoder.stack import StackedLM, expected_weights, place_tensor
+from llmkit.core.model.decoder.stack import StackedLM, check_loaded, place_tensor
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid.mamba2 import Mamba2
 from llmkit.core.model.layers import RMSNorm
@@ -293,13 +293,7 @@ class NemotronHForCausalLM(StackedLM):
                 tensor = t.reshape(t.shape[0], t.shape[-1])
             owner, leaf, part = place_tensor(self, modules, params, name, tensor, _FUSED)
             loaded.add((f"{owner}.{leaf}", part))
-        expected = {(p, part) for p, part in expected_weights(self) if ".experts." not in p}
-        missing = sorted({p for p, part in expected if (p, part) not in loaded})
-        for mname, module in modules.items():
-            if isinstance(module, FusedExperts):
-                missing += [f"{mname}.{m}" for m in module.missing()]
-        if missing:
-            raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
+        check_loaded(self, loaded)
 
     def _load_expert(self, modules: dict, name: str, tensor) -> None:
         """``layers.N.mixer.experts.{e}.up_proj.weight`` / ``...down_proj.weight`` (per expert)."""
