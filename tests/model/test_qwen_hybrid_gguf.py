@@ -55,7 +55,8 @@ def _tile(w: np.ndarray, axis: int, nk: int, per_k: int, head: int) -> np.ndarra
     return np.ascontiguousarray(np.moveaxis(w, 0, axis))
 
 
-def _write_gguf(ref, path, arch: str) -> None:
+def _write_gguf(ref, path, arch: str, q8: bool = False) -> None:
+    """``q8``: the projections (columns a multiple of 32) as Q8_0 blocks, as a published GGUF's."""
     cfg, name = ref.config, _ARCH[arch]
     tiled = name != "qwen3next"
     nk, nv, dk, dv = (
@@ -94,7 +95,13 @@ def _write_gguf(ref, path, arch: str) -> None:
     sd = {k: v.detach().float().numpy() for k, v in ref.state_dict().items()}
 
     def add(tname, t):
-        w.add_tensor(tname, np.ascontiguousarray(t, dtype=np.float32))
+        t = np.ascontiguousarray(t, dtype=np.float32)
+        if q8 and t.ndim == 2 and t.shape[1] % 32 == 0 and "token_embd" not in tname and "conv1d" not in tname:
+            from gguf.quants import quantize
+
+            w.add_tensor(tname, quantize(t, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(tname, t)
 
     add("token_embd.weight", sd["model.embed_tokens.weight"])
     add("output_norm.weight", sd["model.norm.weight"] + 1)
@@ -159,3 +166,25 @@ def test_hybrid_gguf_matches_transformers(tmp_path, arch):
         logits = ref(torch.tensor([IDS + [7]])).logits[0]
     torch.testing.assert_close(prefill, logits[:-1], atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(decode[0], logits[-1], atol=2e-4, rtol=2e-4)
+
+
+def test_served_gguf_is_requantized_to_its_precision(tmp_path):
+    """A Q8_0 ``qwen35`` GGUF served as it is (no --quantization): its layers cannot keep GGUF blocks,
+    so it is dequantized and quantized again to int8 (one byte a weight, as the file), not served in
+    fp32, and generates."""
+    from model_utils import copy_embedded_tokenizer, start_engine
+
+    ref = save_tiny_model("qwen3_5", tmp_path / "hf")
+    _write_gguf(ref, tmp_path / "tiny.gguf", "qwen3_5", q8=True)
+    copy_embedded_tokenizer(tmp_path)
+    engine = start_engine(model_path=str(tmp_path / "tiny.gguf"), device="cpu", max_total_tokens=1024)
+    try:
+        model = engine.runner.model
+        assert model.layers[0].mixer.in_proj.format.name == "int8"
+        assert model.layers[3].mixer.qkv_proj.format.name == "int8"
+        from hybrid_utils import run_prompts
+
+        ((tokens, _),) = run_prompts(engine, [IDS], 6)
+        assert len(tokens) == 6
+    finally:
+        engine.shutdown()

@@ -169,14 +169,20 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     model_dir = resolve_model_dir(config.model_path, weights=not native)
     hf_config = load_config(model_dir)
     if native and hf_config.get("model_type") not in NATIVE_GGUF_TYPES:
-        # an architecture whose layers have no quantized format: served dequantized
-        log.info(
-            "%s: native GGUF weights are served for %s only; dequantizing",
-            hf_config.get("model_type"),
-            ", ".join(NATIVE_GGUF_TYPES),
-        )
+        # an architecture whose layers do not keep GGUF blocks: dequantized, then (by default, as a
+        # GGUF is served at about its own precision) quantized again to our int8 or int4 layout
         native = False
         model_dir = resolve_model_dir(config.model_path)
+        if config.quantization is None:
+            from llmkit.core.model.loader.gguf_file import requantization_of
+
+            quant = requantization_of(gguf_path)
+        log.info(
+            "%s: native GGUF weights are served for %s only; dequantizing%s",
+            hf_config.get("model_type"),
+            ", ".join(NATIVE_GGUF_TYPES),
+            f", then --quantization {quant} (--quantization none keeps fp32)" if quant else "",
+        )
     arch = architecture_of(hf_config)
     model_cls = model_class(hf_config, config.tp_size)
     # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the

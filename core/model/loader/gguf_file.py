@@ -122,3 +122,19 @@ def gguf_tensors_of(path: str | Path):
         import gguf
 
         return gguf.GGUFReader(str(path))
+
+
+def requantization_of(path: str | Path) -> str | None:
+    """The ``--quantization`` that serves GGUF ``path``'s matrices at about their own precision where
+    they cannot stay in their blocks (an architecture without native GGUF layers): ``int4`` for
+    mostly 4-bit types, ``int8`` for 5- to 8-bit ones, None for float files. Counted by weights."""
+    from llmkit.core.model.quant.gguf_quant import INT4_TYPES, INT8_TYPES
+
+    sizes = {"int4": 0, "int8": 0, None: 0}
+    for t in gguf_tensors_of(path).tensors:
+        if len(t.shape) < 2:
+            continue
+        kind = t.tensor_type.name
+        n = int(np.prod([int(d) for d in t.shape]))
+        sizes["int4" if kind in INT4_TYPES else "int8" if kind in INT8_TYPES or kind in ("Q5_0", "Q5_1") else None] += n
+    return max(sizes, key=sizes.get)
