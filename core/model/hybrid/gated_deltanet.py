@@ -16,6 +16,7 @@ from torch import nn
 
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid import causal_conv, gated_delta_cpu, gated_delta_rule
+from llmkit.core.model.hybrid.rows import split_rows
 from llmkit.core.model.layers import FUSED_ON_CUDA
 from llmkit.core.model.linear import Linear
 
@@ -177,8 +178,7 @@ class GatedDeltaNet(HotModule):
         conv_buf, rec_buf = states.pool.layers[self.state_id]
         q_lens = md.q_lens
         out = mixed.new_empty((mixed.shape[0], self.num_v_heads, self.head_v_dim), dtype=torch.float32)
-        starts = md.q_starts or [0, *_cumsum(q_lens)]
-        ones = [i for i, n in enumerate(q_lens) if n == 1]
+        starts, ones, spans = split_rows(md)
         if ones:  # every one-token row in one recurrent step
             rows = torch.tensor([starts[i] for i in ones], device=mixed.device) if len(ones) < len(q_lens) else None
             sel = (lambda t: t.index_select(0, rows)) if rows is not None else (lambda t: t)
@@ -190,10 +190,7 @@ class GatedDeltaNet(HotModule):
             if rows is None:
                 return o
             out.index_copy_(0, rows, o)
-        for i, n in enumerate(q_lens):
-            if n == 1:
-                continue
-            a, b = starts[i], starts[i] + n
+        for i, a, b in spans:
             r, w = states.read[i : i + 1], states.write[i : i + 1]
             fresh = states.fresh[i]
             conv_state = None if fresh else conv_buf.index_select(0, r)[0]
@@ -205,11 +202,3 @@ class GatedDeltaNet(HotModule):
             rec_buf.index_copy_(0, w, rec_new.unsqueeze(0))
             out[a:b] = o
         return out
-
-
-def _cumsum(xs):
-    total, out = 0, []
-    for x in xs:
-        total += x
-        out.append(total)
-    return out

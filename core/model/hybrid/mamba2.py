@@ -20,6 +20,7 @@ from torch import nn
 
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid import causal_conv, mamba2_cpu, ssd
+from llmkit.core.model.hybrid.rows import split_rows
 from llmkit.core.model.linear import Linear
 
 
@@ -135,8 +136,7 @@ class Mamba2(HotModule):
         conv_buf, ssm_buf = states.pool.layers[self.state_id]
         q_lens = md.q_lens
         out = xbc.new_empty((xbc.shape[0], self.heads, self.head_dim), dtype=torch.float32)
-        starts = md.q_starts or [0, *_cumsum(q_lens)]
-        ones = [i for i, n in enumerate(q_lens) if n == 1]
+        starts, ones, spans = split_rows(md)
         if ones:  # every one-token row in one recurrent step
             every = len(ones) == len(q_lens)
             rows = None if every else torch.tensor([starts[i] for i in ones], device=xbc.device)
@@ -150,10 +150,7 @@ class Mamba2(HotModule):
                 return y
             out.index_copy_(0, rows, y)
         A, D = self._scan_args()
-        for i, n in enumerate(q_lens):
-            if n == 1:
-                continue
-            a, b = starts[i], starts[i] + n
+        for i, a, b in spans:
             r, w = states.read[i : i + 1], states.write[i : i + 1]
             fresh = states.fresh[i]
             conv_state = None if fresh else conv_buf.index_select(0, r)[0]
@@ -165,11 +162,3 @@ class Mamba2(HotModule):
             ssm_buf.index_copy_(0, w, ssm_new.unsqueeze(0))
             out[a:b] = y
         return out
-
-
-def _cumsum(xs):
-    total, out = 0, []
-    for x in xs:
-        total += x
-        out.append(total)
-    return out

@@ -15,6 +15,7 @@ from torch import nn
 
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid import causal_conv
+from llmkit.core.model.hybrid.rows import split_rows
 from llmkit.core.model.linear import Linear
 
 
@@ -45,8 +46,7 @@ class ShortConv(HotModule):
         (buf,) = states.pool.layers[self.state_id]
         w, bias = self.conv_weight, self.conv_bias
         q_lens = md.q_lens
-        starts = md.q_starts or [0, *_cumsum(q_lens)]
-        ones = [i for i, n in enumerate(q_lens) if n == 1]
+        starts, ones, spans = split_rows(md)
         if len(ones) == len(q_lens):  # a decode step: every row at once, no gathers
             out, new = causal_conv.conv_step(bx, w, _read(buf, states.read, states.fresh), bias, silu=False)
             buf.index_copy_(0, states.write, new.to(buf.dtype))
@@ -60,10 +60,7 @@ class ShortConv(HotModule):
             o, new = causal_conv.conv_step(bx.index_select(0, rows), w, state, bias, silu=False)
             buf.index_copy_(0, states.write.index_select(0, idx), new.to(buf.dtype))
             out.index_copy_(0, rows, o)
-        for i, n in enumerate(q_lens):
-            if n == 1:
-                continue
-            a, e = starts[i], starts[i] + n
+        for i, a, e in spans:
             state = None if states.fresh[i] else buf[states.read[i]]
             out[a:e], new = causal_conv.conv_prefill(bx[a:e], w, state, bias, silu=False)
             buf.index_copy_(0, states.write[i : i + 1], new.unsqueeze(0).to(buf.dtype))
@@ -77,11 +74,3 @@ def _read(buf: torch.Tensor, slots: torch.Tensor, fresh: list[bool]) -> torch.Te
         keep = torch.tensor([not f for f in fresh], device=buf.device)
         state = torch.where(keep.view(-1, 1, 1), state, 0)
     return state
-
-
-def _cumsum(xs):
-    total, out = 0, []
-    for x in xs:
-        total += x
-        out.append(total)
-    return out
