@@ -318,6 +318,7 @@ def test_served_stream_equals_non_stream_and_reports_reuse(tmp_path):
         text = repr(info)
         assert "state_snapshots_cached" in text and "'state_slots_running': 0" in text, stats
         metrics = httpx.get(url + "/metrics", timeout=30).text
-        assert "state_snapshots_cached" in metrics
+        for name in ("state_slots_running", "state_snapshots_cached", "state_snapshots_in_use"):
+            assert f"llmkit:{name}" in metrics, name
     finally:
         stop_server(proc)
