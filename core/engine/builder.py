@@ -209,7 +209,8 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     else:
         cache = RadixCache(pool) if states is None else StateRadixCache(pool, states)
     scheduler = Scheduler(config, pool, req_pool, cache, kv.max_context)
-    scheduler.states = states
+    if states is not None:
+        scheduler.use_states(states)
     target_vocab = _gather_target_vocab(config, model, tp, leader, plan.dtype)
     if leader:  # rank 0 schedules: only it drafts
         draft = draft_device(config, plan.device)

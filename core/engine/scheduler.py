@@ -20,6 +20,7 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.request import Request, Status
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import PrefixCache
+from llmkit.core.multimodal.step_rows import whole_images as _whole_images
 from llmkit.core.speculative.tree import DraftTree
 
 # --schedule-policy: first come, first served, or the longest cached prefix first.
@@ -75,13 +76,20 @@ class Scheduler:
         self.speculator = None  # a core.speculative Speculator when --speculative-algorithm is set
         # A hybrid model's state pool (set by the builder; the cache is then a StateRadixCache or none)
         self.states = None
-        self.snapshot_interval = config.state_snapshot_interval
+        self.snapshots = None  # a StateSnapshots over them
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
         # Prompt tokens looked up in the prefix cache at first admission, and those it held.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+
+    def use_states(self, states) -> None:
+        """Serve a hybrid model: its state pool (the cache is then a StateRadixCache, or none)."""
+        from llmkit.core.kvcache.state_snapshots import StateSnapshots
+
+        self.states = states
+        self.snapshots = StateSnapshots(states, self.cache, self.page, self.config.state_snapshot_interval)
 
     # -- queue -------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -246,8 +254,8 @@ class Scheduler:
             length = remaining if remaining == 1 else min(remaining, max(budget, 0))
             if length > 1:
                 length = _whole_images(req, req.num_computed, length)
-                if self.states is not None:
-                    length = self._to_checkpoint(req, req.num_computed, length)
+                if self.snapshots is not None:
+                    length = self.snapshots.chunk_length(req, req.num_computed, length)
             if length <= 0:
                 continue
             draft = self.speculator.draft(req) if self.speculator and remaining == 1 and not req.inflight else []
@@ -298,8 +306,8 @@ class Scheduler:
                 slots, handle = torch.empty(0, dtype=torch.int64), None
         prefix = len(slots)
         length = _whole_images(req, prefix, min(len(ids) - prefix, budget))
-        if self.states is not None:
-            length = self._to_checkpoint(req, prefix, length)
+        if self.snapshots is not None:
+            length = self.snapshots.chunk_length(req, prefix, length)
         need = -(-length // self.page)
         # Keep a page per running request in reserve for its next decode step.
         if need + reserve > self.available_pages():
@@ -346,8 +354,8 @@ class Scheduler:
             ids = req.all_ids[:n]
             slots = self.req_pool.read(row, n)
             already = self.cache.insert(ids, slots, req.cache_namespace)
-            if self.states is not None:
-                self._keep_snapshots(req, ids, n)
+            if self.snapshots is not None:
+                self.snapshots.hand_over(req, ids, n)
             aligned = n - n % self.page
             # Pages the cache took over: [max(already, prefix), aligned). Free the rest of ours.
             kept_from = max(already, own_start)
@@ -388,81 +396,11 @@ class Scheduler:
             seg.req.num_computed = seg.start + seg.length - len(seg.draft)
             if not seg.req.first_prefill_done and seg.samples:  # (samples: read once a request)
                 seg.req.first_prefill_done = True
-        if self.states is not None:
+        if self.snapshots is not None:
             for seg in batch.segments:
-                if not seg.draft:  # (a drafted step's state waits for its verification)
-                    self._checkpoint(seg.req)
-
-    # -- hybrid models' state snapshots --------------------------------------------------------
-    def _prompt_mark(self, req: Request) -> int:
-        """The deepest position a later request with the same prompt can resume from: the last
-        page boundary before the prompt's last token (a match leaves that token to compute)."""
-        return (len(req.prompt_ids) - 1) // self.page * self.page
-
-    def _to_checkpoint(self, req: Request, start: int, length: int) -> int:
-        """A prompt chunk of a hybrid model ends at its next checkpoint, where its state is
-        snapshotted for the prefix cache: a multiple of ``--state-snapshot-interval`` (rounded to
-        pages) or :meth:`_prompt_mark`."""
-        end = start + length
-        marks = [self._prompt_mark(req)]
-        every = self.snapshot_interval
-        if every > 0:
-            every = -(-every // self.page) * self.page
-            marks.append((start // every + 1) * every)
-        cut = min((m for m in marks if start < m < end), default=end)
-        return cut - start
-
-    def _checkpoint(self, req: Request) -> None:
-        """After a step: snapshot the state of a request that reached one of its prompt's
-        checkpoints (attached to the prefix cache when it leaves)."""
-        n = req.num_computed
-        if n == 0 or req.status is not Status.RUNNING:
-            return
-        if n > len(req.prompt_ids):
-            if self.page > 1 and n % self.page == 0:  # see _rolling_snapshot
-                self._rolling_snapshot(req, n)
-            return
-        every = -(-self.snapshot_interval // self.page) * self.page
-        if n != self._prompt_mark(req) and (every <= 0 or n % every):
-            return
-        if req.snapshots and req.snapshots[-1][0] == n:
-            return
-        snap = self._take_snapshot(req)
-        if snap is not None:
-            req.snapshots.append((n, snap))
-
-    def _rolling_snapshot(self, req: Request, n: int) -> None:
-        """With pages of several tokens a request rarely leaves on a page boundary, where its final
-        state could be cached: while it decodes, one snapshot follows it from boundary to boundary
-        (a copy each page; with pages of one token the state it leaves with is snapshotted instead)."""
-        if req.snapshots and req.snapshots[-1][0] > len(req.prompt_ids):
-            _, slot = req.snapshots[-1]
-            self.states.copy(self.states.current(req.req_pool_idx), slot)
-            req.snapshots[-1] = (n, slot)
-            return
-        snap = self._take_snapshot(req)
-        if snap is not None:
-            req.snapshots.append((n, snap))
-
-    def _take_snapshot(self, req: Request) -> int | None:
-        if self.states.num_free_snapshots == 0 and hasattr(self.cache, "evict_snapshots"):
-            self.cache.evict_snapshots(1)
-        return self.states.snapshot(req.req_pool_idx)
-
-    def _keep_snapshots(self, req: Request, ids: list[int], n: int) -> None:
-        """Hand the request's snapshots, and one of its state now (after ``ids``), to the cache."""
-        if not hasattr(self.cache, "attach"):
-            return
-        if n % self.page == 0 and not (req.snapshots and req.snapshots[-1][0] == n):
-            snap = self._take_snapshot(req)
-            if snap is not None:
-                req.snapshots.append((n, snap))
-        kept = []
-        for pos, snap in req.snapshots:
-            if pos <= n and self.cache.attach(ids, pos, snap, req.cache_namespace):
-                continue
-            kept.append((pos, snap))
-        req.snapshots = kept
+                # (a drafted step's state waits for its verification)
+                if not seg.draft and seg.req.status is Status.RUNNING:
+                    self.snapshots.after_step(seg.req)
 
     # -- stats -------------------------------------------------------------------------------
     def token_usage(self) -> float:
@@ -471,17 +409,3 @@ class Scheduler:
 
 
 _RUN_ORDER = operator.attrgetter("priority", "arrival")  # the running requests' order each step
-
-
-def _whole_images(req: Request, start: int, length: int) -> int:
-    """``length`` shortened (or, for a chunk that starts an image, lengthened) so that a prefill
-    chunk from ``start`` never ends inside an image whose tokens attend to each other both ways:
-    all of its keys must be in the forward that computes any of its queries."""
-    mm = req.mm
-    if mm is None or not mm.bidirectional:
-        return length
-    end = start + length
-    for off, n in mm.spans:
-        if off < end < off + n:
-            return off - start if off > start else off + n - start
-    return length

@@ -97,3 +97,17 @@ class EncoderCache:
         embeds = torch.cat(parts).to(device) if parts else torch.empty(0, device=device)
         rope_t = torch.tensor(rope, dtype=torch.int64, device=device) if rope is not None else None
         return MultimodalForward(mask=mask.to(device), embeds=embeds, rope_positions=rope_t)
+
+
+def whole_images(req, start: int, length: int) -> int:
+    """``length`` shortened (or, for a chunk that starts an image, lengthened) so that a prefill
+    chunk from ``start`` never ends inside an image whose tokens attend to each other both ways:
+    all of its keys must be in the forward that computes any of its queries."""
+    mm = req.mm
+    if mm is None or not mm.bidirectional:
+        return length
+    end = start + length
+    for off, n in mm.spans:
+        if off < end < off + n:
+            return off - start if off > start else off + n - start
+    return length

@@ -113,6 +113,12 @@ def _tensor_table(buf) -> tuple[list[tuple[str, list[int], int, int]], int]:
     return infos, off + (-off % alignment)
 
 
+def metadata_field(reader, key: str, default=None):
+    """A GGUF reader's metadata value ``key``, or ``default`` where the file has none."""
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
 def gguf_tensors_of(path: str | Path):
     """An object with the file's ``.tensors`` (``ReaderTensor``s): this module's fast reader, or
     ``gguf.GGUFReader`` for a file it does not read (big-endian, another version)."""
