@@ -24,6 +24,14 @@ from llmkit.core.model.hybrid.rows import split_rows
 from llmkit.core.model.linear import Linear
 
 
+def time_step_limit(config: dict) -> tuple[float, float]:
+    """The clamp of a Mamba2 layer's time steps: ``time_step_limit`` (a saved config writes infinity
+    as ``{"__float__": "Infinity"}``), none when absent."""
+    lo, hi = config.get("time_step_limit") or (0.0, math.inf)
+    unwrap = lambda v: float(v["__float__"]) if isinstance(v, dict) else float(v)  # noqa: E731
+    return unwrap(lo), unwrap(hi)
+
+
 class GroupedGatedRMSNorm(nn.Module):
     """``weight * rmsnorm_per_group(x * silu(z))``: gated before the norm, each of ``groups`` equal
     slices of the channels normalised on its own, in fp32 (Mamba2's ``norm_before_gate=False``)."""

@@ -9,7 +9,6 @@ state in the state pool (``core/kvcache/state_pool.py``)."""
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
@@ -18,7 +17,7 @@ from torch import nn
 from llmkit.core.model.decoder.nope_attention import NoPEAttention
 from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM, check_loaded, place_tensor
 from llmkit.core.model.hot_module import HotModule
-from llmkit.core.model.hybrid.mamba2 import Mamba2
+from llmkit.core.model.hybrid.mamba2 import Mamba2, time_step_limit
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear, VocabEmbedding
 from llmkit.core.model.loader.source import materialize
@@ -46,12 +45,6 @@ def granite_hybrid_config(config: dict) -> dict:
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"Granite 4.0-H: hidden_act {c['hidden_act']!r} is not served (silu is)")
     return c
-
-
-def _dt_limit(c: dict) -> tuple[float, float]:
-    lo, hi = c.get("time_step_limit") or (0.0, math.inf)
-    unwrap = lambda v: float(v["__float__"]) if isinstance(v, dict) else float(v)  # noqa: E731
-    return unwrap(lo), unwrap(hi)
 
 
 class GraniteFeedForward(HotModule):
@@ -146,7 +139,7 @@ class GraniteMoeHybridForCausalLM(StackedLM):
                     eps=float(c.get("rms_norm_eps", 1e-6)),
                     state_id=state_id,
                     chunk=int(c.get("mamba_chunk_size", 256)),
-                    dt_limit=_dt_limit(c),
+                    dt_limit=time_step_limit(c),
                 )
                 state_id += 1
             blocks.append(GraniteHybridBlock(c, mixer))

@@ -7,7 +7,6 @@ Mamba2 layers keep their state in the state pool (``core/kvcache/state_pool.py``
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
@@ -17,7 +16,7 @@ from torch import nn
 from llmkit.core.model.decoder.nope_attention import NoPEAttention
 from llmkit.core.model.decoder.stack import StackedLM, check_loaded, place_tensor
 from llmkit.core.model.hot_module import HotModule
-from llmkit.core.model.hybrid.mamba2 import Mamba2
+from llmkit.core.model.hybrid.mamba2 import Mamba2, time_step_limit
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear, VocabEmbedding
 from llmkit.core.model.loader.source import materialize
@@ -73,13 +72,6 @@ def nemotron_h_config(config: dict) -> dict:
         if c.get(key, served) != served:
             raise ValueError(f"Nemotron-H: {key} {c[key]!r} is not served ({served} is)")
     return c
-
-
-def _dt_limit(c: dict) -> tuple[float, float]:
-    """``time_step_limit`` (a saved config writes infinity as ``{"__float__": "Infinity"}``)."""
-    lo, hi = c.get("time_step_limit") or (0.0, math.inf)
-    unwrap = lambda v: float(v["__float__"]) if isinstance(v, dict) else float(v)  # noqa: E731
-    return unwrap(lo), unwrap(hi)
 
 
 class ReluSquaredMLP(HotModule):
@@ -223,7 +215,7 @@ class NemotronHForCausalLM(StackedLM):
             eps=c["rms_norm_eps"],
             state_id=state_id,
             chunk=int(c.get("chunk_size", 128)),
-            dt_limit=_dt_limit(c),
+            dt_limit=time_step_limit(c),
         )
 
     @property
