@@ -53,6 +53,11 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.mamba2.granite_hybrid:GraniteMoeHybridForCausalLM",
         model_types=("granitemoehybrid",),
     )
+    # dense decoders on the shared stack, each with its own twist (plugins/models/dense/)
+    register("MistralForCausalLM", "llmkit.plugins.models.dense.mistral:MistralForCausalLM", model_types=("mistral",))
+    register("Phi3ForCausalLM", "llmkit.plugins.models.dense.phi3:Phi3ForCausalLM", model_types=("phi3",))
+    # routed MoE decoders (plugins/models/moe/)
+    register("MixtralForCausalLM", "llmkit.plugins.models.moe.mixtral:MixtralForCausalLM", model_types=("mixtral",))
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

@@ -1,0 +1,70 @@
+"""Tiny random-weight checkpoints of the 2026 breadth families (Mistral, Mixtral, Phi-3, SmolLM3,
+OLMo 2/3, Granite, GLM-4.5, MiniMax-M2), from the installed transformers' own configs."""
+
+from __future__ import annotations
+
+import torch
+
+COMMON = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    pad_token_id=None,
+    bos_token_id=1,
+    eos_token_id=2,  # (the engine bans EOS in these tests, as generate does with min_new_tokens)
+)
+
+
+def tiny_config(arch: str, **overrides):
+    import transformers
+
+    c = dict(COMMON)
+    if arch == "mistral":
+        # a window of 16: the tests' prompts outgrow it
+        return transformers.MistralConfig(**{**c, "sliding_window": 16, **overrides})
+    if arch == "mixtral":
+        kw = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None)
+        return transformers.MixtralConfig(**{**c, **kw, **overrides})
+    if arch == "phi3":
+        # Phi-4-mini's shape: rotary on 3/4 of each head, LongRoPE with per-channel factors (the
+        # short ones apply within original_max_position_embeddings, where the tests stay)
+        rot = 12  # of head_dim 16
+        short = [1.0 + 0.25 * i for i in range(rot // 2)]
+        long = [2.0 + 0.5 * i for i in range(rot // 2)]
+        rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75)
+        rope.update(short_factor=short, long_factor=long, original_max_position_embeddings=64)
+        kw = dict(rope_parameters=rope, original_max_position_embeddings=64, max_position_embeddings=256)
+        return transformers.Phi3Config(**{**c, **kw, **overrides})
+    raise ValueError(arch)
+
+
+def save_tiny(arch: str, path, **overrides):
+    """The tiny model saved as safetensors (small shards) with the embedded model's tokenizer, so
+    the engine can serve it; returns transformers' model (eval mode)."""
+    import transformers
+
+    from model_utils import copy_embedded_tokenizer
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), dtype=torch.float32)
+    with torch.no_grad():  # random init is tiny; widen it so logits differ meaningfully
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+            elif "norm" in name:
+                p.normal_(1.0, 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.5)
+    model.save_pretrained(str(path), safe_serialization=True, max_shard_size="200KB")
+    copy_embedded_tokenizer(path)
+    return model.eval()
+
+
+IDS = [(37 * i + 11) % 512 for i in range(56)]
