@@ -41,6 +41,24 @@ def tiny_config(arch: str, **overrides):
         rope.update(short_factor=short, long_factor=long, original_max_position_embeddings=64)
         kw = dict(rope_parameters=rope, original_max_position_embeddings=64, max_position_embeddings=256)
         return transformers.Phi3Config(**{**c, **kw, **overrides})
+    if arch == "smollm3":
+        # 4 layers: the 4th unrotated (NoPE); tied embeddings as SmolLM3-3B
+        kw = dict(num_hidden_layers=4, no_rope_layer_interval=4, tie_word_embeddings=True)
+        return transformers.SmolLM3Config(**{**c, **kw, **overrides})
+    if arch == "olmo2":
+        return transformers.Olmo2Config(**{**c, **overrides})
+    if arch == "olmo3":
+        # sliding, full, sliding (window 16, the prompts outgrow it); the full layer's rope scaled
+        types = ["sliding_attention", "full_attention", "sliding_attention"]
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+        kw = dict(num_hidden_layers=3, layer_types=types, sliding_window=16, rope_parameters=rope)
+        return transformers.Olmo3Config(**{**c, **kw, **overrides})
+    if arch == "granite":
+        kw = dict(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
+        return transformers.GraniteConfig(**{**c, **kw, **overrides})
     raise ValueError(arch)
 
 
