@@ -62,6 +62,10 @@ def llmkit_register_models(register):
     register("GraniteForCausalLM", "llmkit.plugins.models.dense.granite:GraniteForCausalLM", model_types=("granite",))
     # routed MoE decoders (plugins/models/moe/)
     register("MixtralForCausalLM", "llmkit.plugins.models.moe.mixtral:MixtralForCausalLM", model_types=("mixtral",))
+    register("Glm4MoeForCausalLM", "llmkit.plugins.models.moe.glm4_moe:Glm4MoeForCausalLM", model_types=("glm4_moe",))
+    register(
+        "MiniMaxM2ForCausalLM", "llmkit.plugins.models.moe.minimax_m2:MiniMaxM2ForCausalLM", model_types=("minimax_m2",)
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)

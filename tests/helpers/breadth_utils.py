@@ -59,6 +59,17 @@ def tiny_config(arch: str, **overrides):
     if arch == "granite":
         kw = dict(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
         return transformers.GraniteConfig(**{**c, **kw, **overrides})
+    if arch == "glm4_moe":
+        # layer 0 dense, layers 1-2 MoE: 8 experts in 4 groups, top-2 within the best 2 groups, a
+        # shared expert, scaled by 2.5; Q/K/V bias, per-head Q/K norms, rotary on half of each head
+        kw = dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        kw.update(n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, n_shared_experts=1)
+        kw.update(attention_bias=True, use_qk_norm=True, head_dim=32)
+        return transformers.Glm4MoeConfig(**{**c, **kw, **overrides})
+    if arch == "minimax_m2":
+        # head_dim 32 with rotary on 16 of it (the released rotary_dim field), 4 experts, top-2
+        kw = dict(head_dim=32, rotary_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)
+        return transformers.MiniMaxM2Config(**{**c, **kw, **overrides})
     raise ValueError(arch)
 
 

@@ -62,3 +62,36 @@ def load_expert(modules: dict, name: str, tensor) -> bool:
         return False
     owner.load(tensor, int(rest[0]), EXPERT_PROJ[rest[1]])
     return True
+
+
+def load_moe_decoder(model, weights) -> None:
+    """Load a Llama-style decoder whose MoE layers keep their experts in :class:`FusedExperts`
+    (Mixtral, GLM-4.5, MiniMax-M2): Q/K/V and gate/up fused, Mixtral's ``block_sparse_moe`` read as
+    ``mlp``, a router's correction bias (``gate.e_score_correction_bias`` or beside the router)
+    onto the block, layers past ``num_hidden_layers`` (GLM's multi-token-prediction layer) skipped.
+    KeyError naming the first missing weights."""
+    from llmkit.core.model.decoder.stack import check_loaded, place_tensor
+
+    model.weights_changed()
+    modules, params = dict(model.named_modules()), dict(model.named_parameters())
+    fused = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    loaded = set()
+    for name, tensor in weights:
+        name = name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")
+        name = name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias")
+        parts = name.split(".")
+        if "rotary_emb" in name or (model.tie and name == "lm_head.weight"):
+            continue
+        if parts[0] == "layers" and int(parts[1]) >= model.num_layers:
+            continue
+        if load_expert(modules, name, tensor):
+            continue
+        owner, leaf, part = place_tensor(model, modules, params, name, tensor, fused)
+        loaded.add((f"{owner}.{leaf}", part))
+    check_loaded(model, loaded)

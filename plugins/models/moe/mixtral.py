@@ -9,8 +9,8 @@ from typing import Iterable
 import torch
 
 from llmkit.core.model.attention import SLIDING_WINDOW
-from llmkit.core.model.decoder.routed_moe import RoutedMoE, load_expert
-from llmkit.core.model.decoder.stack import DecoderLM, check_loaded, place_tensor
+from llmkit.core.model.decoder.routed_moe import RoutedMoE, load_moe_decoder
+from llmkit.core.model.decoder.stack import DecoderLM
 from llmkit.core.model.decoder.variant_attention import VariantAttention, window_of
 
 
@@ -37,22 +37,4 @@ class MixtralForCausalLM(DecoderLM):
         return RoutedMoE(self.config, self.tp, self.moe_scoring)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self._native_plan = False
-        modules, params = dict(self.named_modules()), dict(self.named_parameters())
-        fused = {
-            "q_proj": ("qkv_proj", 0),
-            "k_proj": ("qkv_proj", 1),
-            "v_proj": ("qkv_proj", 2),
-        }
-        loaded = set()
-        for name, tensor in weights:
-            name = name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")
-            if "rotary_emb" in name or (self.tie and name == "lm_head.weight"):
-                continue
-            # MiniMax-M2's correction bias sits beside the router, not in it
-            name = name.replace(".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias")
-            if load_expert(modules, name, tensor):
-                continue
-            owner, leaf, part = place_tensor(self, modules, params, name, tensor, fused)
-            loaded.add((f"{owner}.{leaf}", part))
-        check_loaded(self, loaded)
+        load_moe_decoder(self, weights)

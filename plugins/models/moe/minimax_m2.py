@@ -1,0 +1,47 @@
+"""``MiniMaxM2ForCausalLM`` (MiniMax-M2, M2.1): grouped-query attention with an RMSNorm over the whole
+Q and the whole K projection and rotary on the first ``rotary_dim`` channels of each head; every
+layer a routed MoE of SwiGLU experts, chosen on sigmoid scores plus a correction bias, weighted by
+the unbiased scores renormalised (``core/model/decoder/routed_moe.py``), no shared expert."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from llmkit.core.model.decoder.routed_moe import RoutedMoE, load_moe_decoder
+from llmkit.core.model.decoder.stack import DecoderLM
+from llmkit.core.model.decoder.variant_attention import VariantAttention
+from llmkit.core.model.layers import _rope_params
+
+
+class MiniMaxM2ForCausalLM(DecoderLM):
+    supports_tp = False  # the Q/K norms average over every head
+    supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
+
+    def __init__(self, config: dict, tp=None) -> None:
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act '{config['hidden_act']}' is not supported; supported: silu")
+        quant = (config.get("quantization_config") or {}).get("quant_method")
+        if quant:
+            raise ValueError(f"quantization_config.quant_method '{quant}' is not supported for MiniMaxM2ForCausalLM")
+        super().__init__(config, tp)
+
+    @property
+    def rotary_dim(self) -> int:
+        c = self.config
+        if c.get("rotary_dim"):  # the released checkpoints' field
+            return int(c["rotary_dim"])
+        factor = _rope_params(c).get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        return int(self.head_dim * float(factor))
+
+    def build_attention(self, layer_id: int):
+        return VariantAttention(
+            self.config, layer_id, self.head_dim, self.tp, qk_norm="full", rotary_dim=self.rotary_dim
+        )
+
+    def build_mlp(self, layer_id: int):
+        return RoutedMoE(self.config, self.tp, "sigmoid")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_moe_decoder(self, weights)
