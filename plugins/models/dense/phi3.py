@@ -35,7 +35,7 @@ class Phi3ForCausalLM(DecoderLM):
         return int(self.head_dim * float(factor))
 
     def rotary_embedding(self, rotary_dim: int):
-        if _rope_type(self.config) == "longrope":
+        if _rope_type(self.config) in ("longrope", "su"):  # ("su": Phi-3-128k's first name for it)
             return LongRopeEmbedding(rotary_dim, int(self.config["max_position_embeddings"]), self.config)
         return super().rotary_embedding(rotary_dim)
 

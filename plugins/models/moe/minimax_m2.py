@@ -1,7 +1,9 @@
 """``MiniMaxM2ForCausalLM`` (MiniMax-M2, M2.1): grouped-query attention with an RMSNorm over the whole
 Q and the whole K projection and rotary on the first ``rotary_dim`` channels of each head; every
 layer a routed MoE of SwiGLU experts, chosen on sigmoid scores plus a correction bias, weighted by
-the unbiased scores renormalised (``core/model/decoder/routed_moe.py``), no shared expert."""
+the unbiased scores renormalised (``core/model/decoder/routed_moe.py``), no shared expert. The
+published checkpoints are block-scaled FP8 as DeepSeek-V3's (``weight_block_size`` [128, 128]):
+dequantized at load through DeepSeek's reader."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Iterable
 
 import torch
 
+from llmkit.core.model.decoder.deepseek import fp8_dequantized
 from llmkit.core.model.decoder.routed_moe import RoutedMoE, load_moe_decoder
 from llmkit.core.model.decoder.stack import DecoderLM
 from llmkit.core.model.decoder.variant_attention import VariantAttention
@@ -18,13 +21,19 @@ from llmkit.core.model.layers import _rope_params
 class MiniMaxM2ForCausalLM(DecoderLM):
     supports_tp = False  # the Q/K norms average over every head
     supports_cuda_graph = False  # FusedExperts groups tokens by expert with host-side counts
+    reads_own_quantization = True  # block-scaled FP8, checked below
 
     def __init__(self, config: dict, tp=None) -> None:
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act '{config['hidden_act']}' is not supported; supported: silu")
-        quant = (config.get("quantization_config") or {}).get("quant_method")
-        if quant:
-            raise ValueError(f"quantization_config.quant_method '{quant}' is not supported for MiniMaxM2ForCausalLM")
+        quant = config.get("quantization_config") or {}
+        if quant.get("quant_method") not in (None, "fp8") or (
+            quant.get("quant_method") == "fp8" and len(quant.get("weight_block_size") or ()) != 2
+        ):
+            raise ValueError(
+                f"quantization_config {quant} is not supported for MiniMaxM2ForCausalLM; supported: fp8 with "
+                "weight_block_size (MiniMax's own checkpoints), or unquantized"
+            )
         super().__init__(config, tp)
 
     @property
@@ -44,4 +53,4 @@ class MiniMaxM2ForCausalLM(DecoderLM):
         return RoutedMoE(self.config, self.tp, "sigmoid")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_moe_decoder(self, weights)
+        load_moe_decoder(self, fp8_dequantized(weights, self.config))

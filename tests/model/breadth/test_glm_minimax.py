@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from breadth_utils import IDS, save_tiny
 from model_utils import assert_greedy_matches_generate, load_ours
@@ -50,3 +51,42 @@ def test_glm_skips_the_mtp_layer(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
     model = load_ours(tmp_path)
     assert len(model.layers) == 2 and ref.config.num_hidden_layers == 3
+
+
+def test_minimax_fp8_block_checkpoint_loads_and_matches(tmp_path):
+    """MiniMax's published checkpoints: projections and experts in float8_e4m3fn with a
+    ``weight_scale_inv`` per block (here 8x8, ragged at the edges), the rest unquantized. Loaded
+    dequantized, the logits equal transformers' on the same dequantized weights."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    save_tiny("minimax_m2", tmp_path / "hf")
+    tensors = {}
+    for f in sorted((tmp_path / "hf").glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    plain, fp8 = dict(tensors), dict(tensors)
+    names = [
+        n
+        for n, t in tensors.items()
+        if t.dim() == 2 and n.endswith(("proj.weight", "w1.weight", "w2.weight", "w3.weight"))
+    ]
+    for name in names:
+        w = tensors[name]
+        rows, cols = w.shape
+        pad = torch.zeros(-(-rows // 8) * 8, -(-cols // 8) * 8)
+        pad[:rows, :cols] = w.abs()
+        scale = pad.view(-(-rows // 8), 8, -1, 8).amax(dim=(1, 3)).clamp(min=1e-8) / 448  # (e4m3's max)
+        full = scale.repeat_interleave(8, 0)[:rows].repeat_interleave(8, 1)[:, :cols]
+        q = (w / full).to(torch.float8_e4m3fn)
+        fp8[name], fp8[name + "_scale_inv"] = q, scale
+        plain[name] = q.float() * full
+    for d, tensors_out in (("plain", plain), ("fp8", fp8)):
+        (tmp_path / d).mkdir()
+        save_file(tensors_out, str(tmp_path / d / "model.safetensors"))
+        cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+        if d == "fp8":
+            cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [8, 8]}
+        (tmp_path / d / "config.json").write_text(json.dumps(cfg))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "plain"), dtype=torch.float32).eval()
+    assert len(names) > 20
+    check_cached_prefix_chunked_decode(load_ours(tmp_path / "fp8"), ref, IDS, page_size=4)
