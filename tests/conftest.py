@@ -85,6 +85,7 @@ SLOW_MODULES = frozenset(
         "tests/lora/test_lora_vision.py",
         "tests/model/breadth/test_breadth_gguf.py",
         "tests/model/breadth/test_breadth_serve.py",
+        "tests/model/breadth/test_breadth_tp.py",
         "tests/model/breadth/test_glm_minimax.py",
         "tests/model/breadth/test_mistral_phi3.py",
         "tests/model/breadth/test_smollm3_olmo_granite.py",
