@@ -158,3 +158,15 @@ def test_gguf_matches_transformers(tmp_path, arch):
         logits = ref(torch.tensor([ids + [7]])).logits[0]
     torch.testing.assert_close(prefill, logits[:-1], atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(decode[0], logits[-1], atol=2e-4, rtol=2e-4)
+
+
+def test_served_gguf_generates_as_transformers(tmp_path):
+    """A Mixtral GGUF (``llama`` with experts) given to the engine as ``--model-path file.gguf``:
+    the plan reads its config from the file, loads it dequantized (F32: no requantization), and
+    greedy generation equals transformers' ``generate``."""
+    from model_utils import assert_greedy_matches_generate, copy_embedded_tokenizer
+
+    ref = save_tiny("mixtral", tmp_path / "hf")
+    _write_gguf("mixtral", ref, tmp_path / "hf", tmp_path / "tiny.gguf")
+    copy_embedded_tokenizer(tmp_path)
+    assert_greedy_matches_generate(ref, tmp_path / "tiny.gguf", [IDS[:40]], n=8)

@@ -6,6 +6,7 @@ the real engine."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from breadth_utils import IDS, save_tiny
 from model_utils import assert_greedy_matches_generate, load_ours
@@ -37,3 +38,26 @@ def test_greedy_generate_matches_transformers(tiny):
     _, d, ref = tiny
     cached = assert_greedy_matches_generate(ref, d, [IDS[:40], IDS[:40] + [7, 8, 9]], n=12)
     assert cached[1] >= 32  # the second prompt reused the first one's pages
+
+
+def test_longrope_rows_past_the_original_length_use_the_long_factors():
+    """Below ``original_max_position_embeddings`` a position rotates by transformers' short-factor
+    frequencies, from there by its long-factor ones (those transformers uses once a sequence
+    outgrows the original length), both scaled by the attention factor."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from llmkit.core.model.decoder.longrope import LongRopeEmbedding
+
+    from breadth_utils import tiny_config
+
+    cfg = tiny_config("phi3")
+    original, rot = cfg.rope_parameters["original_max_position_embeddings"], 12
+    ours = LongRopeEmbedding(rot, cfg.max_position_embeddings, cfg.to_dict())
+    fn = ROPE_INIT_FUNCTIONS["longrope"]
+    for rows, seq_len in ((slice(0, original), None), (slice(original, None), original + 1)):
+        inv, scale = fn(cfg, None, seq_len=seq_len)
+        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)[rows]
+        freqs = torch.outer(pos, inv)
+        torch.testing.assert_close(ours.cos2[rows, : rot // 2], freqs.cos() * scale)
+        torch.testing.assert_close(ours.sin2[rows, rot // 2 :], freqs.sin() * scale)
+    assert scale > 1.0  # (factor 4: the attention factor is not trivial)
