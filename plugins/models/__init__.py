@@ -55,6 +55,11 @@ def llmkit_register_models(register):
     )
     # dense decoders on the shared stack, each with its own twist (plugins/models/dense/)
     register("MistralForCausalLM", "llmkit.plugins.models.dense.mistral:MistralForCausalLM", model_types=("mistral",))
+    register(
+        "Mistral3ForConditionalGeneration",
+        "llmkit.plugins.models.dense.mistral:Mistral3ForConditionalGeneration",
+        model_types=("mistral3",),
+    )
     register("Phi3ForCausalLM", "llmkit.plugins.models.dense.phi3:Phi3ForCausalLM", model_types=("phi3",))
     register("SmolLM3ForCausalLM", "llmkit.plugins.models.dense.smollm3:SmolLM3ForCausalLM", model_types=("smollm3",))
     register("Olmo2ForCausalLM", "llmkit.plugins.models.dense.olmo:Olmo2ForCausalLM", model_types=("olmo2",))

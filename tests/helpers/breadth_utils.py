@@ -28,6 +28,18 @@ def tiny_config(arch: str, **overrides):
     if arch == "mistral":
         # a window of 16: the tests' prompts outgrow it
         return transformers.MistralConfig(**{**c, "sliding_window": 16, **overrides})
+    if arch == "mistral3":
+        # Mistral Small 3.1's layout: a Mistral text model behind a (tiny) Pixtral tower, untied
+        text = transformers.MistralConfig(**{**c, "sliding_window": None, **overrides}).to_dict()
+        vision = transformers.PixtralVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ).to_dict()
+        return transformers.Mistral3Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
     if arch == "mixtral":
         kw = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None)
         return transformers.MixtralConfig(**{**c, **kw, **overrides})
@@ -81,7 +93,9 @@ def save_tiny(arch: str, path, **overrides):
     from model_utils import copy_embedded_tokenizer
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), dtype=torch.float32)
+    config = tiny_config(arch, **overrides)
+    auto = transformers.AutoModelForImageTextToText if arch == "mistral3" else transformers.AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random init is tiny; widen it so logits differ meaningfully
         for name, p in model.named_parameters():
             if p.dim() > 1:

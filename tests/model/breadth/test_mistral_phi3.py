@@ -1,4 +1,5 @@
-"""Mistral (a sliding window the prompts outgrow), Mixtral (routed MoE) and Phi-3/Phi-4 (fused
+"""Mistral (a sliding window the prompts outgrow), Mistral Small 3.1's image-text checkpoint as its
+language model, Mixtral (routed MoE) and Phi-3/Phi-4 (fused
 projections, partial rotary, LongRoPE) against transformers on tiny random weights: logits of
 prefill, chunked prefill over a radix-cached prefix and batched decode; greedy generation through
 the real engine."""
@@ -14,6 +15,7 @@ from paged_runner import check_cached_prefix_chunked_decode
 
 FAMILIES = {
     "mistral": ("MistralForCausalLM", "VariantAttention", "MLP"),
+    "mistral3": ("Mistral3ForConditionalGeneration", "Attention", "MLP"),
     "mixtral": ("MixtralForCausalLM", "Attention", "RoutedMoE"),
     "phi3": ("Phi3ForCausalLM", "VariantAttention", "MLP"),
 }
