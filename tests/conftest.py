@@ -101,6 +101,7 @@ SLOW_MODULES = frozenset(
         "tests/model/test_qwen3_5.py",
         "tests/model/test_qwen3_5_vl.py",
         "tests/model/test_reference_transformers.py",
+        "tests/model/test_transformers_fallback.py",
         "tests/model/test_triton_gemv.py",
         "tests/multimodal/test_vision_server.py",
         "tests/plugins/test_plugins.py",

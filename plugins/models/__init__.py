@@ -87,6 +87,9 @@ def llmkit_register_models(register):
     )
     for cross in ("BertForSequenceClassification", "XLMRobertaForSequenceClassification"):
         register(cross, f"llmkit.plugins.models.bert:{cross}", embedding=True, scores=True)
+    # any other transformers causal LM, on transformers' modeling code (--model-impl; chosen by
+    # core/engine/stages/plan.py where no class above serves the architecture)
+    register("TransformersForCausalLM", "llmkit.plugins.models.transformers_fallback:TransformersForCausalLM")
     # Kimi-K2 checkpoints name the same class (model_type kimi_k2)
     register(
         "DeepseekV3ForCausalLM",
