@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llmkit.core.model.decoder.stack import check_loaded, place_tensor
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk, softmax_topk
 
@@ -70,8 +71,6 @@ def load_moe_decoder(model, weights) -> None:
     ``mlp``, a router's correction bias (``gate.e_score_correction_bias`` or beside the router)
     onto the block, layers past ``num_hidden_layers`` (GLM's multi-token-prediction layer) skipped.
     KeyError naming the first missing weights."""
-    from llmkit.core.model.decoder.stack import check_loaded, place_tensor
-
     model.weights_changed()
     modules, params = dict(model.named_modules()), dict(model.named_parameters())
     fused = {

@@ -64,6 +64,7 @@ class Olmo2ForCausalLM(DecoderLM):
         self.ropes = nn.ModuleDict(
             {kind: RotaryEmbedding(self.head_dim, mpe, cfg) for kind, cfg in self.rope_configs().items()}
         )
+        self.rotary = self.ropes["full_attention"]  # (what a caller of rope_table gets: the full layers')
 
     def rope_configs(self) -> dict[str, dict]:
         """Per layer type, the config its :class:`RotaryEmbedding` reads."""
@@ -75,7 +76,7 @@ class Olmo2ForCausalLM(DecoderLM):
         return {kind: {"rope_parameters": params[kind], "max_position_embeddings": mpe} for kind in LAYER_TYPES}
 
     def rotary_embedding(self, rotary_dim: int):
-        return None  # (self.ropes, built once the config is read)
+        return None  # (self.ropes, built below once the stack is)
 
     def build_layer(self, layer_id: int, qkv_bias: bool) -> nn.Module:
         return PostNormLayer(self.config, layer_id, self.head_dim, self.tp, layer_types(self.config)[layer_id])
