@@ -26,6 +26,12 @@ class MiniMaxM2ForCausalLM(DecoderLM):
     def __init__(self, config: dict, tp=None) -> None:
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act '{config['hidden_act']}' is not supported; supported: silu")
+        if 0 in (config.get("attn_type_list") or []):  # (MiniMax-Text-01 / M1's linear-attention layers)
+            raise ValueError(
+                "attn_type_list names lightning-attention layers (0), which MiniMaxM2ForCausalLM does not run"
+            )
+        if config.get("scoring_func", "sigmoid") != "sigmoid":
+            raise ValueError(f"scoring_func '{config['scoring_func']}' is not supported; supported: sigmoid")
         quant = config.get("quantization_config") or {}
         if quant.get("quant_method") not in (None, "fp8") or (
             quant.get("quant_method") == "fp8" and len(quant.get("weight_block_size") or ()) != 2

@@ -90,3 +90,22 @@ def test_minimax_fp8_block_checkpoint_loads_and_matches(tmp_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "plain"), dtype=torch.float32).eval()
     assert len(names) > 20
     check_cached_prefix_chunked_decode(load_ours(tmp_path / "fp8"), ref, IDS, page_size=4)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"attn_type_list": [0, 1]}, "lightning-attention"),
+        ({"scoring_func": "softmax"}, "scoring_func 'softmax'"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "weight_block_size"),
+    ],
+)
+def test_minimax_variants_it_cannot_run_are_refused(override, message):
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.plugins import registry
+
+    from breadth_utils import tiny_config
+
+    config = {**tiny_config("minimax_m2").to_dict(), **override}
+    with pytest.raises(ValueError, match=message):
+        build_model(registry().model("MiniMaxM2ForCausalLM"), config, torch.device("cpu"), torch.float32)
