@@ -252,6 +252,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     loader = (
         "dummy" if config.load_format == "dummy"
         else "gguf_native" if native
+        else "compressed_tensors" if int4_method == "compressed-tensors"
         else "int4_checkpoint" if int4_method
         else "safetensors"
     )  # fmt: skip

@@ -116,8 +116,15 @@ def quant_method(hf_config: dict) -> str | None:
     if not qc:
         return None
     method = str(qc.get("quant_method", "")).lower()
+    if method == "compressed-tensors":  # (its own module reads and checks it)
+        from llmkit.core.model.loader.compressed_tensors import weight_args
+
+        weight_args(hf_config)
+        return method
     if method not in METHODS:
-        raise ValueError(f"checkpoint quantization '{method}' is not supported; supported: {', '.join(METHODS)}")
+        raise ValueError(
+            f"checkpoint quantization '{method}' is not supported; supported: {', '.join(METHODS)}, compressed-tensors"
+        )
     bits = int(qc.get("bits", qc.get("w_bit", 4)))
     if bits != 4:
         raise ValueError(f"{method} with {bits} bits is not supported; supported: 4 bits")
