@@ -1,0 +1,1 @@
+"""Gemma 4 (``model.py``): its settings (``config.py``) and decoder layer (``layers.py``)."""
