@@ -91,3 +91,17 @@ def test_a_sharing_table_that_disagrees_with_the_weights_names_the_layer(tmp_pat
     _edit_config(tmp_path, num_kv_shared_layers=2)  # layer 3 would store K/V: the checkpoint has none
     with pytest.raises(KeyError, match=r"layers\.3\.self_attn\.qkv_proj"):
         load_ours(tmp_path)
+
+
+def test_triton_kernels_interpreted_match_torch(tmp_path):
+    """The grouped backends on the triton kernels (Triton's interpreter): sliding layers of
+    16-wide heads and K = V full layers of one 32-wide K/V head, K/V shared, a cached prefix,
+    chunked prefill beside decode, then decode, equal the torch backend."""
+    from paged_runner import mixed_scenario, mixed_scenario_interpreted
+
+    g4.save_tiny_gemma4_text(tmp_path, "all")
+    got = mixed_scenario_interpreted(tmp_path, 4, IDS, tmp_path / "triton.pt")
+    want = mixed_scenario(tmp_path, 4, IDS)
+    assert len(got) == len(want) == 11
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=2e-3, rtol=2e-3), (g - w).abs().max()
