@@ -105,3 +105,67 @@ def save_tiny_gemma4(path, variant: str = "dense"):
     model = transformers.Gemma4ForConditionalGeneration(cfg).to(torch.float32)
     _widen(model)
     return _finish(model, Path(path))
+
+
+def write_gguf(ref, path) -> None:
+    """``ref`` as llama.cpp's converter writes a ``gemma4`` GGUF (its ``Gemma4Model``): the same
+    metadata keys, its tensor names (gguf's name map, and the converter's own for the layer scalar
+    and the router's scales), the proportional rope as ``rope_freqs``; F32."""
+    import gguf
+    import numpy as np
+
+    c = ref.config
+    swa_dim, swa_kv = c.per_layer_config[0].head_dim, c.per_layer_config[0].num_key_value_heads  # (layer 0 slides)
+    n, types = c.num_hidden_layers, list(c.layer_types)
+    full = next(i for i, t in enumerate(types) if t == "full_attention")
+    full_dim, full_kv = c.per_layer_config[full].head_dim, c.per_layer_config[full].num_key_value_heads
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    wide = [
+        c.intermediate_size * (2 if c.use_double_wide_mlp and i >= n - c.num_kv_shared_layers else 1) for i in range(n)
+    ]
+    w.add_feed_forward_length(wide if c.use_double_wide_mlp else c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    swa = [t == "sliding_attention" for t in types]
+    w.add_head_count_kv([swa_kv if s else full_kv for s in swa] if c.attention_k_eq_v else swa_kv)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
+    if c.final_logit_softcapping:
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    w.add_sliding_window(c.sliding_window)
+    w.add_shared_kv_layers(c.num_kv_shared_layers)
+    w.add_embedding_length_per_layer_input(c.hidden_size_per_layer_input or 0)
+    w.add_sliding_window_pattern(swa)
+    w.add_key_length(full_dim)
+    w.add_value_length(full_dim)
+    w.add_key_length_swa(swa_dim)
+    w.add_value_length_swa(swa_dim)
+    w.add_rope_dimension_count(full_dim)
+    w.add_rope_dimension_count_swa(swa_dim)
+    if c.enable_moe_block:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.top_k_experts)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    rotated = int(full_dim * c.rope_parameters["full_attention"]["partial_rotary_factor"] / 2)
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (full_dim // 2 - rotated), dtype=np.float32))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n)
+    for name, t in ref.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        t = np.ascontiguousarray(t.detach().float().numpy())
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("router.scale"):
+            w.add_tensor(f"blk.{layer}.ffn_gate_inp.scale", t)
+        elif name.endswith("router.per_expert_scale"):
+            w.add_tensor(f"blk.{layer}.ffn_down_exps.scale", t)
+        else:
+            full_name = name + ".weight" if name.endswith("layer_scalar") or name.endswith("_proj") else name
+            w.add_tensor(names.get_name(full_name, try_suffixes=(".weight", ".bias")), t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

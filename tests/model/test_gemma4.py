@@ -105,3 +105,26 @@ def test_triton_kernels_interpreted_match_torch(tmp_path):
     assert len(got) == len(want) == 11
     for g, w in zip(got, want):
         assert torch.allclose(g, w, atol=2e-3, rtol=2e-3), (g - w).abs().max()
+
+
+@pytest.mark.parametrize("variant", ["dense", "all"])
+def test_gguf_matches_transformers(tmp_path, variant):
+    """llama.cpp's ``gemma4`` GGUF (written here as its converter writes one) reads back into the
+    same config and weights: every step's logits equal transformers'."""
+    import gguf
+
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model import quantize
+    from llmkit.core.model.loader.gguf_loader import gguf_config, gguf_tensors
+    from llmkit.core.plugins import registry
+
+    ref = g4.save_tiny_gemma4_text(tmp_path, variant)
+    g4.write_gguf(ref, tmp_path / "tiny.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    config = gguf_config(reader)
+    assert config["layer_types"] == ref.config.layer_types
+    model = build_model(registry().model("Gemma4ForCausalLM"), config, torch.device("cpu"), torch.float32)
+    model.load_weights(gguf_tensors(reader, config))
+    quantize.finalize_weights(model)
+    assert model.kv_layer_shapes == load_ours(tmp_path).kv_layer_shapes
+    check_cached_prefix_chunked_decode(model, ref, IDS, page_size=4)
