@@ -128,3 +128,10 @@ def test_gguf_matches_transformers(tmp_path, variant):
     quantize.finalize_weights(model)
     assert model.kv_layer_shapes == load_ours(tmp_path).kv_layer_shapes
     check_cached_prefix_chunked_decode(model, ref, IDS, page_size=4)
+
+
+def test_gguf_served_through_the_engine_matches_generate(tmp_path):
+    """The GGUF (tokenizer files beside it) through the engine: greedy tokens equal ``generate``."""
+    ref = g4.save_tiny_gemma4_text(tmp_path, "all")
+    g4.write_gguf(ref, tmp_path / "tiny.gguf")
+    assert_greedy_matches_generate(ref, tmp_path / "tiny.gguf", [IDS[:40]], n=8)
