@@ -161,3 +161,59 @@ def test_int8_weights_on_the_cpu_kernels_stay_close(tmp_path):
     # (the tiny random model amplifies the experts' W8A8 error, ~1.5 % a layer, over its 6 layers)
     assert ((ours - theirs).norm() / theirs.norm()).item() < 0.2
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 2 / 3
+
+
+def _tp_rank(rank: int, size: int, init: str, model_dir: str, out: str) -> None:
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+    from llmkit.core.engine.builder import build_model
+    from llmkit.core.model import quantize
+    from llmkit.core.model.loader.source import iter_safetensors, load_config
+    from llmkit.core.model.parallel import TPGroup
+    from llmkit.core.plugins import registry
+
+    from paged_runner import PagedRunner
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        torch.set_num_threads(1)
+        config = load_config(Path(model_dir))
+        tp = TPGroup(rank=rank, size=size, group=dist.group.WORLD)
+        model = build_model(registry().model("Gemma4ForCausalLM"), config, torch.device("cpu"), torch.float32, tp=tp)
+        model.load_weights(iter_safetensors(Path(model_dir)))
+        quantize.finalize_weights(model)
+        runner = PagedRunner(model, 4)
+        s = runner.new_seq()
+        (prefill,) = runner.step([(s, IDS[:36])])
+        decode = [runner.step([(s, [t])])[0] for t in IDS[36:40]]
+        torch.save({"logits": torch.cat([prefill, *decode]), "shapes": model.kv_layer_shapes}, out)
+        dist.barrier()  # leave together
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_tensor_parallel_ranks_match_transformers(tmp_path):
+    """Every feature over two ranks (gloo on CPU): query heads, the sliding layers' two K/V heads
+    split, the full layers' one K = V head shared, experts' channels, the vocabulary."""
+    import torch.multiprocessing as mp
+
+    ref = g4.save_tiny_gemma4_text(tmp_path, "all")
+    with torch.no_grad():
+        full = ref(torch.tensor([IDS[:40]])).logits[0]
+    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ctx = mp.get_context("spawn")
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_tp_rank, args=(r, 2, init, str(tmp_path), outs[r])) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    for out in outs:
+        got = torch.load(out)
+        assert got["shapes"] == [(1, 16, 16), (1, 32, 32), (1, 16, 16)]
+        assert torch.allclose(got["logits"], full, atol=1e-4, rtol=1e-4), (got["logits"] - full).abs().max()

@@ -37,7 +37,7 @@ from llmkit.plugins.models.gemma4.layers import DecoderLayer, Gemma4RMSNorm
 
 
 class Gemma4ForCausalLM(CausalLM):
-    supports_tp = False  # (the full layers' few K/V heads; not sharded yet)
+    supports_tp = True
     supports_cuda_graph = False  # MoE groups tokens on the host; two K/V shapes: two backends
     attention_features = frozenset({SLIDING_WINDOW})
 
@@ -81,7 +81,18 @@ class Gemma4ForCausalLM(CausalLM):
 
     @property
     def kv_layer_shapes(self) -> list[tuple[int, int, int]]:
-        return [(self.heads[i][0], self.heads[i][1], self.heads[i][1]) for i in self.storing]
+        """This rank's K/V heads (shared where there are fewer than ranks) and head size, per
+        storing layer."""
+        attn = [self.layers[i].self_attn for i in self.storing]
+        return [(a.num_kv_heads, a.head_dim, a.head_dim) for a in attn]
+
+    @property
+    def local_heads(self) -> int:
+        return self.layers[0].self_attn.num_heads
+
+    @property
+    def local_kv_heads(self) -> int:
+        return self.layers[0].self_attn.num_kv_heads
 
     @property
     def head_dim(self) -> int:
