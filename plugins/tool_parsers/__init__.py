@@ -15,6 +15,8 @@ _PARSERS = {
     "pythonic": "pythonic:PythonicToolParser",
     "gpt-oss": "gpt_oss:GptOssToolParser",
     "gemma4": "gemma4:Gemma4ToolParser",
+    "glm45": "glm45:Glm45ToolParser",
+    "minimax_m2": "minimax_m2:MiniMaxM2ToolParser",
 }
 
 
