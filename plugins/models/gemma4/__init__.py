@@ -1,1 +1,1 @@
-"""Gemma 4 (``model.py``): its settings (``config.py``) and decoder layer (``layers.py``)."""
+"""Gemma 4 (``model.py``), on the text stack in ``llmkit.core.model.gemma4``."""

@@ -3,7 +3,7 @@
 ``model.language_model.``; the vision and audio towers' weights are skipped, images and audio
 refused).
 
-What differs from Gemma 3 (``layers.py`` has the layer, ``config.py`` the settings):
+What differs from Gemma 3 (``core/model/gemma4/``: ``layers.py`` has the layer, ``config.py`` the settings):
 - RMSNorm ``norm(x) * w`` (not ``1 + w``), a weightless norm on the values, softmax scale 1 (the
   Q/K norms set the scale);
 - 5:1 sliding/full layers whose K/V differ in shape: the full layers have ``global_head_dim``-wide
@@ -27,13 +27,13 @@ from torch import nn
 from llmkit.core.model.attention import SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.decoder.stack import check_loaded, place_tensor
+from llmkit.core.model.gemma4 import config as cfg
+from llmkit.core.model.gemma4.layers import DecoderLayer, Gemma4RMSNorm
 from llmkit.core.model.layers import RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts
 from llmkit.core.model.parallel import TPGroup
-from llmkit.plugins.models.gemma4 import config as cfg
-from llmkit.plugins.models.gemma4.layers import DecoderLayer, Gemma4RMSNorm
 
 
 class Gemma4ForCausalLM(CausalLM):
