@@ -96,6 +96,8 @@ SLOW_MODULES = frozenset(
         "tests/model/moe/test_moe_tensor_parallel.py",
         "tests/model/quant/test_int4_triton.py",
         "tests/model/test_decode_kernel_count.py",
+        "tests/model/test_gemma4.py",
+        "tests/model/test_gemma4_serve.py",
         "tests/model/test_hybrid_triton.py",
         "tests/model/test_model_configs_bad_input.py",
         "tests/model/test_qwen3_5.py",

@@ -79,6 +79,13 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.gemma3_vl:Gemma3ForConditionalGeneration",
         model_types=("gemma3",),
     )
+    register("Gemma4ForCausalLM", "llmkit.plugins.models.gemma4.model:Gemma4ForCausalLM", model_types=("gemma4_text",))
+    # (its text path: the vision and audio towers are not served yet)
+    register(
+        "Gemma4ForConditionalGeneration",
+        "llmkit.plugins.models.gemma4.model:Gemma4ForConditionalGeneration",
+        model_types=("gemma4",),
+    )
     # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
     # (embedding=True: launch serves them without the generation engine)
     register("BertModel", "llmkit.plugins.models.bert:BertModel", model_types=("bert",), embedding=True)

@@ -95,10 +95,9 @@ def snapshot_slots(config: EngineConfig, running: int) -> int:
 def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
     """Stage 3: the KV pool's tokens and the running limit (agreed on across tensor-parallel ranks)."""
     max_context = int(config.context_length or plan.hf_config.get("max_position_embeddings", 4096))
-    n_kv, n_layers = model.local_kv_heads, model.num_kv_layers
-    head_dim, v_dim = model.kv_cache_dims
-    # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
-    bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * plan.kv_dtype.itemsize
+    # every K/V layer's own heads and sizes (CausalLM.kv_layer_shapes), from the pool's dtype: a
+    # bf16 pool holds twice the tokens of an fp32 one in the same memory
+    bytes_per_token = sum(h * (k + v) for h, k, v in model.kv_layer_shapes) * plan.kv_dtype.itemsize
     specs = model.state_specs(plan.dtype)
     slot_bytes = state_bytes(specs) if specs else 0
     snapshots = 0
