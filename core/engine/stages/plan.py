@@ -14,7 +14,7 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.kvcache.kv_pool import resolve_kv_cache_dtype
 from llmkit.core.model.attention import TOKEN_SLOTS
-from llmkit.core.model.loader.int4_checkpoints import quant_method
+from llmkit.core.model.loader.compressed_tensors import checkpoint_quantization
 from llmkit.core.model.loader.source import gguf_path_of, load_config, resolve_model_dir
 from llmkit.core.plugins import PluginError, registry
 
@@ -230,7 +230,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
         _refuse_on_fallback(config, quant)
     # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the
     # others an unsupported one fails here, before the model is built.
-    int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
+    int4_method = None if model_cls.reads_own_quantization else checkpoint_quantization(hf_config)
     needed = frozenset(model_cls.attention_features)
     if (config.speculative_eagle_topk or 1) > 1 and config.speculative_algorithm:
         needed |= {TOKEN_SLOTS}  # tree drafts: each node reads its own path's slots

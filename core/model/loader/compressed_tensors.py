@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from llmkit.core.model.loader.int4_checkpoints import PackedInt4Tensor
+from llmkit.core.model.loader.int4_checkpoints import PackedInt4Tensor, quant_method
 
 log = logging.getLogger("llmkit")
 
@@ -37,6 +37,16 @@ METHOD = "compressed-tensors"
 FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
 _LEAVES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "weight")
 _DROPPED = ("input_scale", "input_zero_point", "output_scale", "output_zero_point", "weight_global_scale")
+
+
+def checkpoint_quantization(hf_config: dict) -> str | None:
+    """The checkpoint's quantization method the loaders read: ``compressed-tensors`` (checked
+    here), ``gptq``/``awq``, or None for a dense checkpoint; fails for others."""
+    qc = hf_config.get("quantization_config") or {}
+    if str(qc.get("quant_method", "")).lower() == METHOD:
+        weight_args(hf_config)
+        return METHOD
+    return quant_method(hf_config)
 
 
 def weight_args(hf_config: dict) -> dict:

@@ -116,11 +116,6 @@ def quant_method(hf_config: dict) -> str | None:
     if not qc:
         return None
     method = str(qc.get("quant_method", "")).lower()
-    if method == "compressed-tensors":  # (its own module reads and checks it)
-        from llmkit.core.model.loader.compressed_tensors import weight_args
-
-        weight_args(hf_config)
-        return method
     if method not in METHODS:
         raise ValueError(
             f"checkpoint quantization '{method}' is not supported; supported: {', '.join(METHODS)}, compressed-tensors"

@@ -19,8 +19,7 @@ import transformers
 
 from llmkit.core.engine.builder import build_model
 from llmkit.core.model import quantize
-from llmkit.core.model.loader.compressed_tensors import compressed_tensors_weights
-from llmkit.core.model.loader.int4_checkpoints import quant_method
+from llmkit.core.model.loader.compressed_tensors import checkpoint_quantization, compressed_tensors_weights
 from llmkit.core.model.loader.source import iter_safetensors, load_config
 from llmkit.core.plugins import registry
 
@@ -88,7 +87,7 @@ def write_checkpoint(path, fmt: str, std: float = 0.2, **weights):
 
 def _ours(path):
     cfg = load_config(path)
-    assert quant_method(cfg) == "compressed-tensors"
+    assert checkpoint_quantization(cfg) == "compressed-tensors"
     model = build_model(registry().model("LlamaForCausalLM"), cfg, torch.device("cpu"), torch.float32)
     model.load_weights(compressed_tensors_weights(iter_safetensors(path), cfg))
     quantize.finalize_weights(model)
@@ -167,7 +166,7 @@ def test_unreadable_schemes_fail_naming_what(tmp_path):
     ]
     for qc, what in bad:
         with pytest.raises(ValueError, match=what):
-            quant_method({"quantization_config": qc})
+            checkpoint_quantization({"quantization_config": qc})
     # a layer whose scale is in the file but whose weight is not: named, not half-loaded
     write_checkpoint(tmp_path, "int-quantized", num_bits=8, type="int", strategy="channel", symmetric=True)
     cfg = load_config(tmp_path)
