@@ -42,6 +42,8 @@ SMALL = dict(
     num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
     moe_num_experts=4, moe_k=2, moe_topk=2, shared_expert_intermediate_size=32, n_shared_experts=1,
     first_k_dense_replace=1, n_group=1, topk_group=1, layer_types=None,
+    # token ids inside the small vocabulary (some defaults point past it)
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )  # fmt: skip
 
 
@@ -103,7 +105,8 @@ def run(model_type: str, timeout: float) -> dict:
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         if p.returncode == 0 and lines:
             return {"model_type": model_type, "ok": True, **json.loads(lines[-1]), "s": time.monotonic() - t0}
-        err = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+        err = [ln for ln in p.stderr.strip().splitlines() if ln.strip() and "it/s]" not in ln and "shard" not in ln]
+        err = [ln for ln in err if "Error" in ln] or err
         return {"model_type": model_type, "ok": False, "reason": (err[-1] if err else f"exit {p.returncode}")[:300]}
 
 

@@ -44,7 +44,9 @@ _REFUSED_FIELDS = {
 def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function signature: ``query [1, H, T, D]``, ``key``/``value``
     ``[1, Hkv, T, D]``; returns ``([1, T, H, D], None)``."""
-    ctx: ForwardContext = kwargs["llmkit_ctx"]
+    ctx = kwargs["llmkit_ctx"]
+    if isinstance(ctx, _Probe):
+        return ctx.record(module, query, key, value, scaling)
     window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     q = query[0].transpose(0, 1)
     if scaling is not None and scaling != ctx.attn.scale:  # (OPT scales its queries itself: 1.0)
@@ -55,6 +57,27 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
         q.contiguous(), k.contiguous(), v.contiguous(), module.layer_idx, ctx.metadata, sliding_window=window or None
     )
     return out.unsqueeze(0), None
+
+
+class _Probe:
+    """Stands in for the forward context in one 2-token forward at start: records what each
+    attention layer hands the interface (its heads, K/V heads, head size and softmax scale), which
+    no config field states for every model (multi-query GPT-BigCode, OPT's pre-scaled queries)."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, tuple[int, int, int, int, float | None]] = {}
+
+    def record(self, module, query, key, value, scaling):
+        idx = getattr(module, "layer_idx", None)
+        if idx is None:
+            raise ValueError(f"{type(module).__name__} calls the attention interface without a layer_idx")
+        if key.shape[-1] != query.shape[-1] or value.shape[1] != key.shape[1]:
+            raise ValueError(f"{type(module).__name__}: queries, keys and values of different head sizes")
+        if int(idx) in self.layers:  # (DiffLlama: two attentions over one layer's cache)
+            raise ValueError(f"{type(module).__name__} calls the attention interface twice in one layer")
+        self.layers[int(idx)] = (query.shape[1], key.shape[1], key.shape[-1], value.shape[-1], scaling)
+        out = torch.zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1], dtype=query.dtype)
+        return out.to(query.device), None
 
 
 def _register() -> None:
@@ -144,27 +167,42 @@ class TransformersForCausalLM(CausalLM):
         with no_init_weights():  # the checkpoint overwrites every parameter
             self.hf = cls._from_config(hf_cfg, attn_implementation=IMPL, dtype=torch.get_default_dtype())
         self.hf_config = self.hf.config
-        self._attn_layers = [m for m in self.hf.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling")]
-        self._check_layers(cls.__name__)
+        try:
+            self._probe_layers(cls.__name__)
+        except ValueError as exc:
+            msg = str(exc)
+            prefix = "the transformers fallback cannot serve"
+            raise ValueError(msg if msg.startswith(prefix) else f"{prefix} {cls.__name__}: {msg}") from None
         log.info("%s runs on the transformers fallback (no native llmkit class)", cls.__name__)
 
-    def _check_layers(self, name: str) -> None:
-        """The engine has one head count and head size for every attention layer (a layer whose
-        softmax scale differs has its queries rescaled in ``_attend``)."""
-        if not self._attn_layers:
-            raise ValueError(f"the transformers fallback found no attention layers with a layer_idx in {name}")
-        dims = {int(getattr(m, "head_dim", self._config_head_dim())) for m in self._attn_layers}
-        if len(dims) > 1:
-            raise ValueError(
-                f"the transformers fallback cannot serve {name}: its attention layers differ in head size "
-                f"({sorted(dims)})"
+    def _probe_layers(self, name: str) -> None:
+        """One 2-token forward records every attention layer's shapes: the engine has one head
+        count, K/V head count and head size for all of them (a layer whose softmax scale differs
+        has its queries rescaled in ``_attend``), and every layer must reach the interface."""
+        probe = _Probe()
+        with torch.no_grad():
+            dev = next(self.hf.parameters()).device
+            ids = torch.zeros(1, 2, dtype=torch.long, device=dev)
+            self.hf.base_model(
+                input_ids=ids, position_ids=torch.arange(2, device=dev)[None], use_cache=False, llmkit_ctx=probe
             )
-        self._head_dim = dims.pop()
-        self._scale = float(self._attn_layers[0].scaling)
-
-    def _config_head_dim(self) -> int:
-        c = self.hf_config
-        return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        n = int(self.hf_config.num_hidden_layers)
+        if sorted(probe.layers) != list(range(n)):
+            raise ValueError(
+                f"the transformers fallback cannot serve {name}: {n - len(probe.layers)} of its {n} layers do not "
+                "attend through transformers' attention interface"
+            )
+        shapes = {v[:4] for v in probe.layers.values()}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"the transformers fallback cannot serve {name}: its attention layers differ in shape "
+                f"(heads, K/V heads, key and value sizes: {sorted(shapes)})"
+            )
+        self._heads, self._kv_heads, self._head_dim, v_dim = shapes.pop()
+        if v_dim != self._head_dim:
+            raise ValueError(f"the transformers fallback cannot serve {name}: value heads of another size")
+        scale = probe.layers[0][4]
+        self._scale = float(scale) if scale is not None else self._head_dim**-0.5
 
     # -- the contract's shapes, from the instantiated config (its attribute maps read n_layer etc.)
     @property
@@ -173,12 +211,11 @@ class TransformersForCausalLM(CausalLM):
 
     @property
     def num_kv_heads(self) -> int:
-        c = self.hf_config
-        return int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        return self._kv_heads
 
     @property
     def local_heads(self) -> int:
-        return int(self.hf_config.num_attention_heads)
+        return self._heads
 
     @property
     def head_dim(self) -> int:
@@ -206,6 +243,19 @@ class TransformersForCausalLM(CausalLM):
             cap = c.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def load_checkpoint_dir(self, model_dir) -> None:
+        """Load through transformers' own ``from_pretrained``: its key renamings and tensor
+        conversions (MoE experts fused into one tensor at load) apply as they do in transformers."""
+        first = next(self.hf.parameters())
+        old, self.hf = self.hf, None
+        del old  # (its parameters freed before the checkpoint's are allocated)
+        cls = causal_lm_class(self.config)
+        self.hf = cls.from_pretrained(
+            str(model_dir), config=self.hf_config, attn_implementation=IMPL, dtype=first.dtype,
+            device_map={"": first.device},
+        ).eval()  # fmt: skip
+        self.hf_config = self.hf.config
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Checkpoint names go through transformers' own renamings (its conversion mapping: legacy

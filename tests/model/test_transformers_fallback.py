@@ -24,8 +24,12 @@ from model_coverage import tiny_config  # noqa: E402  (the coverage benchmark's 
 
 # eight architectures transformers ships that llmkit has no class for: rotary variants (partial,
 # parallel attention+MLP), learned positions with self-scaled queries (OPT), Cohere 2's sliding
-# windows with NoPE global layers, Q/K norms (Exaone 4, Hunyuan), attention biases (Seed-OSS)
-FALLBACK_TYPES = ("gpt_neox", "opt", "cohere2", "ernie4_5", "exaone4", "hunyuan_v1_dense", "seed_oss", "starcoder2")
+# windows with NoPE global layers, Q/K norms (Exaone 4, Hunyuan), attention biases (Seed-OSS),
+# multi-query attention (GPT-BigCode), experts fused by transformers at load (Qwen2-MoE)
+FALLBACK_TYPES = (
+    "gpt_neox", "opt", "cohere2", "ernie4_5", "exaone4", "hunyuan_v1_dense", "seed_oss", "starcoder2",
+    "gpt_bigcode", "qwen2_moe",
+)  # fmt: skip
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -103,6 +107,10 @@ def test_refusals(tmp_path):
     save_tiny("stablelm", tmp_path / "stablelm")
     with pytest.raises(ValueError, match="does not route its attention through transformers' attention interface"):
         model_class(_config(tmp_path / "stablelm"))
+    # DiffLlama attends twice over one layer's cache: caught by the start-up probe
+    save_tiny("diffllama", tmp_path / "diff")
+    with pytest.raises(ValueError, match="DiffLlamaAttention calls the attention interface twice in one layer"):
+        start_engine(model_path=str(tmp_path / "diff"), device="cpu")
     # a state-space model keeps a cache the fallback does not have
     cfg = transformers.MambaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2).to_dict()
     with pytest.raises(ValueError, match="transformers fallback cannot serve it either"):

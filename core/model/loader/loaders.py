@@ -26,6 +26,9 @@ class WeightSource:
 def _safetensors(model: nn.Module, src: WeightSource) -> None:
     from llmkit.core.model.loader.source import iter_safetensors
 
+    if hasattr(model, "load_checkpoint_dir"):  # a model that reads its directory itself (the fallback)
+        model.load_checkpoint_dir(src.model_dir)
+        return
     model.load_weights(iter_safetensors(src.model_dir, lazy=src.lazy))
 
 
