@@ -68,7 +68,10 @@ class KVCachePool:
         dtype: torch.dtype,
         device: torch.device,
         v_head_dim: int | None = None,
+        layer_slots: list[int] | None = None,
     ) -> None:
+        """``layer_slots``: per layer, its buffers' slots where some differ from ``num_pages *
+        page_size`` (sliding-window layers' own pages, ``window_pages.py``)."""
         if num_pages < 2:
             raise ValueError("the KV pool needs at least 2 pages")
         self.num_layers = num_layers
@@ -80,11 +83,10 @@ class KVCachePool:
         v_dim = head_dim if v_head_dim is None else v_head_dim
         # torch.empty leaves untouched pages uncommitted on CPU, so an idle pool costs no RAM.
         # Page 0 pads gathers (weight 0 in attention) and must hold finite values: zero it.
-        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        slots = layer_slots or [self.num_slots] * num_layers
+        self.k_buffers = [torch.empty((n, *shape[1:]), dtype=dtype, device=device) for n in slots]
         self.v_buffers = (
-            [torch.empty((self.num_slots, num_kv_heads, v_dim), dtype=dtype, device=device) for _ in range(num_layers)]
-            if v_dim
-            else []
+            [torch.empty((n, num_kv_heads, v_dim), dtype=dtype, device=device) for n in slots] if v_dim else []
         )
         for buf in self.k_buffers + self.v_buffers:
             buf[:page_size].zero_()
