@@ -102,6 +102,22 @@ def test_window_pages_equal_full_length_window_kv(model):
         assert_same_as_generate(ref, ids, toks, "window pages")
 
 
+def test_speculative_steps_equal_full_length_window_kv(model):
+    """N-gram drafts (a repetitive prompt: drafts accepted and rejected) over window pages: the
+    rejected drafts' positions roll back without a page the window gave back."""
+    _, path = model
+    prompt = ([5, 6, 7, 8, 9, 10] * 5)[:27]
+    outs = []
+    for full in (False, True):
+        engine = _engine(path, speculative_algorithm="NGRAM", speculative_num_draft_tokens=4, swa_full=full)
+        try:
+            outs.append(_run(engine, [prompt, PROMPTS[2]], n=16))
+            assert _idle_stats(engine)["kv_pages_in_use"] == 0
+        finally:
+            engine.shutdown()
+    assert [r[:2] for r in outs[0]] == [r[:2] for r in outs[1]]
+
+
 def test_prefix_hit_past_the_window_equals_no_cache(model):
     _, path = model
     long = PROMPTS[4]
