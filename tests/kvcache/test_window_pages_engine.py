@@ -179,3 +179,38 @@ def test_pages_come_back_after_aborts(model):
         assert len(_run(engine, [PROMPTS[1]])[0][0]) == N
     finally:
         engine.shutdown()
+
+
+def test_pages_come_back_after_a_failing_step(model):
+    """A forward that raises for one request (fault injected as tests/engine/test_step_isolation.py
+    does): it fails alone, the others finish, and no page of either kind stays in use."""
+    _, path = model
+    mark = 310  # a prompt holding this id makes the forward raise
+    engine = _engine(path)
+    try:
+        real = engine.runner.run
+
+        def run(batch, prev=None):
+            if any(mark in s.req.prompt_ids for s in batch.segments):
+                raise RuntimeError("injected kernel fault")
+            return real(batch, prev)
+
+        engine.runner.run = run
+        errors = {}
+        left = threading.Semaphore(0)
+        prompts = {"bad": PROMPTS[3][:20] + [mark] + PROMPTS[3][20:], "good": PROMPTS[4]}
+        for rid, ids in prompts.items():
+
+            def sink(o, rid=rid):
+                if o.finished:
+                    errors[rid] = o.error
+                    left.release()
+
+            engine.submit(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=N, temperature=0)), sink)
+        for _ in prompts:
+            assert left.acquire(timeout=300)
+        assert errors["bad"] and not errors["good"]
+        stats = _idle_stats(engine)
+        assert stats["kv_pages_in_use"] == 0 and stats["kv_window_pages_in_use"] == 0
+    finally:
+        engine.shutdown()
