@@ -91,20 +91,25 @@ def models_page() -> str:
         "Every architecture the installed model plugins register (`llmkit plugins` lists them with their "
         "packages), by the `architectures` name in a checkpoint's config.json. A config.json without "
         "`architectures` resolves by its `model_type`. GGUF files of the listed llama.cpp architectures "
-        "load too (converted on first use; see [Quantized weights](../quantization.md)).\n",
-        "| architecture | model_type | serves | tensor parallel | images | GGUF |",
-        "|---|---|---|---|---|---|",
+        "load too (converted on first use; see [Quantized weights](../quantization.md)). Any other causal LM "
+        "that the installed transformers has runs on the transformers fallback (`TransformersForCausalLM`, "
+        "`--model-impl`; see [Model families](../model-families.md#any-other-transformers-model-the-fallback)): "
+        "`benchmarks/model_coverage.py` measures which ones load and match.\n",
+        "| architecture | model_type | serves | tensor parallel | `--quantization` | images | GGUF |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in sorted(reg.names("model")):
         entry = reg.entry("model", name)
         cls = reg.model(name)
         types = entry.meta.get("model_types", ())
+        fallback = getattr(cls, "is_fallback", False)
         serves = "scores" if entry.meta.get("scores") else "embeddings" if entry.meta.get("embedding") else "text"
         archs = sorted({a for t in types for a in gguf.get(t, ())})
         tp = "yes" if getattr(cls, "supports_tp", False) else "text only" if getattr(cls, "text_model", None) else "no"
+        quant = "no" if fallback or serves != "text" else "yes"
         out.append(
-            f"| `{name}` | {', '.join(f'`{t}`' for t in types)} | {serves} | {tp} | "
-            f"{'yes' if getattr(cls, 'multimodal', False) else 'no'} | {', '.join(f'`{a}`' for a in archs)} |"
+            f"| `{name}` | {'any other' if fallback else ', '.join(f'`{t}`' for t in types)} | {serves} | {tp} | "
+            f"{quant} | {'yes' if getattr(cls, 'multimodal', False) else 'no'} | {', '.join(f'`{a}`' for a in archs)} |"
         )
     return "\n".join(out) + "\n"
 

@@ -37,6 +37,7 @@ from llmkit.core.kvcache.state_radix_cache import StateRadixCache
 from llmkit.core.kvcache.window_pages import WindowPages
 from llmkit.core.kvcache.window_radix_cache import WindowRadixCache
 from llmkit.core.model import quantize
+from llmkit.core.model.grouped_attention import build_attention
 from llmkit.core.model.loader.loaders import WeightSource, get_loader
 from llmkit.core.speculative.speculator import build_speculator
 
@@ -186,6 +187,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     """Stage 4: the KV pool, the request table, the prefix cache, the scheduler, the attention
     backend and the model runner."""
     head_dim, v_dim = model.kv_cache_dims
+    shapes = model.kv_layer_shapes
     page = config.page_size
     windows = layer_slots = None
     if kv.windowed:  # window layers in pages of their own (core/kvcache/window_pages.py)
@@ -210,6 +212,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         dtype=plan.kv_dtype,
         device=plan.device,
         v_head_dim=v_dim,
+        layer_shapes=shapes if len(set(shapes)) > 1 else None,
         layer_slots=layer_slots,
     )
     req_pool = ReqToTokenPool(config.max_running_requests + 1, kv.max_context + page, plan.device)
@@ -259,15 +262,9 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     # the optional arguments only where a model needs them (backends without the features never get them)
     extra = {"scale": model.attention_scale} if getattr(model, "attention_scale", None) else {}
     out_dim = getattr(model, "attention_v_dim", v_dim)
-    if out_dim != head_dim:
-        extra["v_head_dim"] = out_dim
-    attn = plan.attn_cls(
-        num_heads=model.local_heads,
-        num_kv_heads=model.local_kv_heads,
-        head_dim=head_dim,
-        pool=pool,
-        device=plan.device,
-        **extra,
+    # (one backend instance per distinct K/V layer shape: core/model/grouped_attention.py)
+    attn = build_attention(
+        plan.attn_cls, shapes, num_heads=model.local_heads, v_out=out_dim, pool=pool, device=plan.device, **extra
     )
     runner = ModelRunner(model, attn, pool, req_pool, plan.device, config.enable_deterministic_inference)
     runner.states = states

@@ -37,6 +37,15 @@ class EngineConfig:
         choices="llmkit.core.engine.stages.plan:LOAD_FORMATS",
         help="auto: load the checkpoint; dummy: random weights from config.json (benchmarks).",
     )
+    model_impl: str = _model(
+        "auto",
+        "--model-impl",
+        envvar="LLMKIT_MODEL_IMPL",
+        choices="llmkit.core.engine.stages.plan:MODEL_IMPLS",
+        help="auto: llmkit's own class for the architecture, else the transformers fallback (logged); "
+        "llmkit: refuse an architecture without its own class; transformers: always the fallback "
+        "(transformers' modeling code with llmkit's paged attention).",
+    )
     # Accepted so SGLang's command lines work; logged at start, changes nothing.
     trust_remote_code: bool = _model(
         False,

@@ -52,6 +52,7 @@ class KVCachePool:
 
     ``v_head_dim`` (default ``head_dim``) may differ from the keys'; 0 keeps no V buffers at all,
     for a latent cache whose values are a prefix of its keys (MLA's absorbed form).
+    ``layer_shapes`` (``CausalLM.kv_layer_shapes``) sizes each layer's buffers on its own.
 
     Page 0 is reserved as padding, so ``num_pages`` includes it and at most ``num_pages - 1`` pages
     are ever allocated.
@@ -68,6 +69,7 @@ class KVCachePool:
         dtype: torch.dtype,
         device: torch.device,
         v_head_dim: int | None = None,
+        layer_shapes: list[tuple[int, int, int]] | None = None,
         layer_slots: list[int] | None = None,
     ) -> None:
         """``layer_slots``: per layer, its buffers' slots where some differ from ``num_pages *
@@ -79,15 +81,18 @@ class KVCachePool:
         self.page_size = page_size
         self.num_slots = num_pages * page_size
         self.dtype = dtype
-        shape = (self.num_slots, num_kv_heads, head_dim)
         v_dim = head_dim if v_head_dim is None else v_head_dim
+        # (heads, key channels, value channels) per layer: alike unless the model lists them
+        shapes = layer_shapes or [(num_kv_heads, head_dim, v_dim)] * num_layers
+        if len(shapes) != num_layers or len({bool(s[2]) for s in shapes}) > 1:
+            raise ValueError("layer_shapes: one (heads, k_dim, v_dim) per layer, values in all or none")
         # torch.empty leaves untouched pages uncommitted on CPU, so an idle pool costs no RAM.
         # Page 0 pads gathers (weight 0 in attention) and must hold finite values: zero it.
         slots = layer_slots or [self.num_slots] * num_layers
-        self.k_buffers = [torch.empty((n, *shape[1:]), dtype=dtype, device=device) for n in slots]
-        self.v_buffers = (
-            [torch.empty((n, num_kv_heads, v_dim), dtype=dtype, device=device) for n in slots] if v_dim else []
-        )
+        self.k_buffers = [torch.empty((n, h, k), dtype=dtype, device=device) for n, (h, k, _) in zip(slots, shapes)]
+        self.v_buffers = [
+            torch.empty((n, h, v), dtype=dtype, device=device) for n, (h, _, v) in zip(slots, shapes) if v
+        ]
         for buf in self.k_buffers + self.v_buffers:
             buf[:page_size].zero_()
         # A stack: the most recently freed page is reused first (warm in cache).
@@ -122,8 +127,7 @@ class KVCachePool:
         return (base + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
 
     def bytes_per_token(self) -> int:
-        per_layer = sum(b[0].numel() * b.element_size() for b in (self.k_buffers + self.v_buffers)[:: self.num_layers])
-        return self.num_layers * per_layer
+        return sum(b[0].numel() * b.element_size() for b in self.k_buffers + self.v_buffers)
 
 
 class ReqToTokenPool:

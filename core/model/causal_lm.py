@@ -134,6 +134,16 @@ class CausalLM(nn.Module, ABC):
         return self.head_dim, self.head_dim
 
     @property
+    def kv_layer_shapes(self) -> list[tuple[int, int, int]]:
+        """Per K/V layer, in the pool's order: this rank's K/V heads and the channels each stores per
+        head and token for keys and for values (see :attr:`kv_cache_dims`). The default: every
+        layer alike. A model whose layers differ (Gemma 4's full-attention layers: wider heads,
+        fewer of them) lists each; the pool sizes each layer's buffers from it, the memory planner
+        counts its bytes, and the engine gives each distinct shape its own backend instance."""
+        k, v = self.kv_cache_dims
+        return [(self.local_kv_heads, k, v)] * self.num_kv_layers
+
+    @property
     def attention_v_dim(self) -> int:
         """The head size of the attention output (the values')."""
         k, v = self.kv_cache_dims

@@ -80,7 +80,7 @@ class RMSNorm(HotModule):
         return out if residual is None else (out, residual)
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 def _rope_params(config: dict) -> dict:
@@ -108,6 +108,12 @@ def _rope(head_dim: int, config: dict) -> tuple[torch.Tensor, float]:
         return inv, 1.0
     if rope_type == "yarn":
         return _yarn(inv, head_dim, theta, params, config)
+    if rope_type == "proportional":
+        # Gemma 4's full-attention layers: the first ``partial_rotary_factor`` of the frequencies
+        # (exponents over the whole head), the rest 0 (those channels pass unrotated)
+        angles = int(float(params.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        inv[angles:] = 0.0
+        return inv / float(params.get("factor", 1.0)), 1.0
     return _scaled(inv, rope_type, params), 1.0
 
 

@@ -53,6 +53,24 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.mamba2.granite_hybrid:GraniteMoeHybridForCausalLM",
         model_types=("granitemoehybrid",),
     )
+    # dense decoders on the shared stack, each with its own twist (plugins/models/dense/)
+    register("MistralForCausalLM", "llmkit.plugins.models.dense.mistral:MistralForCausalLM", model_types=("mistral",))
+    register(
+        "Mistral3ForConditionalGeneration",
+        "llmkit.plugins.models.dense.mistral:Mistral3ForConditionalGeneration",
+        model_types=("mistral3",),
+    )
+    register("Phi3ForCausalLM", "llmkit.plugins.models.dense.phi3:Phi3ForCausalLM", model_types=("phi3",))
+    register("SmolLM3ForCausalLM", "llmkit.plugins.models.dense.smollm3:SmolLM3ForCausalLM", model_types=("smollm3",))
+    register("Olmo2ForCausalLM", "llmkit.plugins.models.dense.olmo:Olmo2ForCausalLM", model_types=("olmo2",))
+    register("Olmo3ForCausalLM", "llmkit.plugins.models.dense.olmo:Olmo3ForCausalLM", model_types=("olmo3",))
+    register("GraniteForCausalLM", "llmkit.plugins.models.dense.granite:GraniteForCausalLM", model_types=("granite",))
+    # routed MoE decoders (plugins/models/moe/)
+    register("MixtralForCausalLM", "llmkit.plugins.models.moe.mixtral:MixtralForCausalLM", model_types=("mixtral",))
+    register("Glm4MoeForCausalLM", "llmkit.plugins.models.moe.glm4_moe:Glm4MoeForCausalLM", model_types=("glm4_moe",))
+    register(
+        "MiniMaxM2ForCausalLM", "llmkit.plugins.models.moe.minimax_m2:MiniMaxM2ForCausalLM", model_types=("minimax_m2",)
+    )
     register("GptOssForCausalLM", "llmkit.plugins.models.gpt_oss:GptOssForCausalLM", model_types=("gpt_oss",))
     register("Gemma3ForCausalLM", "llmkit.plugins.models.gemma3:Gemma3ForCausalLM", model_types=("gemma3_text",))
     # images in, text out (a VisionLanguageModel: the server builds its processor)
@@ -60,6 +78,13 @@ def llmkit_register_models(register):
         "Gemma3ForConditionalGeneration",
         "llmkit.plugins.models.gemma3_vl:Gemma3ForConditionalGeneration",
         model_types=("gemma3",),
+    )
+    register("Gemma4ForCausalLM", "llmkit.plugins.models.gemma4.model:Gemma4ForCausalLM", model_types=("gemma4_text",))
+    # (its text path: the vision and audio towers are not served yet)
+    register(
+        "Gemma4ForConditionalGeneration",
+        "llmkit.plugins.models.gemma4.model:Gemma4ForConditionalGeneration",
+        model_types=("gemma4",),
     )
     # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
     # (embedding=True: launch serves them without the generation engine)
@@ -69,6 +94,9 @@ def llmkit_register_models(register):
     )
     for cross in ("BertForSequenceClassification", "XLMRobertaForSequenceClassification"):
         register(cross, f"llmkit.plugins.models.bert:{cross}", embedding=True, scores=True)
+    # any other transformers causal LM, on transformers' modeling code (--model-impl; chosen by
+    # core/engine/stages/plan.py where no class above serves the architecture)
+    register("TransformersForCausalLM", "llmkit.plugins.models.transformers_fallback:TransformersForCausalLM")
     # Kimi-K2 checkpoints name the same class (model_type kimi_k2)
     register(
         "DeepseekV3ForCausalLM",

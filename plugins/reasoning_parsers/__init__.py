@@ -11,6 +11,9 @@ _PARSERS = {
     "deepseek-v3": "deepseek:DeepSeekV3ReasoningParser",
     "kimi": "kimi:KimiReasoningParser",
     "gpt-oss": "gpt_oss:GptOssReasoningParser",
+    "gemma4": "gemma4:Gemma4ReasoningParser",
+    "glm45": "glm_minimax:Glm45ReasoningParser",
+    "minimax_m2": "glm_minimax:MiniMaxM2ReasoningParser",
 }
 
 

@@ -14,6 +14,9 @@ _PARSERS = {
     "qwen3_coder": "qwen3_coder:Qwen3CoderToolParser",
     "pythonic": "pythonic:PythonicToolParser",
     "gpt-oss": "gpt_oss:GptOssToolParser",
+    "gemma4": "gemma4:Gemma4ToolParser",
+    "glm45": "glm45:Glm45ToolParser",
+    "minimax_m2": "minimax_m2:MiniMaxM2ToolParser",
 }
 
 

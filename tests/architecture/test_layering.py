@@ -11,7 +11,8 @@ is still one), and no folder holds more than ``BUDGET`` modules, so growth lands
 named for its concern instead of behind a file-name prefix.
 
 Plugin packages stand alone: plugins/<pkg>/ imports llmkit.core and llmkit.plugins.<pkg> only (what
-two of them share moves to core). The Engine's private names are used in its own module only
+two of them share moves to core), and inside plugins/models/ a family's module imports no other
+family's (the shared stacks are core's). The Engine's private names are used in its own module only
 (core/engine/loop.py); everything else, benchmarks included, calls its public methods. The
 test kits (testing/, llmkit.testing) import llmkit.core only (a kit gets a built-in plugin through
 the registry), and nothing llmkit runs (core/, plugins/, cli/) imports them or pytest.
@@ -318,6 +319,59 @@ def test_the_plugin_check_sees_violations(tmp_path, monkeypatch):
             (4, "llmkit.plugins.attention.torch_backend"),
         ]
     ]
+
+
+# Model plugins reuse one another only through core (core/model/decoder/, the shared stacks): a
+# family's module imports no other family's. These vision-language modules predate the rule and
+# still build on their text model's or a sibling's vision tower (their shared parts are to move to
+# core/model/ as the decoders did); no edge may be added.
+MODEL_EDGES_TO_MOVE = {
+    ("plugins/models/gemma3_vl.py", "llmkit.plugins.models.gemma3"),
+    ("plugins/models/qwen2_5_vl.py", "llmkit.plugins.models.qwen2"),
+    ("plugins/models/qwen3_vl.py", "llmkit.plugins.models.qwen2_5_vl"),
+    ("plugins/models/qwen3_vl.py", "llmkit.plugins.models.qwen3"),
+    ("plugins/models/qwen3_5.py", "llmkit.plugins.models.qwen2_5_vl"),
+    ("plugins/models/qwen3_5.py", "llmkit.plugins.models.qwen3_vl"),
+}
+
+
+def _model_module_edges() -> set[tuple[str, str]]:
+    """``(file, module)``: a module under plugins/models/ importing another model module there."""
+    models, edges = ROOT / "plugins" / "models", set()
+    for path in sorted(models.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        rel = path.relative_to(ROOT / "plugins")
+        package = ".".join(["llmkit", "plugins", *rel.parent.parts])
+        me = ".".join(["llmkit", "plugins", *rel.with_suffix("").parts])
+        for _, mod in _imported_modules(path, package):
+            if not mod.startswith("llmkit.plugins.models."):
+                continue
+            parts = mod.split(".")[2:]  # the module the name lives in: the longest prefix that is a file
+            while parts and not (ROOT / "plugins" / Path(*parts)).with_suffix(".py").exists():
+                parts.pop()
+            target = ".".join(["llmkit", "plugins", *parts])
+            if parts and target != me:
+                edges.add((path.relative_to(ROOT).as_posix(), target))
+    return edges
+
+
+def test_model_plugins_import_no_other_model_module():
+    """What two model families share lives in core (a third-party model builds on the same
+    stacks without importing llmkit's own plugins)."""
+    assert _model_module_edges() - MODEL_EDGES_TO_MOVE == set()
+
+
+def test_the_model_module_check_sees_violations(tmp_path, monkeypatch):
+    models = tmp_path / "plugins" / "models"
+    (models / "dense").mkdir(parents=True)
+    (models / "llama.py").write_text("")
+    (models / "dense" / "mistral.py").write_text(
+        "from llmkit.core.model.decoder.stack import DecoderLM\n"
+        "def f():\n    from llmkit.plugins.models.llama import LlamaForCausalLM\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _model_module_edges() == {("plugins/models/dense/mistral.py", "llmkit.plugins.models.llama")}
 
 
 # --- the test kits -------------------------------------------------------------------------------------

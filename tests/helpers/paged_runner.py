@@ -15,6 +15,7 @@ import torch
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.model.attention import AttentionMetadata
 from llmkit.core.model.causal_lm import ForwardContext
+from llmkit.core.model.grouped_attention import build_attention
 
 
 class PagedRunner:
@@ -26,6 +27,7 @@ class PagedRunner:
         self.model, self.ps = model, page_size
         cpu = torch.device("cpu")
         k_dim, v_dim = model.kv_cache_dims  # as the engine builder sizes the pool and the backend
+        shapes = model.kv_layer_shapes
         self.pool = KVCachePool(
             num_layers=model.num_kv_layers,
             num_pages=max_tokens // page_size + 2,
@@ -35,20 +37,15 @@ class PagedRunner:
             dtype=kv_dtype,
             device=cpu,
             v_head_dim=v_dim,
+            layer_shapes=shapes if len(set(shapes)) > 1 else None,
         )
         if model.attention_scale:
             backend_kw.setdefault("scale", model.attention_scale)
-        if model.attention_v_dim != k_dim:
-            backend_kw.setdefault("v_head_dim", model.attention_v_dim)
+        v_out = backend_kw.pop("v_head_dim", model.attention_v_dim)
         self.req_pool = ReqToTokenPool(8, max_tokens + page_size, cpu)
         cls = backend_cls or TorchAttentionBackend
-        self.attn = cls(
-            num_heads=model.local_heads,
-            num_kv_heads=model.local_kv_heads,
-            head_dim=k_dim,
-            pool=self.pool,
-            device=cpu,
-            **backend_kw,
+        self.attn = build_attention(
+            cls, shapes, num_heads=model.local_heads, v_out=v_out, pool=self.pool, device=cpu, **backend_kw
         )
         self.seqs: dict[int, list[int]] = {}  # row -> pages
         self.lens: dict[int, int] = {}

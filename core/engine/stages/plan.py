@@ -14,7 +14,7 @@ import torch
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.kvcache.kv_pool import resolve_kv_cache_dtype
 from llmkit.core.model.attention import TOKEN_SLOTS
-from llmkit.core.model.loader.int4_checkpoints import quant_method
+from llmkit.core.model.loader.compressed_tensors import checkpoint_quantization
 from llmkit.core.model.loader.source import gguf_path_of, load_config, resolve_model_dir
 from llmkit.core.plugins import PluginError, registry
 
@@ -84,6 +84,29 @@ def _usable(reg, name: str, device: torch.device) -> bool:
         return False
 
 
+def _refuse_on_fallback(config: EngineConfig, quant: str | None) -> None:
+    """What the transformers fallback's layers (transformers' own) do not run, refused before loading."""
+    lacking = [
+        flag
+        for flag, asked in (
+            ("--quantization", quant),
+            ("--lora-paths / --enable-lora", config.enable_lora or config.lora_paths),
+            ("--speculative-algorithm", config.speculative_algorithm),
+        )
+        if asked
+    ]
+    if lacking:
+        raise ValueError(
+            f"{', '.join(lacking)}: not available on the transformers fallback (its layers are transformers' "
+            "own); a native model class has them"
+        )
+
+
+# --model-impl values (vLLM's and SGLang's option; "llmkit" is their "vllm"/"sglang")
+MODEL_IMPLS = ("auto", "llmkit", "transformers")
+FALLBACK = "TransformersForCausalLM"  # the registered model plugin that runs transformers' code
+
+
 def architecture_of(hf_config: dict) -> str:
     archs = hf_config.get("architectures")
     if archs:
@@ -99,11 +122,29 @@ def architecture_of(hf_config: dict) -> str:
     return arch
 
 
-def model_class(hf_config: dict, tp_size: int = 1):
+def model_class(hf_config: dict, tp_size: int = 1, model_impl: str = "auto"):
     """The model plugin serving ``hf_config``. Under tensor parallelism an image-text model whose
     vision tower is not sharded is served as its language model alone (its ``text_model``, images
-    refused), as it was before it took images, rather than not at all."""
-    cls = registry().model(architecture_of(hf_config))
+    refused), as it was before it took images, rather than not at all. ``model_impl``: see
+    ``--model-impl``; "auto" takes the transformers fallback only where no plugin has the class."""
+    reg = registry()
+    if model_impl == "transformers":
+        fallback = reg.model(FALLBACK)
+        why = fallback.unsupported(hf_config)
+        if why:
+            raise ValueError(f"--model-impl transformers cannot serve this model: {why}")
+        return fallback
+    try:
+        cls = reg.model(architecture_of(hf_config))
+    except (PluginError, ValueError) as exc:
+        if model_impl != "auto" or FALLBACK not in reg.names("model"):
+            raise
+        fallback = reg.model(FALLBACK)
+        why = fallback.unsupported(hf_config)
+        if why:
+            raise ValueError(f"{exc}; the transformers fallback cannot serve it either: {why}") from None
+        log.info("%s: no native llmkit class; serving it with the transformers fallback", exc)
+        return fallback
     if tp_size > 1 and not cls.supports_tp and getattr(cls, "text_model", None) is not None:
         return cls.text_model
     return cls
@@ -183,11 +224,13 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
             ", ".join(NATIVE_GGUF_TYPES),
             f", then --quantization {quant} (--quantization none keeps fp32)" if quant else "",
         )
-    arch = architecture_of(hf_config)
-    model_cls = model_class(hf_config, config.tp_size)
+    model_cls = model_class(hf_config, config.tp_size, config.model_impl)
+    arch = model_cls.architecture(hf_config) if hasattr(model_cls, "architecture") else architecture_of(hf_config)
+    if getattr(model_cls, "is_fallback", False):
+        _refuse_on_fallback(config, quant)
     # A plugin may read its own checkpoint quantization (gpt-oss's MXFP4, DeepSeek's FP8); for the
     # others an unsupported one fails here, before the model is built.
-    int4_method = None if model_cls.reads_own_quantization else quant_method(hf_config)
+    int4_method = None if model_cls.reads_own_quantization else checkpoint_quantization(hf_config)
     needed = frozenset(model_cls.attention_features)
     if (config.speculative_eagle_topk or 1) > 1 and config.speculative_algorithm:
         needed |= {TOKEN_SLOTS}  # tree drafts: each node reads its own path's slots
@@ -209,6 +252,7 @@ def resolve_plan(config: EngineConfig, leader: bool = True) -> Plan:
     loader = (
         "dummy" if config.load_format == "dummy"
         else "gguf_native" if native
+        else "compressed_tensors" if int4_method == "compressed-tensors"
         else "int4_checkpoint" if int4_method
         else "safetensors"
     )  # fmt: skip

@@ -100,10 +100,10 @@ def snapshot_slots(config: EngineConfig, running: int) -> int:
 def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
     """Stage 3: the KV pool's tokens and the running limit (agreed on across tensor-parallel ranks)."""
     max_context = int(config.context_length or plan.hf_config.get("max_position_embeddings", 4096))
-    n_kv, n_layers = model.local_kv_heads, model.num_kv_layers
-    head_dim, v_dim = model.kv_cache_dims
-    # from the pool's dtype: a bf16 pool holds twice the tokens of an fp32 one in the same memory
-    bytes_per_token = n_layers * n_kv * (head_dim + v_dim) * plan.kv_dtype.itemsize
+    # every K/V layer's own heads and sizes (CausalLM.kv_layer_shapes), from the pool's dtype: a
+    # bf16 pool holds twice the tokens of an fp32 one in the same memory
+    layer_bytes = [h * (k + v) * plan.kv_dtype.itemsize for h, k, v in model.kv_layer_shapes]
+    bytes_per_token = sum(layer_bytes)
     specs = model.state_specs(plan.dtype)
     slot_bytes = state_bytes(specs) if specs else 0
     snapshots = 0
@@ -125,7 +125,7 @@ def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
     windowed = window_layers(plan, config, model, tp) if not specs else None
     window_tokens = 0
     if windowed:  # the same memory, split: the full layers hold more tokens
-        tokens, window_tokens = split_budget(tokens, bytes_per_token, n_layers, windowed, config, running, max_context)
+        tokens, window_tokens = split_budget(tokens, layer_bytes, windowed, config, running, max_context)
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist
 

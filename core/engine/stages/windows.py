@@ -46,24 +46,18 @@ BALANCE_WINDOWS = 8
 
 
 def split_budget(
-    tokens: int,
-    bytes_per_token: int,
-    num_kv_layers: int,
-    windowed: tuple[list[int], int],
-    config,
-    running: int,
-    max_context: int,
+    tokens: int, layer_bytes: list[int], windowed: tuple[list[int], int], config, running: int, max_context: int
 ) -> tuple[int, int]:
     """(full layers' tokens, window layers' tokens) from the memory of ``tokens`` full-length tokens
-    at ``bytes_per_token`` (every layer's), the layers being the same size. The window pool holds
-    what the running requests can hold at once (each its window and two pages, the drafts, a
-    prefill chunk), at most the window's share for requests :data:`BALANCE_WINDOWS` windows long,
-    and at least one request's window and chunk."""
+    (``layer_bytes``: each K/V layer's bytes a token). The window pool holds what the running
+    requests can hold at once (each its window and two pages, the drafts, a prefill chunk), at
+    most the window's share for requests :data:`BALANCE_WINDOWS` windows long, and at least one
+    request's window and chunk."""
     layers, window = windowed
     page = config.page_size
-    per_layer = bytes_per_token // num_kv_layers
-    full_b, win_b = per_layer * (num_kv_layers - len(layers)), per_layer * len(layers)
-    budget = tokens * bytes_per_token
+    win_b = sum(layer_bytes[i] for i in layers)
+    full_b = sum(layer_bytes) - win_b
+    budget = tokens * sum(layer_bytes)
     drafts = config.speculative_num_draft_tokens if config.speculative_algorithm else 0
     held = window + 2 * page + drafts  # what a running request holds
     want = running * held + config.chunked_prefill_size

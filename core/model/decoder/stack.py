@@ -115,11 +115,12 @@ class PreNormBlock(HotModule):
 
 
 class DecoderLayer(PreNormBlock):
-    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp, mlp: nn.Module | None = None):
+    def __init__(self, config, layer_id, head_dim, qkv_bias, qk_norm, tp, mlp=None, attn: nn.Module | None = None):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps)
-        self.self_attn = Attention(config, layer_id, head_dim, qkv_bias, qk_norm, tp)
+        # ``attn``: the model's own attention (a VariantAttention) where it builds one
+        self.self_attn = attn if attn is not None else Attention(config, layer_id, head_dim, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps)
         # ``mlp(h, deterministic)``: the dense MLP unless the model builds another (MoE blocks)
         self.mlp = mlp if mlp is not None else MLP(config["hidden_size"], config["intermediate_size"], tp)
@@ -145,8 +146,12 @@ class DecoderLayer(PreNormBlock):
         if self._gemv_weights is False:
             attn, mlp = self.self_attn, self.mlp
             linears = (attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))
-            ok = type(mlp) is MLP and all(
-                type(lin) is Linear and lin.format.name == "dense" and lin.tp.size == 1 for lin in linears
+            # (a subclass of the block or of its attention computes something else between them)
+            ok = (
+                type(self) is DecoderLayer
+                and type(attn) is Attention
+                and type(mlp) is MLP
+                and all(type(lin) is Linear and lin.format.name == "dense" and lin.tp.size == 1 for lin in linears)
             )
             ok = ok and all(lin.bias is None for lin in linears[1:])
             self._gemv_weights = tuple(lin.weight for lin in linears) if ok else None
@@ -194,7 +199,11 @@ class StackedLM(CausalLM):
         self.norm = RMSNorm(hidden, eps)
         self.tie = bool(config.get("tie_word_embeddings", False))
         self.lm_head = LMHead(vocab, hidden, self.tp, tied=self.embed_tokens if self.tie else None)
-        self.rotary = RotaryEmbedding(rotary_dim, int(config.get("max_position_embeddings", 4096)), config)
+        self.rotary = self.rotary_embedding(rotary_dim)
+
+    def rotary_embedding(self, rotary_dim: int) -> nn.Module:
+        """The rotary table every layer shares (Phi-3 builds its LongRoPE one)."""
+        return RotaryEmbedding(rotary_dim, int(self.config.get("max_position_embeddings", 4096)), self.config)
 
     @property
     def local_kv_heads(self) -> int:
@@ -222,7 +231,8 @@ class StackedLM(CausalLM):
         blocks, eps = [], set()
         for layer in self.layers:
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            if not (isinstance(attn, Attention) and attn.q_norm is None and type(mlp) is MLP):
+            plain = type(layer) is DecoderLayer and type(attn) is Attention
+            if not (plain and attn.q_norm is None and type(mlp) is MLP):
                 return None
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if not all(type(n) is RMSNorm for n in norms):
@@ -292,11 +302,23 @@ class DecoderLM(StackedLM):
         hidden, vocab = config["hidden_size"], config["vocab_size"]
         self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
         qkv_bias = bool(config.get("attention_bias", self.qkv_bias))
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.head_dim, qkv_bias, self.qk_norm, tp, self.build_mlp(i))
-            for i in range(self.num_layers)
-        )
-        self.finish_stack(config.get("rms_norm_eps", 1e-6), self.head_dim)
+        self.layers = nn.ModuleList(self.build_layer(i, qkv_bias) for i in range(self.num_layers))
+        self.finish_stack(config.get("rms_norm_eps", 1e-6), self.rotary_dim)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotated channels of each head (all of them but under partial rotary)."""
+        return self.head_dim
+
+    def build_layer(self, layer_id: int, qkv_bias: bool) -> nn.Module:
+        """Decoder layer ``layer_id`` (families with another block build their own)."""
+        c = self.config
+        attn = self.build_attention(layer_id)
+        return DecoderLayer(c, layer_id, self.head_dim, qkv_bias, self.qk_norm, self.tp, self.build_mlp(layer_id), attn)
+
+    def build_attention(self, layer_id: int) -> nn.Module | None:
+        """The attention of layer ``layer_id``; None: Llama's (:class:`Attention`)."""
+        return None
 
     def build_mlp(self, layer_id: int) -> nn.Module | None:
         """The feed-forward block of layer ``layer_id``; None: the dense gated MLP."""

@@ -25,12 +25,19 @@ from llmkit.core.model.loader.gguf_families import (
     qwen_hybrid_tensor,
 )
 from llmkit.core.model.loader.gguf_file import metadata_field as _field
+from llmkit.core.model.loader.gguf_gemma4 import gemma4_config, gemma4_tensor
+from llmkit.core.model.loader.gguf_llama_variants import (
+    PERMUTED,
+    VARIANT_MODEL_TYPES,
+    VARIANT_NAMES,
+    variant_config,
+)
 
 # GGUF architectures whose tensors this converter maps to the HF llama layout, and the HF
 # model_types each becomes (the first is written; deepseek2 names V3 or V2 by its gating). The config
 # it writes names only the model_type; the model plugin that declares that type serves it.
 GGUF_MODEL_TYPES = {
-    "llama": ("llama",),
+    "llama": ("llama", "mixtral"),  # (Mixtral: llama with experts, see gguf_llama_variants.py)
     "qwen2": ("qwen2",),
     "qwen3": ("qwen3",),
     "qwen3moe": ("qwen3_moe",),
@@ -43,6 +50,8 @@ GGUF_MODEL_TYPES = {
     "nemotron_h": ("nemotron_h",),
     "nemotron_h_moe": ("nemotron_h",),
     "granitehybrid": ("granitemoehybrid",),
+    "gemma4": ("gemma4_text",),
+    **VARIANT_MODEL_TYPES,
 }
 QWEN_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # stacked expert tensors [E, out, in], split into the HF per-expert names
@@ -147,6 +156,9 @@ def gguf_config(reader) -> dict:
         cfg.update(nemotron_h_config(reader, p, cfg, per_layer_kv, per_layer_ffn, names))
     if arch == "granitehybrid":
         cfg.update(granite_hybrid_config(reader, p, cfg, per_layer_kv, names))
+    if arch == "gemma4":
+        cfg.update(gemma4_config(reader, p, cfg, per_layer_kv, per_layer_ffn, names))
+    cfg.update(variant_config(reader, arch, p, cfg, names))
     if arch == "qwen3moe":
         # llama.cpp's qwen3moe always renormalises the top-k weights (Qwen3-MoE's norm_topk_prob)
         cfg.update(
@@ -226,7 +238,9 @@ class _Converter:
         self.hybrid = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
         if self.hybrid:
             self.names.update(QWEN_HYBRID_NAMES)
+        self.names.update(VARIANT_NAMES.get(config["model_type"], {}))
         self.split_kv_b: dict[str, dict[str, np.ndarray]] = {}  # layer -> attn_k_b / attn_v_b seen so far
+        self.gemma4 = config["model_type"] == "gemma4_text"  # (its own names: gguf_gemma4.py)
 
     def kept(self, t) -> bool:
         """Whether ``t`` stays quantized: native loading of a served type (llama.cpp's split
@@ -242,7 +256,7 @@ class _Converter:
 
         config, names = self.config, self.names
         # (llama.cpp permutes Granite's Q/K rows too, whether or not it rotates them)
-        permute = config["model_type"] in ("llama", "granitemoehybrid")
+        permute = config["model_type"] in ("llama", "granitemoehybrid", *PERMUTED)
         shape = [int(x) for x in reversed(t.shape)]
         kept = self.kept(t)
         if kept:
@@ -259,6 +273,11 @@ class _Converter:
             return hf, torch.from_numpy(w)
 
         name = t.name
+        mapped = gemma4_tensor(name, w) if self.gemma4 and not kept else None
+        if mapped is not None:
+            if mapped[0]:  # ("": rope_freqs, the proportional rope the config already holds)
+                yield out(*mapped)
+            return
         if self.hybrid and not kept and name.startswith("blk."):
             tiled = config["model_type"] != "qwen3_next"  # (qwen35's converter reorders value heads)
             w = qwen_hybrid_tensor(name.split(".")[2], w, config, tiled)
@@ -328,6 +347,7 @@ def _served(name: str) -> bool:
         or kind in LFM2_NAMES
         or kind in NEMOTRON_H_NAMES
         or kind in GRANITE_HYBRID_NAMES
+        or any(kind in names for names in VARIANT_NAMES.values())
     )
 
 

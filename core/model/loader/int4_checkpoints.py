@@ -117,7 +117,9 @@ def quant_method(hf_config: dict) -> str | None:
         return None
     method = str(qc.get("quant_method", "")).lower()
     if method not in METHODS:
-        raise ValueError(f"checkpoint quantization '{method}' is not supported; supported: {', '.join(METHODS)}")
+        raise ValueError(
+            f"checkpoint quantization '{method}' is not supported; supported: {', '.join(METHODS)}, compressed-tensors"
+        )
     bits = int(qc.get("bits", qc.get("w_bit", 4)))
     if bits != 4:
         raise ValueError(f"{method} with {bits} bits is not supported; supported: 4 bits")

@@ -36,6 +36,13 @@ def _int4_checkpoint(model: nn.Module, src: WeightSource) -> None:
     model.load_weights(int4_checkpoint_weights(iter_safetensors(src.model_dir), src.hf_config))
 
 
+def _compressed_tensors(model: nn.Module, src: WeightSource) -> None:
+    from llmkit.core.model.loader.compressed_tensors import compressed_tensors_weights
+    from llmkit.core.model.loader.source import iter_safetensors
+
+    model.load_weights(compressed_tensors_weights(iter_safetensors(src.model_dir), src.hf_config))
+
+
 def _gguf_native(model: nn.Module, src: WeightSource) -> None:
     from llmkit.core.model.loader.source import iter_gguf_native
 
@@ -51,6 +58,7 @@ def _dummy(model: nn.Module, src: WeightSource) -> None:
 LOADERS: dict[str, Callable[[nn.Module, WeightSource], None]] = {
     "safetensors": _safetensors,  # a dense (or self-described FP8/MXFP4) HF checkpoint
     "int4_checkpoint": _int4_checkpoint,  # GPTQ / AWQ int4, repacked as it loads
+    "compressed_tensors": _compressed_tensors,  # llm-compressor's formats: int4 kept, int8/FP8 dequantized
     "gguf_native": _gguf_native,  # a GGUF kept at its own precision, as llama.cpp serves it
     "dummy": _dummy,  # --load-format dummy: random weights of the real shapes
 }
