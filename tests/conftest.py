@@ -80,6 +80,7 @@ SLOW_MODULES = frozenset(
         "tests/engine/test_scheduler.py",
         "tests/grammar/test_grammar.py",
         "tests/kvcache/test_kv_cache_dtype.py",
+        "tests/kvcache/test_window_pages_engine.py",
         "tests/lora/test_lora_server.py",
         "tests/lora/test_lora_tp.py",
         "tests/lora/test_lora_vision.py",

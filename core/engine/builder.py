@@ -34,6 +34,8 @@ from llmkit.core.kvcache.prefix_cache import NoPrefixCache
 from llmkit.core.kvcache.radix_cache import RadixCache
 from llmkit.core.kvcache.state_pool import StatePool
 from llmkit.core.kvcache.state_radix_cache import StateRadixCache
+from llmkit.core.kvcache.window_pages import WindowPages
+from llmkit.core.kvcache.window_radix_cache import WindowRadixCache
 from llmkit.core.model import quantize
 from llmkit.core.model.grouped_attention import build_attention
 from llmkit.core.model.loader.loaders import WeightSource, get_loader
@@ -187,6 +189,20 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     head_dim, v_dim = model.kv_cache_dims
     shapes = model.kv_layer_shapes
     page = config.page_size
+    windows = layer_slots = None
+    if kv.windowed:  # window layers in pages of their own (core/kvcache/window_pages.py)
+        layers, window = kv.windowed
+        windows = WindowPages(
+            layers=layers,
+            window=window,
+            num_pages=kv.window_tokens // page + 1,
+            page_size=page,
+            max_requests=config.max_running_requests + 1,
+            max_context=kv.max_context + page,
+            device=plan.device,
+        )
+        full = (kv.tokens // page + 1) * page
+        layer_slots = [windows.num_pages * page if i in windows.layers else full for i in range(model.num_kv_layers)]
     pool = KVCachePool(
         num_layers=model.num_kv_layers,
         num_pages=kv.tokens // page + 1,
@@ -197,8 +213,12 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         device=plan.device,
         v_head_dim=v_dim,
         layer_shapes=shapes if len(set(shapes)) > 1 else None,
+        layer_slots=layer_slots,
     )
     req_pool = ReqToTokenPool(config.max_running_requests + 1, kv.max_context + page, plan.device)
+    if windows is not None:
+        windows.buffers = [b for i, b in enumerate(pool.k_buffers) if i in windows.layers]
+        windows.buffers += [b for i, b in enumerate(pool.v_buffers) if i in windows.layers]
     states = None
     specs = model.state_specs(plan.dtype)
     if specs:  # a hybrid model: its state layers' slots, two a request row, and the cache's snapshots
@@ -209,9 +229,12 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
         states = StatePool(specs, config.max_running_requests + 1, kv.state_snapshots, plan.device)
     if config.disable_radix_cache:
         cache = NoPrefixCache()
+    elif windows is not None:
+        cache = windows.cache = WindowRadixCache(pool, windows)
     else:
         cache = RadixCache(pool) if states is None else StateRadixCache(pool, states)
     scheduler = Scheduler(config, pool, req_pool, cache, kv.max_context)
+    scheduler.windows = windows
     if states is not None:
         scheduler.use_states(states)
     target_vocab = _gather_target_vocab(config, model, tp, leader, plan.dtype)
@@ -245,6 +268,7 @@ def build_runner(plan: Plan, config: EngineConfig, model, kv: KVSize, tp, leader
     )
     runner = ModelRunner(model, attn, pool, req_pool, plan.device, config.enable_deterministic_inference)
     runner.states = states
+    runner.windows = windows
     proposer = scheduler.speculator.proposer if scheduler.speculator is not None else None
     layers = getattr(proposer, "feature_layers", None)
     if layers:  # a draft head that reads the target's hidden states (EAGLE-3)

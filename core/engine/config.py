@@ -190,6 +190,14 @@ class EngineConfig:
         help="Hybrid models: state snapshots the prefix cache may keep (SGLang's name; default: "
         "4 x --max-running-requests, on CUDA at most what a tenth of the KV budget holds).",
     )
+    # Sliding-window layers keep only the pages their window reaches (core/kvcache/window_pages.py)
+    swa_full: bool = _sched(
+        False,
+        "--swa-full",
+        envvar="LLMKIT_SWA_FULL",
+        help="Sliding-window layers keep full-length K/V (llama.cpp's name): every cached prefix "
+        "stays reusable, at the memory of full attention. Default: they keep only their window.",
+    )
     enable_deterministic_inference: bool = _sched(
         False,
         "--enable-deterministic-inference",

@@ -3,6 +3,7 @@ returns logits for the rows that need them."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ class ModelRunner:
         self._captured: torch.Tensor | None = None
         self._moved: list[int] = []  # K/V moved since the last step, for the other ranks (flat pairs)
         self.states = None  # a hybrid model's StatePool
+        self.windows = None  # window layers' own pages (core/kvcache/window_pages.py), where kept apart
 
     def step_inputs(self, batch: ScheduledBatch, chained: list | None = None) -> StepInputs:
         """The batch as plain lists: token ids, positions, lengths, rows, and the rows to sample.
@@ -228,12 +230,17 @@ class ModelRunner:
             starts = [kv - q for kv, q in zip(inp.kv_lens, inp.q_lens)]
             states = StateBatch.build(self.states, md.req_rows, starts, self.device)
         graphed = mm is None and capture is None and states is None and not inp.tree_keys and self.graphs is not None
+        graphed = graphed and self.windows is None  # (graphs read one slot table; see stages/windows.py)
+        window_md = self._window_metadata(md, positions) if self.windows is not None else None
         try:
             if graphed and (not lora or self.graphs.lora is not None) and self.graphs.can_run(md):
                 hidden = self.graphs.replay(input_ids, positions, md)  # (adapter rows: the graph's slots)
             else:
                 md = self.attn.prepare_metadata(md)
                 ctx = ForwardContext(self.attn, md, self.lora.batch if lora else None, mm, capture, states)
+                if window_md is not None:
+                    ctx.window_metadata = self.attn.prepare_metadata(window_md)
+                    ctx.window_layers = self.windows.layers
                 hidden = self.model(input_ids, positions, ctx)
                 if capture is not None:
                     self._captured = capture.features()
@@ -249,6 +256,16 @@ class ModelRunner:
         if states is not None:  # the step succeeded: its written states become current
             self.states.flip(md.req_rows)
         return logits, prompt
+
+    def _window_metadata(self, md: AttentionMetadata, positions: torch.Tensor) -> AttentionMetadata:
+        """``md`` over the window layers' own slot table (their new K/V's slots from it too)."""
+        table = self.windows.table
+        table.flush()  # (the scheduler's writes; a no-op on the CPU)
+        t = table.table
+        rows = md.req_pool_indices
+        if positions.numel() != md.num_seqs:
+            rows = rows.repeat_interleave(md.q_lens_t)
+        return dataclasses.replace(md, req_to_token=t, out_slots=t[rows, positions], extra={})
 
     @property
     def can_chain(self) -> bool:

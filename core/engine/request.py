@@ -53,6 +53,12 @@ class Request:
     prefix_handle: Any = None
     prefix_len: int = 0  # leading tokens whose pages belong to the prefix cache
     own_pages: list[int] = field(default_factory=list)
+    # Window layers' own pages, from window_base on; those before window_lo were given back
+    # (core/kvcache/window_pages.py), under this admission's number
+    window_pages: list[int] = field(default_factory=list)
+    window_base: int = 0  # the position of window_pages[0]
+    window_lo: int = 0
+    window_admission: int = 0
     # A hybrid model's state snapshots taken for the prefix cache: (position, snapshot slot)
     snapshots: list[tuple[int, int]] = field(default_factory=list)
     first_prefill_done: bool = False

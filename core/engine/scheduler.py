@@ -77,6 +77,8 @@ class Scheduler:
         # A hybrid model's state pool (set by the builder; the cache is then a StateRadixCache or none)
         self.states = None
         self.snapshots = None  # a StateSnapshots over them
+        # Window layers' own pages (core/kvcache/window_pages.py), where kept apart (set by the builder)
+        self.windows = None
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -139,7 +141,7 @@ class Scheduler:
             req.own_pages.extend(pages)
             slots = pages if self.page == 1 else self.pool.page_slots(pages)  # a page is a slot at size 1
             self.req_pool.write(req.req_pool_idx, first, slots)
-        return True
+        return self.windows is None or self.windows.assign(req, end)
 
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -218,6 +220,8 @@ class Scheduler:
             total += need
         if total > self.pool.num_free_pages:
             return None  # the general loop evicts, or preempts
+        if self.windows is not None and not self.windows.assign_decode(picked):
+            return None  # (what it took stays the requests': the general loop sees it covered)
         pages = self.pool.allocate(total) if total else []
         # Each request takes its pages from the end of the batch's, as one allocate() each would.
         hi = total
@@ -312,6 +316,11 @@ class Scheduler:
         # Keep a page per running request in reserve for its next decode step.
         if need + reserve > self.available_pages():
             return None
+        # (a cached prefix's window is copied into the request's own window pages)
+        if self.windows is not None and need + reserve + (self.windows.window // self.page + 1 if prefix else 0) > (
+            self.windows.available_pages()
+        ):
+            return None
         row = self.req_pool.allocate()
         if row is None:
             return None
@@ -319,6 +328,11 @@ class Scheduler:
         req.prefix_handle, req.prefix_len = handle, prefix
         req.req_pool_idx, req.own_pages = row, []
         req.num_computed = prefix
+        if self.windows is not None:
+            wslots = self.windows.cache.window_slots(handle) if prefix else None
+            if not self.windows.admit(req, prefix, wslots):
+                self._release(req, cache_kv=False)
+                return None
         if prefix:
             self.req_pool.write(row, 0, slots)
             if self.states is not None:  # resume from the snapshot at the prefix's end
@@ -353,7 +367,11 @@ class Scheduler:
         if cache_kv and n > 0:
             ids = req.all_ids[:n]
             slots = self.req_pool.read(row, n)
-            already = self.cache.insert(ids, slots, req.cache_namespace)
+            wins = self.windows
+            if wins is not None and wins.cache is not None:  # the window slots beside (0: given back)
+                already = wins.cache.insert(ids, slots, req.cache_namespace, wins.cache_slots(req, n))
+            else:
+                already = self.cache.insert(ids, slots, req.cache_namespace)
             if self.snapshots is not None:
                 self.snapshots.hand_over(req, ids, n)
             aligned = n - n % self.page
@@ -361,8 +379,12 @@ class Scheduler:
             kept_from = max(already, own_start)
             keep = set(range((kept_from - own_start) // self.page, (aligned - own_start) // self.page))
             self.pool.free(p for i, p in enumerate(req.own_pages) if i not in keep)
+            if self.windows is not None:
+                self.windows.release(req, (kept_from, aligned))
         else:
             self.pool.free(req.own_pages)
+            if self.windows is not None:
+                self.windows.release(req)
         for _, snap in req.snapshots:  # (those the cache did not take)
             self.states.free_snapshot(snap)
         req.snapshots = []
@@ -396,6 +418,10 @@ class Scheduler:
             seg.req.num_computed = seg.start + seg.length - len(seg.draft)
             if not seg.req.first_prefill_done and seg.samples:  # (samples: read once a request)
                 seg.req.first_prefill_done = True
+        if self.windows is not None:  # the pages the window passed go back before the next admission
+            for seg in batch.segments:
+                if seg.req.req_pool_idx is not None:
+                    self.windows.drop_passed(seg.req)
         if self.snapshots is not None:
             for seg in batch.segments:
                 # (a drafted step's state waits for its verification)

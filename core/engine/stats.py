@@ -33,6 +33,20 @@ def engine_counters(engine) -> dict:
         "prefix_cache_hits": sched.prefix_cache_hits,
         **(engine.speculator.stats.as_dict() if engine.speculator is not None else {}),
         **(state_counters(sched) if sched.states is not None else {}),
+        **(window_counters(sched.windows) if sched.windows is not None else {}),
+    }
+
+
+def window_counters(windows) -> dict:
+    """The window layers' own pages (``core/kvcache/window_pages.py``), counted as the full
+    layers' are: ``kv_window_pages_in_use`` is 0 whenever nothing runs."""
+    free, cached = windows.num_free_pages, windows.evictable_pages
+    return {
+        "kv_window_pages_total": windows.capacity_pages,
+        "kv_window_pages_free": free,
+        "kv_window_pages_cached": cached,
+        "kv_window_pages_in_use": windows.capacity_pages - free - cached,
+        "kv_window": windows.window,
     }
 
 

@@ -70,7 +70,10 @@ class KVCachePool:
         device: torch.device,
         v_head_dim: int | None = None,
         layer_shapes: list[tuple[int, int, int]] | None = None,
+        layer_slots: list[int] | None = None,
     ) -> None:
+        """``layer_slots``: per layer, its buffers' slots where some differ from ``num_pages *
+        page_size`` (sliding-window layers' own pages, ``window_pages.py``)."""
         if num_pages < 2:
             raise ValueError("the KV pool needs at least 2 pages")
         self.num_layers = num_layers
@@ -85,8 +88,11 @@ class KVCachePool:
             raise ValueError("layer_shapes: one (heads, k_dim, v_dim) per layer, values in all or none")
         # torch.empty leaves untouched pages uncommitted on CPU, so an idle pool costs no RAM.
         # Page 0 pads gathers (weight 0 in attention) and must hold finite values: zero it.
-        self.k_buffers = [torch.empty((self.num_slots, h, k), dtype=dtype, device=device) for h, k, _ in shapes]
-        self.v_buffers = [torch.empty((self.num_slots, h, v), dtype=dtype, device=device) for h, _, v in shapes if v]
+        slots = layer_slots or [self.num_slots] * num_layers
+        self.k_buffers = [torch.empty((n, h, k), dtype=dtype, device=device) for n, (h, k, _) in zip(slots, shapes)]
+        self.v_buffers = [
+            torch.empty((n, h, v), dtype=dtype, device=device) for n, (h, _, v) in zip(slots, shapes) if v
+        ]
         for buf in self.k_buffers + self.v_buffers:
             buf[:page_size].zero_()
         # A stack: the most recently freed page is reused first (warm in cache).

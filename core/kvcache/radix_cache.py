@@ -15,7 +15,7 @@ _clock = itertools.count()
 
 
 class _Node:
-    __slots__ = ("children", "parent", "key", "slots", "lock_ref", "last_access", "state")
+    __slots__ = ("children", "parent", "key", "slots", "lock_ref", "last_access", "state", "wslots")
 
     def __init__(self, parent: "_Node | None", key: tuple[int, ...], slots: torch.Tensor):
         self.children: dict[tuple[int, ...], _Node] = {}
@@ -25,6 +25,7 @@ class _Node:
         self.lock_ref = 0
         self.last_access = next(_clock)
         self.state: int | None = None  # a hybrid model's state snapshot at this node's end (its slot)
+        self.wslots: torch.Tensor | None = None  # window layers' slots, 0 where given back (window_radix_cache.py)
 
 
 class RadixCache(PrefixCache):

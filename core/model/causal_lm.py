@@ -30,10 +30,21 @@ class ForwardContext:
     # Set for a hybrid model: the state slots each sequence's state layers read and write
     # (a :class:`~llmkit.core.kvcache.state_pool.StateBatch`).
     states: object | None = None
+    # Set when window layers keep only their window (``llmkit.core.kvcache.window_pages``): their
+    # metadata (the window pool's slot table and slots) and the K/V layers it serves.
+    window_metadata: AttentionMetadata | None = None
+    window_layers: frozenset[int] = frozenset()
 
     @property
     def deterministic(self) -> bool:
         return self.metadata.deterministic
+
+    def kv_metadata(self, kv_layer: int) -> AttentionMetadata:
+        """The metadata K/V layer ``kv_layer`` attends with: its window pool's where its window
+        pages are kept apart, the forward's otherwise."""
+        if kv_layer in self.window_layers:
+            return self.window_metadata
+        return self.metadata
 
 
 class CausalLM(nn.Module, ABC):
@@ -88,6 +99,13 @@ class CausalLM(nn.Module, ABC):
     def num_kv_layers(self) -> int:
         """Layers with K/V in the paged pool (a hybrid model's attention layers; every layer else)."""
         return self.num_layers
+
+    @property
+    def kv_windows(self) -> list[int | None]:
+        """Per K/V layer, the sliding window its queries see (a query at position p reads keys at
+        positions ``> p - window``), None for full attention (the default: every layer). Window
+        layers keep only the pages their window can still reach (``core/kvcache/window_pages.py``)."""
+        return [None] * self.num_kv_layers
 
     def state_specs(self, dtype: torch.dtype) -> list | None:
         """A hybrid model's state layers: per layer, the ``(shape, dtype)`` of each tensor a sequence

@@ -149,10 +149,11 @@ class Attention(nn.Module):
         k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].reshape(-1, self.num_kv_heads, d))
         v = qkv[:, self.q_size + self.kv_size :].reshape(-1, self.num_kv_heads, d)
         q, k = RotaryEmbedding.rotate(q, rope), RotaryEmbedding.rotate(k, rope)
+        md = ctx.kv_metadata(self.layer_id)  # (a window layer's own pages, where they are kept apart)
         if self.sliding_window is None:
-            o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata)
+            o = ctx.attn.forward(q, k, v, self.layer_id, md)
         else:
-            o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata, sliding_window=self.sliding_window)
+            o = ctx.attn.forward(q, k, v, self.layer_id, md, sliding_window=self.sliding_window)
         return self.o_proj(o.reshape(-1, self.q_size), det)
 
 
@@ -216,6 +217,10 @@ class Gemma3ForCausalLM(CausalLM):
     @property
     def attention_scale(self) -> float:
         return float(self.config["query_pre_attn_scalar"]) ** -0.5
+
+    @property
+    def kv_windows(self) -> list[int | None]:
+        return [layer.self_attn.sliding_window for layer in self.layers]
 
     @property
     def local_heads(self) -> int:

@@ -233,6 +233,10 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel, CausalLM):
         return self.language_model.attention_scale
 
     @property
+    def kv_windows(self) -> list[int | None]:
+        return self.language_model.kv_windows
+
+    @property
     def vocab_size(self) -> int:
         return int(self.text["vocab_size"])
 

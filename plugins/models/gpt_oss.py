@@ -97,7 +97,13 @@ class Attention(nn.Module):
         qk = RotaryEmbedding.rotate(qkv[:, : self.q_size + self.kv_size].view(-1, heads, self.head_dim), rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         o = ctx.attn.forward(
-            q.contiguous(), k, v, self.layer_id, ctx.metadata, sliding_window=self.sliding_window, sinks=self.sinks
+            q.contiguous(),
+            k,
+            v,
+            self.layer_id,
+            ctx.kv_metadata(self.layer_id),  # (a window layer's own pages, where they are kept apart)
+            sliding_window=self.sliding_window,
+            sinks=self.sinks,
         )
         return self.o_proj(o.reshape(-1, self.q_size), det)
 
@@ -143,6 +149,10 @@ class GptOssForCausalLM(StackedLM):
         self.embed_tokens = VocabEmbedding(vocab, hidden, tp)
         self.layers = nn.ModuleList(DecoderLayer(config, i, self.head_dim, tp) for i in range(self.num_layers))
         self.finish_stack(config.get("rms_norm_eps", 1e-5), self.head_dim)
+
+    @property
+    def kv_windows(self) -> list[int | None]:
+        return [layer.self_attn.sliding_window for layer in self.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.core.engine.config import EngineConfig
+from llmkit.core.engine.stages.windows import split_budget, window_layers
 from llmkit.core.kvcache.state_pool import state_bytes
 from llmkit.core.model import quantize
 
@@ -85,6 +86,10 @@ class KVSize:
     max_context: int
     state_snapshots: int = 0  # a hybrid model's snapshot slots (its working slots: 2 a request row)
     state_bytes: int = 0  # bytes of one state slot
+    # Window layers keeping only their window: (those K/V layers, the largest window) and their
+    # pool's tokens (``tokens`` is then the full layers'); see stages/windows.py
+    windowed: tuple[list[int], int] | None = None
+    window_tokens: int = 0
 
 
 def snapshot_slots(config: EngineConfig, running: int) -> int:
@@ -97,7 +102,8 @@ def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
     max_context = int(config.context_length or plan.hf_config.get("max_position_embeddings", 4096))
     # every K/V layer's own heads and sizes (CausalLM.kv_layer_shapes), from the pool's dtype: a
     # bf16 pool holds twice the tokens of an fp32 one in the same memory
-    bytes_per_token = sum(h * (k + v) for h, k, v in model.kv_layer_shapes) * plan.kv_dtype.itemsize
+    layer_bytes = [h * (k + v) * plan.kv_dtype.itemsize for h, k, v in model.kv_layer_shapes]
+    bytes_per_token = sum(layer_bytes)
     specs = model.state_specs(plan.dtype)
     slot_bytes = state_bytes(specs) if specs else 0
     snapshots = 0
@@ -116,10 +122,14 @@ def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
         running = config.max_running_requests or CPU_MAX_RUNNING
         # (on the CPU a slot commits memory once used, as the pool's pages do)
         snapshots = snapshot_slots(config, running) if specs else 0
+    windowed = window_layers(plan, config, model, tp) if not specs else None
+    window_tokens = 0
+    if windowed:  # the same memory, split: the full layers hold more tokens
+        tokens, window_tokens = split_budget(tokens, layer_bytes, windowed, config, running, max_context)
     if tp is not None and tp.size > 1:  # every rank's pool holds the same token slots: rank 0's count
         import torch.distributed as dist
 
         agreed = torch.tensor([tokens], dtype=torch.int64)
         dist.broadcast(agreed, 0, group=tp.group)
         tokens = int(agreed.item())
-    return KVSize(tokens, running, bytes_per_token, max_context, snapshots, slot_bytes)
+    return KVSize(tokens, running, bytes_per_token, max_context, snapshots, slot_bytes, windowed, window_tokens)

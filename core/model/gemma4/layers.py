@@ -81,7 +81,8 @@ class Attention(nn.Module):
         # (a sharing layer writes its source's K/V again, to the same slots: the same bytes, and
         # every backend's forward stays as it is)
         kw = {"sliding_window": self.sliding_window} if self.sliding_window else {}
-        o = ctx.attn.forward(q, k, v, self.kv_layer, ctx.metadata, **kw)
+        # (a window layer's own pages, where they are kept apart: core/kvcache/window_pages.py)
+        o = ctx.attn.forward(q, k, v, self.kv_layer, ctx.kv_metadata(self.kv_layer), **kw)
         return self.o_proj(o.reshape(-1, self.q_size), det)
 
 

@@ -87,6 +87,11 @@ class Gemma4ForCausalLM(CausalLM):
         return [(a.num_kv_heads, a.head_dim, a.head_dim) for a in attn]
 
     @property
+    def kv_windows(self) -> list[int | None]:
+        """Per storing layer its window (a sharing layer reads its source's pages, same type)."""
+        return [self.layers[i].self_attn.sliding_window for i in self.storing]
+
+    @property
     def local_heads(self) -> int:
         return self.layers[0].self_attn.num_heads
 
