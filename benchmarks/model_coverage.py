@@ -43,7 +43,7 @@ SMALL = dict(
     moe_num_experts=4, moe_k=2, moe_topk=2, shared_expert_intermediate_size=32, n_shared_experts=1,
     first_k_dense_replace=1, n_group=1, topk_group=1, layer_types=None,
     # token ids inside the small vocabulary (some defaults point past it)
-    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2, rotary_dim=8,
 )  # fmt: skip
 
 

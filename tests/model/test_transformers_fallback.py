@@ -25,10 +25,11 @@ from model_coverage import tiny_config  # noqa: E402  (the coverage benchmark's 
 # eight architectures transformers ships that llmkit has no class for: rotary variants (partial,
 # parallel attention+MLP), learned positions with self-scaled queries (OPT), Cohere 2's sliding
 # windows with NoPE global layers, Q/K norms (Exaone 4, Hunyuan), attention biases (Seed-OSS),
-# multi-query attention (GPT-BigCode), experts fused by transformers at load (Qwen2-MoE)
+# multi-query attention (GPT-BigCode), experts fused by transformers at load (Qwen2-MoE), and a
+# model saved under its parent's class name (Exaone's config.json says LlamaForCausalLM)
 FALLBACK_TYPES = (
     "gpt_neox", "opt", "cohere2", "ernie4_5", "exaone4", "hunyuan_v1_dense", "seed_oss", "starcoder2",
-    "gpt_bigcode", "qwen2_moe",
+    "gpt_bigcode", "qwen2_moe", "exaone",
 )  # fmt: skip
 
 

@@ -135,7 +135,19 @@ def model_class(hf_config: dict, tp_size: int = 1, model_impl: str = "auto"):
             raise ValueError(f"--model-impl transformers cannot serve this model: {why}")
         return fallback
     try:
-        cls = reg.model(architecture_of(hf_config))
+        arch = architecture_of(hf_config)
+        cls = reg.model(arch)
+        declared = reg.entry("model", arch).meta.get("model_types", ())
+        model_type = hf_config.get("model_type")
+        if model_impl == "auto" and declared and model_type and model_type not in declared:
+            # a transformers model saved under its parent's class name (Exaone as LlamaForCausalLM):
+            # the native class would not fit its weights; the fallback runs its own code
+            fallback = reg.model(FALLBACK) if FALLBACK in reg.names("model") else None
+            if fallback is not None and fallback.unsupported(hf_config) is None:
+                log.info(
+                    "%s: model_type '%s' is not %s's; serving it with the transformers fallback", arch, model_type, arch
+                )
+                return fallback
     except (PluginError, ValueError) as exc:
         if model_impl != "auto" or FALLBACK not in reg.names("model"):
             raise
