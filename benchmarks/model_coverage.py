@@ -41,25 +41,35 @@ SMALL = dict(
     # mixture-of-experts fields under their several names
     num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
     moe_num_experts=4, moe_k=2, moe_topk=2, shared_expert_intermediate_size=32, n_shared_experts=1,
-    first_k_dense_replace=1, n_group=1, topk_group=1, layer_types=None,
+    first_k_dense_replace=1, n_group=1, topk_group=1,
+    # latent attention (DeepSeek-style) heads that fit the small ones
+    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=32, q_lora_rank=32,
     # token ids inside the small vocabulary (some defaults point past it)
     pad_token_id=0, bos_token_id=1, eos_token_id=2, rotary_dim=8,
 )  # fmt: skip
 
 
 def tiny_config(model_type: str):
-    """The config class's defaults with the sizes above (those it has a field for)."""
+    """The config class's defaults with the sizes above (those it has a field for); a config with
+    a layer pattern keeps its first four layers' kinds (a hybrid keeps an attention layer)."""
     import transformers
 
     cls = transformers.CONFIG_MAPPING[model_type]
     base = cls()
-    settable = lambda k: not isinstance(getattr(cls, k, None), property)  # noqa: E731 (derived fields)
-    kw = {k: v for k, v in SMALL.items() if (hasattr(base, k) or k == "layer_types") and settable(k)}
     if getattr(base, "text_config", None) is not None:
         raise ValueError("a composite (multimodal) config")
-    if not hasattr(base, "layer_types"):
-        kw.pop("layer_types", None)
-    return cls(**kw)
+    settable = lambda k: not isinstance(getattr(cls, k, None), property)  # noqa: E731 (derived fields)
+    kw = {k: v for k, v in SMALL.items() if hasattr(base, k) and settable(k)}
+    pattern = list(getattr(base, "layer_types", None) or [])
+    if pattern:
+        kw["num_hidden_layers"] = 4
+        kw["layer_types"] = (pattern * 4)[:4] if "full_attention" in pattern[:4] or len(set(pattern)) == 1 else None
+    try:
+        cfg = cls(**{k: v for k, v in kw.items() if v is not None})
+    except Exception:  # a per-layer field (Gemma 4's head sizes) that the class derives itself
+        kw.pop("head_dim", None)
+        cfg = cls(**{k: v for k, v in kw.items() if v is not None})
+    return cfg
 
 
 def _prompt(seed: int, n: int) -> list[int]:
