@@ -26,7 +26,7 @@ from torch import nn
 
 from llmkit.core.model.attention import SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.decoder.stack import place_tensor
+from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, place_tensor
 from llmkit.core.model.layers import RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.parallel import TPGroup
@@ -258,13 +258,7 @@ class Gemma3ForCausalLM(CausalLM):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    _FUSED = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    _FUSED = FUSED_PROJECTIONS
 
     def load_tensor(self, modules: dict, params: dict, name: str, tensor) -> str:
         """One text-stack tensor (named as in ``Gemma3TextModel``, ``lm_head.weight`` aside) into

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.hybrid_stack import HybridBlock
-from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM, expected_weights, place_tensor
+from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, MLP, Attention, StackedLM, expected_weights, place_tensor
 from llmkit.core.model.hybrid.short_conv import ShortConv
 from llmkit.core.model.linear import VocabEmbedding
 from llmkit.core.model.loader.source import materialize
@@ -85,13 +85,7 @@ _BY_KIND = {
         "conv.conv.bias": "mixer.conv_bias",
     },
 }
-_FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+_FUSED = FUSED_PROJECTIONS
 
 
 class Lfm2ForCausalLM(StackedLM):

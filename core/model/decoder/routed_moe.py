@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmkit.core.model.decoder.stack import check_loaded, place_tensor
+from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, check_loaded, place_tensor
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk, softmax_topk
 
@@ -73,13 +73,7 @@ def load_moe_decoder(model, weights) -> None:
     KeyError naming the first missing weights."""
     model.weights_changed()
     modules, params = dict(model.named_modules()), dict(model.named_parameters())
-    fused = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    fused = FUSED_PROJECTIONS
     loaded = set()
     for name, tensor in weights:
         name = name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")

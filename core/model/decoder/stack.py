@@ -26,6 +26,15 @@ from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.parallel import TPGroup
 
+# A checkpoint's separate projections and the fused layer (and part) each loads into.
+FUSED_PROJECTIONS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
 
 class Attention(HotModule):
     def __init__(self, config: dict, layer_id: int, head_dim: int, qkv_bias: bool, qk_norm: bool, tp: TPGroup):
@@ -328,13 +337,7 @@ class DecoderLM(StackedLM):
         self._native_plan = False
         modules = dict(self.named_modules())
         params = dict(self.named_parameters())
-        fused = {
-            "q_proj": ("qkv_proj", 0),
-            "k_proj": ("qkv_proj", 1),
-            "v_proj": ("qkv_proj", 2),
-            "gate_proj": ("gate_up_proj", 0),
-            "up_proj": ("gate_up_proj", 1),
-        }
+        fused = FUSED_PROJECTIONS
         loaded = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")

@@ -26,7 +26,7 @@ from torch import nn
 
 from llmkit.core.model.attention import SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.decoder.stack import check_loaded, place_tensor
+from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, check_loaded, place_tensor
 from llmkit.core.model.gemma4 import config as cfg
 from llmkit.core.model.gemma4.layers import DecoderLayer, Gemma4RMSNorm
 from llmkit.core.model.layers import RotaryEmbedding
@@ -152,13 +152,7 @@ class Gemma4ForCausalLM(CausalLM):
 
     # --- loading -----------------------------------------------------------------------------
 
-    _FUSED = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    _FUSED = FUSED_PROJECTIONS
     # the projections and norms a K/V-sharing layer has no use for (transformers ignores them too)
     _SHARER_UNUSED = ("self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm", "self_attn.v_norm")
 

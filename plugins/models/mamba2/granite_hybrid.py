@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.nope_attention import NoPEAttention
-from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM, check_loaded, place_tensor
+from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, MLP, Attention, StackedLM, check_loaded, place_tensor
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid.mamba2 import Mamba2, time_step_limit
 from llmkit.core.model.layers import RMSNorm
@@ -98,13 +98,7 @@ _RENAMES = {
     "shared_mlp.output_linear.": "feed_forward.shared_mlp.down_proj.",
     "shared_mlp.": "feed_forward.shared_mlp.",  # (a GGUF's gate_proj / up_proj / down_proj)
 }
-_FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+_FUSED = FUSED_PROJECTIONS
 _EXPERT_PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
 
 
