@@ -315,6 +315,11 @@ class DecoderLM(StackedLM):
         self.finish_stack(config.get("rms_norm_eps", 1e-6), self.rotary_dim)
 
     @property
+    def kv_windows(self) -> list[int | None]:
+        # every layer is a K/V layer; a family's sliding layers carry their window (VariantAttention)
+        return [getattr(layer.self_attn, "sliding_window", None) for layer in self.layers]
+
+    @property
     def rotary_dim(self) -> int:
         """The rotated channels of each head (all of them but under partial rotary)."""
         return self.head_dim

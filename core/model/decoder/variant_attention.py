@@ -63,7 +63,8 @@ class VariantAttention(Attention):
         if self.rotary_dim:
             q, k = self._rotate(q, rope), self._rotate(k, rope)
         extra = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
-        o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata, **extra)
+        # (a window layer reads its own pages where they are kept apart: core/kvcache/window_pages.py)
+        o = ctx.attn.forward(q, k, v, self.layer_id, ctx.kv_metadata(self.layer_id), **extra)
         return o.reshape(-1, self.q_size)
 
     def _rotate(self, x: torch.Tensor, rope) -> torch.Tensor:
