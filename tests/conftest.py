@@ -79,6 +79,7 @@ SLOW_MODULES = frozenset(
         "tests/engine/test_overlap_schedule.py",
         "tests/engine/test_scheduler.py",
         "tests/grammar/test_grammar.py",
+        "tests/hub/test_hub_serve_e2e.py",
         "tests/kvcache/test_kv_cache_dtype.py",
         "tests/kvcache/test_window_pages_engine.py",
         "tests/lora/test_lora_server.py",
