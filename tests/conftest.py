@@ -109,6 +109,7 @@ SLOW_MODULES = frozenset(
         "tests/model/test_triton_gemv.py",
         "tests/multimodal/test_vision_server.py",
         "tests/ollama/test_ollama_client.py",
+        "tests/ollama/test_ollama_images.py",
         "tests/plugins/test_plugins.py",
         "tests/server/reliability/test_connection_limits_e2e.py",
         "tests/server/reliability/test_faults_e2e.py",

@@ -111,7 +111,8 @@ def chat_messages(messages: list[OllamaMessage]) -> list[dict]:
     for i, m in enumerate(messages):
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.images:
-            msg["content"] = [{"type": "text", "text": m.content}, *map(image_part, m.images)]
+            # images before the text, where Ollama puts them in the prompt
+            msg["content"] = [*map(image_part, m.images), {"type": "text", "text": m.content}]
         if m.tool_calls:
             msg["tool_calls"] = _tool_calls(m.tool_calls, f"messages[{i}].tool_calls")
             calls.update({c["function"]["name"]: c["id"] for c in msg["tool_calls"]})
@@ -159,6 +160,6 @@ def chat_of_generate(body: OllamaGenerateRequest):
     messages = [{"role": "system", "content": body.system}] if body.system else []
     user: Any = body.prompt or ""
     if body.images:
-        user = [{"type": "text", "text": user}, *map(image_part, body.images)]
+        user = [*map(image_part, body.images), {"type": "text", "text": user}]
     messages.append({"role": "user", "content": user})
     return _common(body, messages)
