@@ -19,7 +19,7 @@ from api_utils import THINK_TEMPLATE, WEATHER_SCHEMA
 from server_utils import start_server, stop_server
 
 ARGS = ["--chat-template", str(THINK_TEMPLATE), "--reasoning-parser", "qwen3", "--tool-call-parser", "llama3"]
-GREEDY = {"temperature": 0, "num_predict": 12}
+GREEDY = {"temperature": 0, "num_predict": 8}
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER_SCHEMA}}
@@ -78,13 +78,13 @@ def test_chat_equals_the_openai_route_whole_and_streamed(client, oai):
     whole = client.chat(model="m", messages=ASK, options=GREEDY, think=False)
     ref = _openai_chat(oai, ASK)
     assert whole.message.content == ref.message.content and whole.message.content
-    assert whole.done and whole.done_reason == "length" and whole.eval_count == 12
+    assert whole.done and whole.done_reason == "length" and whole.eval_count == 8
     assert whole.prompt_eval_count > 0 and whole.eval_duration > 0 and whole.total_duration >= whole.eval_duration
     content, _, _, last = _streamed(
         client.chat(model="m:latest", messages=ASK, options=GREEDY, think=False, stream=True)
     )
     assert content == ref.message.content
-    assert last.done and last.done_reason == "length" and last.eval_count == 12 and last.model == "m:latest"
+    assert last.done and last.done_reason == "length" and last.eval_count == 8 and last.model == "m:latest"
 
 
 def test_think_splits_the_reasoning_as_the_openai_route_does(client, oai):
@@ -126,8 +126,8 @@ def test_generate_is_the_templated_prompt(client, oai):
 
 def test_raw_generate_is_the_completion(client, oai):
     r = client.generate(model="m", prompt="The capital of France is", raw=True, options=GREEDY)
-    ref = oai.completions.create(model="m", prompt="The capital of France is", temperature=0, max_tokens=12)
-    assert r.response == ref.choices[0].text and r.eval_count == 12
+    ref = oai.completions.create(model="m", prompt="The capital of France is", temperature=0, max_tokens=8)
+    assert r.response == ref.choices[0].text and r.eval_count == 8
 
 
 def test_empty_prompt_loads(client):
@@ -163,7 +163,7 @@ def test_tool_calls_in_ollama_shape_and_back(client, oai):
     )
     assert [(c.function.name, c.function.arguments) for c in calls] == [(call.function.name, call.function.arguments)]
     follow = [*ASK, r.message, {"role": "tool", "content": "18 C, sunny", "tool_name": "get_weather"}]
-    answer = client.chat(model="m", messages=follow, tools=TOOLS, options=GREEDY, think=False)
+    answer = client.chat(model="m", messages=follow, tools=TOOLS, options={"temperature": 0, "num_predict": 4}, think=False)
     assert answer.message.content and not answer.message.tool_calls
 
 
