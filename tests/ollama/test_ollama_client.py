@@ -163,7 +163,9 @@ def test_tool_calls_in_ollama_shape_and_back(client, oai):
     )
     assert [(c.function.name, c.function.arguments) for c in calls] == [(call.function.name, call.function.arguments)]
     follow = [*ASK, r.message, {"role": "tool", "content": "18 C, sunny", "tool_name": "get_weather"}]
-    answer = client.chat(model="m", messages=follow, tools=TOOLS, options={"temperature": 0, "num_predict": 4}, think=False)
+    answer = client.chat(
+        model="m", messages=follow, tools=TOOLS, options={"temperature": 0, "num_predict": 4}, think=False
+    )
     assert answer.message.content and not answer.message.tool_calls
 
 
