@@ -171,7 +171,12 @@ def test_tool_calls_in_ollama_shape_and_back(client, oai):
 
 def test_model_routes(client):
     (listed,) = [m for m in client.list().models if m.model == "m:latest"]
-    assert listed.digest
+    assert listed.digest and listed.size > 0
+    assert (listed.details.format, listed.details.family, listed.details.quantization_level) == (
+        "gguf",
+        "llama",
+        "Q4_1",
+    )
     shown = client.show("m")
     assert "completion" in shown.capabilities and "thinking" in shown.capabilities
     assert shown.template and shown.modelinfo["general.context_length"] > 0
@@ -220,7 +225,9 @@ def test_embed_equals_the_openai_route(embed_url):
     ref = oai.embeddings.create(model=ENCODER_NAME, input=texts)
     assert r.embeddings == [d.embedding for d in ref.data] and r.prompt_eval_count == ref.usage.prompt_tokens
     assert client.embeddings(model=ENCODER_NAME, prompt=texts[0]).embedding == ref.data[0].embedding
-    assert client.show(ENCODER_NAME).capabilities == ["embedding"]
+    shown = client.show(ENCODER_NAME)
+    assert shown.capabilities == ["embedding"] and shown.details.format == "safetensors"
+    assert shown.details.family == "bert" and shown.details.parameter_size == "22.7M"
     with pytest.raises(ollama.ResponseError) as err:
         client.chat(model=ENCODER_NAME, messages=ASK)
     assert err.value.status_code == 400 and "embedding model" in err.value.error

@@ -25,25 +25,23 @@ def _tagged(name: str) -> str:
     return name if ":" in name else f"{name}:latest"
 
 
-def _details(state) -> dict:
-    return {
-        "parent_model": "",
-        "format": "",
-        "family": "",
-        "families": None,
-        "parameter_size": "",
-        "quantization_level": "",
-    }
+async def _details(state) -> tuple[dict, int]:
+    import asyncio
+
+    from llmkit.core.server.ollama.details import model_details
+
+    return await asyncio.to_thread(model_details, state.options.model_source)  # once: then cached
 
 
-def _entry(state, name: str) -> dict:
+async def _entry(state, name: str) -> dict:
+    details, size = await _details(state)
     return {
         "name": _tagged(name),
         "model": _tagged(name),
         "modified_at": now_iso(),
-        "size": 0,  # unknown here: the weights may be a GGUF, a folder, or converted at load
+        "size": size,
         "digest": hashlib.sha256(name.encode()).hexdigest(),
-        "details": _details(state),
+        "details": details,
     }
 
 
@@ -65,11 +63,11 @@ def catalogue_routes(router, state) -> None:
         return [state.options.served_model_name, *state.options.served_model_aliases]
 
     async def tags(raw: HTTPRequest) -> Response:
-        return JSONResponse({"models": [_entry(state, n) for n in names()]})
+        return JSONResponse({"models": [await _entry(state, n) for n in names()]})
 
     async def ps(raw: HTTPRequest) -> Response:
         running = [
-            {**_entry(state, n), "expires_at": NEVER, "size_vram": 0, "context_length": state.max_context}
+            {**(await _entry(state, n)), "expires_at": NEVER, "size_vram": 0, "context_length": state.max_context}
             for n in names()
         ]
         return JSONResponse({"models": running})
@@ -86,7 +84,7 @@ def catalogue_routes(router, state) -> None:
                 "modelfile": f"FROM {name}\n",
                 "parameters": "",
                 "template": template,
-                "details": _details(state),
+                "details": (await _details(state))[0],
                 "model_info": {"general.context_length": state.max_context, "general.vocab_size": state.vocab_size},
                 "capabilities": capabilities(state),
                 "modified_at": now_iso(),
