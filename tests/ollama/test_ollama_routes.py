@@ -106,3 +106,15 @@ def test_model_routes(http):
     assert http.post("/api/pull", json={"model": "m"}).json() == {"status": "success"}
     r = http.post("/api/pull", json={"model": "llama3"})
     assert r.status_code == 400 and "does not download models" in r.json()["error"]
+
+
+def test_logprobs_when_asked(http):
+    body = {"model": "m", "messages": ASK, "logprobs": True, "top_logprobs": 1, "options": {"num_predict": 4}}
+    whole = http.post("/api/chat", json={**body, "stream": False}).json()
+    lps = whole["logprobs"]
+    assert len(lps) == 4 and "".join(x["token"] for x in lps) == whole["message"]["content"]
+    assert all(x["logprob"] <= 0 and len(x["top_logprobs"]) == 1 for x in lps)
+    streamed = [x for line in _lines(http.post("/api/chat", json=body)) for x in line.get("logprobs", [])]
+    assert streamed == lps
+    plain = http.post("/api/chat", json={**body, "logprobs": False, "top_logprobs": None, "stream": False}).json()
+    assert "logprobs" not in plain

@@ -27,6 +27,8 @@ class _Generating(RequestModel):
     format: str | dict[str, Any] | None = None  # "json", or a JSON schema
     keep_alive: float | int | str | None = None  # accepted: one model stays loaded here
     think: bool | str | None = None  # true/false, or "low" / "medium" / "high"
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 class OllamaChatRequest(_Generating):

@@ -33,7 +33,9 @@ class Reply:
         self.start = time.perf_counter_ns()
         self.first: int | None = None  # when the first token arrived (the prompt's evaluation ended)
 
-    def piece(self, content: str = "", thinking: str = "", calls: list[dict] | None = None, done=False) -> dict:
+    def piece(
+        self, content: str = "", thinking: str = "", calls: list[dict] | None = None, done=False, lps=None
+    ) -> dict:
         obj: dict = {"model": self.model, "created_at": now_iso()}
         if self.chat:
             msg: dict = {"role": "assistant", "content": content}
@@ -46,13 +48,15 @@ class Reply:
             obj["response"] = content
             if thinking:
                 obj["thinking"] = thinking
+        if lps:  # asked for (logprobs: true): the OpenAI route's entries, token and logprob first
+            obj["logprobs"] = lps
         obj["done"] = done
         return obj
 
-    def final(self, result: ChatResult, content: str = "", thinking: str = "", calls=None) -> dict:
+    def final(self, result: ChatResult, content: str = "", thinking: str = "", calls=None, lps=None) -> dict:
         end = time.perf_counter_ns()
         first = self.first or end
-        obj = self.piece(content, thinking, calls, done=True)
+        obj = self.piece(content, thinking, calls, done=True, lps=lps)
         obj["done_reason"] = "length" if result.finish_reason == "length" else "stop"
         obj.update(
             total_duration=end - self.start,
@@ -81,7 +85,7 @@ class Reply:
                 if event.tool_start is not None:
                     calls.append(event.tool_start)
                 elif event.content or event.reasoning:
-                    yield _line(self.piece(event.content, event.reasoning))
+                    yield _line(self.piece(event.content, event.reasoning, lps=event.logprobs))
                 elif event.finished is not None:
                     if calls:
                         yield _line(self.piece(calls=[tool_call(c, i) for i, c in enumerate(calls)]))
@@ -99,7 +103,7 @@ class Reply:
                 if event.finished is not None:
                     r = event.finished
                     calls = [tool_call(c, i) for i, c in enumerate(r.tool_calls)]
-                    return self.final(r, r.content, r.reasoning, calls)
+                    return self.final(r, r.content, r.reasoning, calls, lps=r.logprobs)
         finally:
             await events.aclose()
         raise RuntimeError("the chat run ended without a result")

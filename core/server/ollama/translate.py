@@ -138,6 +138,8 @@ def _common(body, messages: list[dict], tools=None):
         "chat_template_kwargs": kwargs or None,
         "reasoning_effort": effort,
         "tools": tools or None,
+        "logprobs": body.logprobs or None,
+        "top_logprobs": body.top_logprobs,
         **sampling_fields(body.options),
     }
     return chat_request({k: v for k, v in chat.items() if v is not None})
