@@ -92,3 +92,14 @@ def test_configs_get_the_local_path_and_the_id_as_served_name(hf_home):
     assert named.served_model_name == "x"
     with pytest.raises(OptionError, match="acme/absent"):
         _resolve_hub_id(EngineConfig(model_path="acme/absent"), ServerConfig())
+
+
+def test_an_unreachable_hub_falls_back_to_the_cache(hf_home, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # refused at once
+    snapshot = _dir_model(hf_home)
+    assert resolve_hub_model("acme/tiny-chat") == str(snapshot)
+    with pytest.raises(HubModelNotFound, match="nor downloaded: LocalEntryNotFoundError"):
+        resolve_hub_model("acme/absent")

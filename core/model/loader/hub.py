@@ -12,17 +12,20 @@ else its first one.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 
 from llmkit.core.model.loader.hf_model_id import _is_id
 
+log = logging.getLogger("llmkit")
+
 # org/name, optionally ":TAG" (a quantization such as Q4_K_M); parts as the hub allows them.
 _HUB_REF = re.compile(r"(?P<org>[^/:\s]+)/(?P<name>[^/:\s]+)(?::(?P<tag>[A-Za-z0-9_.-]+))?")
 DEFAULT_GGUF_TAG = "Q4_K_M"  # llama.cpp's -hf default
 # What a safetensors model needs; a repository's other formats (.bin, .pth, original/, onnx/) are not fetched.
-_MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]
+_MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
 
 class HubModelNotFound(FileNotFoundError):
@@ -68,13 +71,20 @@ def resolve_hub_model(model_path: str, revision: str | None = None) -> str:
 
 
 def _snapshot(repo_id: str, tag: str | None, revision: str | None) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
     if offline():
         return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
-    from huggingface_hub import HfApi
-
-    files = HfApi().list_repo_files(repo_id, revision=revision)
+    try:
+        # one request (model_info lists the files; list_repo_files retries for ~25 s when offline)
+        siblings = HfApi().model_info(repo_id, revision=revision, timeout=30).siblings or []
+        files = [s.rfilename for s in siblings]
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise
+    except Exception as exc:  # no network, a proxy, a timeout: what the cache holds, as snapshot_download does
+        log.info("The Hugging Face hub did not answer (%s); looking in the cache for %s", type(exc).__name__, repo_id)
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
     if tag is None and "config.json" in files:
         patterns = _MODEL_FILES
     else:  # the one GGUF file, and the tokenizer files some GGUF repositories keep beside it
@@ -99,7 +109,7 @@ def _not_found(model_path: str, repo_id: str, revision: str | None, exc: Excepti
 
     local = os.path.abspath(os.path.expanduser(model_path))
     at = f" at revision '{revision}'" if revision else ""
-    how = "HF_HUB_OFFLINE=1: nothing is downloaded" if offline() else f"the hub answered: {type(exc).__name__}"
+    how = "HF_HUB_OFFLINE=1: nothing is downloaded" if offline() else f"nor downloaded: {type(exc).__name__}"
     return (
         f"--model-path '{model_path}' was not found: no local path {local}, and {repo_id}{at} is not in "
         f"the Hugging Face cache {constants.HF_HUB_CACHE} ({how}). Give a local model directory or .gguf file, "
