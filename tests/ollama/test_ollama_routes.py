@@ -118,3 +118,14 @@ def test_logprobs_when_asked(http):
     assert streamed == lps
     plain = http.post("/api/chat", json={**body, "logprobs": False, "top_logprobs": None, "stream": False}).json()
     assert "logprobs" not in plain
+
+
+def test_raw_generate_streams_what_it_answers_whole(http):
+    body = {"model": "m", "prompt": "<fim_prefix>def f(", "raw": True, "options": {"num_predict": 5}}
+    whole = http.post("/api/generate", json={**body, "stream": False}).json()
+    ref = http.post("/v1/completions", json={"model": "m", "prompt": body["prompt"], "max_tokens": 5}).json()
+    assert whole["response"] == ref["choices"][0]["text"] and whole["eval_count"] == 5
+    lines = _lines(http.post("/api/generate", json=body))
+    assert len(lines) > 2 and "".join(x["response"] for x in lines) == whole["response"]
+    assert lines[-1]["done"] and lines[-1]["done_reason"] == "length" and lines[-1]["eval_count"] == 5
+    assert lines[-1]["prompt_eval_count"] == whole["prompt_eval_count"] > 0
