@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.mla import MLAttention
-from llmkit.core.model.decoder.stack import MLP, PreNormBlock, place_tensor
+from llmkit.core.model.decoder.stack import MLP, PreNormBlock
+from llmkit.core.model.decoder.weight_placement import place_tensor
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import materialize
