@@ -108,3 +108,8 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.deepseek_v3:DeepseekV2ForCausalLM",
         model_types=("deepseek_v2",),
     )
+    register(
+        "Glm4MoeLiteForCausalLM",
+        "llmkit.plugins.models.deepseek_v3:Glm4MoeLiteForCausalLM",
+        model_types=("glm4_moe_lite",),
+    )
