@@ -89,6 +89,7 @@ SLOW_MODULES = frozenset(
         "tests/model/breadth/test_breadth_serve.py",
         "tests/model/breadth/test_breadth_tp.py",
         "tests/model/breadth/test_glm_minimax.py",
+        "tests/model/breadth/test_llama4.py",
         "tests/model/breadth/test_mistral_phi3.py",
         "tests/model/breadth/test_smollm3_olmo_granite.py",
         "tests/model/moe/test_deepseek_v3.py",

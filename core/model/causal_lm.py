@@ -110,6 +110,13 @@ class CausalLM(nn.Module, ABC):
         layers keep only the pages their window can still reach (``core/kvcache/window_pages.py``)."""
         return [None] * self.num_kv_layers
 
+    @property
+    def context_limit(self) -> int | None:
+        """The longest context this implementation computes as the reference does (None: the
+        config's); the engine cuts its context length to it at start, logged (Llama 4's chunked
+        attention, which the backends do not mask yet)."""
+        return None
+
     def state_specs(self, dtype: torch.dtype) -> list | None:
         """A hybrid model's state layers: per layer, the ``(shape, dtype)`` of each tensor a sequence
         keeps there (``core/kvcache/state_pool.py``), in the order the layers index them; None

@@ -71,6 +71,10 @@ def llmkit_register_models(register):
     register("Olmo3ForCausalLM", "llmkit.plugins.models.dense.olmo:Olmo3ForCausalLM", model_types=("olmo3",))
     register("GraniteForCausalLM", "llmkit.plugins.models.dense.granite:GraniteForCausalLM", model_types=("granite",))
     # routed MoE decoders (plugins/models/moe/)
+    register("Llama4ForCausalLM", "llmkit.plugins.models.moe.llama4:Llama4ForCausalLM", model_types=("llama4_text",))
+    register(  # served as its language model (the vision tower skipped)
+        "Llama4ForConditionalGeneration", "llmkit.plugins.models.moe.llama4:Llama4ForCausalLM", model_types=("llama4",)
+    )
     register("MixtralForCausalLM", "llmkit.plugins.models.moe.mixtral:MixtralForCausalLM", model_types=("mixtral",))
     register("Glm4MoeForCausalLM", "llmkit.plugins.models.moe.glm4_moe:Glm4MoeForCausalLM", model_types=("glm4_moe",))
     register(

@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoints of the 2026 breadth families (Mistral, Mixtral, Phi-3, SmolLM3,
+"""Tiny random-weight checkpoints of the 2026 breadth families (Mistral, Ministral 3, Mixtral, Llama 4, Phi-3, SmolLM3,
 OLMo 2/3, Granite, GLM-4.5, MiniMax-M2), from the installed transformers' own configs."""
 
 from __future__ import annotations
@@ -49,6 +49,18 @@ def tiny_config(arch: str, **overrides):
         rope = dict(rope_type="yarn", rope_theta=10000.0, factor=16.0, original_max_position_embeddings=16)
         rope.update(beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)
         return transformers.Ministral3Config(**{**c, "sliding_window": None, "rope_parameters": rope, **overrides})
+    if arch == "llama4":
+        # layers 1 and 3 MoE (top-1, a shared expert), 3 NoPE with the temperature (floor 8, so
+        # the prompts' positions change it), the others interleaved rope with the Q/K norm; llama3
+        # rope scaling; chunks longer than the context (chunked attention is causal within one)
+        kw = dict(intermediate_size=32, intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16)
+        kw.update(num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0])
+        kw.update(
+            attention_chunk_size=4096, use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8, attn_scale=0.1
+        )
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+        kw.update(rope_parameters={**rope, "original_max_position_embeddings": 32})
+        return transformers.Llama4TextConfig(**{**c, **kw, **overrides})
     if arch == "mixtral":
         kw = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None)
         return transformers.MixtralConfig(**{**c, **kw, **overrides})

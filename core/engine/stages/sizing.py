@@ -103,6 +103,10 @@ def snapshot_slots(config: EngineConfig, running: int) -> int:
 def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
     """Stage 3: the KV pool's tokens and the running limit (agreed on across tensor-parallel ranks)."""
     max_context = int(config.context_length or plan.hf_config.get("max_position_embeddings", 4096))
+    limit = model.context_limit
+    if limit and max_context > limit:
+        log.warning("context length %d cut to %d: %s computes no longer one", max_context, limit, type(model).__name__)
+        max_context = limit
     # every K/V layer's own heads and sizes (CausalLM.kv_layer_shapes), from the pool's dtype: a
     # bf16 pool holds twice the tokens of an fp32 one in the same memory
     layer_bytes = [h * (k + v) * plan.kv_dtype.itemsize for h, k, v in model.kv_layer_shapes]
