@@ -1,5 +1,5 @@
 """Gemma 3's image half: the SigLIP vision tower, Gemma's projector, the processor and
-``Gemma3ForConditionalGeneration``, which puts them in front of the text stack of ``gemma3.py``.
+``Gemma3ForConditionalGeneration``, which puts them in front of the text stack (``core/model/gemma3/text.py``).
 Image rows replace the (unscaled) embeddings of their pseudo-ids, and attend to their whole image
 both ways (the ``bidirectional_spans`` attention feature)."""
 
@@ -15,12 +15,12 @@ from torch import nn
 
 from llmkit.core.model.attention import BIDIRECTIONAL_SPANS, SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM
+from llmkit.core.model.gemma3.text import Gemma3TextModel, GemmaRMSNorm
 from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.parallel import TPGroup
 from llmkit.core.multimodal.items import ImageItem, MultimodalInputs
 from llmkit.core.multimodal.model import VisionLanguageModel
 from llmkit.core.multimodal.processor import MultimodalProcessor
-from llmkit.plugins.models.gemma3 import Gemma3ForCausalLM, GemmaRMSNorm
 
 VISION_DEFAULTS = dict(
     hidden_size=1152,
@@ -190,7 +190,7 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel, CausalLM):
         super().__init__(config, tp)
         tc = dict(config.get("text_config") or {})
         tc.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
-        self.language_model = Gemma3ForCausalLM(tc, self.tp)
+        self.language_model = Gemma3TextModel(tc, self.tp)
         self.text = self.language_model.config
         self.vision = {
             **VISION_DEFAULTS,
