@@ -6,6 +6,7 @@ key check) can answer in the right shape without importing an API."""
 
 from __future__ import annotations
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 _OPENAI_TYPES = {
@@ -84,3 +85,25 @@ def shaped_error(path: str, message: str, status: int, *, param=None, code=None,
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
+
+
+def in_shape(handler, error):
+    """``handler`` (an async route) with every error it raises answered by ``error(message,
+    status)``, one API's own shape (Anthropic's, Ollama's): a full queue 429, anything unexpected a
+    logged 500 naming its type."""
+    import logging
+
+    from llmkit.core.engine.client import QueueFullError
+
+    async def route(raw: Request):  # (the annotation makes FastAPI pass the request)
+        try:
+            return await handler(raw)
+        except APIError as exc:
+            return error(exc.message, exc.status)
+        except QueueFullError as exc:
+            return error(str(exc), 429)
+        except Exception as exc:
+            logging.getLogger("llmkit").exception("unhandled error on %s", raw.url.path)
+            return error(f"Internal server error: {type(exc).__name__}", 500)
+
+    return route

@@ -10,10 +10,9 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from llmkit.core.engine.client import QueueFullError
 from llmkit.core.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from llmkit.core.server.anthropic.translate import to_chat
-from llmkit.core.server.errors import APIError, anthropic_error
+from llmkit.core.server.errors import APIError, anthropic_error, in_shape
 
 
 def anthropic_router(state) -> APIRouter:
@@ -30,21 +29,7 @@ def anthropic_router(state) -> APIRouter:
 
     def guarded(handler):
         """Every error leaves in Anthropic's shape."""
-
-        async def route(raw: HTTPRequest) -> Response:
-            try:
-                return await handler(raw)
-            except APIError as exc:
-                return anthropic_error(exc.message, exc.status)
-            except QueueFullError as exc:
-                return anthropic_error(str(exc), 429)
-            except Exception as exc:
-                import logging
-
-                logging.getLogger("llmkit").exception("unhandled error on %s", raw.url.path)
-                return anthropic_error(f"Internal server error: {type(exc).__name__}", 500)
-
-        return route
+        return in_shape(handler, anthropic_error)
 
     async def messages(raw: HTTPRequest) -> Response:
         from llmkit.core.server.anthropic.stream import message_object, stream_message

@@ -3,13 +3,10 @@ and errors in Ollama's shape, ``{"error": "..."}``."""
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
-from llmkit.core.engine.client import QueueFullError
-from llmkit.core.server.errors import APIError
+from llmkit.core.server.errors import APIError, in_shape
 from llmkit.core.server.model_names import is_served, shown
 
 
@@ -30,19 +27,7 @@ def served_name(state, name: str) -> str:
 
 def guarded(handler):
     """Every error leaves in Ollama's shape."""
-
-    async def route(raw: HTTPRequest) -> Response:
-        try:
-            return await handler(raw)
-        except APIError as exc:
-            return ollama_error(exc.message, exc.status)
-        except QueueFullError as exc:
-            return ollama_error(str(exc), 429)
-        except Exception as exc:
-            logging.getLogger("llmkit").exception("unhandled error on %s", raw.url.path)
-            return ollama_error(f"Internal server error: {type(exc).__name__}", 500)
-
-    return route
+    return in_shape(handler, ollama_error)
 
 
 async def parse(raw: HTTPRequest, cls):
