@@ -25,6 +25,7 @@ _PLUGIN_NOUNS = {
     "storage": "storage backend",
     "speculative_algorithm": "speculative algorithm",
     "lora_resolver": "LoRA resolver",
+    "kv_storage": "KV storage backend",
 }
 
 
