@@ -76,6 +76,8 @@ SLOW_MODULES = frozenset(
         "tests/engine/procs/test_engine_process.py",
         "tests/engine/procs/test_tensor_parallel.py",
         "tests/engine/test_engine_consistency.py",
+        "tests/kvtiers/test_tier_engine.py",
+        "tests/kvtiers/test_tier_server_e2e.py",
         "tests/engine/test_overlap_schedule.py",
         "tests/engine/test_scheduler.py",
         "tests/grammar/test_grammar.py",

@@ -289,7 +289,30 @@ class StorageTier:
         self.store.close()
 
     def stats(self) -> dict:
-        return {"kv_tier_backend": self.name, **{k: int(v) for k, v in self.counters.items()}}
+        c = self.counters
+        return {
+            "kv_tier_backend": self.name,
+            "kv_bytes_per_token": self.pool.bytes_per_token(),
+            **{k: int(c[k]) for k in _COUNTERS},
+            "tier_bad_entries": sum(v for k, v in c.items() if k.startswith("tier_bad_")),
+            "tier_errors": c["tier_read_errors"] + c["tier_write_errors"],
+            **{k: int(v) for k, v in c.items() if k.startswith("tier_bad_")},
+        }
+
+
+# Reported from the start (as 0), so /metrics has every series before the first event.
+_COUNTERS = (
+    "tier_hit_tokens",
+    "tier_hit_blocks",
+    "tier_read_bytes",
+    "tier_misses",
+    "tier_read_errors",
+    "tier_write_blocks",
+    "tier_write_bytes",
+    "tier_writes_dropped",
+    "tier_write_errors",
+    "tier_load_no_pages",
+)
 
 
 def _gather(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
