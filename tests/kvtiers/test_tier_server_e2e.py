@@ -5,7 +5,9 @@ server gone, requests still succeed at once."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -56,6 +58,10 @@ def test_a_restarted_server_loads_the_prefix_from_disk(tmp_path):
         m = _metrics(base)
         assert value(m, "llmkit:prefix_cache_tier_hits_total", tier="storage") == cached
         assert value(m, "llmkit:prefix_cache_tier_bytes_total", tier="storage") > 0
+        # every tier metric docs/observing.md names is exposed
+        page = (Path(__file__).resolve().parents[2] / "docs" / "observing.md").read_text()
+        documented = set(re.findall(r"`(llmkit:(?:kv_tier_|prefix_cache_tier_)[a-z0-9_]+)`", page))
+        assert len(documented) == 8 and documented <= {name for name, _ in m}
     finally:
         stop_server(proc)
 
