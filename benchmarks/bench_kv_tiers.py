@@ -2,7 +2,7 @@
 (issue 53's measurement).
 
 A ``--prefix``-token document (4,096 by default) followed by a short question, on the embedded
-model (CPU, the torch attention backend, the engine in this process):
+model (CPU, the default attention backend, the engine in this process):
 
 1. recompute: a fresh engine with the tier on computes the prompt (and writes its blocks);
 2. after a restart: a fresh engine on the same store finds the prefix there;
@@ -50,7 +50,7 @@ def ttft(engine: Engine, rid: str, ids: list[int]) -> tuple[float, int]:
 
 
 def start(**kw) -> Engine:
-    cfg = EngineConfig(attention="torch", page_size=16, device="cpu", grammar_backend="none", **kw)
+    cfg = EngineConfig(page_size=16, device="cpu", grammar_backend="none", **kw)
     engine = Engine(cfg, build_engine_parts(cfg))
     engine.start()
     return engine
@@ -67,12 +67,18 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=4096, help="tokens of the shared prefix")
     ap.add_argument("--backend", choices=("file", "redis"), default="file")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--attention", default="auto", help="the attention backend (auto: the C kernels on CPU)")
     args = ap.parse_args()
     doc = [(i * 7919) % 30000 + 100 for i in range(args.prefix)]
     question = [(i * 104729) % 30000 + 100 for i in range(24)]
     redis = None
     with tempfile.TemporaryDirectory() as folder:
-        tier = dict(enable_hierarchical_cache=True, hicache_storage_path=folder, max_total_tokens=args.prefix * 2)
+        tier = dict(
+            enable_hierarchical_cache=True,
+            hicache_storage_path=folder,
+            max_total_tokens=args.prefix * 2,
+            attention=args.attention,
+        )
         if args.backend == "redis":
             port = free_port()
             redis = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"])
