@@ -198,7 +198,7 @@ class EngineConfig:
         "--hicache-storage-backend",
         envvar="LLMKIT_HICACHE_STORAGE_BACKEND",
         plugin="kv_storage",
-        help="The storage tier's backend: file, redis, or a plugin's; setting it turns the tier on. "
+        help="The storage tier's backend: file, redis, s3, or a plugin's; setting it turns the tier on. "
         "Default with --enable-hierarchical-cache: the one registered as default (file).",
     )
     hicache_storage_path: str = _sched(
@@ -212,7 +212,8 @@ class EngineConfig:
         "--hicache-storage-backend-extra-config",
         envvar="LLMKIT_HICACHE_STORAGE_BACKEND_EXTRA_CONFIG",
         check=lambda v: _json_object(v),
-        help='The backend\'s settings as a JSON object, e.g. redis: \'{"url": "redis://127.0.0.1:6379/0"}\'.',
+        help='The backend\'s settings as a JSON object, e.g. redis: \'{"url": "redis://127.0.0.1:6379/0"}\', '
+        's3: \'{"bucket": "B", "endpoint_url": "http://..."}\'.',
     )
     hicache_write_policy: str = _sched(
         "write_through",

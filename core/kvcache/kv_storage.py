@@ -6,7 +6,7 @@ and checksum (``tier_entry.py``), so a backend may be shared by servers of diffe
 adapters and tenants, and may lose, truncate or corrupt entries without a wrong answer resulting.
 
 Backends are plugins (``llmkit_register_kv_storage``): ``file`` (``--hicache-storage-path``) and
-``redis`` ship with llmkit.
+``redis`` and ``s3`` ship with llmkit.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ import torch
 from llmkit.core.kvcache.tier_keys import block_keys, tier_seed
 from llmkit.plugins.kv_storage.file import FileKVStorage
 from llmkit.plugins.kv_storage.redis import RedisKVStorage
+from llmkit.plugins.kv_storage.s3 import S3KVStorage
 
+from s3_utils import make_bucket, moto_endpoint
 from server_utils import free_port
 from tier_utils import MODEL, compute, fetch, make_tier, rows, start_redis
 
@@ -201,3 +203,20 @@ def test_redis_round_trip(redis_url):
     assert store.get("0" * 64) is None and not store.exists("0" * 64)
     store.put("0" * 64, b"x" * 100_000)
     assert store.get("0" * 64) == b"x" * 100_000
+
+
+def test_s3_round_trip():
+    with moto_endpoint() as endpoint:
+        make_bucket(endpoint, "kv-tier")
+
+        def store(prefix="llmkit/kv/"):
+            return S3KVStorage(bucket="kv-tier", prefix=prefix, endpoint_url=endpoint, region="us-east-1")
+
+        want, writer = _write(store())
+        assert writer.counters["tier_write_blocks"] == 3
+        pool, cache, tier = make_tier(store())
+        assert fetch(tier, IDS[:-1]) == 192
+        slots, _ = cache.match_prefix(IDS[:-1])
+        assert all(torch.equal(a, b) for a, b in zip(rows(pool, slots), want))
+        _, _, other = make_tier(store("elsewhere/"))  # another prefix: nothing there
+        assert fetch(other, IDS[:-1]) == 0 and other.counters["tier_misses"] == 1
