@@ -326,7 +326,7 @@ def build_storage_tier(plan: Plan, config: EngineConfig, pool, cache, tp, hybrid
     log.info(
         "KV storage tier: %s (%s), write policy %s", name, config.hicache_storage_path, config.hicache_write_policy
     )
-    return StorageTier(store, pool, cache, model, name, config.hicache_prefetch_timeout)
+    return StorageTier(store, pool, cache, model, name, config.hicache_prefetch_timeout, config.hicache_write_policy)
 
 
 def _gather_target_vocab(config: EngineConfig, model, tp, leader: bool, dtype):

@@ -218,9 +218,10 @@ class EngineConfig:
     hicache_write_policy: str = _sched(
         "write_through",
         "--hicache-write-policy",
-        choices=("write_through",),
-        help="When K/V reaches the storage tier: write_through (when a request leaves, off the engine "
-        "step; a full write queue drops the write).",
+        choices=("write_through", "write_back"),
+        help="When K/V reaches the storage tier (off the engine step; a full write queue drops the write): "
+        "write_through, when a request leaves; write_back, when its pages are evicted from the pool (fewer "
+        "writes; copied out as they are evicted, and at shutdown).",
     )
     hicache_prefetch_timeout: float = _sched(
         2.0,

@@ -41,6 +41,9 @@ class RadixCache(PrefixCache):
         self._roots = {0: self.root}
         self._cached_tokens = 0
         self._evictable_tokens = 0
+        # Called with each leaf about to be evicted, its pages still intact (the storage tier's
+        # write_back policy copies them out); None: nothing to do
+        self.on_evict = None
 
     # -- matching ---------------------------------------------------------------------------
     def _aligned(self, token_ids: Sequence[int]) -> tuple[int, ...]:
@@ -153,6 +156,8 @@ class RadixCache(PrefixCache):
         while not done(freed) and heap:
             _, _, node = heapq.heappop(heap)
             pages = node.slots[:: self.page] // self.page
+            if self.on_evict is not None:
+                self.on_evict(node)
             self.pool.free(pages.tolist())
             freed += len(pages)
             self._cached_tokens -= len(node.key)

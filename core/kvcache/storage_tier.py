@@ -61,8 +61,9 @@ class _Prefetch:
 class _Write:
     keys: list[bytes]
     todo: list[int]  # the block indices to write
-    slots: torch.Tensor
+    slots: torch.Tensor | None  # where to read them (write_through; the nodes are locked)
     handle: object
+    rows: list | None = None  # or their rows, copied out already (write_back: the pages are gone)
 
 
 class StorageTier:
@@ -70,12 +71,23 @@ class StorageTier:
     of this server shares (``tier_keys.tier_seed``)."""
 
     def __init__(
-        self, store: KVStorage, pool: KVCachePool, cache: PrefixCache, model: dict, name: str, prefetch_timeout: float
+        self,
+        store: KVStorage,
+        pool: KVCachePool,
+        cache: PrefixCache,
+        model: dict,
+        name: str,
+        prefetch_timeout: float,
+        write_policy: str = "write_through",
     ) -> None:
         self.store, self.pool, self.cache, self.name = store, pool, cache, name
         self.block = tier_block(pool.page_size)
         self.model = {**model, "block": self.block, "kv_dtype": str(pool.dtype), "layout": self._layout(pool)}
         self.prefetch_timeout = prefetch_timeout
+        self.write_back = write_policy == "write_back"
+        self._namespaces: dict[int, str] = {}  # write_back: a radix namespace's tier namespace
+        if self.write_back:
+            cache.on_evict = self._evicting
         self._seeds: dict[str, bytes] = {}
         self._known: set[bytes] = set()
         self._prefetches: dict[str, _Prefetch] = {}
@@ -198,7 +210,11 @@ class StorageTier:
 
     # -- writes ------------------------------------------------------------------------------
     def store_prefix(self, ids: list[int], namespace: str, cache_namespace: int) -> None:
-        """Engine thread, after ``ids`` went into the radix cache: queue its new whole blocks."""
+        """Engine thread, after ``ids`` went into the radix cache: queue its new whole blocks
+        (write_back: note its namespace; its blocks go when evicted)."""
+        if self.write_back:
+            self._namespaces[cache_namespace] = namespace
+            return
         n = len(ids) - len(ids) % self.block
         if not n:
             return
@@ -216,6 +232,30 @@ class StorageTier:
         self.cache.lock(handle)
         self._writes.put_nowait(_Write(keys, todo, slots, handle))
 
+    def _evicting(self, node) -> None:
+        """Engine thread, write_back: ``node`` (a leaf) is about to be freed. Copy out the whole
+        blocks that end in it (those before are written when their own nodes go) and queue them."""
+        path = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        namespace = next((self._namespaces.get(ns) for ns, root in self.cache._roots.items() if root is node), None)
+        if namespace is None:  # (an adapter's prefix: not stored)
+            return
+        ids = [t for n in reversed(path) for t in n.key]
+        start, end = len(ids) - len(path[0].key), len(ids) - len(ids) % self.block
+        keys = block_keys(self._seed(namespace), ids[:end], self.block)
+        todo = [i for i in range(start // self.block, len(keys)) if keys[i] not in self._known]
+        if not todo:
+            return
+        if self._writes.full() or time.monotonic() < self._down_until:
+            self.counters["tier_writes_dropped"] += len(todo)
+            return
+        slots = torch.cat([n.slots for n in reversed(path)])
+        index = torch.cat([slots[i * self.block : (i + 1) * self.block] for i in todo])
+        rows = [_gather(b, index.to(b.device)).cpu() for b in self._buffers()]  # (a copy: the pages go now)
+        self._writes.put_nowait(_Write(keys, todo, None, None, rows))
+
     def poll(self) -> None:
         """Engine thread: unlock the prefixes the writer has read."""
         while self._written:
@@ -230,7 +270,8 @@ class StorageTier:
             try:
                 self._write(job)
             finally:
-                self._written.append(job.handle)
+                if job.handle is not None:
+                    self._written.append(job.handle)
                 self._writes.task_done()
 
     def _write(self, job: _Write) -> None:
@@ -242,8 +283,12 @@ class StorageTier:
                     continue
                 hexkey = key.hex()
                 if not self.store.exists(hexkey):
-                    index = job.slots[i * self.block : (i + 1) * self.block]
-                    rows = [_gather(b, index.to(b.device)).cpu() for b in self._buffers()]
+                    if job.rows is not None:  # (the todo blocks' rows, one after another)
+                        at = job.todo.index(i) * self.block
+                        rows = [r[at : at + self.block] for r in job.rows]
+                    else:
+                        index = job.slots[i * self.block : (i + 1) * self.block]
+                        rows = [_gather(b, index.to(b.device)).cpu() for b in self._buffers()]
                     blob = tier_entry.encode(key, rows)
                     self.store.put(hexkey, blob)
                     self.counters["tier_write_bytes"] += len(blob)
@@ -279,7 +324,12 @@ class StorageTier:
         return not self._writes.unfinished_tasks
 
     def close(self, timeout: float = 10.0) -> None:
-        """Finish the queued writes (a restart finds them), then stop the threads."""
+        """Finish the queued writes (a restart finds them), then stop the threads. write_back:
+        the engine has stopped, so its cached prefixes are written now, or lost."""
+        if self.write_back:
+            self._writes.maxsize = 0  # (unbounded: shutdown waits for them, within the timeout)
+            self.poll()
+            self.cache.evict(self.cache.evictable_pages)
         try:
             self._writes.put(None, timeout=timeout)
         except queue.Full:

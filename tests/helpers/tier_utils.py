@@ -17,13 +17,13 @@ MODEL = {"arch": "TestLM", "weights": "w0", "dtype": "torch.float32"}
 REDIS = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-def make_tier(store, *, dtype=torch.float32, model=MODEL, timeout=5.0, pages=64, page_size=16):
+def make_tier(store, *, dtype=torch.float32, model=MODEL, timeout=5.0, pages=64, page_size=16, policy="write_through"):
     """``(pool, cache, tier)``: 2 layers of 2 K/V heads of 4 channels."""
     pool = KVCachePool(
         num_layers=2, num_pages=pages, page_size=page_size, num_kv_heads=2, head_dim=4, dtype=dtype, device="cpu"
     )
     cache = RadixCache(pool)
-    return pool, cache, StorageTier(store, pool, cache, model, "test", timeout)
+    return pool, cache, StorageTier(store, pool, cache, model, "test", timeout, policy)
 
 
 def compute(pool, cache, ids: list[int], seed: int = 0, namespace: int = 0) -> torch.Tensor:

@@ -53,6 +53,22 @@ def test_a_device_prefix_is_continued_from_the_tier(tmp_path):
     assert all(torch.equal(a[80:], b[80:]) for a, b in zip(rows(pool, slots), want))
 
 
+def test_write_back_writes_blocks_as_they_are_evicted_and_at_shutdown(tmp_path):
+    pool, cache, tier = make_tier(FileKVStorage(path=str(tmp_path)), policy="write_back")
+    slots = compute(pool, cache, IDS)
+    want = rows(pool, slots[:192])
+    tier.store_prefix(IDS, "", 0)  # (notes the namespace only)
+    compute(pool, cache, [7] + IDS[1:], seed=1)  # another prefix, used later
+    assert tier.flush() and tier.counters["tier_write_blocks"] == 0
+    assert cache.evict(1) == 12  # the least recently used leaf: IDS's 192 tokens, 3 blocks
+    assert tier.flush() and tier.counters["tier_write_blocks"] == 3
+    tier.close()  # writes what is still cached
+    assert tier.counters["tier_write_blocks"] == 6
+    pool, cache, reader = make_tier(FileKVStorage(path=str(tmp_path)))
+    assert fetch(reader, IDS[:-1]) == 192
+    assert all(torch.equal(a, b) for a, b in zip(rows(pool, cache.match_prefix(IDS[:-1])[0]), want))
+
+
 def test_written_blocks_are_not_written_again(tmp_path):
     _, tier = _write(FileKVStorage(path=str(tmp_path)))
     tier.store_prefix(IDS, "", 0)  # known: nothing queued
