@@ -236,3 +236,14 @@ def test_s3_round_trip():
         assert all(torch.equal(a, b) for a, b in zip(rows(pool, slots), want))
         _, _, other = make_tier(store("elsewhere/"))  # another prefix: nothing there
         assert fetch(other, IDS[:-1]) == 0 and other.counters["tier_misses"] == 1
+
+
+def test_a_third_party_backend_is_a_small_module(tmp_path, monkeypatch):
+    """The toy plugin's flat-file backend (tests/plugins/llmkit_toy) serves the tier as it is."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "plugins" / "llmkit_toy"))
+    from llmkit_toy.kv_storage import FlatKVStorage
+
+    want, _ = _write(FlatKVStorage(path=str(tmp_path)))
+    pool, cache, tier = make_tier(FlatKVStorage(path=str(tmp_path)))
+    assert fetch(tier, IDS[:-1]) == 192
+    assert all(torch.equal(a, b) for a, b in zip(rows(pool, cache.match_prefix(IDS[:-1])[0]), want))

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from llmkit.core.kvcache.kv_storage import KVStorage
+from llmkit.core import KVStorage
 
 
 class FlatKVStorage(KVStorage):
