@@ -17,9 +17,9 @@ from metrics_utils import parse_metrics, value
 from server_utils import free_port, start_server, stop_server
 from tier_utils import start_redis
 
-# ~900 tokens of varied text (a document resent with each question)
+# ~530 tokens of varied text (a document resent with each question)
 DOC = " ".join(
-    f"Clause {i}: the party of part {i % 7} shall deliver item {i * 13 % 101} by day {i % 28}." for i in range(60)
+    f"Clause {i}: the party of part {i % 7} shall deliver item {i * 13 % 101} by day {i % 28}." for i in range(24)
 )
 ARGS = ["--enable-hierarchical-cache", "--attention", "torch", "--page-size", "16", "--max-total-tokens", "4096"]
 
@@ -54,7 +54,7 @@ def test_a_restarted_server_loads_the_prefix_from_disk(tmp_path):
     try:
         again, cached = _ask(base, DOC)
         assert again == text
-        assert cached >= 768  # every whole 64-token block of the prompt
+        assert cached >= 448  # every whole 64-token block of the prompt
         m = _metrics(base)
         assert value(m, "llmkit:prefix_cache_tier_hits_total", tier="storage") == cached
         assert value(m, "llmkit:prefix_cache_tier_bytes_total", tier="storage") > 0
@@ -86,7 +86,7 @@ def test_replicas_share_prefixes_through_redis_and_serve_without_it(redis_url):
             assert cached == 0
             _wait_written(url1, 1)
             other, cached = _ask(url2, DOC)
-            assert other == text and cached >= 768
+            assert other == text and cached >= 448
             redis.kill()
             redis.wait(10)
             t0 = time.monotonic()
