@@ -13,6 +13,11 @@ run, so the ratio compares like with like.
 
     python benchmarks/bench_kv_tiers.py                    # file tier in a temporary folder
     python benchmarks/bench_kv_tiers.py --backend redis    # Debian's redis-server on a free port
+    python benchmarks/bench_kv_tiers.py --tenants --prefix 1024   # what timing tells another owner
+
+``--tenants`` measures the timing side channel instead (no tier): owner A sends the prompt twice,
+then owner B sends the same prompt twice. With isolation B's first request takes as long as A's
+first (B learns nothing about A's prompts); shared, it would take as long as A's second.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from llmkit.core.engine.loop import Engine
 from llmkit.core.engine.messages import GenerateRequest, SamplingParams
 
 
-def ttft(engine: Engine, rid: str, ids: list[int]) -> tuple[float, int]:
+def ttft(engine: Engine, rid: str, ids: list[int], salt: str | None = None) -> tuple[float, int]:
     """Seconds to the first token, and the prompt tokens served from cache."""
     done, first, cached = threading.Event(), [], []
     t0 = time.perf_counter()
@@ -44,7 +49,8 @@ def ttft(engine: Engine, rid: str, ids: list[int]) -> tuple[float, int]:
             cached.append(o.cached_tokens)
             done.set()
 
-    engine.submit(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=1, temperature=0)), sink)
+    params = SamplingParams(max_new_tokens=1, temperature=0)
+    engine.submit(GenerateRequest(rid, ids, params, cache_salt=salt), sink)
     assert done.wait(3600)
     return first[0], cached[0]
 
@@ -62,15 +68,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tenants(ids: list[int], attention: str) -> None:
+    """TTFT of owner A's prompt sent by A twice, then by B twice (salts as the server gives them)."""
+    engine = start(attention=attention, max_total_tokens=len(ids) * 4)
+    try:
+        runs = [
+            ("A, first", ttft(engine, "a1", ids, "owner:A")),
+            ("A, again", ttft(engine, "a2", ids, "owner:A")),
+            ("B, same prompt", ttft(engine, "b1", ids, "owner:B")),
+            ("B, again", ttft(engine, "b2", ids, "owner:B")),
+            ("no keys (shared)", ttft(engine, "s1", ids)),
+            ("no keys, again", ttft(engine, "s2", ids)),
+        ]
+    finally:
+        engine.shutdown()
+    print(f"\n{len(ids)}-token prompt, embedded model, CPU: the prefix cache across owners")
+    print(f"{'':18} {'TTFT (s)':>9} {'cached':>7}")
+    for name, (t, cached) in runs:
+        print(f"{name:18} {t:9.3f} {cached:7d}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prefix", type=int, default=4096, help="tokens of the shared prefix")
     ap.add_argument("--backend", choices=("file", "redis"), default="file")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--attention", default="auto", help="the attention backend (auto: the C kernels on CPU)")
+    ap.add_argument("--tenants", action="store_true", help="measure the timing side channel across owners")
     args = ap.parse_args()
     doc = [(i * 7919) % 30000 + 100 for i in range(args.prefix)]
     question = [(i * 104729) % 30000 + 100 for i in range(24)]
+    if args.tenants:
+        return tenants(doc + question, args.attention)
     redis = None
     with tempfile.TemporaryDirectory() as folder:
         tier = dict(
