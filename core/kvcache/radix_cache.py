@@ -64,6 +64,10 @@ class RadixCache(PrefixCache):
             root.lock_ref = 1
         return root
 
+    def namespace_of(self, root: _Node):
+        """The namespace whose root ``root`` is (None: not a root of this cache)."""
+        return next((ns for ns, r in self._roots.items() if r is root), None)
+
     def match_prefix(self, token_ids, namespace=0):
         key = self._aligned(token_ids)
         root = self._root(namespace, create=False)

@@ -239,7 +239,7 @@ class StorageTier:
         while node.parent is not None:
             path.append(node)
             node = node.parent
-        namespace = next((self._namespaces.get(ns) for ns, root in self.cache._roots.items() if root is node), None)
+        namespace = self._namespaces.get(self.cache.namespace_of(node))
         if namespace is None:  # (an adapter's prefix: not stored)
             return
         ids = [t for n in reversed(path) for t in n.key]
