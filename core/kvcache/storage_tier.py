@@ -39,6 +39,7 @@ log = logging.getLogger("llmkit")
 BLOCK_TOKENS = 64  # tokens an entry holds (rounded up to whole pages): big enough for few round trips
 RETRY_AFTER_S = 5.0  # a failing store is skipped this long before it is tried again
 WRITE_QUEUE = 64  # writes queued at most; more are dropped
+READERS = 4  # reader threads (the store's calls release the GIL: network or disk)
 _KNOWN_MAX = 1 << 20  # keys remembered as stored (then forgotten: at worst an entry is checked again)
 
 
@@ -91,11 +92,13 @@ class StorageTier:
         self._seeds: dict[str, bytes] = {}
         self._known: set[bytes] = set()
         self._prefetches: dict[str, _Prefetch] = {}
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="llmkit-tier-read")
+        # (several: one large prefix being read must not hold up the next request's lookup)
+        self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="llmkit-tier-read")
         self._writes: queue.Queue = queue.Queue(WRITE_QUEUE)
         self._written: collections.deque = collections.deque()  # handles the writer is done with
         self._down_until = 0.0
         self.counters = collections.Counter()
+        self._count_lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="llmkit-tier-write", daemon=True)
         self._writer.start()
 
@@ -160,7 +163,7 @@ class StorageTier:
         finally:
             self.cache.unlock(handle)
         if pages is None:
-            self.counters["tier_load_no_pages"] += 1
+            self._count("tier_load_no_pages", 1)
             return 0
         slots = self.pool.page_slots(pages)
         skip = have - start
@@ -174,7 +177,7 @@ class StorageTier:
         already = self.cache.insert(ids[:end], torch.cat([dev_slots, slots]), cache_namespace)
         if already > have:  # (cannot happen on the engine thread; the duplicates go back)
             self.pool.free(pages[: (already - have) // self.pool.page_size])
-        self.counters["tier_hit_tokens"] += end - already
+        self._count("tier_hit_tokens", end - already)
         return end - already
 
     def _fetch(self, job: _Prefetch) -> None:
@@ -189,15 +192,15 @@ class StorageTier:
                     return
                 blob = self.store.get(key.hex())
                 if blob is None:
-                    self.counters["tier_misses"] += 1
+                    self._count("tier_misses", 1)
                     return
                 tensors, why = tier_entry.decode(key, blob, like)
                 if tensors is None:
-                    self.counters[f"tier_bad_{why}"] += 1
+                    self._count(f"tier_bad_{why}", 1)
                     log.warning("KV storage tier (%s): entry %s is %s: a miss", self.name, key.hex()[:16], why)
                     return
-                self.counters["tier_read_bytes"] += len(blob)
-                self.counters["tier_hit_blocks"] += 1
+                self._count("tier_read_bytes", len(blob))
+                self._count("tier_hit_blocks", 1)
                 self._remember(key)
                 job.blocks.append(tensors)
         except Exception as exc:  # noqa: BLE001 (a failing store is a miss, never a failed request)
@@ -223,7 +226,7 @@ class StorageTier:
         if not todo:
             return
         if self._writes.full() or time.monotonic() < self._down_until:
-            self.counters["tier_writes_dropped"] += len(todo)
+            self._count("tier_writes_dropped", len(todo))
             return
         slots, handle = self.cache.match_prefix(ids[:n], cache_namespace)
         todo = [i for i in todo if (i + 1) * self.block <= len(slots)]
@@ -249,7 +252,7 @@ class StorageTier:
         if not todo:
             return
         if self._writes.full() or time.monotonic() < self._down_until:
-            self.counters["tier_writes_dropped"] += len(todo)
+            self._count("tier_writes_dropped", len(todo))
             return
         slots = torch.cat([n.slots for n in reversed(path)])
         index = torch.cat([slots[i * self.block : (i + 1) * self.block] for i in todo])
@@ -279,7 +282,7 @@ class StorageTier:
             for i in job.todo:
                 key = job.keys[i]
                 if time.monotonic() < self._down_until:
-                    self.counters["tier_writes_dropped"] += 1
+                    self._count("tier_writes_dropped", 1)
                     continue
                 hexkey = key.hex()
                 if not self.store.exists(hexkey):
@@ -291,11 +294,15 @@ class StorageTier:
                         rows = [_gather(b, index.to(b.device)).cpu() for b in self._buffers()]
                     blob = tier_entry.encode(key, rows)
                     self.store.put(hexkey, blob)
-                    self.counters["tier_write_bytes"] += len(blob)
-                    self.counters["tier_write_blocks"] += 1
+                    self._count("tier_write_bytes", len(blob))
+                    self._count("tier_write_blocks", 1)
                 self._remember(key)
         except Exception as exc:  # noqa: BLE001 (a failing store drops the write, logged)
             self._failed("write", exc)
+
+    def _count(self, name: str, n: int) -> None:
+        with self._count_lock:  # (the reader threads, the writer and the engine all count)
+            self.counters[name] += n
 
     def _remember(self, key: bytes) -> None:
         if len(self._known) >= _KNOWN_MAX:
@@ -303,7 +310,7 @@ class StorageTier:
         self._known.add(key)
 
     def _failed(self, what: str, exc: Exception) -> None:
-        self.counters[f"tier_{what}_errors"] += 1
+        self._count(f"tier_{what}_errors", 1)
         if time.monotonic() >= self._down_until:
             log.warning(
                 "KV storage tier (%s) unreachable on %s: %s: %s; serving without it for %.0f s",
