@@ -127,9 +127,6 @@ class StorageTier:
         job = self._prefetches.get(rid)
         return job is None or job.done.is_set() or time.monotonic() - job.since >= self.prefetch_timeout
 
-    def waiting(self) -> bool:
-        return any(not j.done.is_set() for j in self._prefetches.values())
-
     def wait_briefly(self, seconds: float = 0.005) -> None:
         """Nothing else to do: let a prefetch finish instead of spinning."""
         for job in self._prefetches.values():
