@@ -3,6 +3,7 @@ bit, and every bad entry or unreachable store a miss, never an error or a wait."
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -247,3 +248,22 @@ def test_a_third_party_backend_is_a_small_module(tmp_path, monkeypatch):
     pool, cache, tier = make_tier(FlatKVStorage(path=str(tmp_path)))
     assert fetch(tier, IDS[:-1]) == 192
     assert all(torch.equal(a, b) for a, b in zip(rows(pool, cache.match_prefix(IDS[:-1])[0]), want))
+
+
+@pytest.mark.parametrize(
+    "engine, error",
+    [
+        (dict(enable_hierarchical_cache=True, disable_radix_cache=True), "drop --disable-radix-cache"),
+        (dict(hicache_storage_backend="file", tp_size=2), "--tp-size > 1"),
+        (dict(hicache_storage_backend="nope"), "valid: file, redis, s3"),
+        (dict(enable_hierarchical_cache=True, hicache_storage_backend_extra_config="[1]"), "a JSON object"),
+    ],
+)
+def test_what_the_tier_is_not_served_with_is_refused_before_the_model_loads(engine, error):
+    from llmkit.core.engine.config import EngineConfig
+    from llmkit.core.option import OptionError
+    from llmkit.core.refusals import check_configs
+    from llmkit.core.server.config import ServerConfig
+
+    with pytest.raises(OptionError, match=re.escape(error)):
+        check_configs(EngineConfig(device="cpu", **engine), ServerConfig(), listening=False)
