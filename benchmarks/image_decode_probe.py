@@ -36,9 +36,9 @@ def main() -> None:
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    from llmkit.core.model.qwen_vl.processor import QwenVLProcessor
     from llmkit.core.multimodal.media import MediaPolicy
     from llmkit.core.server.prompts.images import load_images
-    from llmkit.plugins.models.qwen2_5_vl import QwenVLProcessor
 
     pixels = Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, min_pixels=3136, max_pixels=args.max_pixels)
     proc = QwenVLProcessor(pixels, {"image_token_id": 506, "vision_config": {"spatial_merge_size": 2}})

@@ -49,6 +49,9 @@ def build_checked_server(checked: Checked):
     if not config.served_model_name:
         config = replace(config, served_model_name=engine_config.model_path or EMBEDDED_NAME)
     config = replace(config, hf_model_id=config.hf_model_id or hf_model_id(engine_config.model_path))
+    from llmkit.core.model.loader.source import gguf_path_of
+
+    config = replace(config, model_source=str(gguf_path_of(engine_config.model_path) or model_dir))
     warm = engine_config.warmup
     config = replace(config, warm_routes=client.stats().get("device") == "cuda" if warm is None else warm)
     state = ServerState(
@@ -164,6 +167,7 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
         config,
         served_model_name=config.served_model_name or path,
         hf_model_id=hf_id,
+        model_source=str(model_dir),
         is_embedding=True,
         warm_routes=False,  # the warm-up requests are chat ones
         enable_web_ui=False,  # the playground is a chat page

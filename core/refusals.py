@@ -44,6 +44,7 @@ def check_configs(engine: EngineConfig, server: ServerConfig, *, listening: bool
     the implied settings applied (``--batch-storage none``, adapters loaded at run time).
     ``listening``: whether the server will listen (a batch run's does not: its port is not checked)."""
     engine, server = _implied(engine, server)
+    engine, server = _resolve_hub_id(engine, server)
     for config in (engine, server):
         _check_fields(config, skip=() if listening else ("port",))
     _check_paths(engine, server)
@@ -74,6 +75,24 @@ def _implied(engine: EngineConfig, server: ServerConfig) -> tuple[EngineConfig, 
     if (server.lora_dir is not None or server.lora_resolver is not None) and not engine.enable_lora:
         engine = replace(engine, enable_lora=True)  # adapters may be loaded at run time
     return engine, server
+
+
+def _resolve_hub_id(engine: EngineConfig, server: ServerConfig) -> tuple[EngineConfig, ServerConfig]:
+    """A ``--model-path`` given as a Hugging Face id becomes the local path it resolves to (the
+    hub cache's snapshot, or a GGUF in it); the id stays the served name unless one is given."""
+    from llmkit.core.model.loader.embedded_encoder import is_embedded_encoder
+    from llmkit.core.model.loader.hub import HubModelNotFound, parse_hub_ref, resolve_hub_model
+
+    model = engine.model_path
+    if model is None or is_embedded_encoder(model) or parse_hub_ref(model) is None:
+        return engine, server
+    try:
+        local = resolve_hub_model(model, engine.revision)
+    except HubModelNotFound as exc:
+        raise OptionError(str(exc)) from None
+    if not server.served_model_name:
+        server = replace(server, served_model_name=model)
+    return replace(engine, model_path=local), server
 
 
 def _check_fields(config, skip: tuple[str, ...] = ()) -> None:

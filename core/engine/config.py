@@ -38,7 +38,15 @@ class EngineConfig:
         "--model-path",
         "--model",
         envvar="LLMKIT_MODEL_PATH",
-        help="HF model directory or .gguf file; default: the embedded SmolLM2-135M-Instruct.",
+        help="HF model directory, .gguf file, or Hugging Face id (org/name, or org/repo:QUANT for a GGUF "
+        "repository's file, as llama.cpp's -hf); default: the embedded SmolLM2-135M-Instruct.",
+    )
+    # A hub id's branch, tag or commit (huggingface_hub's revision); ignored for a local path.
+    revision: str | None = _model(
+        None,
+        "--revision",
+        envvar="LLMKIT_REVISION",
+        help="The revision (branch, tag or commit) of a --model-path given as a Hugging Face id; default: main.",
     )
     load_format: str = _model(
         "auto",

@@ -68,13 +68,11 @@ class RadixCache(PrefixCache):
         """The namespace whose root ``root`` is (None: not a root of this cache)."""
         return next((ns for ns, r in self._roots.items() if r is root), None)
 
-    def match_prefix(self, token_ids, namespace=0):
-        key = self._aligned(token_ids)
-        root = self._root(namespace, create=False)
-        if root is None:
-            return torch.empty(0, dtype=torch.int64), None
-        node, pieces, pos = root, [], 0
-        while pos < len(key):
+    def _walk(self, key: tuple[int, ...], namespace: int) -> list[tuple[int, _Node]]:
+        """The nodes ``key`` runs through, with the position each starts at: an edge matched in
+        part is split there, and every node on the path is stamped as just used."""
+        node, path, pos = self._root(namespace, create=False), [], 0
+        while node is not None and pos < len(key):
             child = node.children.get(key[pos : pos + self.page])
             if child is None:
                 break
@@ -82,11 +80,16 @@ class RadixCache(PrefixCache):
             if m < len(child.key):
                 child = self._split(child, m)
             child.last_access = next(_clock)
-            pieces.append(child.slots)
+            path.append((pos, child))
             pos += m
             node = child
-        slots = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
-        return slots, node
+        return path
+
+    def match_prefix(self, token_ids, namespace=0):
+        path = self._walk(self._aligned(token_ids), namespace)
+        if not path:
+            return torch.empty(0, dtype=torch.int64), self._root(namespace, create=False)
+        return torch.cat([n.slots for _, n in path]), path[-1][1]
 
     def _split(self, child: _Node, m: int) -> _Node:
         """Cut ``child``'s edge after ``m`` tokens; return the new upper node."""

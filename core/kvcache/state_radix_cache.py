@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from llmkit.core.kvcache.kv_pool import KVCachePool
-from llmkit.core.kvcache.radix_cache import RadixCache, _clock, _Node
+from llmkit.core.kvcache.radix_cache import RadixCache, _Node
 from llmkit.core.kvcache.state_pool import StatePool
 
 
@@ -24,29 +24,11 @@ class StateRadixCache(RadixCache):
         self.states = states
 
     def match_prefix(self, token_ids, namespace=0):
-        key = self._aligned(token_ids)
-        root = self._root(namespace, create=False)
-        empty = torch.empty(0, dtype=torch.int64)
-        if root is None:
-            return empty, None
-        node, pieces, pos = root, [], 0
-        best, best_pieces = None, 0
-        while pos < len(key):
-            child = node.children.get(key[pos : pos + self.page])
-            if child is None:
-                break
-            m = self._match_len(child.key, key[pos:])
-            if m < len(child.key):
-                child = self._split(child, m)
-            child.last_access = next(_clock)
-            pieces.append(child.slots)
-            pos += m
-            node = child
-            if node.state is not None:
-                best, best_pieces = node, len(pieces)
-        if best is None:
-            return empty, None
-        return torch.cat(pieces[:best_pieces]), best
+        path = self._walk(self._aligned(token_ids), namespace)
+        deepest = max((i for i, (_, n) in enumerate(path) if n.state is not None), default=None)
+        if deepest is None:
+            return torch.empty(0, dtype=torch.int64), None
+        return torch.cat([n.slots for _, n in path[: deepest + 1]]), path[deepest][1]
 
     def attach(self, token_ids, n: int, slot: int, namespace: int = 0) -> bool:
         """Hang snapshot ``slot`` (the state after ``token_ids[:n]``) on the node ending at ``n``,

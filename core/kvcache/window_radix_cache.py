@@ -44,25 +44,11 @@ class WindowRadixCache(RadixCache):
 
     # -- matching ---------------------------------------------------------------------------
     def match_prefix(self, token_ids, namespace=0):
-        key = self._aligned(token_ids)
-        root = self._root(namespace, create=False)
         empty = torch.empty(0, dtype=torch.int64)
-        if root is None:
-            return empty, None
-        node, path, pos = root, [], 0
-        while pos < len(key):
-            child = node.children.get(key[pos : pos + self.page])
-            if child is None:
-                break
-            m = self._match_len(child.key, key[pos:])
-            if m < len(child.key):
-                child = self._split(child, m)
-            child.last_access = next(_clock)
-            path.append((pos, child))
-            pos += m
-            node = child
+        path = self._walk(self._aligned(token_ids), namespace)
         if not path:
             return empty, None
+        pos = path[-1][0] + len(path[-1][1].key)
         held = torch.cat([n.wslots for _, n in path]) != 0
         missing = [0, *torch.cumsum(~held, 0).tolist()]  # missing[i]: window slots absent in [0, i)
         usable = pos

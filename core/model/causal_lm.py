@@ -34,6 +34,9 @@ class ForwardContext:
     # metadata (the window pool's slot table and slots) and the K/V layers it serves.
     window_metadata: AttentionMetadata | None = None
     window_layers: frozenset[int] = frozenset()
+    # Set by a model whose layers read each row's position beyond the rope table (Ministral 3's
+    # position-scaled queries): the forward's ``positions``.
+    positions: torch.Tensor | None = None
 
     @property
     def deterministic(self) -> bool:

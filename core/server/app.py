@@ -228,6 +228,9 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     app.include_router(generate_router(state))
     app.include_router(load_router(state))
     app.include_router(anthropic_router(state))
+    from llmkit.core.server.ollama.routes import ollama_router
+
+    app.include_router(ollama_router(state))
     app.include_router(responses_router(state, storage))
     app.include_router(parser_router())
     from llmkit.core.server.lora.routes import lora_router

@@ -14,11 +14,13 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(raw: HTTPRequest) -> dict:
+async def read_json(raw: HTTPRequest, check_type: bool = True) -> dict:
     """Read and parse a JSON object body. Its size is capped while it is read by
-    :class:`~llmkit.core.server.limits.BodyLimitMiddleware`, which wraps every route."""
+    :class:`~llmkit.core.server.limits.BodyLimitMiddleware`, which wraps every route.
+    ``check_type=False``: any content type (Ollama's routes: its documented calls are ``curl -d``,
+    which sends a form's)."""
     ctype = raw.headers.get("content-type", "")
-    if ctype and "json" not in ctype:
+    if check_type and ctype and "json" not in ctype:
         raise APIError("Unsupported Media Type: Only 'application/json' is allowed", status=415)
     chunks = [chunk async for chunk in raw.stream()]
     data = b"".join(chunks)

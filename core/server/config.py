@@ -339,6 +339,7 @@ class ServerConfig:
 
     # Not options: set at launch, or OpenAI's own caps.
     hf_model_id: str | None = None  # the model's Hugging Face id, accepted too; launch infers it
+    model_source: str | None = None  # the weights' file or directory (Ollama's /api/show details); launch sets it
     # Serve a few requests through the routes before listening (launch sets it where the engine
     # warms up: on CUDA unless --skip-server-warmup)
     warm_routes: bool = False

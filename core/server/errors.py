@@ -73,9 +73,12 @@ def anthropic_error(message: str, status: int = 400) -> JSONResponse:
 
 
 def shaped_error(path: str, message: str, status: int, *, param=None, code=None, headers=None) -> JSONResponse:
-    """An error response in the API's own shape: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
+    """An error response in the API's own shape: Anthropic's on /v1/messages*, Ollama's on /api/*,
+    OpenAI's elsewhere."""
     if path.startswith("/v1/messages"):
         resp = anthropic_error(message, status)
+    elif path.startswith("/api/"):
+        resp = JSONResponse(status_code=status, content={"error": message})
     else:
         resp = APIError(message, status, param=param, code=code).response()
     for k, v in (headers or {}).items():

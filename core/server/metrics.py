@@ -220,6 +220,15 @@ LIVE = (
         "gauge",
     ),
     ("state_snapshots_in_use", "state_snapshots_in_use", "Hybrid models: state snapshot slots in use.", "gauge"),
+    # models whose sliding-window layers keep only their window (core/kvcache/window_pages.py)
+    ("kv_window_pages_total", "kv_window_pages_total", "Sliding-window layers: pages in their pool.", "gauge"),
+    ("kv_window_pages_in_use", "kv_window_pages_in_use", "Sliding-window layers: pages of running requests.", "gauge"),
+    (
+        "kv_window_pages_cached",
+        "kv_window_pages_cached",
+        "Sliding-window layers: pages the prefix cache holds.",
+        "gauge",
+    ),
     ("spec_verify_steps", "spec_decode_num_drafts", "Decode steps of a request that verified a draft.", "counter"),
     ("spec_draft_tokens", "spec_decode_num_draft_tokens", "Draft tokens verified.", "counter"),
     ("spec_accepted_tokens", "spec_decode_num_accepted_tokens", "Draft tokens accepted.", "counter"),

@@ -60,6 +60,11 @@ def llmkit_register_models(register):
         "llmkit.plugins.models.dense.mistral:Mistral3ForConditionalGeneration",
         model_types=("mistral3",),
     )
+    register(
+        "Ministral3ForCausalLM",
+        "llmkit.plugins.models.dense.mistral:Ministral3ForCausalLM",
+        model_types=("ministral3",),
+    )
     register("Phi3ForCausalLM", "llmkit.plugins.models.dense.phi3:Phi3ForCausalLM", model_types=("phi3",))
     register("SmolLM3ForCausalLM", "llmkit.plugins.models.dense.smollm3:SmolLM3ForCausalLM", model_types=("smollm3",))
     register("Olmo2ForCausalLM", "llmkit.plugins.models.dense.olmo:Olmo2ForCausalLM", model_types=("olmo2",))
@@ -107,4 +112,9 @@ def llmkit_register_models(register):
         "DeepseekV2ForCausalLM",
         "llmkit.plugins.models.deepseek_v3:DeepseekV2ForCausalLM",
         model_types=("deepseek_v2",),
+    )
+    register(
+        "Glm4MoeLiteForCausalLM",
+        "llmkit.plugins.models.deepseek_v3:Glm4MoeLiteForCausalLM",
+        model_types=("glm4_moe_lite",),
     )

@@ -1,4 +1,5 @@
-"""``DeepseekV3ForCausalLM`` (DeepSeek-V3 / V3.1 / R1, Kimi-K2) and ``DeepseekV2ForCausalLM`` (V2, V2-Lite).
+"""``DeepseekV3ForCausalLM`` (DeepSeek-V3 / V3.1 / R1, Kimi-K2), ``DeepseekV2ForCausalLM`` (V2, V2-Lite)
+and ``Glm4MoeLiteForCausalLM`` (GLM-4.7-Flash: V3's attention and routing, GLM's layer table).
 
 Multi-head latent attention (MLA). Per token and layer the KV cache holds only the compressed
 latent: ``kv_lora_rank`` normalised channels plus the ``qk_rope_head_dim`` rotated key channels
@@ -130,3 +131,16 @@ class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
     bias, weights renormalised only when ``norm_topk_prob``."""
 
     version = "v2"
+
+
+class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
+    """GLM-4.7-Flash: DeepSeek-V3's latent attention (value heads wider than the no-rope query
+    part: 256 against 192) and its sigmoid group routing with a correction bias, each layer's MLP
+    kind named by ``mlp_layer_types`` (dense first, then sparse)."""
+
+    def __init__(self, config: dict, tp: TPGroup | None = None) -> None:
+        n = int(config["num_hidden_layers"])
+        kinds = config.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)  # (transformers' default)
+        if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
+            raise ValueError(f"mlp_layer_types must name 'dense' or 'sparse' for each of the {n} layers")
+        super().__init__({**config, "mlp_layer_types": list(kinds)}, tp)

@@ -26,7 +26,7 @@ from torch import nn
 
 from llmkit.core.model.attention import SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, place_tensor
+from llmkit.core.model.decoder.weight_placement import FUSED_PROJECTIONS, place_tensor
 from llmkit.core.model.layers import RotaryEmbedding
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
 from llmkit.core.model.parallel import TPGroup

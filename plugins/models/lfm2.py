@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.hybrid_stack import HybridBlock
-from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, MLP, Attention, StackedLM, expected_weights, place_tensor
+from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM
+from llmkit.core.model.decoder.weight_placement import FUSED_PROJECTIONS, expected_weights, place_tensor
 from llmkit.core.model.hybrid.short_conv import ShortConv
 from llmkit.core.model.linear import VocabEmbedding
 from llmkit.core.model.loader.source import materialize

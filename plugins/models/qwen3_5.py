@@ -2,8 +2,8 @@
 Gated DeltaNet layers to each gated full-attention one (``core/model/decoder/hybrid_stack.py``), and
 their image-text checkpoints (``...ForConditionalGeneration``): images in, text out.
 
-Images take Qwen3-VL's path (``qwen2_5_vl.py``'s image rows, processor and checkpoint layouts): the
-vision tower is Qwen3-VL's without DeepStack (``qwen3_vl.Qwen3VisionTower`` with no
+Images take Qwen3-VL's path (the image rows, processor and checkpoint layouts in ``core/model/qwen_vl/``): the
+vision tower is Qwen3-VL's without DeepStack (``Qwen3VisionTower`` with no
 ``deepstack_visual_indexes``), and the gated attention layers rotate by interleaved M-RoPE over the
 rotated part of each head (a quarter of head_dim, 64 of 256 channels: ``mrope_section`` covers its
 32 frequencies). DeltaNet layers take no positions; image tokens attend causally, so a prefill chunk
@@ -13,8 +13,8 @@ may end inside an image. Under tensor parallelism the language model is served a
 from __future__ import annotations
 
 from llmkit.core.model.decoder.hybrid_stack import HybridLM
-from llmkit.plugins.models.qwen2_5_vl import QwenVLMixin
-from llmkit.plugins.models.qwen3_vl import Qwen3VisionTower
+from llmkit.core.model.qwen_vl.mixin import QwenVLMixin
+from llmkit.core.model.qwen_vl.qwen3_tower import Qwen3VisionTower
 
 
 class Qwen3_5ForCausalLM(HybridLM):

@@ -32,6 +32,7 @@ NOT_OPTIONS = {
     "server.stream_include_usage_default": "OpenAI's default for stream_options.include_usage",
     "server.served_model_aliases": "the second and later --served-model-name",
     "server.enable_batches": "--batch-storage none",
+    "server.model_source": "set at launch: the served weights' file or folder (Ollama's /api/show)",
 }
 FIELDS = [(cls, f, opt) for cls in (EngineConfig, ServerConfig) for f, opt in options(cls)]
 

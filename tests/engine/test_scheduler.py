@@ -77,8 +77,29 @@ def test_preemption_recomputes_without_failing(prompts, reference):
         assert out == reference
         stats = engine.stats()
         assert stats["kv_pages_in_use"] == 0
+        # A lone request that would outgrow the whole pool: nothing can be preempted to room for
+        # it, so the context is cut to the pool at start and it ends at it (it waited for ever).
+        assert engine.max_context < 160
+        long_prompt = (prompts[1] * 4)[:150]
+        (toks,) = _run_partial(engine, long_prompt, 40)
+        assert 0 < len(toks) <= engine.max_context - len(long_prompt) + 1
+        assert engine.stats()["kv_pages_in_use"] == 0
     finally:
         engine.shutdown()
+
+
+def _run_partial(engine, ids, max_new):
+    """One request's tokens, however it ends, within a bound."""
+    toks, done = [], threading.Event()
+
+    def sink(out):
+        toks.extend(out.token_ids)
+        if out.finished:
+            done.set()
+
+    engine.submit(GenerateRequest(f"long-{id(ids)}", list(ids), SamplingParams(max_new_tokens=max_new)), sink)
+    assert done.wait(60), "the request never finished"
+    return (toks,)
 
 
 def test_chunked_prefill_and_pages(prompts, reference):

@@ -28,9 +28,13 @@ def tiny_config(arch: str, **overrides):
     if arch == "mistral":
         # a window of 16: the tests' prompts outgrow it
         return transformers.MistralConfig(**{**c, "sliding_window": 16, **overrides})
-    if arch == "mistral3":
-        # Mistral Small 3.1's layout: a Mistral text model behind a (tiny) Pixtral tower, untied
-        text = transformers.MistralConfig(**{**c, "sliding_window": None, **overrides}).to_dict()
+    if arch in ("mistral3", "ministral3-vl"):
+        # Mistral Small 3.1's layout: a Mistral text model behind a (tiny) Pixtral tower, untied;
+        # Ministral 3's: its own text model there
+        if arch == "mistral3":
+            text = transformers.MistralConfig(**{**c, "sliding_window": None, **overrides}).to_dict()
+        else:
+            text = tiny_config("ministral3", **overrides).to_dict()
         vision = transformers.PixtralVisionConfig(
             hidden_size=32,
             intermediate_size=64,
@@ -40,6 +44,11 @@ def tiny_config(arch: str, **overrides):
             patch_size=8,
         ).to_dict()
         return transformers.Mistral3Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    if arch == "ministral3":
+        # Ministral 3's YaRN rope and Llama 4 query scaling, from position 16 on (the prompts pass it)
+        rope = dict(rope_type="yarn", rope_theta=10000.0, factor=16.0, original_max_position_embeddings=16)
+        rope.update(beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)
+        return transformers.Ministral3Config(**{**c, "sliding_window": None, "rope_parameters": rope, **overrides})
     if arch == "mixtral":
         kw = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=None)
         return transformers.MixtralConfig(**{**c, **kw, **overrides})
@@ -94,7 +103,8 @@ def save_tiny(arch: str, path, **overrides):
 
     torch.manual_seed(0)
     config = tiny_config(arch, **overrides)
-    auto = transformers.AutoModelForImageTextToText if arch == "mistral3" else transformers.AutoModelForCausalLM
+    vl = arch in ("mistral3", "ministral3-vl")
+    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
     model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random init is tiny; widen it so logits differ meaningfully
         for name, p in model.named_parameters():

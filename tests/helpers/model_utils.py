@@ -48,6 +48,14 @@ def tiny_config(arch: str, **overrides):
         kw.update(v_head_dim=12, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4)
         kw.update(topk_group=2, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=2.5)
         return transformers.DeepseekV3Config(**{**common, **kw, **overrides})
+    if arch == "glm4_moe_lite":
+        # GLM-4.7-Flash's layout: V3's MLA with value heads wider than the no-rope query part, layer
+        # 0 dense and 1 sparse by mlp_layer_types, grouped sigmoid routing with a shared expert
+        kw = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8)
+        kw.update(v_head_dim=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4)
+        kw.update(topk_group=2, mlp_layer_types=["dense", "sparse"], moe_intermediate_size=32)
+        kw.update(routed_scaling_factor=1.8)
+        return transformers.Glm4MoeLiteConfig(**{**common, **kw, **overrides})
     if arch == "deepseek_v2":
         # V2-Lite's layout (no q LoRA), group-limited softmax routing over 4 groups, a shared expert
         kw = dict(num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8)
@@ -123,7 +131,7 @@ def save_tiny_model(arch: str, path, **overrides) -> "torch.nn.Module":
                 ("dt_bias", ".D")
             ):  # time steps that decay the state
                 p.normal_(0, 1.0)
-        if arch == "deepseek_v3":  # the routing bias is a buffer, zero at init
+        if arch in ("deepseek_v3", "glm4_moe_lite"):  # the routing bias is a buffer, zero at init
             for layer in model.model.layers:
                 if hasattr(layer.mlp, "gate"):
                     layer.mlp.gate.e_score_correction_bias.normal_(0, 0.5)

@@ -1,6 +1,7 @@
 """A tiny Gemma 4 (every feature of the family at once) served by a real ``llmkit serve`` and driven
 by the ``openai`` client: greedy chat output equals transformers' ``generate`` on the templated
-prompt, streaming equals non-streaming, and an audio part is a 400 naming it."""
+prompt, streaming equals non-streaming, an audio part is a 400 naming it, and ``/metrics`` reports
+the window layers' own pages."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def served(tmp_path_factory):
     ref = g4.save_tiny_gemma4_text(path, "all")
     proc, url = start_server(["--model-path", str(path), "--page-size", "4", "--chunked-prefill-size", "16"])
     try:
-        yield ref, path, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        yield ref, path, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120), url
     finally:
         stop_server(proc)
 
@@ -28,7 +29,7 @@ def served(tmp_path_factory):
 def test_greedy_chat_equals_generate_and_stream_equals_non_stream(served):
     from transformers import AutoTokenizer
 
-    ref, path, client = served
+    ref, path, client, _ = served
     tok = AutoTokenizer.from_pretrained(str(path))
     ids = tok.apply_chat_template(MESSAGES, add_generation_prompt=True)
     ids = ids if isinstance(ids, list) else ids["input_ids"]
@@ -44,7 +45,7 @@ def test_greedy_chat_equals_generate_and_stream_equals_non_stream(served):
 
 
 def test_an_audio_part_is_refused_with_a_400(served):
-    _, _, client = served
+    _, _, client, _ = served
     content = [
         {"type": "text", "text": "what is said here?"},
         {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
@@ -52,3 +53,19 @@ def test_an_audio_part_is_refused_with_a_400(served):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=4)
     assert "input_audio" in str(err.value) and "content[1]" in str(err.value)
+
+
+def test_metrics_report_the_window_pages(served):
+    import httpx
+
+    url = served[3]
+    served[2].completions.create(model="m", prompt="a prompt past the window " * 3, max_tokens=4)
+    metrics = httpx.get(url + "/metrics", timeout=30).text
+    values = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("llmkit:kv_window_pages_")
+    }
+    assert values["llmkit:kv_window_pages_total"] > 0
+    assert values["llmkit:kv_window_pages_in_use"] == 0  # idle
+    assert values["llmkit:kv_window_pages_cached"] > 0  # the finished request's window, for its next turn

@@ -3,6 +3,7 @@ on CUDA (SGLang's sizing). Explicit flags win."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -12,6 +13,8 @@ from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.stages.windows import split_budget, window_layers
 from llmkit.core.kvcache.state_pool import state_bytes
 from llmkit.core.model import quantize
+
+log = logging.getLogger("llmkit")
 
 
 def cpu_pool_tokens(config: EngineConfig, bytes_per_token: int, max_context: int, weight_bytes: int = 0) -> int:
@@ -132,4 +135,23 @@ def size_kv(plan, config: EngineConfig, model, tp) -> KVSize:
         agreed = torch.tensor([tokens], dtype=torch.int64)
         dist.broadcast(agreed, 0, group=tp.group)
         tokens = int(agreed.item())
+    max_context = fit_context(max_context, tokens, config)
     return KVSize(tokens, running, bytes_per_token, max_context, snapshots, slot_bytes, windowed, window_tokens)
+
+
+def fit_context(max_context: int, tokens: int, config: EngineConfig) -> int:
+    """The context a request may reach: at most what the pool holds for one request alone (less a
+    page and the drafts in flight), as SGLang caps its input length. A longer one could not be
+    preempted to room by anything and would wait for ever."""
+    drafts = config.speculative_num_draft_tokens if config.speculative_algorithm else 0
+    fits = tokens - config.page_size - (drafts or 0)
+    if fits >= max_context:
+        return max_context
+    log.warning(
+        "context length %d cut to %d tokens: the KV pool holds %d (raise --max-total-tokens or "
+        "--mem-fraction-static for longer requests)",
+        max_context,
+        fits,
+        tokens,
+    )
+    return max(fits, 1)

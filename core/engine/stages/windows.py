@@ -43,6 +43,8 @@ def window_layers(plan, config, model, tp) -> tuple[list[int], int] | None:
 # The window pool is balanced for requests this many windows long: shorter ones run out of window
 # pages first (and wait, or preempt, as for full pages), longer ones out of full pages.
 BALANCE_WINDOWS = 8
+# The most token slots the slot table of a model without full layers gets (an int64 each, 32 MiB).
+ALL_WINDOW_SLOTS = 1 << 22
 
 
 def split_budget(
@@ -65,5 +67,8 @@ def split_budget(
     balanced = int(ratio * budget / (full_b + ratio * win_b)) if full_b else tokens
     least = config.chunked_prefill_size + held + 2 * page
     window_tokens = -(-min(tokens, max(min(want, balanced), least)) // page) * page
-    full_tokens = (budget - window_tokens * win_b) // full_b if full_b else tokens
-    return max(full_tokens, tokens), window_tokens
+    if not full_b:
+        # every layer a window (Mistral 7B v0.1): the full slot table holds no K/V, only positions,
+        # so it is sized for every running request at full context, not by memory
+        return max(tokens, min(running * max_context, ALL_WINDOW_SLOTS)), window_tokens
+    return max((budget - window_tokens * win_b) // full_b, tokens), window_tokens

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.mla import MLAttention
-from llmkit.core.model.decoder.stack import MLP, PreNormBlock, place_tensor
+from llmkit.core.model.decoder.stack import MLP, PreNormBlock
+from llmkit.core.model.decoder.weight_placement import place_tensor
 from llmkit.core.model.layers import RMSNorm
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.loader.source import materialize
@@ -135,9 +136,12 @@ class DecoderLayer(PreNormBlock):
         self.self_attn = MLAttention(config, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         freq = int(config.get("moe_layer_freq") or 1)
+        kinds = config.get("mlp_layer_types")  # GLM-4.7-Flash names each layer's kind
         sparse = (
             int(config.get("n_routed_experts") or 0) > 0
             and layer_id >= int(config.get("first_k_dense_replace") or 0)
             and layer_id % freq == 0
+            if kinds is None
+            else kinds[layer_id] == "sparse"
         )
         self.mlp = MoE(config, tp, version) if sparse else MLP(hidden, config["intermediate_size"], tp)

@@ -20,7 +20,8 @@ from torch import nn
 
 from llmkit.core.model.causal_lm import ForwardContext
 from llmkit.core.model.decoder.shared_expert_moe import SharedExpertMoE
-from llmkit.core.model.decoder.stack import MLP, StackedLM, place_tensor
+from llmkit.core.model.decoder.stack import MLP, StackedLM
+from llmkit.core.model.decoder.weight_placement import place_tensor
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid.gated_deltanet import GatedDeltaNet
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, check_loaded, place_tensor
+from llmkit.core.model.decoder.weight_placement import FUSED_PROJECTIONS, check_loaded, place_tensor
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.moe import DOWN, GATE, UP, FusedExperts, grouped_topk, softmax_topk
 

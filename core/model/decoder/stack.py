@@ -19,21 +19,12 @@ from llmkit.core.model.causal_lm import CausalLM, ForwardContext
 from llmkit.core.model.cpu import cpu_decoder
 from llmkit.core.model.cpu.cpu_decoder import NativeStack
 from llmkit.core.model.cpu.cpu_lora import NativeLoRA
+from llmkit.core.model.decoder.weight_placement import FUSED_PROJECTIONS, place_tensor
 from llmkit.core.model.gemv_choice import gemv_faster
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.layers import RMSNorm, RotaryEmbedding, silu_mul
 from llmkit.core.model.linear import Linear, LMHead, VocabEmbedding
-from llmkit.core.model.loader.source import materialize
 from llmkit.core.model.parallel import TPGroup
-
-# A checkpoint's separate projections and the fused layer (and part) each loads into.
-FUSED_PROJECTIONS = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
 
 
 class Attention(HotModule):
@@ -315,6 +306,11 @@ class DecoderLM(StackedLM):
         self.finish_stack(config.get("rms_norm_eps", 1e-6), self.rotary_dim)
 
     @property
+    def kv_windows(self) -> list[int | None]:
+        # every layer is a K/V layer; a family's sliding layers carry their window (VariantAttention)
+        return [getattr(layer.self_attn, "sliding_window", None) for layer in self.layers]
+
+    @property
     def rotary_dim(self) -> int:
         """The rotated channels of each head (all of them but under partial rotary)."""
         return self.head_dim
@@ -362,54 +358,3 @@ class DecoderLM(StackedLM):
         missing = sorted(f"{m}.{leaf}" for m, leaf, _ in expected - loaded)
         if missing:
             raise KeyError(f"checkpoint is missing weights: {missing[:5]}")
-
-
-def place_tensor(model, modules: dict, params: dict, name: str, tensor, fused: dict) -> tuple[str, str, int]:
-    """Put one checkpoint tensor where it belongs: a (fused) linear layer keeps its rank's
-    slice, the embedding or LM head its vocabulary rows, anything else is copied whole.
-    ``fused`` maps a checkpoint projection name to ``(fused layer, part)``. Returns
-    ``(module, leaf, part)`` for the missing-weights check."""
-    parts = name.split(".")
-    owner, leaf = ".".join(parts[:-1]), parts[-1]
-    part = 0
-    if len(parts) >= 2 and parts[-2] in fused:
-        target, part = fused[parts[-2]]
-        owner = ".".join(parts[:-2] + [target])
-    module = modules.get(owner)
-    if isinstance(module, Linear) and leaf in ("weight", "bias"):
-        module.load(tensor, part)
-    elif isinstance(module, (VocabEmbedding, LMHead)) and leaf == "weight":
-        module.load(tensor)
-    elif name in params:
-        params[name].data.copy_(materialize(tensor))
-    else:
-        raise KeyError(f"unexpected weight '{name}' for {type(model).__name__}")
-    return owner, leaf, part
-
-
-def expected_weights(model: nn.Module) -> set[tuple[str, int]]:
-    """Every (parameter, part) a checkpoint must give ``model``: each part of a fused projection
-    (its ``(module.leaf, part)`` pairs as :func:`place_tensor` returns them), the LM head once."""
-    modules, out = dict(model.named_modules()), set()
-    for p in dict(model.named_parameters()):
-        if p.startswith("lm_head."):
-            out.add(("lm_head.weight", 0))
-            continue
-        owner, leaf = p.rsplit(".", 1)
-        module = modules[owner]
-        parts = len(module._row_map) if isinstance(module, Linear) and leaf in ("weight", "bias") else 1
-        out |= {(p, i) for i in range(parts)}
-    return out
-
-
-def check_loaded(model: nn.Module, loaded: set[tuple[str, int]]) -> None:
-    """Raise naming the first weights :func:`expected_weights` wants that ``loaded`` lacks (experts
-    are checked by their :class:`~llmkit.core.model.moe.FusedExperts`, which count their own)."""
-    from llmkit.core.model.moe import FusedExperts
-
-    missing = sorted({p for p, part in expected_weights(model) if ".experts." not in p and (p, part) not in loaded})
-    for name, module in model.named_modules():
-        if isinstance(module, FusedExperts):
-            missing += [f"{name}.{m}" for m in module.missing()]
-    if missing:
-        raise KeyError(f"checkpoint is missing weights: {missing[:5]}")

@@ -23,7 +23,9 @@ class VariantAttention(Attention):
     """``rotary_dim``: channels of each head rotated (None: all; 0: none, a NoPE layer);
     ``sliding_window``: the tokens a query sees (None: all); ``qk_norm``: None, ``"head"``
     (Qwen3's per-head norms) or ``"full"`` (one norm over the whole Q and K projections: on one
-    rank only, its mean runs over every head)."""
+    rank only, its mean runs over every head); ``query_scale``: a function of the rows' positions
+    giving a factor the rotated queries are multiplied by (Ministral 3; the model puts its
+    positions in ``ctx.positions``)."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class VariantAttention(Attention):
         qk_norm: str | None = None,
         rotary_dim: int | None = None,
         sliding_window: int | None = None,
+        query_scale=None,
     ):
         if qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm '{qk_norm}' is not one of {QK_NORMS}")
@@ -48,6 +51,7 @@ class VariantAttention(Attention):
         self.full_norm = qk_norm == "full"
         self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         self.sliding_window = sliding_window
+        self.query_scale = query_scale  # positions -> a factor per row (reads ``ctx.positions``)
 
     def attend(self, qkv, rope, ctx: ForwardContext, bias=None) -> torch.Tensor:
         if bias is not None:
@@ -62,8 +66,11 @@ class VariantAttention(Attention):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary_dim:
             q, k = self._rotate(q, rope), self._rotate(k, rope)
+        if self.query_scale is not None:
+            q = q * self.query_scale(ctx.positions).to(q.dtype)[:, None, None]
         extra = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
-        o = ctx.attn.forward(q, k, v, self.layer_id, ctx.metadata, **extra)
+        # (a window layer reads its own pages where they are kept apart: core/kvcache/window_pages.py)
+        o = ctx.attn.forward(q, k, v, self.layer_id, ctx.kv_metadata(self.layer_id), **extra)
         return o.reshape(-1, self.q_size)
 
     def _rotate(self, x: torch.Tensor, rope) -> torch.Tensor:

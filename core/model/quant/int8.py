@@ -61,7 +61,11 @@ class Int8Format(WeightFormat):
         if x.device.type == "cpu" and x.shape[1] % 32 == 0 and cpu_quant.available():
             y = cpu_quant.q8_linear(x, b["qweight"], b["qscale"])
             return y if x.dtype == torch.float32 else y.to(x.dtype)
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), b["qweight"], b["qscale"]).to(x.dtype)
+        if x.shape[1] % 16 == 0:
+            return torch._weight_int8pack_mm(x.to(torch.bfloat16), b["qweight"], b["qscale"]).to(x.dtype)
+        # torch's CPU int8pack kernel reads past a row whose length is not a multiple of 16:
+        # garbage or a segfault (measured at 4, 8, 12, 17, 24, 40, 100 input features).
+        return dense_linear(x, (b["qweight"].float() * b["qscale"].float()[:, None]).to(x.dtype), None, False)
 
     def dense_weight(self, layer):
         if layer.weight is not None:

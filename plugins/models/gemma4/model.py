@@ -26,7 +26,7 @@ from torch import nn
 
 from llmkit.core.model.attention import SLIDING_WINDOW
 from llmkit.core.model.causal_lm import CausalLM, ForwardContext
-from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, check_loaded, place_tensor
+from llmkit.core.model.decoder.weight_placement import FUSED_PROJECTIONS, check_loaded, place_tensor
 from llmkit.core.model.gemma4 import config as cfg
 from llmkit.core.model.gemma4.layers import DecoderLayer, Gemma4RMSNorm
 from llmkit.core.model.layers import RotaryEmbedding

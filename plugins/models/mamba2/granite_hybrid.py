@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from llmkit.core.model.decoder.nope_attention import NoPEAttention
-from llmkit.core.model.decoder.stack import FUSED_PROJECTIONS, MLP, Attention, StackedLM, check_loaded, place_tensor
+from llmkit.core.model.decoder.stack import MLP, Attention, StackedLM
+from llmkit.core.model.decoder.weight_placement import FUSED_PROJECTIONS, check_loaded, place_tensor
 from llmkit.core.model.hot_module import HotModule
 from llmkit.core.model.hybrid.mamba2 import Mamba2, time_step_limit
 from llmkit.core.model.layers import RMSNorm

@@ -1,5 +1,5 @@
-"""Mistral (a sliding window the prompts outgrow), Mistral Small 3.1's image-text checkpoint as its
-language model, Mixtral (routed MoE) and Phi-3/Phi-4 (fused
+"""Mistral (a sliding window the prompts outgrow), Ministral 3 (YaRN, queries scaled past the
+original length), Mistral Small 3.1's image-text checkpoint as its language model, Mixtral (routed MoE) and Phi-3/Phi-4 (fused
 projections, partial rotary, LongRoPE) against transformers on tiny random weights: logits of
 prefill, chunked prefill over a radix-cached prefix and batched decode; greedy generation through
 the real engine."""
@@ -16,6 +16,8 @@ from paged_runner import check_cached_prefix_chunked_decode
 FAMILIES = {
     "mistral": ("MistralForCausalLM", "VariantAttention", "MLP"),
     "mistral3": ("Mistral3ForConditionalGeneration", "Attention", "MLP"),
+    "ministral3-vl": ("Mistral3ForConditionalGeneration", "VariantAttention", "MLP"),
+    "ministral3": ("Ministral3ForCausalLM", "VariantAttention", "MLP"),
     "mixtral": ("MixtralForCausalLM", "Attention", "RoutedMoE"),
     "phi3": ("Phi3ForCausalLM", "VariantAttention", "MLP"),
 }

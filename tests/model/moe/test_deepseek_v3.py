@@ -1,4 +1,4 @@
-"""DeepSeek-V3 (MLA + DeepSeek MoE) against transformers on tiny random-weight models: the latent
+"""DeepSeek-V3 (MLA + DeepSeek MoE; and GLM-4.7-Flash, built on it) against transformers on tiny random-weight models: the latent
 KV cache (one kv_lora_rank + qk_rope_head_dim vector per token and layer, no V), absorbed-form
 attention in prefill, over a page-shared prefix, in chunks and in batched decode; YaRN with its
 softmax mscale; grouped sigmoid routing with the correction bias and shared experts; greedy
@@ -32,6 +32,8 @@ VARIANTS = {
     # DeepseekV2ForCausalLM: V2-Lite's layout, group-limited softmax routing; then V2's q LoRA, greedy
     "v2-lite": ("deepseek_v2", {}),
     "v2-greedy-yarn": ("deepseek_v2", dict(q_lora_rank=24, topk_method="greedy", rope_parameters=YARN)),
+    # Glm4MoeLiteForCausalLM (GLM-4.7-Flash): value heads of 32 against 16 no-rope query channels
+    "glm-4.7-flash": ("glm4_moe_lite", {}),
 }
 IDS = [(37 * i + 11) % 512 for i in range(52)]
 
@@ -138,8 +140,9 @@ def test_v2_softmax_routing_matches_transformers_router(method):
     torch.testing.assert_close(w.gather(1, order.indices), w_ref.gather(1, order_ref.indices))
 
 
-def test_greedy_32_tokens_equal_transformers_generate(tmp_path):
-    ref = save_tiny_model("deepseek_v3", tmp_path)
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe_lite"])
+def test_greedy_32_tokens_equal_transformers_generate(tmp_path, arch):
+    ref = save_tiny_model(arch, tmp_path)
     copy_embedded_tokenizer(tmp_path)
     cached = assert_greedy_matches_generate(ref, tmp_path, [IDS[:40], IDS[:32] + [401, 7, 99, 250, 3]])
     assert cached == [0, 32]

@@ -27,6 +27,20 @@ def test_int8_linear_close_to_fp32():
     assert torch.equal(layer(big), ref_big)  # beyond the threshold the fp32 weights are used
 
 
+@pytest.mark.parametrize("in_features", [4, 12, 24, 40, 100])
+def test_int8_linear_with_input_width_off_the_kernels_multiple(in_features):
+    # Widths the C kernel (a multiple of 32) and torch's int8pack kernel (16) do not take: torch's
+    # read past the row (garbage at 1 row, a segfault at 3); these run the dequantized GEMM.
+    torch.manual_seed(0)
+    layer = Linear(in_features, 48)
+    layer.load(torch.randn(48, in_features) * 0.05)
+    layer.set_format(Int8Format(keep_dense=False))
+    for rows in (1, 3, 20):
+        x = torch.randn(rows, in_features)
+        ref = x @ Int8Format().dense_weight(layer).T
+        assert torch.allclose(layer(x), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_quantized_embedded_model_logits_close():
     d = resolve_model_dir(None)
     cfg = load_config(d)

@@ -1,0 +1,1 @@
+"""Ollama's API (/api/*), translated onto the OpenAI routes' chat and embedding runs."""
