@@ -53,6 +53,8 @@ _EXPORTS = {
     "Proposer": "llmkit.core.speculative.contract",
     # LoRA adapters found by name at run time
     "LoRAResolver": "llmkit.core.lora.resolver",
+    # the KV cache's storage tier
+    "KVStorage": "llmkit.core.kvcache.kv_storage",
     # files and batches storage
     "StorageBackend": "llmkit.core.batches.storage",
     "StorageError": "llmkit.core.batches.storage",

@@ -98,6 +98,17 @@ def llmkit_register_lora_resolvers(register):
 
 
 @hookspec
+def llmkit_register_kv_storage(register):
+    """Register the storage tier's backends (``--hicache-storage-backend NAME``), e.g.
+    ``register("file", "pkg.mod:FileKVStorage", default=True)``.
+
+    The factory is a subclass of :class:`llmkit.core.kvcache.kv_storage.KVStorage`, called with
+    ``path=`` (``--hicache-storage-path``) and the keys of ``--hicache-storage-backend-extra-config``.
+    No test kit yet.
+    """
+
+
+@hookspec
 def llmkit_register_commands(app):
     """Add commands to the Typer ``app`` of the ``llmkit`` CLI.
 

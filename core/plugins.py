@@ -28,6 +28,7 @@ KINDS = {
     "grammar": "llmkit_register_grammar_backends",
     "speculative_algorithm": "llmkit_register_speculative_algorithms",
     "lora_resolver": "llmkit_register_lora_resolvers",
+    "kv_storage": "llmkit_register_kv_storage",
 }
 
 
@@ -144,8 +145,11 @@ class Registry:
     def lora_resolver(self, name: str) -> Any:
         return self._load("lora_resolver", name)
 
+    def kv_storage(self, name: str) -> Any:
+        return self._load("kv_storage", name)
+
     def default(self, kind: str) -> str:
-        """The one plugin of ``kind`` registered with ``default=True`` (grammar, storage)."""
+        """The one plugin of ``kind`` registered with ``default=True`` (grammar, storage, kv_storage)."""
         found = [e.name for e in self._entries[kind].values() if e.meta.get("default")]
         if len(found) != 1:
             raise PluginError(

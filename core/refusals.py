@@ -25,6 +25,7 @@ _PLUGIN_NOUNS = {
     "storage": "storage backend",
     "speculative_algorithm": "speculative algorithm",
     "lora_resolver": "LoRA resolver",
+    "kv_storage": "KV storage backend",
 }
 
 
@@ -56,6 +57,7 @@ def check_configs(engine: EngineConfig, server: ServerConfig, *, listening: bool
     _check_parallel(engine, device)
     _check_lora(engine)
     _check_speculative(engine)
+    _check_kv_tier(engine)
     from llmkit.core.embedding.recognition import embedding_model_dir
 
     try:
@@ -233,6 +235,17 @@ def _check_parallel(engine: EngineConfig, device: str) -> None:
             raise OptionError(f"--dp-size {dp} puts replica i on cuda:i; give --device cuda (or auto), not one GPU")
         if visible < dp:
             raise OptionError(f"--dp-size {dp} needs {dp} GPUs (one per replica); {visible} visible")
+
+
+def _check_kv_tier(engine: EngineConfig) -> None:
+    """What the storage tier is not served with, refused before the model loads (a hybrid model
+    and window layers' pages are refused once the model is known: engine/builder.py)."""
+    if not (engine.enable_hierarchical_cache or engine.hicache_storage_backend):
+        return
+    if engine.disable_radix_cache:
+        raise OptionError("--enable-hierarchical-cache keeps the radix cache's prefixes: drop --disable-radix-cache")
+    if engine.tp_size > 1:  # (each rank holds a shard of the heads: a write per rank, not yet)
+        raise OptionError("--enable-hierarchical-cache is not served with --tp-size > 1 yet")
 
 
 def _check_lora(engine: EngineConfig) -> None:

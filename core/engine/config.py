@@ -21,6 +21,16 @@ _KV_DTYPES = "llmkit.core.kvcache.kv_pool:KV_CACHE_DTYPES"
 _QUANTIZATIONS = "llmkit.core.model.quant.weight_formats:QUANTIZATIONS"
 
 
+def _json_object(v: str) -> str | None:
+    import json
+
+    try:
+        ok = isinstance(json.loads(v), dict)
+    except ValueError:
+        ok = False
+    return None if ok else f"must be a JSON object (got {v!r})"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str | None = _model(
@@ -181,6 +191,52 @@ class EngineConfig:
     )
     disable_radix_cache: bool = _sched(
         False, "--disable-radix-cache", envvar="LLMKIT_DISABLE_RADIX_CACHE", help="Turn off prefix sharing."
+    )
+    # The storage tier under the radix cache (core/kvcache/storage_tier.py; SGLang's HiCache names)
+    enable_hierarchical_cache: bool = _sched(
+        False,
+        "--enable-hierarchical-cache",
+        envvar="LLMKIT_ENABLE_HIERARCHICAL_CACHE",
+        help="Keep prefixes the radix cache computed in a storage tier too (files by default), so a "
+        "prefix evicted from the pool, or computed before a restart or by another replica sharing the "
+        "store, is loaded instead of recomputed.",
+    )
+    hicache_storage_backend: str | None = _sched(
+        None,
+        "--hicache-storage-backend",
+        envvar="LLMKIT_HICACHE_STORAGE_BACKEND",
+        plugin="kv_storage",
+        help="The storage tier's backend: file, redis, s3, or a plugin's; setting it turns the tier on. "
+        "Default with --enable-hierarchical-cache: the one registered as default (file).",
+    )
+    hicache_storage_path: str = _sched(
+        "llmkit_kv_cache",
+        "--hicache-storage-path",
+        envvar="LLMKIT_HICACHE_STORAGE_PATH",
+        help="The file backend's folder (llmkit's own option); servers sharing it share prefixes.",
+    )
+    hicache_storage_backend_extra_config: str | None = _sched(
+        None,
+        "--hicache-storage-backend-extra-config",
+        envvar="LLMKIT_HICACHE_STORAGE_BACKEND_EXTRA_CONFIG",
+        check=lambda v: _json_object(v),
+        help='The backend\'s settings as a JSON object, e.g. redis: \'{"url": "redis://127.0.0.1:6379/0"}\', '
+        's3: \'{"bucket": "B", "endpoint_url": "http://..."}\'.',
+    )
+    hicache_write_policy: str = _sched(
+        "write_through",
+        "--hicache-write-policy",
+        choices=("write_through", "write_back"),
+        help="When K/V reaches the storage tier (off the engine step; a full write queue drops the write): "
+        "write_through, when a request leaves; write_back, when its pages are evicted from the pool (fewer "
+        "writes; copied out as they are evicted, and at shutdown).",
+    )
+    hicache_prefetch_timeout: float = _sched(
+        2.0,
+        "--hicache-prefetch-timeout",
+        check=lambda v: None if v >= 0 else f"must be 0 or more (got {v})",
+        help="Seconds a request waits in the queue for its prefix from the storage tier; then it runs "
+        "with what arrived (the rest is computed).",
     )
     # Hybrid models (Qwen3.5's Gated DeltaNet layers): their recurrent state exists only where a
     # request's computation stopped, so the prefix cache keeps snapshots of it (state_radix_cache.py)

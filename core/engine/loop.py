@@ -142,6 +142,8 @@ class Engine:
             self.runner.close()  # other tensor-parallel ranks leave their loop (not mid-step)
         if self.grammar is not None:
             self.grammar.close()
+        if self.scheduler.tier is not None:  # (its queued writes finish first: a restart finds them)
+            self.scheduler.tier.close()
 
     # -- the loop (engine thread) ----------------------------------------------------------------
     def _run(self) -> None:

@@ -79,6 +79,9 @@ class GenerateRequest:
     # The prompt's images (``llmkit.core.multimodal.items.MultimodalInputs``): its ``prompt_ids``
     # hold each image's run of placeholder tokens, which the engine keys by the image's hash.
     mm: Any = None
+    # The prefix-cache space of its K/V beyond the adapter's (the API key's owner, vLLM's
+    # ``cache_salt``): a prefix is reused only by requests of the same salt. None: shared.
+    cache_salt: str | None = None
 
 
 @dataclass

@@ -37,6 +37,7 @@ class Request:
     return_prompt_logprobs: bool = False
     lora: Any = None  # the LoRAAdapter its rows use (None: the base model)
     mm: Any = None  # its images (MultimodalInputs); their tokens in prompt_ids are pseudo-ids
+    cache_salt: str | None = None  # its prefix-cache space beside the adapter's (owner, cache_salt)
 
     # engine state
     status: Status = Status.WAITING
@@ -87,12 +88,23 @@ class Request:
             eos_token_ids=eos_token_ids,
             return_prompt_logprobs=msg.return_prompt_logprobs,
             mm=msg.mm,
+            cache_salt=msg.cache_salt,
         )
 
     @property
     def cache_namespace(self) -> int:
-        """The prefix-cache space of its K/V: an adapter's K/V is never shared with another's."""
-        return 0 if self.lora is None else self.lora.uid
+        """The prefix-cache space of its K/V: an adapter's K/V is never shared with another's, nor
+        one salt's (owner's) prefixes with another's."""
+        base = 0 if self.lora is None else self.lora.uid
+        return base if self.cache_salt is None else hash((base, self.cache_salt))
+
+    @property
+    def tier_namespace(self) -> str | None:
+        """Its space in the storage tier (stable across processes), or None: not stored there (an
+        adapter's uid is this process's own, and a reloaded adapter keeps its name)."""
+        if self.lora is not None:
+            return None
+        return "" if self.cache_salt is None else "salt:" + self.cache_salt
 
     @property
     def all_ids(self) -> list[int]:

@@ -79,6 +79,7 @@ class Scheduler:
         self.snapshots = None  # a StateSnapshots over them
         # Window layers' own pages (core/kvcache/window_pages.py), where kept apart (set by the builder)
         self.windows = None
+        self.tier = None  # the storage tier under the prefix cache (core/kvcache/storage_tier.py)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -96,11 +97,15 @@ class Scheduler:
     # -- queue -------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        if self.tier is not None and req.tier_namespace is not None and not req.needs_prompt_logits:
+            self.tier.prefetch(req.rid, req.all_ids[:-1], req.tier_namespace, req.cache_namespace)
 
     def abort(self, rid: str) -> Request | None:
         for i, r in enumerate(self.waiting):
             if r.rid == rid:
                 del self.waiting[i]
+                if self.tier is not None:
+                    self.tier.forget(rid)
                 r.status = Status.FINISHED
                 r.finish_reason = r.finish_reason or "abort"
                 if self.speculator is not None:  # preempted after drafting: its backoff state too
@@ -146,6 +151,8 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         budget = self.config.chunked_prefill_size
+        if self.tier is not None:
+            self.tier.poll()  # (the prefixes its writer has read are evictable again)
         self._order_waiting()
         # A more urgent request (online traffic) waiting to start: lower-priority requests (batch
         # lines) sit this step out, so its prefill runs without them and its first token comes
@@ -168,6 +175,8 @@ class Scheduler:
                 break
             if req.inflight:  # preempted with a token still on its way: admit it once it arrives
                 continue
+            if self.tier is not None and not self.tier.ready(req.rid):
+                continue  # its prefix is still coming from the storage tier
             if req.lora is not None:
                 if adapters is None:
                     adapters = {r.lora.uid for r in self.running if r.lora is not None}
@@ -188,6 +197,8 @@ class Scheduler:
         for req in admitted:
             self.waiting.remove(req)
         batch.decode_only = decode_only and not admitted
+        if not segments and self.tier is not None:
+            self.tier.wait_briefly()  # (only prefetches to wait for: no busy loop)
         return batch if segments else None
 
     def _decode_segments(self, order: list[Request], urgent: int | None) -> list[Segment] | None:
@@ -305,6 +316,8 @@ class Scheduler:
         if req.needs_prompt_logits:
             slots, handle = torch.empty(0, dtype=torch.int64), None
         else:
+            if self.tier is not None:  # what came from the storage tier joins the radix cache first
+                self.tier.load(req.rid, ids[:-1], req.cache_namespace)
             slots, handle = self.cache.match_prefix(ids[:-1], req.cache_namespace)  # leave >= 1 token to compute
             if _whole_images(req, 0, len(slots)) != len(slots):  # a cached prefix ending inside such an image
                 slots, handle = torch.empty(0, dtype=torch.int64), None
@@ -374,6 +387,8 @@ class Scheduler:
                 already = self.cache.insert(ids, slots, req.cache_namespace)
             if self.snapshots is not None:
                 self.snapshots.hand_over(req, ids, n)
+            if self.tier is not None and req.tier_namespace is not None:
+                self.tier.store_prefix(ids, req.tier_namespace, req.cache_namespace)
             aligned = n - n % self.page
             # Pages the cache took over: [max(already, prefix), aligned). Free the rest of ours.
             kept_from = max(already, own_start)

@@ -34,6 +34,7 @@ def engine_counters(engine) -> dict:
         **(engine.speculator.stats.as_dict() if engine.speculator is not None else {}),
         **(state_counters(sched) if sched.states is not None else {}),
         **(window_counters(sched.windows) if sched.windows is not None else {}),
+        **(sched.tier.stats() if sched.tier is not None else {}),
     }
 
 

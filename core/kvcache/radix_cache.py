@@ -41,6 +41,9 @@ class RadixCache(PrefixCache):
         self._roots = {0: self.root}
         self._cached_tokens = 0
         self._evictable_tokens = 0
+        # Called with each leaf about to be evicted, its pages still intact (the storage tier's
+        # write_back policy copies them out); None: nothing to do
+        self.on_evict = None
 
     # -- matching ---------------------------------------------------------------------------
     def _aligned(self, token_ids: Sequence[int]) -> tuple[int, ...]:
@@ -60,6 +63,10 @@ class RadixCache(PrefixCache):
             root = self._roots[namespace] = _Node(None, (), torch.empty(0, dtype=torch.int64))
             root.lock_ref = 1
         return root
+
+    def namespace_of(self, root: _Node):
+        """The namespace whose root ``root`` is (None: not a root of this cache)."""
+        return next((ns for ns, r in self._roots.items() if r is root), None)
 
     def _walk(self, key: tuple[int, ...], namespace: int) -> list[tuple[int, _Node]]:
         """The nodes ``key`` runs through, with the position each starts at: an edge matched in
@@ -156,6 +163,8 @@ class RadixCache(PrefixCache):
         while not done(freed) and heap:
             _, _, node = heapq.heappop(heap)
             pages = node.slots[:: self.page] // self.page
+            if self.on_evict is not None:
+                self.on_evict(node)
             self.pool.free(pages.tolist())
             freed += len(pages)
             self._cached_tokens -= len(node.key)

@@ -232,6 +232,12 @@ LIVE = (
     ("spec_verify_steps", "spec_decode_num_drafts", "Decode steps of a request that verified a draft.", "counter"),
     ("spec_draft_tokens", "spec_decode_num_draft_tokens", "Draft tokens verified.", "counter"),
     ("spec_accepted_tokens", "spec_decode_num_accepted_tokens", "Draft tokens accepted.", "counter"),
+    ("tier_write_blocks", "kv_tier_write_blocks", "Blocks of K/V written to the storage tier.", "counter"),
+    ("tier_write_bytes", "kv_tier_write_bytes", "Bytes written to the storage tier.", "counter"),
+    ("tier_writes_dropped", "kv_tier_writes_dropped", "Blocks not written: queue full or store down.", "counter"),
+    ("tier_misses", "kv_tier_misses", "Prefetches that stopped at a block the storage tier lacks.", "counter"),
+    ("tier_bad_entries", "kv_tier_bad_entries", "Corrupt, truncated or foreign tier entries (misses).", "counter"),
+    ("tier_errors", "kv_tier_errors", "Storage tier reads and writes that failed (store unreachable).", "counter"),
     ("batch_lines_in_flight", "batch_lines_in_flight", "Batch lines handed to the engine.", "gauge"),
     ("batch_lines_queued", "batch_lines_queued", "Batch lines of running batches not yet handed over.", "gauge"),
 )
@@ -268,6 +274,8 @@ class _LiveCollector:
             )
             family.add_metric(labels, hits / queries if queries else 0.0)
             yield family
+        if "tier_hit_tokens" in stats:
+            yield from _tier_families(stats, labels)
         steps, drafted = stats.get("spec_verify_steps"), stats.get("spec_draft_tokens")
         if steps is not None:  # SGLang's accept length: tokens a verify step emits, on average
             accepted = stats["spec_accepted_tokens"]
@@ -298,3 +306,22 @@ def metrics_router(metrics: ServerMetrics):
         return Response(body, media_type=content_type)
 
     return router
+
+
+def _tier_families(stats: dict, labels: list[str]):
+    """Prompt tokens and bytes served by each tier: the device pool (the radix cache's hits less
+    what was loaded into it from below) and the storage tier."""
+    storage = stats["tier_hit_tokens"]
+    device = max(0, stats.get("prefix_cache_hits", 0) - storage)
+    hits = CounterMetricFamily(
+        PREFIX + "prefix_cache_tier_hits", "Prompt tokens served from each cache tier.", labels=["model_name", "tier"]
+    )
+    hits.add_metric([*labels, "device"], float(device))
+    hits.add_metric([*labels, "storage"], float(storage))
+    yield hits
+    read = CounterMetricFamily(
+        PREFIX + "prefix_cache_tier_bytes", "K/V bytes served from each cache tier.", labels=["model_name", "tier"]
+    )
+    read.add_metric([*labels, "device"], float(device * stats.get("kv_bytes_per_token", 0)))
+    read.add_metric([*labels, "storage"], float(stats.get("tier_read_bytes", 0)))
+    yield read

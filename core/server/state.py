@@ -212,6 +212,7 @@ def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Gen
     """Start an API call's engine requests. HTTP ones (not batch lines) are tracked for the
     shutdown drain, get the queue wait timeout, and count towards the caller's tokens per minute."""
     _check_vocabulary(state, reqs)
+    reqs = _salted(reqs)
     if not http:
         return Generation(state.client, reqs, metrics=state.metrics)
     if state.client.draining:  # validated while SIGTERM came: the drain would not wait for it
@@ -221,6 +222,17 @@ def start_generation(state: ServerState, reqs: list[Request], http: bool) -> Gen
     return Generation(
         state.client, reqs, state.in_flight, state.options.queue_timeout or None, state.metrics, current_limiter.get()
     )
+
+
+def _salted(reqs: list[Request]) -> list[Request]:
+    """The requests in their caller's prefix-cache space (its key's owner or shared space, and the
+    ``cache_salt`` it sent): a prefix is reused only within one space."""
+    from dataclasses import replace
+
+    from llmkit.core.server.access.owners import cache_salt, current_cache_scope
+
+    scope = current_cache_scope.get()
+    return [replace(r, cache_salt=cache_salt(scope, r.cache_salt)) for r in reqs]
 
 
 def _check_vocabulary(state: ServerState, reqs: list[Request]) -> None:

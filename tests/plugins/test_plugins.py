@@ -59,6 +59,7 @@ def test_llmkit_plugins_lists_builtins_and_third_party(toy_site):
     assert rows[("attention", "toy")]["package"] == "llmkit-toy-plugin"
     assert rows[("attention", "toy")]["version"] == "0.3.1"
     assert rows[("model", "ToyLlamaForCausalLM")]["package"] == "llmkit-toy-plugin"
+    assert rows[("kv_storage", "toy-flat")]["package"] == "llmkit-toy-plugin"
     for kind, name in [
         ("attention", "torch"),
         ("model", "LlamaForCausalLM"),
@@ -67,6 +68,8 @@ def test_llmkit_plugins_lists_builtins_and_third_party(toy_site):
         ("reasoning_parser", "qwen3"),
         ("tool_parser", "hermes"),
         ("storage", "local"),
+        ("kv_storage", "file"),
+        ("kv_storage", "redis"),
     ]:
         assert rows[(kind, name)]["package"] == "llmkit"
     table = subprocess.run(

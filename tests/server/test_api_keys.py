@@ -44,6 +44,19 @@ sk-f admin
     assert [n for n, _ in parse_keys_file(text)] == [4, 5, 6, 7, 8, 9]
 
 
+def test_a_keys_prefix_cache_space_is_its_owners_unless_the_file_names_one():
+    from llmkit.core.server.access.owners import cache_salt
+
+    text = "sk-a1 alice\nsk-b2 bob cache=team\nsk-c3 carol cache=team admin\nsk-d4 dave cache=shared\n"
+    alice, bob, carol, dave = [k for _, k in parse_keys_file(text)]
+    assert alice.cache_scope == "owner:alice" and bob.cache_scope == carol.cache_scope == "space:team"
+    assert dave.cache_scope is None  # the space of a server without keys
+    assert carol.admin
+    # a request's cache_salt narrows its key's space, never leaves it
+    assert len({cache_salt("owner:alice", "x"), cache_salt("space:team", "x"), cache_salt(None, "x")}) == 3
+    assert cache_salt("owner:alice", None) == "owner:alice" and cache_salt(None, None) is None
+
+
 def test_an_unnamed_key_is_owned_by_a_stable_hash_that_is_not_the_key():
     owner = hashed_owner(SECRET)
     assert owner == hashed_owner(SECRET) and owner.startswith("key-") and len(owner) == 20
@@ -54,7 +67,7 @@ def test_an_unnamed_key_is_owned_by_a_stable_hash_that_is_not_the_key():
     "text,error",
     [
         (f"{SECRET} al!ce\n", "line 1, field 2: a name is"),
-        (f"{SECRET} alice bob\n", "line 1, field 3: expected admin, rpm=N or tpm=N"),
+        (f"{SECRET} alice bob\n", "line 1, field 3: expected admin, rpm=N, tpm=N or cache=SPACE"),
         (f"{SECRET} alice rpm=x\n", "line 1, field 3"),
         (f"sk-x a\n{SECRET} b\n{SECRET} c\n", "line 3: the same key as"),
         (f"sk-x alice\n{SECRET} alice\n", "line 2: the same name as"),

@@ -136,5 +136,9 @@ def test_dashboard_and_docs_name_only_exposed_metrics(url):
     # gauges exist for hybrid models only (tests/model/test_qwen3_5.py scrapes them from one)
     hybrid_only = {n for n in documented if n.startswith("llmkit:state_")}
     assert hybrid_only
-    assert {n for n in documented - hybrid_only if n not in exposed and n + "_count" not in exposed} == set()
+    # the storage tier's exist with --enable-hierarchical-cache (tests/kvtiers/test_tier_server_e2e.py)
+    tier_only = {n for n in documented if n.startswith(("llmkit:kv_tier_", "llmkit:prefix_cache_tier_"))}
+    assert tier_only
+    others = documented - hybrid_only - tier_only
+    assert {n for n in others if n not in exposed and n + "_count" not in exposed} == set()
     assert {"llmkit:batch_lines_in_flight", "llmkit:batch_lines_queued"} <= exposed

@@ -2,15 +2,22 @@
 
 The keys file has one key a line, then optional fields separated by spaces::
 
-    # KEY         [NAME]   [admin]  [rpm=N]  [tpm=N]
+    # KEY         [NAME]   [admin]  [rpm=N]  [tpm=N]  [cache=SPACE]
     sk-4f9c...    alice
     sk-81be...    ops      admin
     sk-0d2a...    batchbot rpm=600 tpm=200000
+    sk-77c1...    agent-a  cache=agents
+    sk-9e03...    agent-b  cache=agents
 
 Blank lines and lines starting with ``#`` are skipped, as is everything after a `` #``. NAME
 (letters, digits, ``_.@-``, at most 64) is the key's owner id, stored with the files, batches and
 responses it makes; a key without a name is owned by ``key-`` and 16 hex digits of a hash of the
 key. ``rpm=``/``tpm=`` override ``--rate-limit-rpm``/``--rate-limit-tpm`` for that key (0: none).
+
+A key's prompts are cached for that key's owner alone: a prefix one owner computed is never reused
+for another (its timing would tell the other that someone sent it). ``cache=SPACE`` (same
+characters as a name) puts the key's prefixes in a space the operator shares: keys naming the
+same space reuse each other's prefixes; ``cache=shared`` is the space of a server without keys.
 
 Only digests of the keys are kept, and no message here ever quotes a key (nor any field of a
 line, since a mistyped line may hold a key where a name was expected).
@@ -27,6 +34,8 @@ from typing import Iterable
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 LIMIT_RE = re.compile(r"(rpm|tpm)=([0-9]{1,12})")
+CACHE_RE = re.compile(r"cache=([A-Za-z0-9_.@-]{1,64})")
+SHARED_CACHE = "shared"  # cache=shared: the prefix cache's space of a server without keys
 COMMENT_RE = re.compile(r"\s#")
 
 
@@ -50,6 +59,14 @@ class APIKey:
     admin: bool = False  # sees and manages every key's objects
     rpm: int | None = None  # requests per minute; None: --rate-limit-rpm
     tpm: int | None = None  # tokens per minute; None: --rate-limit-tpm
+    cache: str | None = None  # the prefix cache's space (cache=SPACE); None: its owner's own
+
+    @property
+    def cache_scope(self) -> str | None:
+        """The salt of this key's prefixes (None: the space shared by everyone without one)."""
+        if self.cache == SHARED_CACHE:
+            return None
+        return "space:" + self.cache if self.cache is not None else "owner:" + self.owner
 
     def __repr__(self) -> str:  # no digest in logs or tracebacks either
         return f"APIKey(owner={self.owner!r}, admin={self.admin})"
@@ -62,21 +79,23 @@ def parse_keys_file(text: str, source: str = "the keys file") -> list[tuple[int,
         fields = COMMENT_RE.split(line, 1)[0].split()
         if not fields or fields[0].startswith("#"):
             continue
-        key, name, admin, limits = fields[0], None, False, {}
+        key, name, admin, limits, cache = fields[0], None, False, {}, None
         for position, field in enumerate(fields[1:], 2):
             where = f"{source} line {number}, field {position}"
             if field == "admin":
                 admin = True
             elif m := LIMIT_RE.fullmatch(field):
                 limits[m.group(1)] = int(m.group(2))
+            elif m := CACHE_RE.fullmatch(field):
+                cache = m.group(1)
             elif name is None and NAME_RE.fullmatch(field):
                 name = field
             elif name is None:
                 raise KeysFileError(f"{where}: a name is letters, digits and _.@- (at most 64)")
             else:
-                raise KeysFileError(f"{where}: expected admin, rpm=N or tpm=N after the name")
+                raise KeysFileError(f"{where}: expected admin, rpm=N, tpm=N or cache=SPACE after the name")
         owner = name or hashed_owner(key)
-        found.append((number, APIKey(owner, digest(key), admin, limits.get("rpm"), limits.get("tpm"))))
+        found.append((number, APIKey(owner, digest(key), admin, limits.get("rpm"), limits.get("tpm"), cache)))
     return found
 
 

@@ -5,7 +5,7 @@ generation)."""
 from __future__ import annotations
 
 from llmkit.core.server.access.keys import APIKey, KeyRing
-from llmkit.core.server.access.owners import ANONYMOUS, SCOPE_KEY, Principal
+from llmkit.core.server.access.owners import ANONYMOUS, SCOPE_KEY, Principal, current_cache_scope
 from llmkit.core.server.access.rate_limits import RateLimiter, current_limiter
 from llmkit.core.server.errors import anthropic_error, error_response, shaped_error
 
@@ -58,9 +58,11 @@ class AccessMiddleware:
             resp = shaped_error(path, message, 429, code="rate_limit_exceeded", headers={"Retry-After": str(seconds)})
             return await resp(scope, receive, send)
         token = current_limiter.set(limiter)
+        cache_token = current_cache_scope.set(key.cache_scope if key is not None else None)
         try:
             await self.app({**scope, SCOPE_KEY: caller}, receive, send)
         finally:
+            current_cache_scope.reset(cache_token)
             current_limiter.reset(token)
 
     def _key(self, scope) -> APIKey | None:

@@ -9,6 +9,7 @@ are seen by admins only. A server without keys has one anonymous caller, who see
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 SCOPE_KEY = "llmkit.principal"  # where the access middleware leaves the caller in the ASGI scope
@@ -21,6 +22,19 @@ class Principal:
 
     def sees(self, owner: str | None) -> bool:
         return self.admin or (owner is not None and owner == self.owner)
+
+
+# The prefix-cache salt of the caller's key (``APIKey.cache_scope``), set by the access middleware
+# for the request's handlers; None: the shared space (no keys, or a key with cache=shared).
+current_cache_scope: ContextVar[str | None] = ContextVar("llmkit_cache_scope", default=None)
+
+
+def cache_salt(scope: str | None, requested: str | None) -> str | None:
+    """A request's prefix-cache salt: its key's scope and the ``cache_salt`` it sent (vLLM's
+    field, for a client that wants a namespace of its own within its key's)."""
+    if requested is None:
+        return scope
+    return f"{scope or ''}\0{requested}"
 
 
 # A server without keys: everything made is ownerless and everyone sees everything, as before.

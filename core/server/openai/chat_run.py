@@ -115,6 +115,7 @@ async def start_chat(
             priority=priority,
             lora=lora,
             mm=mm,
+            cache_salt=getattr(body, "cache_salt", None),
         )
         for i in range(body.n)
     ]

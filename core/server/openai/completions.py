@@ -95,6 +95,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: HT
                 return_prompt_logprobs=body.echo and body.logprobs is not None,
                 priority=priority,
                 lora=lora,
+                cache_salt=body.cache_salt,
             )
             reqs.append(r)
             echoes.append(text if body.echo else "")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
+from pydantic import Field
+
 from llmkit.core.server.nullable import RequestModel
 
 
@@ -82,6 +84,8 @@ class _Sampling(RequestModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     response_format: dict[str, Any] | None = None
+    # vLLM's: prefixes are reused only by requests of the same salt (within the key's own space)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class ChatCompletionRequest(_Sampling):

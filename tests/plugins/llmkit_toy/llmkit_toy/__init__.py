@@ -1,5 +1,5 @@
 """A third-party plugin: one of every kind (attention, model, reasoning and tool parsers, grammar
-backend, a speculative algorithm, a command), each registered through the same hooks llmkit's own plugins use."""
+backend, a speculative algorithm, a KV storage backend, a command), each registered through the same hooks llmkit's own plugins use."""
 
 from llmkit.core import hookimpl
 
@@ -45,3 +45,8 @@ def llmkit_register_grammar_backends(register):
 @hookimpl
 def llmkit_register_lora_resolvers(register):
     register("toy-shelf", "llmkit_toy.lora:ShelfResolver")
+
+
+@hookimpl
+def llmkit_register_kv_storage(register):
+    register("toy-flat", "llmkit_toy.kv_storage:FlatKVStorage")
