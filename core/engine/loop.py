@@ -36,7 +36,7 @@ from llmkit.core.engine.messages import GenerateRequest, RequestOutput
 from llmkit.core.engine.output import OutputProcessor, Sink, step_failure
 from llmkit.core.engine.request import Request, Status, TokenLogprob
 from llmkit.core.engine.sampler import PendingSample, Sampler
-from llmkit.core.engine.scheduler import ScheduledBatch
+from llmkit.core.engine.scheduling.scheduled_batch import ScheduledBatch
 from llmkit.core.engine.stages.warmup import warm_up
 from llmkit.core.engine.stats import EngineStats, engine_counters
 from llmkit.core.own_thread import build_and_run

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from llmkit.core.engine.scheduler import ScheduledBatch
+from llmkit.core.engine.scheduling.scheduled_batch import ScheduledBatch
 from llmkit.core.engine.step_wire import StepBroadcaster, StepInputs
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.state_pool import StateBatch

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import operator
 import time
-from dataclasses import dataclass
 
 import torch
 
 from llmkit.core.engine.config import EngineConfig
 from llmkit.core.engine.request import Request, Status
+from llmkit.core.engine.scheduling.decode_segments import decode_segments
+from llmkit.core.engine.scheduling.scheduled_batch import ScheduledBatch, Segment
 from llmkit.core.kvcache.kv_pool import KVCachePool, ReqToTokenPool
 from llmkit.core.kvcache.prefix_cache import PrefixCache
 from llmkit.core.multimodal.step_rows import whole_images as _whole_images
@@ -27,43 +28,10 @@ from llmkit.core.speculative.tree import DraftTree
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
-@dataclass(slots=True)
-class Segment:
-    req: Request
-    start: int  # first token position computed in this step
-    length: int  # tokens computed, the draft's included
-    # Speculative decoding: draft tokens after the sequence's last one, verified by this step (each
-    # of the 1 + len(draft) rows is sampled, the first rejected draft token ending the run). Never
-    # mutated: the default is one shared empty tuple, not a new list per segment per step.
-    draft: list[int] | tuple[()] = ()
-    # A tree draft (``draft`` holds its tokens, node order; see core/speculative/tree.py); None: the
-    # draft is a chain
-    tree: DraftTree | None = None
-
-    @property
-    def samples(self) -> bool:
-        """Whether this segment reaches the sequence's end, so the next token is sampled (a token in
-        flight counts: a chained step launches before it is appended)."""
-        return self.start + self.length - len(self.draft) == self.req.seq_len + self.req.inflight
-
-
-@dataclass
-class ScheduledBatch:
-    segments: list[Segment]
-    num_new_prefill_seqs: int = 0
-    num_prefill_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_running_before: int = 0
-    # Set by the scheduler when every segment is one token of a running request with no draft (the
-    # common step): the runner and the engine then take their per-request fast paths.
-    decode_only: bool = False
-
-    @property
-    def is_decode(self) -> bool:
-        return all(s.length == 1 for s in self.segments)
-
-
 class Scheduler:
+    #: try the decode fast path (scheduling/decode_segments.py) first; tests turn it off to compare with the loop
+    decode_fast_path = True
+
     def __init__(
         self, config: EngineConfig, pool: KVCachePool, req_pool: ReqToTokenPool, cache: PrefixCache, max_context: int
     ) -> None:
@@ -160,7 +128,7 @@ class Scheduler:
         urgent = self._urgent_priority()
         # 1. requests already running: their next token (or next prompt chunk)
         order = sorted(self.running, key=_RUN_ORDER)
-        segments = self._decode_segments(order, urgent)
+        segments = decode_segments(self, order, urgent) if self.decode_fast_path else None
         decode_only = segments is not None
         if decode_only:
             budget -= len(segments)
@@ -200,61 +168,6 @@ class Scheduler:
         if not segments and self.tier is not None:
             self.tier.wait_briefly()  # (only prefetches to wait for: no busy loop)
         return batch if segments else None
-
-    def _decode_segments(self, order: list[Request], urgent: int | None) -> list[Segment] | None:
-        """The running requests' segments when each is one token to decode and their new pages are
-        free without evicting or preempting anything (the steady state): what the loop in
-        :meth:`_running_segments` makes of them, with their slots assigned in one batch. None, and
-        nothing changed, in any other case (a prompt chunk, a draft, pages short)."""
-        if self.speculator is not None:
-            return None
-        page = self.page
-        picked: list[Request] = []
-        needs: list[int] = []
-        total = 0
-        RUNNING = Status.RUNNING
-        # Per request, what seq_len and _pages_needed compute, inline: this loop runs for every
-        # running request every step.
-        for req in order:
-            if req.status is not RUNNING or (urgent is not None and req.priority > urgent):
-                continue
-            computed = req.num_computed
-            remaining = len(req.prompt_ids) + len(req.output_ids) + req.inflight - computed
-            if remaining != 1:
-                if remaining <= 0:
-                    continue  # (as the general loop: nothing to compute)
-                return None
-            short = computed + 1 - req.prefix_len - len(req.own_pages) * page
-            need = -(-short // page) if short > 0 else 0
-            picked.append(req)
-            needs.append(need)
-            total += need
-        if total > self.pool.num_free_pages:
-            return None  # the general loop evicts, or preempts
-        if self.windows is not None and not self.windows.assign_decode(picked):
-            return None  # (what it took stays the requests': the general loop sees it covered)
-        pages = self.pool.allocate(total) if total else []
-        # Each request takes its pages from the end of the batch's, as one allocate() each would.
-        hi = total
-        rows: list[int] = []
-        cols: list[int] = []
-        slots: list[int] = []
-        for req, need in zip(picked, needs):
-            if not need:
-                continue
-            own = pages[hi - need : hi]
-            hi -= need
-            first = req.prefix_len + len(req.own_pages) * page
-            req.own_pages.extend(own)
-            if page == 1 and need == 1:  # a page is a slot: written with the others below
-                rows.append(req.req_pool_idx)
-                cols.append(first)
-                slots.append(own[0])
-            else:  # as _assign_slots
-                self.req_pool.write(req.req_pool_idx, first, own if page == 1 else self.pool.page_slots(own))
-        if rows:
-            self.req_pool.write_points(rows, cols, slots)
-        return [Segment(req, req.num_computed, 1) for req in picked]
 
     def _running_segments(self, order: list[Request], urgent: int | None, budget: int) -> tuple[list[Segment], int]:
         """The running requests' segments (``order``: by priority, then arrival), preempting the

@@ -1,4 +1,4 @@
-"""The scheduler's decode fast path (``Scheduler._decode_segments``) gives what its general loop
+"""The scheduler's decode fast path (``core/engine/scheduling/decode_segments.py``) gives what its general loop
 gives: the same segments, pages, slot table and free list, step after step, for page sizes 1 and
 2, and through the step where pages run short (which the general loop handles by preempting)."""
 
@@ -40,7 +40,7 @@ def _state(s: Scheduler, batch) -> tuple:
 @pytest.mark.parametrize("page,pages", [(1, 400), (2, 200), (1, 60)])
 def test_decode_fast_path_matches_the_general_loop(page, pages):
     fast, slow = _scheduler(page, pages), _scheduler(page, pages)
-    slow._decode_segments = lambda order, urgent: None  # always the general loop
+    slow.decode_fast_path = False  # always the general loop
     for s in (fast, slow):
         for i in range(6):
             params = SamplingParams(max_new_tokens=100, temperature=0)

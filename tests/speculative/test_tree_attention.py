@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from llmkit.core.engine.model_runner import ModelRunner
-from llmkit.core.engine.scheduler import ScheduledBatch, Segment
+from llmkit.core.engine.scheduling.scheduled_batch import ScheduledBatch, Segment
 from llmkit.core.speculative.tree import DraftTree
 
 from paged_runner import PagedRunner
