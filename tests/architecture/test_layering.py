@@ -36,6 +36,7 @@ RANK = {
     "plugins": 1,
     "kvcache": 2,
     "multimodal": 2.5,  # image items, pixels to tokens: the engine, the server and model plugins share them
+    "audio": 2.5,  # uploads to samples to log-mel features: the server and the speech models share them
     "model": 3,
     "parsing": 3,
     "grammar": 3,
