@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -133,8 +133,12 @@ class SpeechEngine:
                 continue
             self._busy_since = time.monotonic()
             try:
-                job.future.set_result(self._transcribe(job))
+                transcript = self._transcribe(job)
                 self._transcribed += 1
+                if not job.future.done():  # (cancelled meanwhile: its client went away)
+                    job.future.set_result(transcript)
+            except InvalidStateError:  # cancelled from the event loop since the check above
+                pass
             except Exception as exc:  # a failed request fails alone, not the server
                 log.exception("transcription failed")
                 if not job.future.done():

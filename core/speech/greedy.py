@@ -14,7 +14,7 @@ from llmkit.core.speech.prompt import WhisperPrompt
 def detect_languages(model: SpeechToText, state, prompt: WhisperPrompt, n: int) -> list[str]:
     """Each window's most likely language: the decoder's first token after <|startoftranscript|>,
     among the language tokens. ``state`` is consumed (its cache holds the start token after)."""
-    logits = model.decode(state, torch.full((n, 1), prompt.start, dtype=torch.long))
+    logits = model.decode(state, torch.full((n, 1), prompt.start, dtype=torch.long)).cpu()
     codes = list(prompt.languages)
     ids = torch.tensor([prompt.languages[c] for c in codes])
     return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
@@ -46,7 +46,8 @@ def decode_windows(
     begin = torch.tensor(prompt.begin_suppress, dtype=torch.long)
     out: list[list[int]] = [[] for _ in range(n)]
     done = torch.zeros(n, dtype=torch.bool)
-    logits = model.decode(state, torch.tensor(rows, dtype=torch.long))
+    # the sampling side runs on the CPU: a step's logits are one row per window
+    logits = model.decode(state, torch.tensor(rows, dtype=torch.long)).cpu()
     for step in range(prompt.max_length - width):
         if len(suppress):
             logits[:, suppress] = float("-inf")
@@ -64,5 +65,5 @@ def decode_windows(
         done |= token == prompt.eos
         if bool(done.all()) or step == prompt.max_length - width - 1:
             break
-        logits = model.decode(state, token[:, None])
+        logits = model.decode(state, token[:, None]).cpu()
     return out, languages

@@ -131,7 +131,7 @@ def audio_router(state: ServerState) -> APIRouter:
         except ValueError as exc:
             raise APIError(str(exc), 400, param="language") from None
         if stream:
-            return StreamingResponse(_events(asyncio.wrap_future(future), deltas), media_type="text/event-stream")
+            return StreamingResponse(_events(future, deltas), media_type="text/event-stream")
         try:
             transcript = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -151,10 +151,18 @@ def audio_router(state: ServerState) -> APIRouter:
         usage = {"type": "duration", "seconds": max(1, round(transcript.duration))}
         return JSONResponse({"text": transcript.text, "usage": usage})
 
-    async def _events(done, deltas: asyncio.Queue):
+    async def _events(future, deltas: asyncio.Queue):
         def event(body: dict) -> str:
             return f"data: {json.dumps(body)}\n\n"
 
+        done = asyncio.wrap_future(future)
+        try:
+            async for chunk in _deltas(done, deltas, event):
+                yield chunk
+        finally:  # the client went away mid-stream: the engine decodes no further window for it
+            future.cancel()
+
+    async def _deltas(done, deltas: asyncio.Queue, event):
         first = True
         while not (done.done() and deltas.empty()):
             getter = asyncio.ensure_future(deltas.get())
