@@ -131,8 +131,9 @@ def _cut_off(data: bytes) -> str | None:
         while at + 8 <= len(data):
             size = int.from_bytes(data[at + 4 : at + 8], "little")
             if data[at : at + 4] == b"data":
-                # streaming writers (espeak-ng --stdout, ffmpeg to a pipe) write an unknown size as all ones
-                if size < 0xFFFF_F000 and at + 8 + size > len(data):
+                # writers to a pipe cannot seek back to write the size: they leave a placeholder near
+                # a RIFF size's limit (espeak-ng --stdout: 0x7FFFF000; ffmpeg: 0xFFFFFFFF)
+                if size < 0x7FFF_F000 and at + 8 + size > len(data):
                     return f"its data chunk declares {size} bytes and {len(data) - at - 8} follow"
                 return None
             at += 8 + size + (size & 1)  # chunks are padded to even sizes
