@@ -39,6 +39,13 @@ def build_checked_server(checked: Checked):
     storage = _open_storage(config) if config.enable_batches else None
     if embedding_dir is not None:
         return _build_embedding_server(engine_config, config, embedding_dir, storage)
+    from llmkit.core.speech.loader import speech_model_dir
+
+    speech_dir = speech_model_dir(engine_config.model_path)
+    if speech_dir is not None:
+        if storage is not None:
+            storage.close()  # a batch line is a chat or completions one: nothing a speech model serves
+        return _build_speech_server(engine_config, config, speech_dir)
     client, model_dir = _start_engine(engine_config)
     tok = client.tokenizer
     source = Path(config.chat_template).read_text() if config.chat_template else getattr(tok, "chat_template", None)
@@ -197,6 +204,43 @@ def _build_embedding_server(engine_config: EngineConfig, config: ServerConfig, m
             storage.close()
 
     return _app(state, shutdown, services, routers, storage)
+
+
+def _build_speech_server(engine_config: EngineConfig, config: ServerConfig, model_dir: Path):
+    """A speech-to-text model (Whisper) behind /v1/audio/transcriptions and /translations: a
+    :class:`SpeechEngine` stands where the generation engine's client would."""
+    from llmkit.core.model.loader.hf_model_id import hf_model_id
+    from llmkit.core.model.loader.source import load_config
+    from llmkit.core.server.state import ServerState
+    from llmkit.core.speech.loader import start_speech_engine
+
+    model_config = load_config(model_dir)
+    import torch
+
+    device = engine_config.device
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = engine_config.dtype if engine_config.dtype not in (None, "auto") else "float32"
+    engine, tok = start_speech_engine(model_dir, device=device, dtype=dtype)
+    path = engine_config.model_path
+    config = replace(
+        config,
+        served_model_name=config.served_model_name or path,
+        hf_model_id=config.hf_model_id or hf_model_id(path),
+        model_source=str(model_dir),
+        warm_routes=False,  # the warm-up requests are chat ones
+        enable_web_ui=False,  # the playground is a chat page
+    )
+    state = ServerState(
+        client=engine,
+        tokenizer=tok,
+        chat_template=None,
+        options=config,
+        max_context=model_config.get("max_target_positions", 448),
+        vocab_size=model_config["vocab_size"],
+        speech=engine,
+    )
+    return _app(state, engine.shutdown, [], [], None)
 
 
 def _start_engine(config: EngineConfig):

@@ -29,6 +29,7 @@ PANELS = (
     "Batches and storage",
     "Embeddings and rerank",
     "Images",
+    "Audio",
 )
 
 

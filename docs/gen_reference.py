@@ -104,6 +104,7 @@ def models_page() -> str:
         types = entry.meta.get("model_types", ())
         fallback = getattr(cls, "is_fallback", False)
         serves = "scores" if entry.meta.get("scores") else "embeddings" if entry.meta.get("embedding") else "text"
+        serves = "transcripts" if entry.meta.get("speech") else serves
         archs = sorted({a for t in types for a in gguf.get(t, ())})
         tp = "yes" if getattr(cls, "supports_tp", False) else "text only" if getattr(cls, "text_model", None) else "no"
         quant = "no" if fallback or serves != "text" else "yes"

@@ -66,6 +66,8 @@ class InProcessServer:
 # replicas, kill -9 recoveries, Triton's interpreter. CI runs everything.
 SLOW_MODULES = frozenset(
     {
+        "tests/audio/test_transcription_server.py",
+        "tests/audio/test_whisper.py",
         "tests/attention/test_triton_attention.py",
         "tests/attention/test_triton_engine_interpreted.py",
         "tests/batches/test_batch_lease_e2e.py",

@@ -76,9 +76,10 @@ def causal_architecture(config: dict) -> str | None:
         name = archs[0]
     else:
         name = reg.architecture_for_model_type(config.get("model_type", ""))
-    if name is None or reg.entry("model", name).meta.get("embedding"):
+    if name is None:
         return None
-    return name
+    meta = reg.entry("model", name).meta  # encoders and speech models are no causal LMs
+    return None if meta.get("embedding") or meta.get("speech") else name
 
 
 def load_causal_lm(model_dir: Path, config: dict, device: torch.device, dtype: torch.dtype):

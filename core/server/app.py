@@ -93,6 +93,10 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
 
         scores = state.embedder.kind == "score"
         app.add_middleware(EmbeddingOnlyMiddleware, served_name=opts.served_model_name, scores=scores)
+    if state.speech is not None:
+        from llmkit.core.server.model_kind import SpeechOnlyMiddleware
+
+        app.add_middleware(SpeechOnlyMiddleware, served_name=opts.served_model_name)
     if keys or opts.rate_limit_rpm or opts.rate_limit_tpm:
         from llmkit.core.server.web_ui import WEB_OPEN_EXACT, WEB_OPEN_PATHS
 
@@ -197,7 +201,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         return {
             "model_path": state.options.served_model_name,
             "tokenizer_path": state.options.served_model_name,
-            "is_generation": state.embedder is None,
+            "is_generation": state.embedder is None and state.speech is None,
             "max_model_len": state.max_context,
         }
 
@@ -215,6 +219,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
         }
 
     from llmkit.core.server.anthropic.routes import anthropic_router
+    from llmkit.core.server.openai.audio import audio_router
     from llmkit.core.server.openai.embeddings import embeddings_router
     from llmkit.core.server.openai.scores import scores_router
     from llmkit.core.server.responses.routes import responses_router
@@ -222,6 +227,7 @@ def create_app(state: ServerState, *, on_shutdown=None, services=(), routers=(),
     from llmkit.core.server.sglang.load import load_router
     from llmkit.core.server.sglang.tokenize import tokenize_router
 
+    app.include_router(audio_router(state))
     app.include_router(tokenize_router(state))
     app.include_router(embeddings_router(state))
     app.include_router(scores_router(state))

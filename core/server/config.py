@@ -15,6 +15,7 @@ _lora = partial(option, panel="LoRA adapters")
 _batch = partial(option, panel="Batches and storage")
 _embed = partial(option, panel="Embeddings and rerank")
 _media = partial(option, panel="Images")
+_audio = partial(option, panel="Audio")
 
 
 def _served_names(names) -> dict:
@@ -335,6 +336,23 @@ class ServerConfig:
         "--media-fetch-timeout",
         check=positive,
         help="Seconds to fetch one image URL, in all: connecting, redirects and the whole body.",
+    )
+
+    # Audio (/v1/audio/transcriptions and /translations): how big an upload, how long its audio (audio/decode.py)
+    max_audio_bytes: int = _audio(
+        25 << 20,
+        "--max-audio-bytes",
+        envvar="LLMKIT_MAX_AUDIO_BYTES",
+        check=at_least(1),
+        help="The largest audio file accepted, in bytes (OpenAI's cap: 25 MB); bigger uploads get 413.",
+    )
+    max_audio_seconds: float = _audio(
+        1800.0,
+        "--max-audio-seconds",
+        envvar="LLMKIT_MAX_AUDIO_SECONDS",
+        check=positive,
+        help="The longest audio accepted, in seconds; longer audio gets 400, refused from its header "
+        "where it declares its duration, else as soon as decoding passes the limit.",
     )
 
     # Not options: set at launch, or OpenAI's own caps.

@@ -41,3 +41,21 @@ class EmbeddingOnlyMiddleware:
             resp = shaped_error(scope["path"], message, 400, code="model_not_generative")
             return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+class SpeechOnlyMiddleware:
+    """On a speech-to-text server (Whisper), a generation request gets 400 in its API's error shape."""
+
+    def __init__(self, app, served_name: str) -> None:
+        self.app = app
+        self.served_name = served_name
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and serves_generation_only(scope["path"]):
+            message = (
+                f"the model `{self.served_name}` transcribes speech; it cannot generate text from a prompt: "
+                "use POST /v1/audio/transcriptions or /v1/audio/translations"
+            )
+            resp = shaped_error(scope["path"], message, 400, code="model_not_generative")
+            return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)

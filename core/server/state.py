@@ -40,6 +40,8 @@ class ServerState:
     # An embedding model's EmbeddingEngine (then also ``client``, for health and the drain); None
     # for a generative model
     embedder: Any = None
+    # A speech-to-text model's SpeechEngine (then also ``client``); None where the model takes no audio
+    speech: Any = None
     queued_inputs: int = 0  # inputs of HTTP embedding, rerank and score requests held (embedder_calls.py)
     # A vision-language model's MultimodalProcessor (None: the model reads text only) and the
     # limits on where its images come from (llmkit.core.multimodal.media)

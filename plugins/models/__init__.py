@@ -97,6 +97,13 @@ def llmkit_register_models(register):
     )
     # Encoders serve /v1/embeddings, cross-encoders (scores=True) /v1/rerank and /v1/score
     # (embedding=True: launch serves them without the generation engine)
+    # speech in, text out (a SpeechToText: served behind /v1/audio/*, not by the generation engine)
+    register(
+        "WhisperForConditionalGeneration",
+        "llmkit.plugins.models.speech.whisper:WhisperForConditionalGeneration",
+        model_types=("whisper",),
+        speech=True,
+    )
     register("BertModel", "llmkit.plugins.models.bert:BertModel", model_types=("bert",), embedding=True)
     register(
         "XLMRobertaModel", "llmkit.plugins.models.bert:XLMRobertaModel", model_types=("xlm-roberta",), embedding=True

@@ -36,6 +36,7 @@ RANK = {
     "plugins": 1,
     "kvcache": 2,
     "multimodal": 2.5,  # image items, pixels to tokens: the engine, the server and model plugins share them
+    "audio": 2.5,  # uploads to samples to log-mel features: the server and the speech models share them
     "model": 3,
     "parsing": 3,
     "grammar": 3,
@@ -43,6 +44,7 @@ RANK = {
     "lora": 3.5,  # adapters over the model's linear layers; the engine serves them
     "engine": 4,
     "embedding": 4,  # encoders beside the generation engine, not in it
+    "speech": 4,  # speech-to-text models beside the generation engine, until the engine serves them
     "server": 5,
     "batches": 6,
     "refusals": 6.5,  # checks both configs (server keys, engine devices) before launch builds anything
