@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -37,3 +38,33 @@ def build_and_run(name: str, build: Callable[[], T], run: Callable[[T], None]) -
     if not ok:
         raise got
     return got
+
+
+class ThreadClient:
+    """What the server's plumbing asks of an engine that serves on one thread of its own (the
+    embedding and speech engines): liveness, a stuck request's age for ``/health``, no prefix
+    cache. The engine sets ``_thread``, ``_stopped`` and ``_busy_since`` (the monotonic time its
+    current work began, None when idle); ``thread_role`` names it in the dead message."""
+
+    thread_role = "worker"
+    _thread: threading.Thread
+    _stopped: bool = False
+    _busy_since: float | None = None
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def dead(self) -> str | None:
+        return None if self._stopped or self._thread.is_alive() else f"the {self.thread_role} thread stopped"
+
+    def degraded(self) -> str | None:
+        return None
+
+    def progress_age(self) -> float:
+        """Seconds the current work has run (0 when idle): /health turns 503 on a stuck one."""
+        started = self._busy_since
+        return 0.0 if started is None else time.monotonic() - started
+
+    async def flush_cache(self) -> bool:
+        return True  # no prefix cache: nothing to drop

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from llmkit.core.embedding.pooling import Pooling
 from llmkit.core.model.encoder import Encoder, Scorer
-from llmkit.core.own_thread import build_and_run
+from llmkit.core.own_thread import ThreadClient, build_and_run
 
 log = logging.getLogger("llmkit")
 
@@ -55,9 +55,11 @@ class _Job:
         self.future.tokens = 0  # tokens embedded so far, read when the request is cut short
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(ThreadClient):
     """Serves an :class:`Encoder` (``embed``: pooled vectors) or a :class:`Scorer` (``score``: one
     relevance score per formatted pair); ``kind`` says which."""
+
+    thread_role = "embedding"
 
     def __init__(
         self,
@@ -219,26 +221,6 @@ class EmbeddingEngine:
                 job.future.set_result(job.vectors)
             except InvalidStateError:  # cancelled from the event loop since the check above
                 pass
-
-    # --- what the server's plumbing asks of an engine client ----------------------------------
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def dead(self) -> str | None:
-        return None if self._stopped or self._thread.is_alive() else "the embedding thread stopped"
-
-    def degraded(self) -> str | None:
-        return None
-
-    def progress_age(self) -> float:
-        """Seconds the current forward has run (0 when idle): /health turns 503 on a stuck one."""
-        started = self._busy_since
-        return 0.0 if started is None else time.monotonic() - started
-
-    async def flush_cache(self) -> bool:
-        return True  # an encoder keeps no prefix cache: nothing to drop
 
     def stats(self) -> dict:
         return {

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from llmkit.core.audio.features import WhisperFeatures
-from llmkit.core.own_thread import build_and_run
+from llmkit.core.own_thread import ThreadClient, build_and_run
 from llmkit.core.speech.greedy import decode_windows
 from llmkit.core.speech.model import SpeechToText
 from llmkit.core.speech.prompt import WhisperPrompt
@@ -61,7 +61,9 @@ class _Job:
     segments: list[Segment] = field(default_factory=list)
 
 
-class SpeechEngine:
+class SpeechEngine(ThreadClient):
+    thread_role = "speech"
+
     def __init__(
         self,
         model: SpeechToText,
@@ -175,26 +177,6 @@ class SpeechEngine:
                     job.on_window(seg)
         text = "".join(s.text for s in job.segments).strip()
         return Transcript(text, language, duration, job.segments)
-
-    # --- what the server's plumbing asks of an engine client ----------------------------------
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def dead(self) -> str | None:
-        return None if self._stopped or self._thread.is_alive() else "the speech thread stopped"
-
-    def degraded(self) -> str | None:
-        return None
-
-    def progress_age(self) -> float:
-        """Seconds the current request has run (0 when idle): /health turns 503 on a stuck one."""
-        started = self._busy_since
-        return 0.0 if started is None else time.monotonic() - started
-
-    async def flush_cache(self) -> bool:
-        return True  # no prefix cache: nothing to drop
 
     def stats(self) -> dict:
         return {"device": self.device, "num_waiting_requests": self._jobs.qsize(), "num_transcribed": self._transcribed}
