@@ -10,8 +10,9 @@ strict tools and once without (interleaved, so both see the same machine). 4 too
 turns that call tools, then a question; ``tool_choice`` "auto", temperature 1.
 
 A request fails when its content keeps an unparsed ``<tool_call>`` or a call's arguments fail
-their tool's schema. Cost: wall seconds per completion token and per request, constrained over
-unconstrained (the goal is <= 1.1x). Prints a markdown table.
+their tool's schema; those that ended on ``max_tokens`` (a call cut off) are also counted apart.
+Cost: wall seconds per completion token and per request, constrained over unconstrained (the
+goal is <= 1.1x). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def failed(message) -> bool:
     return False
 
 
-async def one(client, model: str, seed: int, strict: bool, max_tokens: int) -> tuple[bool, int, int]:
+async def one(client, model: str, seed: int, strict: bool, max_tokens: int) -> tuple[bool, bool, int, int]:
     r = await client.chat.completions.create(
         model=model,
         messages=[*EXAMPLES, {"role": "user", "content": QUESTIONS[seed % len(QUESTIONS)]}],
@@ -110,8 +111,9 @@ async def one(client, model: str, seed: int, strict: bool, max_tokens: int) -> t
         seed=seed,
         max_tokens=max_tokens,
     )
-    m = r.choices[0].message
-    return failed(m), len(m.tool_calls or []), r.usage.completion_tokens
+    m, bad = r.choices[0].message, failed(r.choices[0].message)
+    # a call max_tokens cut off fails too, but no grammar can help it: counted apart
+    return bad, bad and r.choices[0].finish_reason == "length", len(m.tool_calls or []), r.usage.completion_tokens
 
 
 async def main() -> None:
@@ -123,7 +125,7 @@ async def main() -> None:
     args = ap.parse_args()
     client = openai.AsyncOpenAI(base_url=args.url + "/v1", api_key="None", max_retries=0, timeout=600)
     model = (await client.models.list()).data[0].id
-    stats = {s: {"failed": 0, "calls": 0, "tokens": 0, "wall": 0.0} for s in (True, False)}
+    stats = {s: {"failed": 0, "cut": 0, "calls": 0, "tokens": 0, "wall": 0.0} for s in (True, False)}
     for start in range(0, args.requests, args.concurrency):
         seeds = range(start, min(start + args.concurrency, args.requests))
         for strict in (True, False):
@@ -131,12 +133,16 @@ async def main() -> None:
             results = await asyncio.gather(*(one(client, model, s, strict, args.max_tokens) for s in seeds))
             st = stats[strict]
             st["wall"] += time.perf_counter() - t
-            for bad, calls, tokens in results:
+            for bad, cut, calls, tokens in results:
                 st["failed"] += bad
+                st["cut"] += cut
                 st["calls"] += calls
                 st["tokens"] += tokens
-        done = {("strict" if k else "free"): (v["failed"], v["tokens"], round(v["wall"], 1)) for k, v in stats.items()}
-        print(f"after {seeds.stop} requests (failed, tokens, wall s): {done}", file=sys.stderr, flush=True)
+        done = {
+            ("strict" if k else "free"): (v["failed"], v["cut"], v["tokens"], round(v["wall"], 1))
+            for k, v in stats.items()
+        }
+        print(f"after {seeds.stop} requests (failed, cut off, tokens, wall s): {done}", file=sys.stderr, flush=True)
     n = args.requests
     print(
         f"| {n} requests, 4 tools, temperature 1, max_tokens={args.max_tokens} | failed | calls | tokens | wall s | ms/token |"
@@ -146,7 +152,7 @@ async def main() -> None:
         st = stats[strict]
         per_token = 1000 * st["wall"] / max(st["tokens"], 1)
         print(
-            f"| {name} | {st['failed']} ({100 * st['failed'] / n:.1f} %) | {st['calls']} | {st['tokens']} | {st['wall']:.1f} | {per_token:.1f} |"
+            f"| {name} | {st['failed']} ({100 * st['failed'] / n:.1f} %) | {st['cut']} | {st['calls']} | {st['tokens']} | {st['wall']:.1f} | {per_token:.1f} |"
         )
     c, u = stats[True], stats[False]
     per_token = (c["wall"] / max(c["tokens"], 1)) / (u["wall"] / max(u["tokens"], 1))
