@@ -81,6 +81,8 @@ SLOW_MODULES = frozenset(
         "tests/engine/test_overlap_schedule.py",
         "tests/engine/test_scheduler.py",
         "tests/grammar/test_grammar.py",
+        "tests/grammar/test_strict_tools_e2e.py",
+        "tests/grammar/test_structural_tag.py",
         "tests/hub/test_hub_serve_e2e.py",
         "tests/kvcache/test_kv_cache_dtype.py",
         "tests/kvcache/test_window_pages_engine.py",

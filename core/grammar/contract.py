@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from llmkit.core.grammar.limits import GrammarCache, GrammarLimits, check_spec
+from llmkit.core.grammar.structural_tag import structural_tag_value
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
-KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "ebnf")
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "structural_tag"]
+KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
 CONFLICT_MESSAGE = "Only one of regex, json_schema, or ebnf can be set."
 
 
@@ -38,7 +40,8 @@ class GrammarSpec:
     """One request's constraint.
 
     ``value``: a JSON schema (dict, or its JSON text) for ``json_schema``; None for ``json_object``;
-    the pattern or grammar text for ``regex`` / ``ebnf``. ``param`` is the request field it came
+    the pattern or grammar text for ``regex`` / ``ebnf``; for ``structural_tag`` the canonical
+    ``{"type": "structural_tag", "format": {...}}`` (:mod:`.structural_tag`). ``param`` is the request field it came
     from, used in error messages.
     """
 
@@ -112,8 +115,8 @@ class GrammarBackend(ABC):
 
     @abstractmethod
     def build(self, kind: str, source: str, param: str, timeout: float) -> CompiledGrammar:
-        """Compile a checked, canonical ``source`` (a schema's JSON text, a regex, EBNF text;
-        ignored for ``json_object``) within ``timeout`` seconds, or raise :class:`GrammarError`."""
+        """Compile a checked, canonical ``source`` (a schema's or structural tag's JSON text, a
+        regex, EBNF text; ignored for ``json_object``) within ``timeout`` seconds, or raise :class:`GrammarError`."""
 
     @abstractmethod
     def allocate_bitmask(self, batch_size: int, vocab_size: int | None = None) -> Any:
@@ -183,8 +186,9 @@ def spec_from_request(body: dict) -> GrammarSpec | None:
     """The constraint a chat/completions request body asks for, or None.
 
     Reads OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema`` with a nested
-    ``json_schema.schema`` or the legacy top-level ``schema``) and SGLang's top-level ``regex``,
-    ``ebnf`` and ``json_schema`` (completions; a JSON string). At most one may be set.
+    ``json_schema.schema`` or the legacy top-level ``schema``; SGLang's and vLLM's ``structural_tag``) and SGLang's top-level ``regex``,
+    ``ebnf``, ``json_schema`` (completions; a JSON string) and ``structural_tag`` (``/generate``).
+    At most one may be set.
     """
     found: list[GrammarSpec] = []
     rf = body.get("response_format")
@@ -192,6 +196,9 @@ def spec_from_request(body: dict) -> GrammarSpec | None:
         spec = _from_response_format(rf)
         if spec is not None:
             found.append(spec)
+    tag = body.get("structural_tag")  # SGLang's /generate: sampling_params.structural_tag, JSON text
+    if tag is not None:
+        found.append(_from_structural_tag_param(tag))
     for param in ("json_schema", "regex", "ebnf"):
         value = body.get(param)
         if value is None:
@@ -205,6 +212,20 @@ def spec_from_request(body: dict) -> GrammarSpec | None:
     return found[0] if found else None
 
 
+def _from_structural_tag_param(tag: Any) -> GrammarSpec:
+    if isinstance(tag, str):
+        try:
+            tag = json.loads(tag)
+        except ValueError as exc:
+            raise GrammarError("structural_tag", f"structural_tag is not valid JSON: {exc}") from None
+    if not isinstance(tag, dict) or tag.get("type", "structural_tag") != "structural_tag":
+        raise GrammarError("structural_tag", 'structural_tag must be an object of type "structural_tag"')
+    try:
+        return GrammarSpec("structural_tag", structural_tag_value(tag), "structural_tag")
+    except ValueError as exc:
+        raise GrammarError("structural_tag", str(exc).replace("response_format", "structural_tag")) from None
+
+
 def _from_response_format(rf: Any) -> GrammarSpec | None:
     if hasattr(rf, "model_dump"):  # a pydantic model from the HTTP layer
         rf = rf.model_dump(by_alias=True, exclude_none=True)
@@ -215,10 +236,15 @@ def _from_response_format(rf: Any) -> GrammarSpec | None:
         return None
     if kind == "json_object":
         return GrammarSpec("json_object", None, "response_format")
+    if kind == "structural_tag":
+        try:
+            return GrammarSpec("structural_tag", structural_tag_value(rf), "response_format")
+        except ValueError as exc:
+            raise GrammarError("response_format", str(exc)) from None
     if kind != "json_schema":
         raise GrammarError(
             "response_format",
-            f"Unsupported response_format type {kind!r}; use 'text', 'json_object' or 'json_schema'.",
+            f"Unsupported response_format type {kind!r}; use 'text', 'json_object', 'json_schema' or 'structural_tag'.",
         )
     inner = rf.get("json_schema")
     if isinstance(inner, dict):

@@ -49,6 +49,8 @@ def check_spec(kind: str, value: Any, limits: GrammarLimits) -> str:
         return ""
     if kind == "json_schema":
         return _check_schema(value, limits)
+    if kind == "structural_tag":  # a JSON document with schemas and regexes inside: the same caps
+        return _check_schema(value, limits, "structural tag")
     if not isinstance(value, str):
         raise ValueError(f"{kind} must be a string")
     cap = limits.max_regex_bytes if kind == "regex" else limits.max_ebnf_bytes
@@ -62,32 +64,32 @@ def check_spec(kind: str, value: Any, limits: GrammarLimits) -> str:
     return value
 
 
-def _check_schema(value: Any, limits: GrammarLimits) -> str:
+def _check_schema(value: Any, limits: GrammarLimits, what: str = "JSON schema") -> str:
     if isinstance(value, str):
         if len(value.encode("utf-8", "surrogatepass")) > limits.max_schema_bytes:
-            raise ValueError(f"JSON schema is too large (limit {limits.max_schema_bytes} bytes)")
+            raise ValueError(f"{what} is too large (limit {limits.max_schema_bytes} bytes)")
         try:
             value = json.loads(value)
         except RecursionError:
-            raise ValueError("JSON schema is nested too deeply") from None
+            raise ValueError(f"{what} is nested too deeply") from None
         except ValueError as exc:
-            raise ValueError(f"JSON schema is not valid JSON: {exc}") from None
+            raise ValueError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise ValueError("JSON schema must be a JSON object")
-    patterns = _walk_schema(value, limits)
+        raise ValueError(f"{what} must be a JSON object")
+    patterns = _walk_schema(value, limits, what)
     if limits.reject_nested_quantifiers:
         for pattern in patterns:
             check_regex_shape(pattern)
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"JSON schema is not serialisable as JSON: {exc}") from None
+        raise ValueError(f"{what} is not serialisable as JSON: {exc}") from None
     if len(text.encode("utf-8", "surrogatepass")) > limits.max_schema_bytes:
-        raise ValueError(f"JSON schema is too large (limit {limits.max_schema_bytes} bytes)")
+        raise ValueError(f"{what} is too large (limit {limits.max_schema_bytes} bytes)")
     return text
 
 
-def _walk_schema(root: dict, limits: GrammarLimits) -> list[str]:
+def _walk_schema(root: dict, limits: GrammarLimits, what: str) -> list[str]:
     """Iteratively check depth and node count (no recursion, so no RecursionError); collect the
     regexes a schema carries (``pattern`` values and ``patternProperties`` keys)."""
     patterns: list[str] = []
@@ -97,13 +99,13 @@ def _walk_schema(root: dict, limits: GrammarLimits) -> list[str]:
         node, depth = stack.pop()
         nodes += 1
         if nodes > limits.max_schema_nodes:
-            raise ValueError(f"JSON schema has too many elements (limit {limits.max_schema_nodes})")
+            raise ValueError(f"{what} has too many elements (limit {limits.max_schema_nodes})")
         if depth > limits.max_schema_depth:
-            raise ValueError(f"JSON schema is nested too deeply (limit {limits.max_schema_depth} levels)")
+            raise ValueError(f"{what} is nested too deeply (limit {limits.max_schema_depth} levels)")
         if isinstance(node, dict):
             for key, child in node.items():
                 if not isinstance(key, str):
-                    raise ValueError("JSON schema keys must be strings")
+                    raise ValueError(f"{what} keys must be strings")
                 if key == "pattern" and isinstance(child, str):
                     patterns.append(child)
                 if key == "patternProperties" and isinstance(child, dict):
@@ -244,8 +246,11 @@ class GrammarCache:
 
 
 _ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+# xgrammar's assertion text before a structural tag's own message says nothing to a client
+_CHECK_FAILED = re.compile(r"^Check failed: \(.*?\) is false: (Invalid structural tag error: )?")
 
 
 def clean_compiler_message(message: str) -> str:
-    """Strip a C++ log prefix (``[03:04:21] /project/cpp/x.cc:83: ``) from a compiler error."""
-    return _ERROR_PREFIX.sub("", message.strip()).strip()
+    """Strip a C++ log prefix (``[03:04:21] /project/cpp/x.cc:83: ``) and assertion text from a
+    compiler error."""
+    return _CHECK_FAILED.sub("", _ERROR_PREFIX.sub("", message.strip())).strip()

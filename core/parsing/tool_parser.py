@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.core.parsing.text_scan import partial_marker_len
 
 
@@ -66,6 +67,10 @@ class ToolParseDelta:
 
 class ToolParser(ABC):
     """One choice's tool-call extractor (a stateful, streaming state machine)."""
+
+    #: How the model writes a call, for strict tool calling (None: the format has no fixed frame,
+    #: so "auto" calls stay unconstrained). Calls written in this shape must parse.
+    call_shape: ToolCallShape | None = None
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         """``tools`` are the request's OpenAI tool dicts; when given, calls to other names are

@@ -70,6 +70,16 @@ class ServerConfig:
         generation_only=True,
         help="Parse tool calls: hermes, llama3, mistral, ...",
     )
+    strict_tool_calls: bool = _model(
+        True,
+        "--disable-strict-tool-calls",
+        negate=True,
+        envvar="LLMKIT_DISABLE_STRICT_TOOL_CALLS",
+        generation_only=True,
+        help='Leave tool_choice "auto" calls unconstrained (only tools sent with strict: true keep their '
+        "schema). By default every call the model opens is held to its tool's schema in the tool-call "
+        "parser's format, where the parser declares one.",
+    )
 
     host: str = _http("127.0.0.1", "--host", envvar="LLMKIT_HOST", help="The address to listen on.")
     port: int = _http(30000, "--port", envvar="LLMKIT_PORT", check=port, help="The port to listen on.")

@@ -57,8 +57,9 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reason
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-    if reasoning_tokens:
+    if reasoning_tokens:  # SGLang's top-level field, and OpenAI's place for it
         u["reasoning_tokens"] = reasoning_tokens
+        u["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return u
 
 

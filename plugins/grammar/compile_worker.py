@@ -6,7 +6,7 @@ frames of a 4-byte big-endian length and a UTF-8 JSON object (never pickle).
 
     parent -> {"tokenizer_info": str, "max_threads": int, "max_grammar_bytes": int}
     worker -> {"ready": true}
-    parent -> {"kind": "json_schema"|"json_object"|"regex"|"ebnf", "source": str}   (repeated)
+    parent -> {"kind": "json_schema"|"json_object"|"regex"|"ebnf"|"structural_tag", "source": str}   (repeated)
     worker -> {"ok": true, "compiled": str, "bytes": int} | {"ok": false, "error": str}
 """
 
@@ -67,6 +67,8 @@ def compile_one(xgr: Any, compiler: Any, job: dict, max_grammar_bytes: int) -> d
             compiled = compiler.compile_regex(source)
         elif kind == "ebnf":
             compiled = compiler.compile_grammar(source)
+        elif kind == "structural_tag":  # {"type": "structural_tag", "format": ...}; xgrammar checks the rest
+            compiled = compiler.compile_structural_tag(source)
         else:
             return {"ok": False, "error": f"unknown grammar kind {kind!r}"}
     except RecursionError:

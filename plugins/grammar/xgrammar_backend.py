@@ -19,7 +19,13 @@ from llmkit.core.grammar.limits import clean_compiler_message
 
 from .worker_pool import CompileWorkerPool, WorkerCrashed, WorkerTimeout
 
-_WHAT = {"json_schema": "JSON schema", "json_object": "JSON object grammar", "regex": "regex", "ebnf": "EBNF grammar"}
+_WHAT = {
+    "json_schema": "JSON schema",
+    "json_object": "JSON object grammar",
+    "regex": "regex",
+    "ebnf": "EBNF grammar",
+    "structural_tag": "structural tag",
+}
 
 
 class XGrammarMatcher(GrammarMatcher):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.core.parsing.tool_parser import StreamingToolParser
 from llmkit.plugins.tool_parsers._json_call import JsonCallReader, finish_reader
 
@@ -17,6 +18,8 @@ START, END = "<tool_call>", "</tool_call>"
 
 class HermesToolParser(StreamingToolParser):
     """``<tool_call>{json}</tool_call>`` blocks."""
+
+    call_shape = ToolCallShape(START, START + '\n{"name": "{name}", "arguments": ', "}\n" + END)
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)

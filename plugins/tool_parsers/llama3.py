@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.core.parsing.tool_parser import StreamingToolParser
 from llmkit.plugins.tool_parsers._json_call import JsonCallReader, finish_reader
 
@@ -18,6 +19,8 @@ TAG = "<|python_tag|>"
 
 class Llama3ToolParser(StreamingToolParser):
     """``<|python_tag|>{json}; {json}`` or a bare ``{json}`` reply."""
+
+    call_shape = ToolCallShape(TAG, TAG + '{"name": "{name}", "parameters": ', "}")
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.core.parsing.text_scan import JsonScanner
 from llmkit.core.parsing.tool_parser import StreamingToolParser
 from llmkit.plugins.tool_parsers._json_call import JsonCallReader, finish_reader
@@ -24,6 +25,8 @@ class MistralToolParser(StreamingToolParser):
     """``[TOOL_CALLS]`` followed by a JSON array, or by ``name[ARGS]{json}``."""
 
     prefix: str | None = TAG
+    # one call an array under strict tool calling (the format allows several; each still parses)
+    call_shape = ToolCallShape(TAG, TAG + '[{"name": "{name}", "arguments": ', "}]")
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
@@ -130,3 +133,4 @@ class JsonArrayToolParser(MistralToolParser):
     """A reply that is a JSON array of ``{"name", "parameters"|"arguments"}`` objects."""
 
     prefix = None
+    call_shape = None  # no marker opens the array: its calls are forced (tool_choice), never "auto"

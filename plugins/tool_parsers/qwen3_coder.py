@@ -32,6 +32,7 @@ import re
 from typing import Any
 
 from llmkit.core.parsing.arg_types import convert_value, is_plain_string, tool_param_types
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.core.parsing.text_scan import partial_marker_len
 from llmkit.core.parsing.tool_parser import StreamingToolParser
 
@@ -53,6 +54,8 @@ def _escaped(text: str) -> str:
 
 class Qwen3CoderToolParser(StreamingToolParser):
     """``<tool_call><function=NAME><parameter=KEY>value</parameter>…</function></tool_call>``."""
+
+    call_shape = ToolCallShape(TOOL_START, TOOL_START + "\n<function={name}>\n", "</function>\n" + TOOL_END, "qwen_xml")
 
     #: shown to models whose chat template cannot render tools (see core/server/prompts/tool_prompt.py)
     call_format = (

@@ -210,3 +210,54 @@ def json_loads(s):
     import json
 
     return json.loads(s)
+
+
+def test_reasoning_budget_holds_and_the_answer_follows(rserver):
+    """vLLM's thinking_token_budget: the reasoning stops at the budget, closed with the parser's own
+    </think>, and the answer follows as content (reasoning tokens counted apart)."""
+    for seed in (1, 2, 3):
+        r = rserver.client.chat.completions.create(
+            model="m",
+            messages=MSG,
+            temperature=1,
+            seed=seed,
+            max_tokens=40,
+            extra_body={"thinking_token_budget": 6, "chat_template_kwargs": {"enable_thinking": True}},
+        )
+        msg, spent = r.choices[0].message, r.usage.completion_tokens_details.reasoning_tokens
+        assert msg.reasoning_content and msg.content, (seed, msg)
+        assert 0 < spent <= 7, spent  # the budget, give or take a merge at </think>
+    raw = rserver.client.chat.completions.create(
+        model="m",
+        messages=MSG,
+        temperature=1,
+        seed=4,
+        max_tokens=40,
+        extra_body={"thinking_token_budget": 6, "separate_reasoning": False},
+    )
+    assert raw.choices[0].message.content.count("</think>") == 1
+
+
+def test_anthropic_budget_tokens_holds(rserver):
+    import httpx
+
+    body = {
+        "model": "m",
+        "max_tokens": 40,
+        "temperature": 1,
+        "thinking": {"type": "enabled", "budget_tokens": 6},
+        "messages": MSG,
+    }
+    r = httpx.post(rserver.base_url + "/v1/messages", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    blocks = r.json()["content"]
+    assert [b["type"] for b in blocks][:2] == ["thinking", "text"], blocks
+    assert 0 < len(blocks[0]["thinking"].split()) <= 6
+
+
+def test_bad_thinking_token_budget(rserver):
+    import httpx
+
+    body = {"model": "m", "messages": MSG, "thinking_token_budget": 0}
+    r = httpx.post(rserver.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"

@@ -1,7 +1,7 @@
 """A Messages request as the chat completion request that serves it: system and content blocks
 to messages, tool_use/tool_result to tool calls, tool_choice, and ``thinking`` as the template's
-thinking switch (off unless enabled, as on Anthropic; ``budget_tokens`` is checked but not
-enforced while decoding)."""
+thinking switch (off unless enabled, as on Anthropic) with ``budget_tokens`` as the reasoning
+budget the grammar enforces (``generation/reasoning_budget.py``)."""
 
 from __future__ import annotations
 
@@ -133,6 +133,11 @@ def _thinking_kwargs(body: CountTokensRequest) -> dict:
     return {"enable_thinking": True}
 
 
+def _thinking_budget(body: CountTokensRequest) -> int | None:
+    t = body.thinking
+    return t.get("budget_tokens") if t is not None and t.get("type") == "enabled" else None
+
+
 def to_chat(body: CountTokensRequest):
     """The chat completion request that serves this Messages request."""
     from llmkit.core.server.openai.chat_events import chat_request
@@ -144,6 +149,7 @@ def to_chat(body: CountTokensRequest):
         "tool_choice": choice,
         "parallel_tool_calls": parallel,
         "chat_template_kwargs": _thinking_kwargs(body),
+        "thinking_token_budget": _thinking_budget(body),  # checked by _thinking_kwargs, enforced
     }
     if body.tools:
         chat["tools"] = [

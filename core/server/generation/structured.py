@@ -3,10 +3,13 @@ decoding behind ``tool_choice`` "required" or a named function."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llmkit.core.server.errors import APIError
+
+log = logging.getLogger("llmkit")
 
 if TYPE_CHECKING:
     from llmkit.core.server.generation.reasoning import RequestReasoning
@@ -83,7 +86,9 @@ class Constraint:
 def _spec(state, body):
     from llmkit.core.grammar.contract import GrammarError, GrammarSpec, spec_from_request
 
-    raw = body.model_dump(include={"response_format", "regex", "ebnf", "json_schema"}, exclude_none=True)
+    raw = body.model_dump(
+        include={"response_format", "regex", "ebnf", "json_schema", "structural_tag"}, exclude_none=True
+    )
     try:
         spec = spec_from_request(raw)
     except GrammarError as exc:
@@ -97,6 +102,25 @@ def _spec(state, body):
     return spec
 
 
+async def _strict_tools_spec(state, body):
+    """The structural tag of strict tool calling for an "auto" request, or None. A grammar the
+    backend cannot take (``--grammar-backend none``, a tool schema it refuses) leaves the calls
+    unconstrained, as they were before strict calling: a server that cannot constrain still answers."""
+    from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+    from llmkit.core.server.generation.strict_tools import strict_tools_tag
+
+    tag = strict_tools_tag(body, state.options.tool_call_parser, state.options.strict_tool_calls)
+    if tag is None:
+        return None
+    spec = GrammarSpec("structural_tag", tag, param="tools")
+    try:
+        await state.client.check_grammar(spec)
+    except GrammarError as exc:
+        log.info("tool calls left unconstrained: %s", exc.message)
+        return None
+    return spec
+
+
 async def attach_grammar(state, body, reqs, reasoning: RequestReasoning | None = None) -> Constraint | None:
     """Check the request's constraint (if any) and put it on each of ``reqs`` (replaced in place:
     messages are frozen). The engine compiles it again from its cache and keeps the matchers.
@@ -104,22 +128,34 @@ async def attach_grammar(state, body, reqs, reasoning: RequestReasoning | None =
     With the request's reasoning parser (``reasoning``, resolved once for the request; None for
     the routes without a chat template) starting inside a reasoning block, the grammar waits for
     the parser's end marker, so the reasoning stays free text and only the answer is constrained.
-    Returns None when the request is unconstrained, else a :class:`Constraint`: the request
-    field it came from (``"tool_choice"`` for a forced tool call) and the text added to the prompt
+    Without a constraint of its own, a chat request with tools and ``tool_choice`` "auto" gets the
+    strict tool-calling tag (:mod:`.strict_tools`). A reasoning budget (:mod:`.reasoning_budget`)
+    puts the reasoning under the grammar as well, before the answer's constraint. Returns None when the request is unconstrained,
+    else a :class:`Constraint`: the request field it came from (``"tool_choice"`` for a forced tool
+    call, ``"tools"`` for strict "auto" calls) and the text added to the prompt
     (the reasoning parser's ``constrained_answer_prefix``, usually empty).
     """
+    from llmkit.core.grammar.contract import GrammarError, GrammarSpec
+    from llmkit.core.server.generation.reasoning_budget import answer_format, budget_tag, reasoning_budget
+
     spec = _spec(state, body)
+    parser = reasoning.new_parser() if reasoning is not None else None  # where the prompt leaves it
+    after = parser.reasoning_end_markers if parser is not None else ()
+    prefix = parser.constrained_answer_prefix if parser is not None else ""
+    budget = reasoning_budget(body)
+    if spec is None and not prefix:
+        # "auto" tool calls: constrained only where free text may follow the reasoning as is
+        spec = await _strict_tools_spec(state, body)
+    if budget is not None and after and not prefix:
+        # the grammar covers the reasoning too: at most `budget` tokens, then the parser's end marker
+        param = spec.param if spec is not None else "reasoning_effort"
+        spec, after = GrammarSpec("structural_tag", budget_tag(budget, after[0], answer_format(spec)), param), ()
     if spec is None:
         return None
-    from llmkit.core.grammar.contract import GrammarError
-
     try:
         await state.client.check_grammar(spec)
     except GrammarError as exc:
         raise APIError(exc.message, param=exc.param) from None
-    parser = reasoning.new_parser() if reasoning is not None else None  # where the prompt leaves it
-    after = parser.reasoning_end_markers if parser is not None else ()
-    prefix = parser.constrained_answer_prefix if parser is not None else ""
     if prefix:  # the prompt ends where no answer can start (gpt-oss: inside a message header)
         ids = state.tokenizer(prefix, add_special_tokens=False)["input_ids"]
         reqs[:] = [replace(r, prompt_ids=list(r.prompt_ids) + ids) for r in reqs]

@@ -17,7 +17,7 @@ from llmkit.core.server.errors import APIError
 from llmkit.core.server.generation.choice_text import ChoiceProcessor
 from llmkit.core.server.generation.length_limit import check_max_tokens
 from llmkit.core.server.generation.logprobs import chat_logprobs
-from llmkit.core.server.generation.reasoning import RequestReasoning, request_reasoning
+from llmkit.core.server.generation.reasoning import RequestReasoning, named_reasoning, request_reasoning
 from llmkit.core.server.generation.sampling import build_sampling_params, seed_for_choice
 from llmkit.core.server.model_names import resolve_adapter
 from llmkit.core.server.openai.protocol import ChatCompletionRequest
@@ -119,9 +119,16 @@ async def start_chat(
         )
         for i in range(body.n)
     ]
+    from llmkit.core.server.generation.reasoning_budget import reasoning_budget
     from llmkit.core.server.generation.structured import attach_grammar
 
-    constraint = await attach_grammar(state, body, reqs, reasoning)
+    grammar_reasoning = reasoning
+    if reasoning is None and state.options.reasoning_parser and reasoning_budget(body) is not None:
+        # separate_reasoning: false still has a reasoning section, and its budget still holds
+        grammar_reasoning = named_reasoning(
+            state.options.reasoning_parser, prompt_text=prompt_text, template_kwargs=dict(kwargs)
+        )
+    constraint = await attach_grammar(state, body, reqs, grammar_reasoning)
     if constraint is not None and reasoning is not None:
         # the parsers start where the constrained answer does
         reasoning = reasoning.after_prompt_suffix(constraint.prompt_suffix)

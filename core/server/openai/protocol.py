@@ -102,6 +102,7 @@ class ChatCompletionRequest(_Sampling):
     stream_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    thinking_token_budget: int | None = None  # vLLM's: reasoning tokens before the end marker is forced
 
 
 class CompletionRequest(_Sampling):

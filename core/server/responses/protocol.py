@@ -247,6 +247,8 @@ def _response_format(text: dict | None) -> dict | None:
             "type": "json_schema",
             "json_schema": {"name": fmt.get("name") or "schema", "schema": fmt["schema"], "strict": fmt.get("strict")},
         }
+    if fmt.get("type") == "structural_tag":  # vLLM's and SGLang's shapes, checked by the grammar
+        return dict(fmt)
     raise APIError(f"text.format.type '{fmt.get('type')}' is not supported", param="text.format.type")
 
 

@@ -50,6 +50,7 @@ class GenerateSampling(RequestModel):
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None  # SGLang's: the JSON text of a structural_tag response_format
     n: int = 1
     logit_bias: dict[str, float] | None = None
     sampling_seed: int | None = None
