@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.plugins.tool_parsers._xml_block import BlockToolParser
 
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -25,6 +26,8 @@ class Glm45ToolParser(BlockToolParser):
     """``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``."""
 
     block_start, block_end = "<tool_call>", "</tool_call>"
+    # strict calls (xgrammar's glm_xml arguments): the pairs typed by the tool's schema
+    call_shape = ToolCallShape("<tool_call>", "<tool_call>{name}", "</tool_call>", "glm_xml")
     call_format = (
         "<tool_call><function-name>\n<arg_key><parameter-name></arg_key>\n<arg_value><value></arg_value>\n</tool_call>"
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.plugins.tool_parsers._xml_block import BlockToolParser
 
 _INVOKE = re.compile(r'<invoke name="([^"]*)">(.*?)(?:</invoke>|$)', re.DOTALL)
@@ -32,6 +33,13 @@ class MiniMaxM2ToolParser(BlockToolParser):
     """``<minimax:tool_call><invoke name="N"><parameter name="K">V</parameter>…</invoke>…</minimax:tool_call>``."""
 
     block_start, block_end = "<minimax:tool_call>", "</minimax:tool_call>"
+    # strict calls (xgrammar's minimax_xml arguments): one invoke a block, which the parser reads
+    call_shape = ToolCallShape(
+        "<minimax:tool_call>",
+        '<minimax:tool_call>\n<invoke name="{name}">\n',
+        "</invoke>\n</minimax:tool_call>",
+        "minimax_xml",
+    )
     call_format = (
         '<minimax:tool_call>\n<invoke name="<function-name>">\n<parameter name="<parameter-name>"><value></parameter>\n'
         "</invoke>\n</minimax:tool_call>"

@@ -51,6 +51,10 @@ CALLS = {
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
     "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
+    "glm45": "Let me check.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+    "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+    "minimax_m2": 'Let me check.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+    '</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>',
 }
 
 
@@ -124,7 +128,8 @@ def test_declared_call_shape_parses(parser, backend, tokenizer):
     assert _accepts(backend, tokenizer, spec, CALLS[parser])
     _, calls = create_tool_parser(parser, tools=TOOLS).parse(CALLS[parser])
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris", "days": 3})]
-    wrong = CALLS[parser].replace("3", '"three"') if parser != "qwen3_coder" else CALLS[parser].replace("3", "x")
+    xml = parser in ("qwen3_coder", "glm45", "minimax_m2")  # values written bare, not as JSON
+    wrong = CALLS[parser].replace("3", "x") if xml else CALLS[parser].replace("3", '"three"')
     assert not _accepts(backend, tokenizer, spec, wrong)
 
 
