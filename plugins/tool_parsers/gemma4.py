@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from llmkit.core.parsing.call_shape import ToolCallShape
 from llmkit.core.parsing.tool_parser import StreamingToolParser
 
 CALL_BEGIN, CALL_END, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
@@ -99,6 +100,9 @@ def arguments_json(body: str) -> str | None:
 
 class Gemma4ToolParser(StreamingToolParser):
     """``<|tool_call>call:NAME{...}<tool_call|>``, anywhere in the reply, one or more."""
+
+    # strict calls (xgrammar's gemma arguments: the chat template's format_argument)
+    call_shape = ToolCallShape(CALL_BEGIN, CALL_BEGIN + "call:{name}", CALL_END, "gemma")
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)

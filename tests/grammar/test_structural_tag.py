@@ -51,6 +51,7 @@ CALLS = {
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
     "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
+    "gemma4": 'Let me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>',
     "glm45": "Let me check.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
     "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
     "minimax_m2": 'Let me check.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
