@@ -12,6 +12,7 @@ import pytest
 from llmkit.core.server.anthropic import protocol as anthropic_protocol
 from llmkit.core.server.body import parse_model
 from llmkit.core.server.nullable import NullMeansDefault, _admits_none
+from llmkit.core.server.ollama import protocol as ollama_protocol
 from llmkit.core.server.openai import embeddings, scores
 from llmkit.core.server.openai import protocol as openai_protocol
 from llmkit.core.server.responses import protocol as responses_protocol
@@ -22,6 +23,7 @@ CHAT = {"model": "m", "messages": HI, "max_tokens": 2}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 MESSAGES = {"model": "m", "max_tokens": 2, "messages": HI}
+OLLAMA_CHAT = {"model": "m", "messages": HI, "stream": False, "options": {"num_predict": 2}}
 
 # (model, route, a valid body, where in the body the model's object is). Routes the fake server
 # (a generation model) does not serve are checked at the model: None.
@@ -93,6 +95,17 @@ CASES = [
     (embeddings.EmbeddingRequest, None, {"model": "m", "input": "hi"}, ()),
     (scores.RerankRequest, None, {"model": "m", "query": "q", "documents": ["d"]}, ()),
     (scores.ScoreRequest, None, {"model": "m", "text_1": "a", "text_2": "b"}, ()),
+    (ollama_protocol.OllamaChatRequest, "/api/chat", OLLAMA_CHAT, ()),
+    (ollama_protocol.OllamaMessage, "/api/chat", OLLAMA_CHAT, ("messages", 0)),
+    (
+        ollama_protocol.OllamaGenerateRequest,
+        "/api/generate",
+        {"model": "m", "prompt": "hi", "stream": False, "options": {"num_predict": 2}},
+        (),
+    ),
+    (ollama_protocol.OllamaModelRequest, "/api/show", {"model": "m"}, ()),
+    (ollama_protocol.OllamaEmbedRequest, None, {"model": "m", "input": "hi"}, ()),
+    (ollama_protocol.OllamaEmbeddingsRequest, None, {"model": "m", "prompt": "hi"}, ()),
 ]
 
 
