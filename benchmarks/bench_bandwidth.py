@@ -14,10 +14,10 @@ kernels' speed depends on which they can use.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
+from bench_kernels import _layers, _time  # (the same distinct layers and timed passes)
 
 from llmkit.core.model.linear import Linear
 from llmkit.core.model.quant.int4_format import Int4Format
@@ -71,25 +71,8 @@ def read_bytes(layer: Linear) -> int:
 
 def kernel_rate(factory, shapes, rounds: int) -> tuple[int, float]:
     """(bytes read, median seconds) of one batch-1 pass over ``shapes``' distinct layers."""
-    layers = []
-    for k, n in shapes:
-        layer = Linear(k, n)
-        layer.load(torch.randn(n, k) * 0.05)
-        fmt = factory()
-        if fmt is not None:
-            layer.set_format(fmt)
-        layers.append(layer)
-    xs = {k: torch.randn(1, k) for k, _ in shapes}
-    with torch.inference_mode():
-        for layer in layers:
-            layer(xs[layer.in_features])
-        runs = []
-        for _ in range(rounds):
-            t = time.perf_counter()
-            for layer in layers:
-                layer(xs[layer.in_features])
-            runs.append(time.perf_counter() - t)
-    return sum(read_bytes(layer) for layer in layers), statistics.median(runs)
+    layers = _layers(factory, shapes)
+    return sum(read_bytes(layer) for layer in layers), _time(layers, 1, rounds) / 1e3
 
 
 def main() -> None:
